@@ -1,0 +1,289 @@
+"""Run a model once, forward and backward, on fake tensors and attribute every cost to a segment.
+
+The segments are the model's blocks plus ``embed`` (whatever runs before the first block) and
+``head`` (whatever runs after the last block, the loss included). For each segment we count
+
+* forward and backward FLOPs, through ``torch.utils.flop_counter.FlopCounterMode`` (whose module
+  tracker also follows the backward pass), with formulas added for the CPU flash-attention
+  kernel that the stock registry lacks;
+* bytes saved for backward, through ``saved_tensors_hooks``, each storage counted once, the
+  parameters themselves excluded and the compute-dtype copies that autocast makes of them kept
+  apart (they scale with parameters, not with the batch);
+* which non-block parameters it is the first to use.
+
+Blocks identical to one already measured (same class, same parameter shapes, same repr) and
+called with inputs of the same shapes are not run again: their forward is replaced by a cheap
+stand-in that returns outputs of the recorded shapes, and they inherit the measured costs. An
+80-layer model therefore costs about one layer.
+
+Kernels differ between CPU and CUDA; where that changes what is saved we translate to what the
+CUDA kernel keeps: CPU dropout keeps its mask in the input dtype, CUDA's ``native_dropout`` a
+one-byte bool mask, so masks are counted at one byte per element.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+
+aten = torch.ops.aten
+
+EMBED = "embed"
+HEAD = "head"
+
+# Ops whose output becomes a dropout mask (CPU dropout: empty_like, bernoulli_, div_, mul).
+_MASK_OPS = {aten.bernoulli_, aten.bernoulli}
+# Ops that make a dtype copy of a tensor (autocast's weight casts).
+_CAST_OPS = {aten._to_copy}
+
+
+def _cpu_flash_attention_flops(query, key, value, *args, out_shape=None, **kwargs) -> int:
+    """``aten._scaled_dot_product_flash_attention_for_cpu``: QKᵀ and AV, like the CUDA kernels."""
+    return sdpa_flop_count(query, key, value)
+
+
+def _cpu_flash_attention_backward_flops(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
+    """The backward of the CPU flash-attention kernel, counted as the CUDA kernels' backward."""
+    return sdpa_backward_flop_count(grad_out, query, key, value)
+
+
+CPU_ATTENTION_FLOPS = {
+    aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_attention_flops,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_attention_backward_flops,
+}
+
+
+@dataclass
+class SegmentCounts:
+    """What one run attributed to one segment (raw numbers, bytes and FLOPs)."""
+
+    fwd_flops: int = 0
+    bwd_flops: int = 0
+    saved_bytes: int = 0
+    saved_param_copy_bytes: int = 0
+    input_bytes: int = 0
+    output_bytes: int = 0
+
+
+@dataclass
+class RunRecord:
+    """Everything one fake run measured."""
+
+    segments: dict[str, SegmentCounts] = field(default_factory=lambda: defaultdict(SegmentCounts))
+    param_segment: dict[str, str] = field(default_factory=dict)  # state name -> first segment to use it
+    measured_as: dict[str, str] = field(default_factory=dict)  # duplicate block -> representative
+    output_bytes: int = 0
+
+
+class _CostCounter(FlopCounterMode):
+    """A FlopCounterMode that attributes FLOPs and tensor provenance to segments."""
+
+    def __init__(self, *, block_of: dict[str, str], record: RunRecord,
+                 state_names: dict[StorageWeakRef, str], has_blocks: bool) -> None:
+        super().__init__(display=False, custom_mapping=CPU_ATTENTION_FLOPS)
+        self._block_of = block_of  # module-tracker name -> block FQN
+        self._record = record
+        self._state_names = state_names
+        self._has_blocks = has_blocks
+        self._fwd_after_blocks = False
+        self._bwd_after_blocks = False
+        self.param_copies: set[StorageWeakRef] = set()
+        self.masks: set[StorageWeakRef] = set()
+
+    def segment(self) -> str:
+        """The segment running now: the innermost block, else embed/head by execution order."""
+        is_bw = self.mod_tracker.is_bw
+        for name in self.mod_tracker.parents:
+            block = self._block_of.get(name)
+            if block is not None:
+                if is_bw:
+                    self._bwd_after_blocks = True
+                else:
+                    self._fwd_after_blocks = True
+                return block
+        if not self._has_blocks:
+            return EMBED
+        if is_bw:
+            return EMBED if self._bwd_after_blocks else HEAD
+        return HEAD if self._fwd_after_blocks else EMBED
+
+    def _count_flops(self, func_packet, out, args, kwargs):
+        seg = self.segment()
+        counts = self._record.segments[seg]
+        formula = self.flop_registry.get(func_packet)
+        if formula is not None:
+            flops = formula(*args, **kwargs, out_val=out)
+            if self.mod_tracker.is_bw:
+                counts.bwd_flops += flops
+            else:
+                counts.fwd_flops += flops
+        self._track_provenance(func_packet, out, args, seg)
+        return out
+
+    def _track_provenance(self, func_packet, out, args, seg: str) -> None:
+        for arg in tree_flatten(args)[0]:
+            if isinstance(arg, torch.Tensor):
+                name = self._state_names.get(StorageWeakRef(arg.untyped_storage()))
+                if name is not None:
+                    self._record.param_segment.setdefault(name, seg)
+                    if func_packet in _CAST_OPS and isinstance(out, torch.Tensor):
+                        self.param_copies.add(StorageWeakRef(out.untyped_storage()))
+        if func_packet in _MASK_OPS and isinstance(out, torch.Tensor):
+            self.masks.add(StorageWeakRef(out.untyped_storage()))
+
+
+class _SavedTensorCounter:
+    """``saved_tensors_hooks`` pack hook: bytes saved for backward per segment, once per storage."""
+
+    def __init__(self, counter: _CostCounter, record: RunRecord, params: set[StorageWeakRef]) -> None:
+        self._counter = counter
+        self._record = record
+        self._params = params
+        self._seen: dict[StorageWeakRef, torch.Tensor] = {}  # strong refs: ids stay unique
+
+    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        ref = StorageWeakRef(tensor.untyped_storage())
+        if ref in self._params or ref in self._seen:
+            return tensor
+        self._seen[ref] = tensor
+        counts = self._record.segments[self._counter.segment()]
+        if ref in self._counter.param_copies:
+            counts.saved_param_copy_bytes += tensor.untyped_storage().nbytes()
+        elif ref in self._counter.masks:
+            counts.saved_bytes += tensor.numel()  # a CUDA dropout mask: one byte per element
+        else:
+            counts.saved_bytes += tensor.untyped_storage().nbytes()
+        return tensor
+
+    @staticmethod
+    def unpack(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+
+def tensor_bytes(tree: Any) -> int:
+    """Bytes of every tensor leaf in a (nested) structure of tensors."""
+    return sum(t.numel() * t.element_size() for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor))
+
+
+def _leaf_meta(tree: Any) -> tuple:
+    leaves, _ = tree_flatten(tree)
+    return tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else type(t) for t in leaves)
+
+
+def block_signature(block: nn.Module) -> tuple:
+    """Blocks with equal signatures compute the same thing on the same input shapes."""
+    return (
+        type(block),
+        tuple((n, tuple(p.shape), p.dtype) for n, p in block.named_parameters()),
+        tuple((n, tuple(b.shape), b.dtype) for n, b in block.named_buffers()),
+        repr(block),
+    )
+
+
+class _BlockReuse:
+    """Record each block's input and output bytes; with ``reuse``, measure the first of each
+    group of identical blocks and stand in for the others."""
+
+    def __init__(self, model: nn.Module, blocks: tuple[str, ...], record: RunRecord, *, reuse: bool) -> None:
+        self._record = record
+        self._reuse = reuse
+        self._modules = {fqn: model.get_submodule(fqn) for fqn in blocks}
+        self._seen: dict[tuple, str] = {}  # signature -> representative FQN
+        self._calls: dict[str, tuple[tuple, Any]] = {}  # representative -> (input meta, output)
+        self._handles: list = []
+
+    def __enter__(self) -> _BlockReuse:
+        for fqn, module in self._modules.items():
+            self._handles.append(module.register_forward_hook(self._output_hook(fqn), with_kwargs=True))
+            signature = block_signature(module)
+            representative = self._seen.setdefault(signature, fqn)
+            if self._reuse and representative != fqn:
+                module.forward = self._stand_in(fqn, module, representative)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        for module in self._modules.values():
+            module.__dict__.pop("forward", None)
+
+    def _output_hook(self, fqn: str) -> Callable:
+        def hook(module, args, kwargs, output):
+            counts = self._record.segments[fqn]
+            counts.input_bytes = tensor_bytes((args, kwargs))
+            counts.output_bytes = tensor_bytes(output)
+            if fqn not in self._record.measured_as:
+                self._calls[fqn] = (_leaf_meta((args, kwargs)), output)
+        return hook
+
+    def _stand_in(self, fqn: str, module: nn.Module, representative: str) -> Callable:
+        real_forward = type(module).forward.__get__(module)
+
+        def forward(*args, **kwargs):
+            meta, rep_output = self._calls.get(representative, (None, None))
+            if meta != _leaf_meta((args, kwargs)):
+                return real_forward(*args, **kwargs)  # other input shapes: measure it for real
+            self._record.measured_as[fqn] = representative
+            return _outputs_like(rep_output, args, kwargs)
+
+        return forward
+
+
+def _outputs_like(template: Any, args: tuple, kwargs: dict) -> Any:
+    """Outputs shaped like ``template`` that depend on the inputs (so backward flows through)
+    while computing and saving nothing worth counting."""
+    leaves, spec = tree_flatten(template)
+    inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    source = next((t for t in inputs if t.requires_grad), inputs[0] if inputs else None)
+    out = []
+    for leaf in leaves:
+        if not isinstance(leaf, torch.Tensor):
+            out.append(leaf)
+        elif source is not None and source.shape == leaf.shape and source.dtype == leaf.dtype:
+            out.append(source.clone())
+        elif source is not None and leaf.is_floating_point():
+            out.append(source.new_zeros(leaf.shape, dtype=leaf.dtype) + source.sum().to(leaf.dtype) * 0)
+        else:
+            out.append(torch.empty_like(leaf))
+    return tree_unflatten(out, spec)
+
+
+def run_fake_step(
+    model: nn.Module,
+    state: dict[str, torch.Tensor],
+    args: tuple,
+    kwargs: dict,
+    *,
+    blocks: tuple[str, ...],
+    loss_fn: Callable[[Any], torch.Tensor],
+    autocast_dtype: torch.dtype | None,
+    reuse_identical_blocks: bool = True,
+) -> RunRecord:
+    """One forward and backward of ``model`` with its parameters and buffers replaced by the
+    fake tensors in ``state``; must run inside the FakeTensorMode that made them. With
+    ``reuse_identical_blocks`` each group of identical blocks is measured once."""
+    record = RunRecord()
+    root = type(model).__name__
+    block_of = {f"{root}.{fqn}": fqn for fqn in blocks}
+    state_names: dict[StorageWeakRef, str] = {}
+    for name, tensor in state.items():  # tied names share a tensor: the first name owns it
+        state_names.setdefault(StorageWeakRef(tensor.untyped_storage()), name)
+    counter = _CostCounter(block_of=block_of, record=record, state_names=state_names, has_blocks=bool(blocks))
+    saved = _SavedTensorCounter(counter, record, set(state_names))
+    autocast = torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None)
+    hooks = torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack)
+    with _BlockReuse(model, blocks, record, reuse=reuse_identical_blocks), counter, hooks:
+        with autocast:
+            output = torch.func.functional_call(model, state, args, kwargs, strict=False)
+            record.output_bytes = tensor_bytes(output)
+            loss = loss_fn(output)
+        loss.backward()
+    return record

@@ -1,0 +1,39 @@
+"""``stratagem profile MODEL``: what one training step of the model costs, block by block."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``profile`` subcommand."""
+    parser = subparsers.add_parser(
+        "profile",
+        help="per-block parameters, FLOPs and activation bytes of one training step",
+        description="Profile one training step of MODEL on fake tensors (nothing is allocated). "
+        "MODEL is a preset name (e.g. llama-2-7b), 'pkg.module:factory' or 'hf:PATH/config.json'.",
+    )
+    parser.add_argument("model", metavar="MODEL")
+    parser.add_argument("--batch-size", type=int, default=1, help="samples per step (default: 1)")
+    parser.add_argument("--seq-len", type=int, default=None, help="tokens per sample (sequence models)")
+    parser.add_argument("--precision", default="bf16-mixed",
+                        help="fp32, bf16-mixed, fp16-mixed or bf16-true (default: bf16-mixed)")
+    parser.add_argument("--json", action="store_true", help="print the profile as JSON")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Profile and print; returns the exit status."""
+    from stratagem.advisor.model_source import profile_spec
+
+    profile = profile_spec(args.model, batch_size=args.batch_size, seq_len=args.seq_len, precision=args.precision)
+    if args.json:
+        print(json.dumps(profile.to_dict(), indent=2))
+    else:
+        from rich.console import Console
+
+        from stratagem.advisor.profile_table import profile_table
+
+        Console().print(profile_table(profile))
+    return 0

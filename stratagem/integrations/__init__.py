@@ -1,0 +1,1 @@
+"""Adapters for the frameworks users already run (Lightning, Accelerate, DeepSpeed)."""

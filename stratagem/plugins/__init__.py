@@ -1,0 +1,1 @@
+"""Apply a Plan with torch-native composable APIs on a DeviceMesh."""

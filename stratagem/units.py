@@ -1,0 +1,28 @@
+"""Human-readable numbers: bytes in binary units, counts and FLOPs in decimal ones."""
+
+from __future__ import annotations
+
+_BINARY = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+_DECIMAL = ("", "K", "M", "G", "T", "P", "E")
+
+
+def format_bytes(num_bytes: float) -> str:
+    """``1536`` → ``'1.5 KiB'``."""
+    value = float(num_bytes)
+    for unit in _BINARY:
+        if abs(value) < 1024 or unit == _BINARY[-1]:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_count(count: float, suffix: str = "") -> str:
+    """``124_439_808`` → ``'124.4M'``; ``format_count(3.2e12, 'FLOP')`` → ``'3.2 TFLOP'``."""
+    value = float(count)
+    for prefix in _DECIMAL:
+        if abs(value) < 1000 or prefix == _DECIMAL[-1]:
+            sep = " " if suffix else ""
+            number = f"{value:.0f}" if prefix == "" else f"{value:.1f}"
+            return f"{number}{sep}{prefix}{suffix}"
+        value /= 1000
+    raise AssertionError("unreachable")

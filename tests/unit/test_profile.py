@@ -1,0 +1,177 @@
+"""profile_model on small hand-made models: attribution, block reuse, FLOPs against real runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from stratagem.advisor.measure import CPU_ATTENTION_FLOPS
+from stratagem.advisor.profile import profile_model
+from stratagem.errors import UsageError
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, n_heads: int = 4) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.norm = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        q, k, v = self.qkv(self.norm(x)).view(b, s, 3, self.n_heads, -1).transpose(1, 3).unbind(2)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return x + self.proj(a.transpose(1, 2).reshape(b, s, d))
+
+
+class Toy(nn.Module):
+    """Embedding, two groups of identical blocks (different widths), tied head."""
+
+    def __init__(self, vocab: int = 97, dim: int = 32, wide: int = 64) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.layers = nn.ModuleList([Block(dim), Block(dim), Block(dim), nn.Linear(dim, wide), Block(wide), Block(wide)])
+        self.down = nn.Linear(wide, dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.emb(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(self.down(x))
+
+
+def _tokens(b: int = 2, s: int = 16) -> torch.Tensor:
+    return torch.randint(0, 97, (b, s))
+
+
+def _ce(output: torch.Tensor) -> torch.Tensor:
+    return output.float().logsumexp(-1).mean()
+
+
+def test_segments_partition_the_parameters_and_blocks_are_found():
+    model = Toy()
+    profile = profile_model(model, (_tokens(),), loss_fn=_ce, precision="fp32")
+    assert profile.block_container == "layers"
+    assert [b.name for b in profile.blocks] == [f"layers.{i}" for i in range(6)]
+    assert profile.num_params == sum(p.numel() for p in model.parameters())
+    assert profile.embed.num_params == model.emb.weight.numel()  # tied head weight counted once, here
+    assert profile.head.num_params == sum(p.numel() for p in model.down.parameters())
+    assert profile.blocks[0].num_params == sum(p.numel() for p in model.layers[0].parameters())
+    assert profile.param_bytes == 4 * profile.num_params
+    assert [x.name for x in profile.blocks[0].linears] == ["qkv", "proj"]
+    assert profile.num_heads == 4 and profile.batch_size == 2 and profile.seq_len == 16
+
+
+def test_reusing_identical_blocks_gives_the_same_numbers_as_measuring_each():
+    model = Toy()
+    for precision in ("fp32", "bf16-mixed"):
+        fast = profile_model(model, (_tokens(),), loss_fn=_ce, precision=precision)
+        slow = profile_model(model, (_tokens(),), loss_fn=_ce, precision=precision, reuse_identical_blocks=False)
+        assert [b.measured_as for b in fast.blocks] == [None, "layers.0", "layers.0", None, None, "layers.4"]
+        assert all(b.measured_as is None for b in slow.blocks)
+        for a, b in zip(fast.segments, slow.segments, strict=True):
+            assert a.to_dict() | {"measured_as": None} == b.to_dict(), a.name
+
+
+def test_flops_equal_a_real_flop_count():
+    torch.manual_seed(0)
+    model = Toy()
+    tokens = _tokens()
+    with FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION_FLOPS) as counter:
+        _ce(model(tokens)).backward()
+    profile = profile_model(model, (tokens,), loss_fn=_ce, precision="fp32")
+    assert profile.flops_per_step == counter.get_total_flops()
+    assert profile.embed.flops == 0
+    assert profile.head.fwd_flops == 2 * 2 * 16 * (64 * 32 + 32 * 97)
+    assert profile.blocks[0].bwd_flops > profile.blocks[0].fwd_flops > 0
+
+
+def test_saved_bytes_equal_a_real_run_and_exclude_parameters():
+    torch.manual_seed(0)
+    model = Toy()
+    tokens = _tokens()
+    seen, total = set(), 0
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+
+    def pack(t):
+        nonlocal total
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params and ptr not in seen:
+            seen.add(ptr)
+            total += t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = _ce(model(tokens))
+    loss.backward()
+    profile = profile_model(model, (tokens,), loss_fn=_ce, precision="fp32")
+    assert profile.saved_bytes == total
+    assert all(s.saved_param_copy_bytes == 0 for s in profile.segments)
+
+
+def test_autocast_weight_copies_are_kept_apart_from_activations():
+    model = Toy()
+    profile = profile_model(model, (_tokens(),), loss_fn=_ce, precision="bf16-mixed")
+    block = profile.blocks[0]
+    linear_weights = sum(x.in_features * x.out_features for x in block.linears)
+    assert block.saved_param_copy_bytes == 2 * linear_weights  # bf16 copies of both weights
+    assert block.param_bytes == 4 * block.num_params  # master weights stay fp32
+
+
+def test_block_bytes_in_and_out():
+    profile = profile_model(Toy(), (_tokens(2, 16),), loss_fn=_ce, precision="bf16-true")
+    assert profile.embed.output_bytes == 2 * 16 * 32 * 2
+    assert profile.blocks[0].input_bytes == profile.blocks[0].output_bytes == 2 * 16 * 32 * 2
+    assert profile.blocks[3].output_bytes == 2 * 16 * 64 * 2
+    assert profile.head.output_bytes == 2 * 16 * 97 * 2
+
+
+def test_model_on_meta_is_left_untouched():
+    with torch.device("meta"):
+        model = Toy()
+    before = {n: (p.device, p.dtype) for n, p in model.named_parameters()}
+    profile_model(model, (torch.zeros(1, 8, dtype=torch.long, device="meta"),), loss_fn=_ce)
+    assert {n: (p.device, p.dtype) for n, p in model.named_parameters()} == before
+    assert all("forward" not in m.__dict__ for m in model.modules())
+
+
+class Reused(nn.Module):
+    """The same block applied at two resolutions: the stand-in must not be trusted there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([Block(32), Block(32)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers[1](self.layers[0](x)[:, ::2])
+
+
+def test_identical_blocks_on_other_shapes_are_measured_for_real():
+    x = torch.randn(2, 16, 32)
+    fast = profile_model(Reused(), (x,), precision="fp32")
+    slow = profile_model(Reused(), (x,), precision="fp32", reuse_identical_blocks=False)
+    assert fast.blocks[1].measured_as is None
+    assert fast.blocks[1].fwd_flops == slow.blocks[1].fwd_flops < fast.blocks[0].fwd_flops
+    assert any("sum of the outputs" in note for note in fast.notes)
+
+
+def test_models_without_blocks_and_keyword_inputs():
+    model = nn.Sequential(nn.Linear(8, 16))
+    profile = profile_model(model, {"input": torch.randn(4, 8)}, precision="fp32")
+    assert profile.blocks == () and profile.block_container is None
+    assert profile.embed.num_params == 8 * 16 + 16
+    assert profile.embed.fwd_flops == 2 * 4 * 8 * 16
+    assert profile.seq_len is None and profile.batch_size == 4
+
+
+def test_bad_inputs_are_usage_errors():
+    with pytest.raises(UsageError, match="no tensor"):
+        profile_model(Toy(), (), precision="fp32")
+    with pytest.raises(UsageError, match="bf16-mixed"):
+        profile_model(Toy(), (_tokens(),), precision="bf16")
