@@ -22,7 +22,11 @@ install-dev: $(VENV)/.torch
 	$(PY) -m pip install --quiet -e ".[dev]"
 
 demo: install
-	$(PY) examples/demo.py
+	$(VENV)/bin/stratagem hardware
+	$(VENV)/bin/stratagem hardware --cluster 2x8xH100-SXM-80GB:ib-ndr
+	$(VENV)/bin/stratagem profile llama-3-8b --seq-len 4096
+	$(VENV)/bin/stratagem profile mixtral-8x7b --seq-len 4096
+	$(VENV)/bin/stratagem profile resnet-50 --batch-size 32
 
 test: install-dev
 	$(PY) -m pytest tests -q

@@ -1,0 +1,58 @@
+"""load_model: presets, factories and Hugging Face configs, and the errors for bad names."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stratagem.advisor.model_source import load_model, profile_spec
+from stratagem.errors import UsageError
+
+LLAMA_2_7B_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+    "intermediate_size": 11008, "num_attention_heads": 32, "num_hidden_layers": 32,
+    "num_key_value_heads": 32, "vocab_size": 32000, "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-05, "tie_word_embeddings": False, "hidden_act": "silu",
+}
+
+
+def test_factory_gets_the_batch_size_and_builds_on_meta():
+    source = load_model("model_factories:mlp", batch_size=3)
+    assert next(source.module.parameters()).device.type == "meta"
+    assert source.example_inputs[0].shape == (3, 16)
+    profile = profile_spec("model_factories:mlp", batch_size=3, precision="fp32")
+    assert profile.num_params == 16 * 64 + 64 + 64 * 16 + 16 and profile.batch_size == 3
+
+
+def test_factory_may_bring_its_loss():
+    profile = profile_spec("model_factories:mlp_with_loss", precision="fp32")
+    assert not any("sum of the outputs" in n for n in profile.notes)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("model_factories:module_only", "example inputs"),
+    ("model_factories:not_a_module", "must return"),
+    ("model_factories:nope", "cannot load factory"),
+    ("no_such_pkg.mod:f", "cannot load factory"),
+    ("hf:/no/such/dir", "no Hugging Face config"),
+])
+def test_bad_model_specs_are_usage_errors(spec, message):
+    with pytest.raises(UsageError, match=message):
+        load_model(spec)
+
+
+def test_hugging_face_config_builds_the_causal_lm_on_meta(tmp_path):
+    pytest.importorskip("transformers")
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_2_7B_CONFIG))
+    source = load_model(f"hf:{tmp_path}", seq_len=128)
+    assert sum(p.numel() for p in source.module.parameters()) == 6_738_415_616
+    tiny = dict(LLAMA_2_7B_CONFIG, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                num_key_value_heads=2, num_hidden_layers=3, vocab_size=100)
+    (tmp_path / "config.json").write_text(json.dumps(tiny))
+    profile = profile_spec(f"hf:{tmp_path / 'config.json'}", batch_size=2, seq_len=32)
+    assert profile.block_container == "model.layers" and len(profile.blocks) == 3
+    assert profile.blocks[2].measured_as == "model.layers.0"
+    assert (profile.num_heads, profile.num_kv_heads) == (4, 2)
+    assert profile.head.fwd_flops >= 2 * 2 * 32 * 64 * 100  # the LM head, and the loss after it
+    assert profile.head.saved_bytes > 0
