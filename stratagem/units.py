@@ -7,10 +7,10 @@ _DECIMAL = ("", "K", "M", "G", "T", "P", "E")
 
 
 def format_bytes(num_bytes: float) -> str:
-    """``1536`` → ``'1.5 KiB'``."""
+    """``1536`` → ``'1.5 KiB'``; ``1000 * 2**20`` → ``'1.0 GiB'``."""
     value = float(num_bytes)
     for unit in _BINARY:
-        if abs(value) < 1024 or unit == _BINARY[-1]:
+        if abs(value) < 1000 or unit == _BINARY[-1]:  # at most three digits before the point
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
@@ -26,3 +26,8 @@ def format_count(count: float, suffix: str = "") -> str:
             return f"{number}{sep}{prefix}{suffix}"
         value /= 1000
     raise AssertionError("unreachable")
+
+
+def format_params(count: float) -> str:
+    """Parameter counts the way model names write them: ``6_738_415_616`` → ``'6.7B'``."""
+    return format_count(count).replace("G", "B")

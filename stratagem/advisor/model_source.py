@@ -60,12 +60,12 @@ def profile_spec(spec: str, *, batch_size: int = 1, seq_len: int | None = None, 
 
 
 def _from_preset(name: str, *, batch_size: int, seq_len: int | None) -> ModelSource:
-    from stratagem.models import get_preset
+    from stratagem.models import PRESETS
 
-    try:
-        preset = get_preset(name)
-    except UsageError as err:
-        raise UsageError(f"{err}\nHINT: a model is a preset name, 'pkg.module:factory' or 'hf:PATH/config.json'") from None
+    if name not in PRESETS:
+        raise UsageError(f"unknown model {name!r}; presets: {', '.join(PRESETS)}\n"
+                         "HINT: a model is a preset name, 'pkg.module:factory' or 'hf:PATH/config.json'")
+    preset = PRESETS[name]
     if preset.input_kind != "tokens" and seq_len is not None:
         raise UsageError(f"{name} takes images, not token sequences: --seq-len does not apply to it")
     seq_len = seq_len or preset.default_seq_len

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from stratagem.advisor.profile import ModelProfile, SegmentProfile
-from stratagem.units import format_bytes, format_count
+from stratagem.units import format_bytes, format_count, format_params
 
 
 def _runs(blocks: tuple[SegmentProfile, ...]) -> list[list[SegmentProfile]]:
@@ -20,31 +20,36 @@ def _runs(blocks: tuple[SegmentProfile, ...]) -> list[list[SegmentProfile]]:
     return runs
 
 
-def _row(label: str, kind: str, seg: SegmentProfile, times: int) -> list[str]:
+def _row(label: str, seg: SegmentProfile, times: int) -> list[str]:
     return [
-        label, kind,
-        format_count(seg.num_params * times),
-        format_count(seg.fwd_flops * times, "FLOP"),
-        format_count(seg.bwd_flops * times, "FLOP"),
+        label,
+        format_params(seg.num_params * times),
+        format_count(seg.fwd_flops * times),
+        format_count(seg.bwd_flops * times),
         format_bytes(seg.saved_bytes * times),
         format_bytes(seg.output_bytes),
     ]
 
 
 def profile_table(profile: ModelProfile) -> Table:
-    """One row per segment (embedding, each run of identical blocks, head) and a total."""
+    """One row per segment (embedding, each run of identical blocks, head) and a total.
+
+    FLOPs and bytes of a folded row are for all its blocks; ``output`` is per block."""
     shape = f"batch {profile.batch_size}" + (f" × seq {profile.seq_len}" if profile.seq_len else "")
-    table = Table(title=f"{profile.name} · {shape} · {profile.precision}", title_justify="left")
-    for column in ("segment", "kind", "params", "fwd", "bwd", "saved for bwd", "output"):
-        table.add_column(column, justify="left" if column in ("segment", "kind") else "right")
-    table.add_row(*_row("embed", "", profile.embed, 1))
+    kinds = "/".join(dict.fromkeys(b.kind for b in profile.blocks))
+    blocks = f" · blocks: {profile.block_container} ({kinds})" if profile.blocks else ""
+    table = Table(title=f"{profile.name} · {shape} · {profile.precision}{blocks}", title_justify="left")
+    for column in ("segment", "params", "fwd FLOP", "bwd FLOP", "saved", "output"):
+        table.add_column(column, justify="left" if column == "segment" else "right", no_wrap=True)
+    table.add_row(*_row("embed", profile.embed, 1))
     for run in _runs(profile.blocks):
-        label = run[0].name if len(run) == 1 else f"{run[0].name} … {run[-1].name} (×{len(run)})"
-        table.add_row(*_row(label, run[0].kind, run[0], len(run)))
-    table.add_row(*_row("head", "", profile.head, 1))
+        first, last = (b.name.rsplit(".", 1)[-1] for b in (run[0], run[-1]))
+        label = f"block {first}" if len(run) == 1 else f"blocks {first}–{last} ×{len(run)}"
+        table.add_row(*_row(label, run[0], len(run)))
+    table.add_row(*_row("head + loss", profile.head, 1))
     table.add_section()
-    table.add_row("total", "", format_count(profile.num_params), format_count(profile.fwd_flops, "FLOP"),
-                  format_count(profile.bwd_flops, "FLOP"), format_bytes(profile.saved_bytes), "", style="bold")
+    table.add_row("total", format_params(profile.num_params), format_count(profile.fwd_flops),
+                  format_count(profile.bwd_flops), format_bytes(profile.saved_bytes), "", style="bold")
     notes = [f"profiled in {profile.profile_seconds:.2f} s on fake tensors", *profile.notes]
     table.caption = "\n".join(notes)
     table.caption_justify = "left"

@@ -1,0 +1,284 @@
+"""Every hardware figure stratagem uses, each with its source next to it.
+
+This is the one place numbers about GPUs, links and networks live. A figure is a
+:class:`Fig`: a value in SI units (bytes, bytes/s, FLOP/s, seconds, fractions), the source it
+came from, and whether it is an estimate (a number no primary source confirmed, or a rule of
+thumb). FLOP/s are dense (datasheets print 2:4-sparse tensor-core figures, twice these).
+Memory capacities are the datasheet's "GB", which for HBM/GDDR means GiB (the driver reports
+slightly less, e.g. 81,559 MiB on an H100 80GB); bandwidths are decimal (1 GB/s = 1e9 B/s).
+
+Not catalogued: TPUs (torch_xla is a different runtime) and GPUs older than V100.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+GIB = 2**30
+GB = 1e9
+TFLOPS = 1e12
+GBIT = 1e9 / 8  # bytes/s in one Gb/s
+
+
+class Fig(NamedTuple):
+    """One catalogued number: ``value`` in SI units, its source, and whether it is an estimate."""
+
+    value: float
+    source: str
+    estimate: bool = False
+
+
+def est(value: float, source: str) -> Fig:
+    """A figure no primary source confirmed (or a rule of thumb): flagged as an estimate."""
+    return Fig(value, source, estimate=True)
+
+
+# Sources, named once.
+V100_DS = "NVIDIA V100 datasheet"
+A100_DS = "NVIDIA A100 datasheet and A100 whitepaper (dense = sparse / 2)"
+H100_DS = "NVIDIA H100 datasheet (dense = sparse / 2)"
+H200_DS = "NVIDIA H200 datasheet; MLCommons system descriptions"
+B200_DS = "NVIDIA DGX B200 / HGX B200 specifications (dense = sparse / 2)"
+GB200_DS = "NVIDIA GB200 NVL72 specifications, per GPU (dense = sparse / 2)"
+L4_DS = "NVIDIA L4 datasheet (dense = sparse / 2)"
+L40S_DS = "NVIDIA L40S datasheet (dense = sparse / 2)"
+A10G_SRC = "A10 datasheet scaled to the AWS A10G; measured BF16 GEMM 69.5 TFLOP/s"
+ADA_WP = "NVIDIA Ada Lovelace whitepaper, appendix (FP32 accumulate)"
+AMPERE_GA102_WP = "NVIDIA GA102 (Ampere) whitepaper (FP32 accumulate)"
+MI300X_DS = "AMD Instinct MI300X datasheet"
+NVLINK_SRC = "NVIDIA NVLink page; A100/H100 whitepapers; nccl src/graph/topo.h"
+PCIE_SRC = "PCI-SIG base specs: GT/s per lane with 8b/10b (gen1-2) or 128b/130b (gen3-5)"
+NCCL_TESTS = "nccl-tests PERFORMANCE.md busbw; 8xA100 all-reduce busbw 200-208 of 300 GB/s"
+IBTA = "IBTA roadmap / NVIDIA ConnectX datasheets: 4X EDR 100, HDR 200, NDR 400, XDR 800 Gb/s"
+IB_EFF = "all-reduce busbw about 90-96 % of line rate (46-48 GB/s per NDR NIC)"
+EFA_SRC = "AWS: p4d 4 x 100 Gb/s EFA per node; p5 3,200 Gb/s per node (32 x 100 Gb/s)"
+LATENCY_RULE = "rule of thumb for small-message collective latency; calibrate to replace"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuEntry:
+    """One GPU model as catalogued: figures per device, its links by key into :data:`LINKS`."""
+
+    name: str
+    aliases: tuple[str, ...]
+    nvml_names: tuple[str, ...]
+    compute_capability: tuple[int, int] | None
+    memory: Fig  # bytes
+    memory_bandwidth: Fig  # bytes/s
+    fp32: Fig  # FLOP/s, dense, here and below
+    tf32: Fig | None
+    bf16: Fig | None
+    fp16: Fig
+    link: str  # how GPUs of one node talk: a key of LINKS
+    host_link: str  # GPU <-> host: a key of LINKS
+    vendor: str = "nvidia"
+    bridge: str | None = None  # optional pairwise bridge for PCIe cards ("+bridge" in a spec)
+
+
+GPUS: tuple[GpuEntry, ...] = (
+    GpuEntry(name="V100-SXM2-32GB", aliases=("V100", "V100-32GB", "V100-SXM2"),
+             nvml_names=("Tesla V100-SXM2-32GB",), compute_capability=(7, 0),
+             memory=Fig(32 * GIB, V100_DS), memory_bandwidth=est(900 * GB, V100_DS),
+             fp32=Fig(15.7 * TFLOPS, V100_DS), tf32=None, bf16=None,
+             fp16=Fig(125 * TFLOPS, V100_DS + " (tensor cores)"),
+             link="nvlink2-cube-mesh", host_link="pcie-gen3"),
+    GpuEntry(name="A100-SXM4-40GB", aliases=("A100-40GB", "A100-SXM-40GB", "A100-SXM4"),
+             nvml_names=("NVIDIA A100-SXM4-40GB",), compute_capability=(8, 0),
+             memory=Fig(40 * GIB, A100_DS), memory_bandwidth=Fig(1555 * GB, A100_DS),
+             fp32=Fig(19.5 * TFLOPS, A100_DS), tf32=Fig(156 * TFLOPS, A100_DS),
+             bf16=Fig(312 * TFLOPS, A100_DS), fp16=Fig(312 * TFLOPS, A100_DS),
+             link="nvlink3-nvswitch", host_link="pcie-gen4"),
+    GpuEntry(name="A100-SXM4-80GB", aliases=("A100", "A100-80GB", "A100-SXM-80GB", "A100-SXM"),
+             nvml_names=("NVIDIA A100-SXM4-80GB",), compute_capability=(8, 0),
+             memory=Fig(80 * GIB, A100_DS), memory_bandwidth=Fig(2039 * GB, A100_DS),
+             fp32=Fig(19.5 * TFLOPS, A100_DS), tf32=Fig(156 * TFLOPS, A100_DS),
+             bf16=Fig(312 * TFLOPS, A100_DS), fp16=Fig(312 * TFLOPS, A100_DS),
+             link="nvlink3-nvswitch", host_link="pcie-gen4"),
+    GpuEntry(name="A100-PCIe-40GB", aliases=("A100-PCIE-40G",),
+             nvml_names=("NVIDIA A100-PCIE-40GB",), compute_capability=(8, 0),
+             memory=Fig(40 * GIB, A100_DS), memory_bandwidth=Fig(1555 * GB, A100_DS),
+             fp32=Fig(19.5 * TFLOPS, A100_DS), tf32=Fig(156 * TFLOPS, A100_DS),
+             bf16=Fig(312 * TFLOPS, A100_DS), fp16=Fig(312 * TFLOPS, A100_DS),
+             link="pcie-gen4", host_link="pcie-gen4", bridge="nvlink3-bridge"),
+    GpuEntry(name="A100-PCIe-80GB", aliases=("A100-PCIe", "A100-80GB-PCIe"),
+             nvml_names=("NVIDIA A100 80GB PCIe",), compute_capability=(8, 0),
+             memory=Fig(80 * GIB, A100_DS), memory_bandwidth=Fig(1935 * GB, A100_DS),
+             fp32=Fig(19.5 * TFLOPS, A100_DS), tf32=Fig(156 * TFLOPS, A100_DS),
+             bf16=Fig(312 * TFLOPS, A100_DS), fp16=Fig(312 * TFLOPS, A100_DS),
+             link="pcie-gen4", host_link="pcie-gen4", bridge="nvlink3-bridge"),
+    GpuEntry(name="H100-SXM5-80GB",
+             aliases=("H100", "H100-SXM", "H100-SXM5", "H100-SXM-80GB", "H100-80GB"),
+             nvml_names=("NVIDIA H100 80GB HBM3",), compute_capability=(9, 0),
+             memory=Fig(80 * GIB, H100_DS), memory_bandwidth=Fig(3350 * GB, H100_DS),
+             fp32=Fig(67 * TFLOPS, H100_DS), tf32=Fig(495 * TFLOPS, H100_DS),
+             bf16=Fig(989 * TFLOPS, H100_DS), fp16=Fig(989 * TFLOPS, H100_DS),
+             link="nvlink4-nvswitch", host_link="pcie-gen5"),
+    GpuEntry(name="H100-PCIe-80GB", aliases=("H100-PCIe",),
+             nvml_names=("NVIDIA H100 PCIe",), compute_capability=(9, 0),
+             memory=Fig(80 * GIB, H100_DS), memory_bandwidth=Fig(2000 * GB, H100_DS),
+             fp32=Fig(51 * TFLOPS, H100_DS), tf32=Fig(378 * TFLOPS, H100_DS),
+             bf16=Fig(756 * TFLOPS, H100_DS), fp16=Fig(756 * TFLOPS, H100_DS),
+             link="pcie-gen5", host_link="pcie-gen5", bridge="nvlink4-bridge"),
+    GpuEntry(name="H200-SXM-141GB", aliases=("H200", "H200-SXM", "H200-141GB"),
+             nvml_names=("NVIDIA H200",), compute_capability=(9, 0),
+             memory=Fig(141 * GIB, H200_DS), memory_bandwidth=Fig(4800 * GB, H200_DS),
+             fp32=Fig(67 * TFLOPS, H200_DS), tf32=Fig(495 * TFLOPS, H200_DS),
+             bf16=Fig(989 * TFLOPS, H200_DS), fp16=Fig(989 * TFLOPS, H200_DS),
+             link="nvlink4-nvswitch", host_link="pcie-gen5"),
+    GpuEntry(name="B200", aliases=("B200-SXM", "B200-180GB"),
+             nvml_names=("NVIDIA B200",), compute_capability=(10, 0),
+             memory=Fig(180 * GIB, B200_DS), memory_bandwidth=est(8000 * GB, B200_DS),
+             fp32=est(75 * TFLOPS, B200_DS + "; 75-80 quoted, lower end taken"),
+             tf32=Fig(1100 * TFLOPS, B200_DS), bf16=Fig(2250 * TFLOPS, B200_DS),
+             fp16=Fig(2250 * TFLOPS, B200_DS),
+             link="nvlink5-nvswitch", host_link="pcie-gen5-est"),
+    GpuEntry(name="GB200", aliases=("GB200-NVL72",),
+             nvml_names=("NVIDIA GB200",), compute_capability=(10, 0),
+             memory=est(186 * GIB, GB200_DS), memory_bandwidth=Fig(8000 * GB, GB200_DS),
+             fp32=est(90 * TFLOPS, GB200_DS), tf32=Fig(1250 * TFLOPS, GB200_DS),
+             bf16=Fig(2500 * TFLOPS, GB200_DS), fp16=Fig(2500 * TFLOPS, GB200_DS),
+             link="nvlink5-nvswitch", host_link="nvlink-c2c"),
+    GpuEntry(name="L4", aliases=("L4-24GB",),
+             nvml_names=("NVIDIA L4",), compute_capability=(8, 9),
+             memory=Fig(24 * GIB, L4_DS), memory_bandwidth=Fig(300 * GB, L4_DS),
+             fp32=Fig(30.3 * TFLOPS, L4_DS), tf32=Fig(60 * TFLOPS, L4_DS),
+             bf16=Fig(121 * TFLOPS, L4_DS), fp16=Fig(121 * TFLOPS, L4_DS),
+             link="pcie-gen4", host_link="pcie-gen4"),
+    GpuEntry(name="L40S", aliases=("L40S-48GB",),
+             nvml_names=("NVIDIA L40S",), compute_capability=(8, 9),
+             memory=Fig(48 * GIB, L40S_DS), memory_bandwidth=Fig(864 * GB, L40S_DS),
+             fp32=Fig(91.6 * TFLOPS, L40S_DS), tf32=Fig(183 * TFLOPS, L40S_DS),
+             bf16=Fig(362 * TFLOPS, L40S_DS), fp16=Fig(362 * TFLOPS, L40S_DS),
+             link="pcie-gen4", host_link="pcie-gen4"),
+    GpuEntry(name="A10G", aliases=("A10G-24GB",),
+             nvml_names=("NVIDIA A10G",), compute_capability=(8, 6),
+             memory=Fig(24 * GIB, A10G_SRC), memory_bandwidth=est(600 * GB, A10G_SRC),
+             fp32=est(31.2 * TFLOPS, A10G_SRC + "; 31-35 quoted"), tf32=est(35 * TFLOPS, A10G_SRC),
+             bf16=est(70 * TFLOPS, A10G_SRC), fp16=est(70 * TFLOPS, A10G_SRC),
+             link="pcie-gen4", host_link="pcie-gen4"),
+    GpuEntry(name="RTX-4090", aliases=("4090", "RTX4090", "GeForce-RTX-4090"),
+             nvml_names=("NVIDIA GeForce RTX 4090",), compute_capability=(8, 9),
+             memory=Fig(24 * GIB, ADA_WP), memory_bandwidth=Fig(1008 * GB, ADA_WP),
+             fp32=Fig(82.6 * TFLOPS, ADA_WP), tf32=Fig(82.6 * TFLOPS, ADA_WP),
+             bf16=Fig(165.2 * TFLOPS, ADA_WP), fp16=Fig(165.2 * TFLOPS, ADA_WP),
+             link="pcie-gen4", host_link="pcie-gen4"),
+    GpuEntry(name="RTX-3090", aliases=("3090", "RTX3090", "GeForce-RTX-3090"),
+             nvml_names=("NVIDIA GeForce RTX 3090",), compute_capability=(8, 6),
+             memory=Fig(24 * GIB, AMPERE_GA102_WP), memory_bandwidth=Fig(936 * GB, AMPERE_GA102_WP),
+             fp32=Fig(35.6 * TFLOPS, AMPERE_GA102_WP), tf32=Fig(35.6 * TFLOPS, AMPERE_GA102_WP),
+             bf16=Fig(71 * TFLOPS, AMPERE_GA102_WP), fp16=Fig(71 * TFLOPS, AMPERE_GA102_WP),
+             link="pcie-gen4", host_link="pcie-gen4", bridge="nvlink3-bridge-geforce"),
+    GpuEntry(name="MI300X", vendor="amd", aliases=("MI300X-192GB",),
+             nvml_names=(), compute_capability=None,
+             memory=Fig(192 * GIB, MI300X_DS), memory_bandwidth=Fig(5300 * GB, MI300X_DS),
+             fp32=Fig(163.4 * TFLOPS, MI300X_DS), tf32=est(654 * TFLOPS, MI300X_DS),
+             bf16=Fig(1307 * TFLOPS, MI300X_DS), fp16=Fig(1307 * TFLOPS, MI300X_DS),
+             link="infinity-fabric", host_link="pcie-gen5"),
+)
+
+
+class LinkEntry(NamedTuple):
+    """An intra-node link: bytes/s per device per direction, seconds, fraction, shape."""
+
+    bandwidth: Fig
+    latency: Fig
+    efficiency: Fig
+    topology: str  # "switch" (all-to-all), "pairs", "mesh", "cube-mesh", "tree", "loopback"
+
+
+NVLINK_PER_LINK = {  # bytes/s per link per direction, by NVLink generation
+    1: Fig(20 * GB, NVLINK_SRC), 2: Fig(25 * GB, NVLINK_SRC), 3: Fig(25 * GB, NVLINK_SRC),
+    4: Fig(25 * GB, NVLINK_SRC), 5: Fig(50 * GB, NVLINK_SRC),
+}
+PCIE_PER_LANE = {  # bytes/s per lane per direction, by PCIe generation
+    1: Fig(0.25 * GB, PCIE_SRC), 2: Fig(0.5 * GB, PCIE_SRC), 3: Fig(0.985 * GB, PCIE_SRC),
+    4: Fig(1.969 * GB, PCIE_SRC), 5: Fig(3.938 * GB, PCIE_SRC),
+}
+NVLINK_EFFICIENCY = est(0.75, NCCL_TESTS + "; 75-80 % of raw; NCCL assumes 20 of 25 GB/s per link")
+PCIE_EFFICIENCY = est(0.8, "rule of thumb: TLP/DLLP overhead and P2P through the root complex")
+NVLINK_LATENCY = est(3e-6, LATENCY_RULE)
+PCIE_LATENCY = est(5e-6, LATENCY_RULE)
+
+
+def _nvlink(gen: int, links: int, topology: str) -> LinkEntry:
+    bw = NVLINK_PER_LINK[gen]
+    return LinkEntry(Fig(links * bw.value, f"{links} links x {bw.value / GB:g} GB/s; {bw.source}"),
+                     NVLINK_LATENCY, NVLINK_EFFICIENCY, topology)
+
+
+def _pcie(gen: int, lanes: int = 16) -> LinkEntry:
+    lane = PCIE_PER_LANE[gen]
+    return LinkEntry(Fig(lanes * lane.value, f"x{lanes}; {lane.source}"),
+                     PCIE_LATENCY, PCIE_EFFICIENCY, "tree")
+
+
+LINKS: dict[str, LinkEntry] = {
+    "nvlink2-cube-mesh": _nvlink(2, 6, "cube-mesh"),  # DGX-1: not every pair is direct
+    "nvlink3-nvswitch": _nvlink(3, 12, "switch"),
+    "nvlink4-nvswitch": _nvlink(4, 18, "switch"),
+    "nvlink5-nvswitch": _nvlink(5, 18, "switch"),
+    "nvlink3-bridge": LinkEntry(est(300 * GB, A100_DS + ": bridge 600 GB/s bidirectional, pairs"),
+                                NVLINK_LATENCY, NVLINK_EFFICIENCY, "pairs"),
+    "nvlink4-bridge": LinkEntry(Fig(300 * GB, H100_DS + ": bridge 600 GB/s bidirectional, pairs"),
+                                NVLINK_LATENCY, NVLINK_EFFICIENCY, "pairs"),
+    "nvlink3-bridge-geforce": LinkEntry(
+        est(56.25 * GB, AMPERE_GA102_WP + ": bridge 112.5 GB/s bidirectional, pairs"),
+        NVLINK_LATENCY, NVLINK_EFFICIENCY, "pairs"),
+    "infinity-fabric": LinkEntry(est(448 * GB, MI300X_DS + ": 896 GB/s bidirectional, 7 peers"),
+                                 NVLINK_LATENCY, est(0.75, "assumed like NVLink"), "mesh"),
+    "nvlink-c2c": LinkEntry(est(225 * GB, "NVLink-C2C 900 GB/s bidirectional per Grace, "
+                                          "shared by two GPUs in GB200"),
+                            NVLINK_LATENCY, NVLINK_EFFICIENCY, "tree"),
+    "pcie-gen3": _pcie(3), "pcie-gen4": _pcie(4), "pcie-gen5": _pcie(5),
+    "pcie-gen5-est": LinkEntry(est(16 * PCIE_PER_LANE[5].value, "Gen5/6 quoted; Gen5 x16 assumed"),
+                               PCIE_LATENCY, PCIE_EFFICIENCY, "tree"),
+    "loopback": LinkEntry(est(5 * GB, "gloo over shared memory / TCP loopback, rough"),
+                          est(30e-6, LATENCY_RULE), est(1.0, "folded into the bandwidth"),
+                          "loopback"),
+}
+
+
+class NetworkEntry(NamedTuple):
+    """Inter-node network: bytes/s per NIC per direction; NICs per node fixed, or None (per GPU)."""
+
+    kind: str  # "infiniband", "roce", "ethernet", "efa"
+    bandwidth: Fig
+    latency: Fig
+    efficiency: Fig
+    nics_per_node: int | None = None
+
+
+def _ib(gbit: int) -> NetworkEntry:
+    return NetworkEntry("infiniband", Fig(gbit * GBIT, IBTA), est(5e-6, LATENCY_RULE),
+                        est(0.92, IB_EFF))
+
+
+def _roce(gbit: int) -> NetworkEntry:
+    return NetworkEntry("roce", Fig(gbit * GBIT, f"{gbit} GbE line rate"),
+                        est(8e-6, LATENCY_RULE), est(0.9, "assumed a little under InfiniBand"))
+
+
+def _eth(gbit: int) -> NetworkEntry:
+    return NetworkEntry("ethernet", Fig(gbit * GBIT, f"{gbit} GbE line rate"),
+                        est(30e-6, LATENCY_RULE), est(0.7, "TCP sockets (NCCL/gloo), rough"))
+
+
+def _efa(nics: int | None) -> NetworkEntry:
+    return NetworkEntry("efa", Fig(100 * GBIT, EFA_SRC), est(15e-6, LATENCY_RULE),
+                        est(0.8, "assumed; EFA SRD below InfiniBand"), nics)
+
+
+NETWORKS: dict[str, NetworkEntry] = {
+    "ib-edr": _ib(100), "ib-hdr": _ib(200), "ib-ndr": _ib(400), "ib-xdr": _ib(800),
+    "roce-100": _roce(100), "roce-200": _roce(200), "roce-400": _roce(400),
+    "eth-10": _eth(10), "eth-25": _eth(25), "eth-50": _eth(50), "eth-100": _eth(100),
+    "eth-200": _eth(200), "eth-400": _eth(400),
+    "efa": _efa(None), "efa-p4d": _efa(4), "efa-p5": _efa(32),
+}
+IB_RATES = {100: "ib-edr", 200: "ib-hdr", 400: "ib-ndr", 800: "ib-xdr"}  # Gb/s -> name
+
+# The host as a device (gloo): per-core figures, all rough estimates for AVX2-class cores.
+CPU_SRC = "x86 core with 2 AVX2 FMA units at ~3 GHz: 96 GFLOP/s peak, about half reached"
+CPU_FLOPS_PER_CORE = est(50e9, CPU_SRC)  # fp32; bf16/fp16 assumed no faster without AMX
+CPU_MEMORY_BW_PER_CORE = est(5 * GB, "DDR4/DDR5 socket bandwidth spread over its cores, rough")

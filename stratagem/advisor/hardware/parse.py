@@ -1,0 +1,122 @@
+"""Cluster spec strings.
+
+Grammar (case-insensitive, spaces ignored)::
+
+    local                                   this machine, probed (see probe_local)
+    [NODES x] [DEVICES x] DEVICE[+bridge][:NETWORK[-xNICS]]
+
+``8xA100-SXM4-80GB`` is one node of 8; ``4x8xH100:ib-ndr`` is 4 nodes of 8; ``H100`` is one
+device. DEVICE is a catalog name or alias (``H100`` = ``H100-SXM5-80GB``) or ``cpu`` (gloo
+ranks sharing this host's cores and RAM). ``+bridge`` joins PCIe cards in NVLink-bridged
+pairs; without it they talk over PCIe. NETWORK is a catalog name; it means one NIC per GPU
+(the DGX/HGX rail layout) unless the network fixes its count (``efa-p4d``: 4, ``efa-p5``: 32)
+or ``-xNICS`` says otherwise. A multi-node spec must name its network: there is no default,
+because a guessed network would silently drive the advice.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+from stratagem.advisor.hardware import lookup
+from stratagem.advisor.hardware.spec import Cluster, HostSpec, NetworkSpec, NodeSpec
+from stratagem.errors import UsageError
+
+_SPEC = re.compile(r"^(?:(\d+)x)?(?:(\d+)x)?([^:+]+)(\+bridge)?(?::(.+))?$", re.IGNORECASE)
+_NETWORK = re.compile(r"^(.+?)(?:-x(\d+))?$", re.IGNORECASE)
+FORM = "[NODES x] [DEVICES x] DEVICE[+bridge][:NETWORK[-xNICS]], e.g. '4x8xH100-SXM5-80GB:ib-ndr'"
+
+
+def parse_cluster(spec: str) -> Cluster:
+    """The :class:`Cluster` a spec string names (see the module docstring for the grammar)."""
+    text = re.sub(r"\s+", "", spec)
+    if text.lower() == "local":
+        from stratagem.advisor.hardware.probe import probe_local
+
+        return probe_local()
+    match = _SPEC.match(text)
+    if not match:
+        raise UsageError(f"cannot read cluster spec {spec!r}: expected {FORM}"
+                         "\nHINT: or 'local' to probe this machine")
+    first, second, device, bridge, network = match.groups()
+    num_nodes, num_devices = (int(first), int(second)) if second else (1, int(first or 1))
+    if num_nodes < 1 or num_devices < 1:
+        raise UsageError(f"counts in {spec!r} must be at least 1: got {num_nodes} node(s) "
+                         f"x {num_devices} device(s)\nHINT: write e.g. '2x8xH100:ib-ndr'")
+    node = _node(spec, device=device, num_devices=num_devices, bridge=bool(bridge))
+    return Cluster(num_nodes=num_nodes,
+                   node=_with_network(spec, node=node, network=network, num_nodes=num_nodes))
+
+
+def _node(spec: str, *, device: str, num_devices: int, bridge: bool) -> NodeSpec:
+    if device.lower() == "cpu":
+        if bridge:
+            raise UsageError(f"'+bridge' in {spec!r} applies to GPUs, not cpu"
+                             "\nHINT: drop '+bridge'")
+        return cpu_node(_host(), num_ranks=num_devices, network=None)
+    entry = lookup.find_gpu(device)
+    if entry is None:
+        raise UsageError(
+            f"unknown GPU {device!r} in {spec!r}: known: {', '.join(lookup.gpu_names())}, cpu"
+            f"\nHINT: use a catalog name or a short name ({_aliases_hint()}), "
+            "or 'local' to probe this machine"
+        )
+    if bridge and entry.bridge is None:
+        bridged = [e.name for e in lookup.catalog.GPUS if e.bridge]
+        raise UsageError(f"{entry.name} in {spec!r} takes no NVLink bridge: bridged cards are "
+                         f"{', '.join(bridged)}\nHINT: drop '+bridge'")
+    link_key = entry.bridge if bridge and entry.bridge else entry.link
+    return NodeSpec(
+        device=lookup.device_from_entry(entry), num_devices=num_devices,
+        link=lookup.link_from_key(link_key, num_devices=num_devices),
+        host_link=lookup.host_link_from_key(entry.host_link), network=None,
+    )
+
+
+def _aliases_hint() -> str:
+    aliases = lookup.gpu_aliases()
+    return ", ".join(f"{a} = {aliases[a]}" for a in ("H100", "A100", "H200") if a in aliases)
+
+
+def _with_network(spec: str, *, node: NodeSpec, network: str | None,
+                  num_nodes: int) -> NodeSpec:
+    if network is None:
+        if num_nodes > 1:
+            raise UsageError(
+                f"{spec!r} spans {num_nodes} nodes but names no network between them: "
+                f"known: {', '.join(lookup.network_names())}"
+                f"\nHINT: append one, e.g. '{spec}:ib-ndr' (one NIC per GPU) or '{spec}:eth-100'"
+            )
+        return node
+    return replace(node, network=parse_network(network, spec=spec, node=node))
+
+
+def parse_network(text: str, *, spec: str, node: NodeSpec) -> NetworkSpec:
+    """The network ``NAME[-xNICS]`` for ``node`` (``spec`` is quoted in errors)."""
+    match = _NETWORK.match(text)
+    assert match, "the pattern matches any non-empty text"
+    name, count = match[1].lower(), match[2]
+    if name not in lookup.network_names():
+        raise UsageError(
+            f"unknown network {text!r} in {spec!r}: known: {', '.join(lookup.network_names())}"
+            "\nHINT: add '-xN' for N NICs per node, e.g. 'ib-ndr-x4'"
+        )
+    nics = int(count) if count else lookup.default_nics(
+        name, num_devices=node.num_devices, is_gpu=node.device.is_gpu)
+    if nics < 1:
+        raise UsageError(f"NIC count in {text!r} must be at least 1\nHINT: e.g. '{name}-x4'")
+    return lookup.network_from_name(name, nics_per_node=nics)
+
+
+def cpu_node(host: HostSpec, *, num_ranks: int, network: NetworkSpec | None) -> NodeSpec:
+    """A node of ``num_ranks`` gloo ranks sharing ``host``."""
+    return NodeSpec(device=lookup.cpu_device(host, num_ranks=num_ranks), num_devices=num_ranks,
+                    link=lookup.loopback_link(num_ranks=num_ranks), host_link=None,
+                    network=network, host=host)
+
+
+def _host() -> HostSpec:
+    from stratagem.advisor.hardware.probe import probe_host
+
+    return probe_host()

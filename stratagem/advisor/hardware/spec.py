@@ -1,0 +1,256 @@
+"""What a cluster is made of: devices, the links inside a node, the network between nodes.
+
+All classes are frozen plain data in SI units (bytes, bytes/s, FLOP/s, seconds) and round-trip
+through ``to_dict``/``from_dict`` for JSON. A :class:`Cluster` is ``num_nodes`` identical
+:class:`NodeSpec`\\ s; build one with :meth:`Cluster.parse` (a spec string, or ``"local"``),
+:func:`~stratagem.advisor.hardware.probe_local` or
+:func:`~stratagem.advisor.hardware.gather_cluster`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from stratagem.errors import UsageError
+
+DTYPES = ("fp32", "tf32", "bf16", "fp16")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeviceSpec:
+    """One accelerator (or, with ``kind="cpu"``, one gloo rank's share of the host).
+
+    Peaks are dense FLOP/s per device; ``None`` means the device has no such math (V100 has
+    no bf16). ``estimated`` names the fields whose values are estimates, not datasheet figures.
+    """
+
+    name: str
+    kind: str = "gpu"  # "gpu" or "cpu"
+    vendor: str = "nvidia"
+    memory_bytes: int  # bytes per device
+    memory_bandwidth: float  # bytes/s
+    peak_fp32: float  # FLOP/s
+    peak_tf32: float | None  # FLOP/s
+    peak_bf16: float | None  # FLOP/s
+    peak_fp16: float | None  # FLOP/s
+    compute_capability: tuple[int, int] | None = None
+    num_cores: int | None = None  # CPU cores per rank; None for GPUs
+    estimated: tuple[str, ...] = ()
+
+    @property
+    def is_gpu(self) -> bool:
+        """True for an accelerator, False for a CPU rank."""
+        return self.kind == "gpu"
+
+    def peak_flops(self, dtype: str) -> float:
+        """Dense peak FLOP/s for ``dtype`` (one of fp32, tf32, bf16, fp16)."""
+        if dtype not in DTYPES:
+            raise UsageError(f"unknown dtype {dtype!r}: known: {', '.join(DTYPES)}")
+        value = getattr(self, f"peak_{dtype}")
+        if value is None:
+            supported = [d for d in DTYPES if getattr(self, f"peak_{d}") is not None]
+            raise UsageError(
+                f"{self.name} has no {dtype} math: it supports {', '.join(supported)}"
+                f"\nHINT: choose a precision from those, e.g. fp16-mixed instead of bf16-mixed"
+            )
+        return value
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DeviceSpec:
+        """Inverse of :meth:`to_dict`."""
+        cc = data.get("compute_capability")
+        return cls(**{**data, "compute_capability": tuple(cc) if cc else None,
+                      "estimated": tuple(data.get("estimated", ()))})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinkSpec:
+    """How devices of one node (or a device and its host) exchange data.
+
+    ``kind``: e.g. ``nvlink4``, ``nvlink3-bridge``, ``pcie-gen5``, ``infinity-fabric``,
+    ``loopback`` (gloo on one host) or ``none`` (one device per node: nothing to cross).
+    ``bandwidth`` is bytes/s per device per direction, raw; multiply by ``efficiency`` for what
+    collectives reach. ``domain_size`` devices share this link (2 for bridged pairs); traffic
+    beyond a domain falls back to the node's ``host_link``.
+    """
+
+    kind: str
+    bandwidth: float  # bytes/s per device per direction
+    latency: float  # seconds
+    efficiency: float  # fraction of bandwidth collectives reach
+    topology: str  # "switch", "pairs", "mesh", "cube-mesh", "tree", "loopback", "none"
+    domain_size: int = 1  # devices joined at this bandwidth
+    estimated: tuple[str, ...] = ()
+
+    @property
+    def effective_bandwidth(self) -> float:
+        """bytes/s per device per direction that collectives reach."""
+        return self.bandwidth * self.efficiency
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LinkSpec:
+        """Inverse of :meth:`to_dict`."""
+        return cls(**{**data, "estimated": tuple(data.get("estimated", ()))})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NetworkSpec:
+    """The network between nodes: ``nics_per_node`` NICs of ``bandwidth`` bytes/s per direction."""
+
+    name: str  # e.g. "ib-ndr", "roce-200", "eth-100", "efa-p5"
+    kind: str  # "infiniband", "roce", "ethernet", "efa"
+    bandwidth: float  # bytes/s per NIC per direction
+    nics_per_node: int
+    latency: float  # seconds
+    efficiency: float  # fraction of line rate collectives reach
+    estimated: tuple[str, ...] = ()
+
+    @property
+    def node_bandwidth(self) -> float:
+        """Raw bytes/s per node per direction over all NICs."""
+        return self.bandwidth * self.nics_per_node
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> NetworkSpec:
+        """Inverse of :meth:`to_dict`."""
+        return cls(**{**data, "estimated": tuple(data.get("estimated", ()))})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostSpec:
+    """The host CPU and RAM of one node (known for probed nodes and CPU clusters)."""
+
+    num_cores: int  # logical cores
+    num_physical_cores: int | None
+    memory_bytes: int  # host RAM, bytes
+    cpu_name: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> HostSpec:
+        """Inverse of :meth:`to_dict`."""
+        return cls(**data)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeSpec:
+    """One node: ``num_devices`` identical devices, their link, the host and the network."""
+
+    device: DeviceSpec
+    num_devices: int
+    link: LinkSpec  # device <-> device inside the node
+    host_link: LinkSpec | None  # device <-> host memory (PCIe, C2C); None for CPU ranks
+    network: NetworkSpec | None  # node <-> node; None for a lone node or when unknown
+    host: HostSpec | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> NodeSpec:
+        """Inverse of :meth:`to_dict`."""
+        return cls(
+            device=DeviceSpec.from_dict(data["device"]),
+            num_devices=data["num_devices"],
+            link=LinkSpec.from_dict(data["link"]),
+            host_link=_maybe(LinkSpec.from_dict, data.get("host_link")),
+            network=_maybe(NetworkSpec.from_dict, data.get("network")),
+            host=_maybe(HostSpec.from_dict, data.get("host")),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cluster:
+    """``num_nodes`` identical nodes. ``source`` says where it came from ("catalog", "probe",
+    "gather"); ``notes`` say what could not be read or was assumed."""
+
+    num_nodes: int
+    node: NodeSpec
+    source: str = "catalog"
+    notes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        assert self.num_nodes >= 1 and self.node.num_devices >= 1, "a cluster needs devices"
+
+    @classmethod
+    def parse(cls, spec: str) -> Cluster:
+        """Build from a spec such as ``4x8xH100:ib-ndr`` or ``local``; see
+        :func:`~stratagem.advisor.hardware.parse.parse_cluster` for the grammar."""
+        from stratagem.advisor.hardware.parse import parse_cluster
+
+        return parse_cluster(spec)
+
+    @property
+    def devices_per_node(self) -> int:
+        """Devices (ranks) per node."""
+        return self.node.num_devices
+
+    @property
+    def world_size(self) -> int:
+        """Devices (ranks) in the cluster."""
+        return self.num_nodes * self.node.num_devices
+
+    @property
+    def device(self) -> DeviceSpec:
+        """The device every rank runs on."""
+        return self.node.device
+
+    @property
+    def network(self) -> NetworkSpec | None:
+        """The inter-node network, if any."""
+        return self.node.network
+
+    @property
+    def is_gpu(self) -> bool:
+        """True when the ranks are accelerators (NCCL), False for a CPU cluster (gloo)."""
+        return self.node.device.is_gpu
+
+    @property
+    def backend(self) -> str:
+        """The torch.distributed backend the ranks use: "nccl" or "gloo"."""
+        return "nccl" if self.is_gpu else "gloo"
+
+    @property
+    def spec(self) -> str:
+        """The canonical spec string, e.g. ``4x8xH100-SXM5-80GB:ib-ndr-x8``."""
+        text = f"{self.num_nodes}x{self.devices_per_node}x{self.device.name}"
+        if self.link_is_bridge:
+            text += "+bridge"
+        net = self.network
+        return f"{text}:{net.name}-x{net.nics_per_node}" if net else text
+
+    @property
+    def link_is_bridge(self) -> bool:
+        """True when devices are joined in bridged pairs rather than by the catalog default."""
+        return self.node.link.topology == "pairs"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict, with the derived ``spec`` and ``world_size`` for readers."""
+        return {"spec": self.spec, "world_size": self.world_size, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Cluster:
+        """Inverse of :meth:`to_dict` (derived keys are ignored)."""
+        return cls(num_nodes=data["num_nodes"], node=NodeSpec.from_dict(data["node"]),
+                   source=data.get("source", "catalog"), notes=tuple(data.get("notes", ())))
+
+
+def _maybe(build: Any, data: dict[str, Any] | None) -> Any:
+    return None if data is None else build(data)

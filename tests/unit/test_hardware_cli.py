@@ -1,0 +1,33 @@
+"""``stratagem hardware``: JSON, the table, and a bad spec."""
+
+from __future__ import annotations
+
+import json
+
+from stratagem.advisor.hardware import Cluster
+from stratagem.cli import main
+
+
+def test_json_of_a_named_cluster(capsys):
+    assert main(["hardware", "--cluster", "2x8xH100:ib-ndr", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["world_size"] == 16 and data["spec"] == "2x8xH100-SXM5-80GB:ib-ndr-x8"
+    assert Cluster.from_dict(data) == Cluster.parse("2x8xH100:ib-ndr")
+
+
+def test_table_of_a_named_cluster(capsys):
+    assert main(["hardware", "--cluster", "2x4xL4:eth-100"]) == 0
+    out = capsys.readouterr().out
+    for text in ("L4", "121.0 TFLOP/s", "pcie-gen4", "eth-100", "8 rank(s)"):
+        assert text in out
+
+
+def test_local_probe_prints_notes(capsys):
+    assert main(["hardware"]) == 0
+    assert "note" in capsys.readouterr().out
+
+
+def test_bad_spec_exits_2_with_the_reason(capsys):
+    assert main(["hardware", "--cluster", "4xH900"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown GPU 'H900'" in err and "HINT:" in err
