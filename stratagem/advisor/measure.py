@@ -9,7 +9,11 @@ The segments are the model's blocks plus ``embed`` (whatever runs before the fir
 * bytes saved for backward, through ``saved_tensors_hooks``, each storage counted once, the
   parameters themselves excluded and the compute-dtype copies that autocast makes of them kept
   apart (they scale with parameters, not with the batch);
-* which non-block parameters it is the first to use.
+* which non-block parameters it is the first to use;
+* the attention core, for selective checkpointing (Korthikanti et al. 2022, §4.2): the forward
+  FLOPs of ops that read or write an s×s tensor (QKᵀ, AV) or are fused attention kernels, and
+  the saved tensors shaped s×s in their last two dimensions (softmax output, dropout mask and
+  output) — what selective recomputation drops and recomputes.
 
 Blocks identical to one already measured (same class, same parameter shapes, same repr) and
 called with inputs of the same shapes are not run again: their forward is replaced by a cheap
@@ -55,6 +59,13 @@ def _cpu_flash_attention_backward_flops(grad_out, query, key, value, *args, out_
     return sdpa_backward_flop_count(grad_out, query, key, value)
 
 
+ATTENTION_OPS = {
+    aten._scaled_dot_product_flash_attention_for_cpu,
+    aten._scaled_dot_product_flash_attention,
+    aten._scaled_dot_product_efficient_attention,
+    aten._scaled_dot_product_cudnn_attention,
+}
+
 CPU_ATTENTION_FLOPS = {
     aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_attention_flops,
     aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_attention_backward_flops,
@@ -69,6 +80,8 @@ class SegmentCounts:
     bwd_flops: int = 0
     saved_bytes: int = 0
     saved_param_copy_bytes: int = 0
+    attention_fwd_flops: int = 0
+    attention_saved_bytes: int = 0
     input_bytes: int = 0
     output_bytes: int = 0
 
@@ -87,8 +100,9 @@ class _CostCounter(FlopCounterMode):
     """A FlopCounterMode that attributes FLOPs and tensor provenance to segments."""
 
     def __init__(self, *, block_of: dict[str, str], record: RunRecord,
-                 state_names: dict[StorageWeakRef, str], has_blocks: bool) -> None:
+                 state_names: dict[StorageWeakRef, str], has_blocks: bool, seq_len: int | None) -> None:
         super().__init__(display=False, custom_mapping=CPU_ATTENTION_FLOPS)
+        self.seq_len = seq_len
         self._block_of = block_of  # module-tracker name -> block FQN
         self._record = record
         self._state_names = state_names
@@ -125,8 +139,18 @@ class _CostCounter(FlopCounterMode):
                 counts.bwd_flops += flops
             else:
                 counts.fwd_flops += flops
+                if func_packet in ATTENTION_OPS or self._touches_scores(args, out):
+                    counts.attention_fwd_flops += flops
         self._track_provenance(func_packet, out, args, seg)
         return out
+
+    def is_scores(self, tensor: torch.Tensor) -> bool:
+        """Shaped like attention scores: s×s in the last two dimensions."""
+        s = self.seq_len
+        return s is not None and s > 1 and tensor.dim() >= 2 and tuple(tensor.shape[-2:]) == (s, s)
+
+    def _touches_scores(self, args: Any, out: Any) -> bool:
+        return any(isinstance(t, torch.Tensor) and self.is_scores(t) for t in tree_flatten((args, out))[0])
 
     def _track_provenance(self, func_packet, out, args, seg: str) -> None:
         for arg in tree_flatten(args)[0]:
@@ -157,10 +181,14 @@ class _SavedTensorCounter:
         counts = self._record.segments[self._counter.segment()]
         if ref in self._counter.param_copies:
             counts.saved_param_copy_bytes += tensor.untyped_storage().nbytes()
-        elif ref in self._counter.masks:
-            counts.saved_bytes += tensor.numel()  # a CUDA dropout mask: one byte per element
+            return tensor
+        if ref in self._counter.masks:
+            num_bytes = tensor.numel()  # a CUDA dropout mask: one byte per element
         else:
-            counts.saved_bytes += tensor.untyped_storage().nbytes()
+            num_bytes = tensor.untyped_storage().nbytes()
+        counts.saved_bytes += num_bytes
+        if self._counter.is_scores(tensor):
+            counts.attention_saved_bytes += num_bytes
         return tensor
 
     @staticmethod
@@ -265,18 +293,21 @@ def run_fake_step(
     blocks: tuple[str, ...],
     loss_fn: Callable[[Any], torch.Tensor],
     autocast_dtype: torch.dtype | None,
+    seq_len: int | None = None,
     reuse_identical_blocks: bool = True,
 ) -> RunRecord:
     """One forward and backward of ``model`` with its parameters and buffers replaced by the
     fake tensors in ``state``; must run inside the FakeTensorMode that made them. With
-    ``reuse_identical_blocks`` each group of identical blocks is measured once."""
+    ``reuse_identical_blocks`` each group of identical blocks is measured once. ``seq_len``
+    identifies attention-score tensors (s×s)."""
     record = RunRecord()
     root = type(model).__name__
     block_of = {f"{root}.{fqn}": fqn for fqn in blocks}
     state_names: dict[StorageWeakRef, str] = {}
     for name, tensor in state.items():  # tied names share a tensor: the first name owns it
         state_names.setdefault(StorageWeakRef(tensor.untyped_storage()), name)
-    counter = _CostCounter(block_of=block_of, record=record, state_names=state_names, has_blocks=bool(blocks))
+    counter = _CostCounter(block_of=block_of, record=record, state_names=state_names, has_blocks=bool(blocks),
+                          seq_len=seq_len)
     saved = _SavedTensorCounter(counter, record, set(state_names))
     autocast = torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None)
     hooks = torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack)

@@ -40,6 +40,8 @@ class SegmentProfile:
     bwd_flops: int
     saved_bytes: int  # activations saved for backward (parameters excluded)
     saved_param_copy_bytes: int  # compute-dtype copies of parameters saved for backward (autocast)
+    attention_fwd_flops: int  # forward FLOPs of the attention core (what selective recompute redoes)
+    attention_saved_bytes: int  # of saved_bytes, the s×s score-shaped tensors (what it drops)
     input_bytes: int
     output_bytes: int  # what a pipeline stage ending here sends; what full checkpointing keeps
     linears: tuple[LinearLayer, ...] = ()
@@ -174,6 +176,7 @@ def profile_model(
             blocks=structure.blocks,
             loss_fn=_resolve_loss(loss_fn, notes),
             autocast_dtype=prec.compute_dtype if prec.autocast else None,
+            seq_len=seq_len,
             reuse_identical_blocks=reuse_identical_blocks,
         )
     heads, kv_heads = attention_heads(model)
@@ -274,6 +277,7 @@ def _assemble(model: nn.Module, blocks: tuple[str, ...], record: RunRecord, prec
             buffer_bytes=sum(b for _, b, _ in buffers),
             fwd_flops=counts.fwd_flops, bwd_flops=counts.bwd_flops,
             saved_bytes=counts.saved_bytes, saved_param_copy_bytes=counts.saved_param_copy_bytes,
+            attention_fwd_flops=counts.attention_fwd_flops, attention_saved_bytes=counts.attention_saved_bytes,
             input_bytes=counts.input_bytes, output_bytes=counts.output_bytes,
             **extra,
         )

@@ -42,6 +42,17 @@ def test_gpt2_block_saved_bytes_match_korthikanti_in_16_bit():
     korthikanti = s * b * h * (34 + 5 * a * s / h)  # Korthikanti et al. 2022, eq. (1)
     # Beyond the formula: the bool causal mask (s²) and the two LayerNorms' bf16 mean/rstd (8sb).
     assert block.saved_bytes == korthikanti + s * s + 8 * s * b
+    # What selective recomputation drops: softmax output, dropout mask and output (5as²b), and
+    # the causal mask; what it redoes: QKᵀ and AV forward.
+    assert block.attention_saved_bytes == 5 * a * s * s * b + s * s
+    assert block.attention_fwd_flops == 2 * 2 * b * s * s * h
+
+
+def test_fused_attention_saves_no_scores():
+    profile = profile_spec("gpt2", batch_size=2, seq_len=128, precision="bf16-true")
+    block = profile.blocks[0]
+    assert block.attention_saved_bytes == 0
+    assert block.attention_fwd_flops == 2 * 2 * 2 * 128 * 128 * 768
 
 
 def test_llama_2_7b_flops_match_6_n_tokens_plus_attention():
