@@ -201,6 +201,13 @@ def tensor_bytes(tree: Any) -> int:
     return sum(t.numel() * t.element_size() for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor))
 
 
+def _differentiable(tree: Any) -> list[torch.Tensor]:
+    """The tensors of ``tree`` that carry gradients (hidden states, not masks or RoPE tables);
+    all of its tensors when none does."""
+    tensors = [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
+    return [t for t in tensors if t.requires_grad] or tensors
+
+
 def _leaf_meta(tree: Any) -> tuple:
     leaves, _ = tree_flatten(tree)
     return tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else type(t) for t in leaves)
@@ -246,7 +253,7 @@ class _BlockReuse:
     def _output_hook(self, fqn: str) -> Callable:
         def hook(module, args, kwargs, output):
             counts = self._record.segments[fqn]
-            counts.input_bytes = tensor_bytes((args, kwargs))
+            counts.input_bytes = tensor_bytes(_differentiable((args, kwargs)))
             counts.output_bytes = tensor_bytes(output)
             if fqn not in self._record.measured_as:
                 self._calls[fqn] = (_leaf_meta((args, kwargs)), output)

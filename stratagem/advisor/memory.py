@@ -1,0 +1,179 @@
+"""Memory per rank for a Plan: model states sharded by ZeRO/TP/PP, activations, transient buffers.
+
+The most loaded rank is the first pipeline stage: it holds the embedding and keeps the most
+micro-batches in flight. Every term is a named ``estimate_*`` function returning bytes per rank;
+:func:`estimate_memory` is their visible sum.
+
+Sources: model states — Rajbhandari et al. 2020 (ZeRO), §3 and Table 1; activations —
+Korthikanti et al. 2022, §4 (eq. 1–5) and §4.2.3 (in-flight micro-batches per schedule).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from stratagem.advisor.estimate import MemoryBreakdown
+from stratagem.advisor.hardware import Cluster
+from stratagem.advisor.plan import Plan, Workload
+from stratagem.advisor.precision import get_precision
+from stratagem.advisor.profile import ModelProfile, SegmentProfile
+
+# Kept free on every device: CUDA context, NCCL buffers and allocator fragmentation. The
+# context takes ~0.5 GiB on H100 (CUDA 12); NCCL reserves up to ~1 GiB per communicator set.
+RESERVED_BYTES = 2 * 2**30
+RESERVED_FRACTION = 0.05
+# DDP's gradient buckets (torch default bucket_cap_mb=25), two in flight.
+DDP_BUCKET_BYTES = 2 * 25 * 2**20
+# Korthikanti et al. 2022, eq. 2: without SP, 10 of a block's 34·sbh bytes stay replicated
+# over the TP group (layer-norm inputs, attention and MLP inputs, dropout masks): five tensors
+# as wide as the block's input. Used until TP-sharded blocks are profiled directly.
+TP_REPLICATED_INPUT_WIDTHS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class StateLayout:
+    """Bytes per parameter of model states: ``weights`` (what forward reads), ``grads`` and
+    ``optimizer`` (master weights included when the runtime keeps them there)."""
+
+    weights: float
+    grads: float
+    optimizer: float
+
+
+def state_layout(precision: str, optimizer: str, *, runtime: str = "torch") -> StateLayout:
+    """Model-state bytes per parameter.
+
+    ``runtime="torch"`` (what stratagem applies): parameters and gradients in the precision's
+    parameter dtype (fp32 for *-mixed), AdamW keeps two states, SGD one momentum buffer, in that
+    dtype. ``runtime="deepspeed"``: the ZeRO paper's mixed-precision layout — 16-bit weights and
+    gradients, fp32 master weights plus states in the optimizer (K = 12 for Adam, 8 for SGD).
+    """
+    prec = get_precision(precision)
+    num_states = 2 if optimizer == "adamw" else 1
+    if runtime == "deepspeed" and prec.autocast:
+        return StateLayout(weights=2, grads=2, optimizer=4 + 4 * num_states)
+    size = prec.param_bytes
+    return StateLayout(weights=size, grads=size, optimizer=num_states * size)
+
+
+def usable_memory(cluster: Cluster) -> float:
+    """Bytes per device a plan may use: capacity less RESERVED_FRACTION and RESERVED_BYTES."""
+    return cluster.device.memory_bytes * (1 - RESERVED_FRACTION) - RESERVED_BYTES
+
+
+def _first_stage(profile: ModelProfile, plan: Plan) -> tuple[list[SegmentProfile], int]:
+    """Segments held by the first pipeline rank, and how many blocks it holds."""
+    per_rank = math.ceil(len(profile.blocks) / plan.pp) if profile.blocks else 0
+    segments = [profile.embed, *profile.blocks[:per_rank]]
+    if plan.pp == 1:
+        segments.append(profile.head)
+    return segments, per_rank
+
+
+def estimate_params_per_rank(profile: ModelProfile, plan: Plan) -> float:
+    """Parameters the first pipeline rank holds before ZeRO sharding, divided over TP."""
+    segments, _ = _first_stage(profile, plan)
+    return sum(s.num_params for s in segments) / plan.tp
+
+
+def estimate_parameters(profile: ModelProfile, plan: Plan, layout: StateLayout) -> float:
+    """Weights, bytes per rank: sharded over dp_shard by ZeRO-3 (ZeRO §3, P_os+g+p)."""
+    shard = plan.dp_shard if plan.zero == 3 else 1
+    if plan.offload == "params":
+        return 0.0
+    return layout.weights * estimate_params_per_rank(profile, plan) / shard
+
+
+def estimate_gradients(profile: ModelProfile, plan: Plan, layout: StateLayout) -> float:
+    """Gradients, bytes per rank: sharded over dp_shard from ZeRO-2 (ZeRO §3, P_os+g)."""
+    if plan.offload != "none":
+        return 0.0  # offloaded shards are reduced straight to host memory
+    shard = plan.dp_shard if plan.zero >= 2 else 1
+    return layout.grads * estimate_params_per_rank(profile, plan) / shard
+
+
+def estimate_optimizer(profile: ModelProfile, plan: Plan, layout: StateLayout) -> float:
+    """Optimizer states, bytes per rank: sharded over dp_shard from ZeRO-1 (ZeRO §3, P_os)."""
+    if plan.offload != "none":
+        return 0.0
+    shard = plan.dp_shard if plan.zero >= 1 else 1
+    return layout.optimizer * estimate_params_per_rank(profile, plan) / shard
+
+
+def in_flight_microbatches(plan: Plan, num_blocks_on_rank: int) -> float:
+    """Micro-batches whose activations the first stage holds at once (Korthikanti §4.2.3).
+
+    GPipe keeps every micro-batch; 1F1B at most ``pp``; interleaved 1F1B keeps
+    ``pp·(1 + (pp−1)/(pp·v))`` — its first rank runs ahead on each of its virtual stages.
+    """
+    if plan.pp == 1:
+        return 1.0
+    if plan.pp_schedule == "gpipe":
+        return float(plan.microbatches)
+    if plan.pp_schedule == "interleaved-1f1b":
+        return plan.pp * (1 + (plan.pp - 1) / (plan.pp * plan.pp_virtual))
+    return float(min(plan.pp, plan.microbatches))
+
+
+def estimate_block_activations(block: SegmentProfile, plan: Plan, *, scale: float) -> float:
+    """Bytes one block keeps for backward for one micro-batch (``scale`` = micro-batch size /
+    profiled batch size), after checkpointing, TP and SP (Korthikanti eq. 1–5)."""
+    if plan.activation_checkpointing == "full":
+        kept = block.input_bytes * scale  # eq. 5: only the block's input (2sbh)
+        return kept / plan.tp if plan.sequence_parallel else kept
+    saved = block.saved_bytes
+    if plan.activation_checkpointing == "selective":
+        saved -= block.attention_saved_bytes  # eq. 4 drops 5as²b
+    saved *= scale
+    if plan.tp == 1 or plan.sequence_parallel:
+        return saved / plan.tp  # eq. 4: SP splits the replicated part too
+    replicated = min(saved, TP_REPLICATED_INPUT_WIDTHS * block.input_bytes * scale)
+    return replicated + (saved - replicated) / plan.tp  # eq. 2
+
+
+def estimate_activations(profile: ModelProfile, plan: Plan) -> float:
+    """Activation bytes on the first pipeline rank at the peak of its schedule.
+
+    With full checkpointing one block's activations are rebuilt at a time during backward:
+    that block's full saved bytes are added once.
+    """
+    segments, per_rank = _first_stage(profile, plan)
+    scale = plan.micro_batch_size / profile.batch_size
+    blocks = segments[1:1 + per_rank]
+    per_microbatch = sum(estimate_block_activations(b, plan, scale=scale) for b in blocks)
+    per_microbatch += sum(s.saved_bytes * scale / plan.tp for s in (profile.embed, *segments[1 + per_rank:]))
+    if plan.pp_virtual > 1:
+        per_microbatch /= plan.pp_virtual  # one virtual stage's share per in-flight micro-batch
+    total = per_microbatch * in_flight_microbatches(plan, per_rank)
+    if plan.activation_checkpointing == "full" and blocks:
+        unchecked = replace(plan, activation_checkpointing="none")
+        total += max(estimate_block_activations(b, unchecked, scale=scale) for b in blocks)
+    return total
+
+
+def estimate_buffers(profile: ModelProfile, plan: Plan) -> float:
+    """Transient bytes: gathered FSDP units (current and prefetched), DDP buckets, and
+    autocast's compute-dtype weight copies, which live from forward to backward."""
+    prec = get_precision(plan.precision)
+    segments, _ = _first_stage(profile, plan)
+    largest_unit = max(s.num_params for s in segments) / plan.tp
+    if plan.zero >= 2:
+        gathered = 2 * largest_unit * prec.compute_bytes
+        if plan.zero == 2:  # reshard_after_forward=False keeps every unit gathered until backward
+            gathered = estimate_params_per_rank(profile, plan) * prec.compute_bytes
+        return gathered
+    copies = sum(s.saved_param_copy_bytes for s in segments) / plan.tp if prec.autocast else 0.0
+    return DDP_BUCKET_BYTES + copies
+
+
+def estimate_memory(profile: ModelProfile, workload: Workload, plan: Plan, *, runtime: str = "torch") -> MemoryBreakdown:
+    """Peak bytes per rank on the most loaded rank, term by term."""
+    layout = state_layout(plan.precision, workload.optimizer, runtime=runtime)
+    return MemoryBreakdown(
+        parameters=estimate_parameters(profile, plan, layout),
+        gradients=estimate_gradients(profile, plan, layout),
+        optimizer=estimate_optimizer(profile, plan, layout),
+        activations=estimate_activations(profile, plan),
+        buffers=estimate_buffers(profile, plan),
+    )

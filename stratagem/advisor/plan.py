@@ -1,0 +1,246 @@
+"""The Plan: the one vocabulary every part of stratagem speaks, and the Workload it serves.
+
+A Plan is plain data. The advisor produces it, the cost models score it, the plugins apply it
+and the exporters translate it; none of them re-derives a decision it holds. Construction
+checks everything the Plan can check alone; :meth:`Plan.check` adds what needs the cluster and
+the model (world size, heads, blocks).
+
+Mesh order is ``pp`` (outermost) × ``dp_replicate`` × ``dp_shard`` × ``tp`` (innermost, inside a
+node). The global batch is ``micro_batch_size × microbatches × grad_accum × dp_replicate ×
+dp_shard`` samples.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from enum import StrEnum
+from typing import Any
+
+from stratagem.advisor.precision import PRECISIONS
+from stratagem.errors import UsageError
+
+PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+CHECKPOINTING = ("none", "selective", "full")
+OFFLOAD = ("none", "optimizer", "params")
+OPTIMIZERS = ("adamw", "sgd")
+
+
+class MeshAxis(StrEnum):
+    """Names of the DeviceMesh axes, outermost first."""
+
+    PP = "pp"
+    DP_REPLICATE = "dp_replicate"
+    DP_SHARD = "dp_shard"
+    TP = "tp"
+
+
+def _choice(field: str, value: Any, valid: tuple) -> None:
+    if value not in valid:
+        raise UsageError(f"{field}={value!r} is not one of {', '.join(map(repr, valid))}")
+
+
+def _positive(field: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise UsageError(f"{field} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    """How to parallelize one training step (see ``DESIGN.md``, "The Plan").
+
+    ``zero``: 0 DDP · 1 optimizer states sharded · 2 + gradients sharded · 3 + parameters
+    sharded (FSDP full shard), over ``dp_shard``; ``dp_replicate > 1`` with ``zero >= 2`` is HSDP.
+    ``microbatches`` are pipeline micro-batches per step (1 without pipelining);
+    ``grad_accum`` steps accumulate gradients before the optimizer steps.
+    """
+
+    pp: int = 1
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+    zero: int = 0
+    sequence_parallel: bool = False
+    pp_schedule: str = "1f1b"
+    pp_virtual: int = 1
+    microbatches: int = 1
+    micro_batch_size: int = 1
+    grad_accum: int = 1
+    activation_checkpointing: str = "none"
+    offload: str = "none"
+    precision: str = "bf16-mixed"
+
+    def __post_init__(self) -> None:
+        for name in ("pp", "dp_replicate", "dp_shard", "tp", "pp_virtual", "microbatches",
+                     "micro_batch_size", "grad_accum"):
+            _positive(f"Plan.{name}", getattr(self, name))
+        _choice("Plan.zero", self.zero, (0, 1, 2, 3))
+        _choice("Plan.pp_schedule", self.pp_schedule, PP_SCHEDULES)
+        _choice("Plan.activation_checkpointing", self.activation_checkpointing, CHECKPOINTING)
+        _choice("Plan.offload", self.offload, OFFLOAD)
+        _choice("Plan.precision", self.precision, tuple(PRECISIONS))
+        self._check_data_parallel()
+        self._check_pipeline()
+        if self.sequence_parallel and self.tp == 1:
+            raise UsageError("Plan.sequence_parallel needs tp > 1: it splits activations over the TP group")
+
+    def _check_data_parallel(self) -> None:
+        if self.zero == 0 and self.dp_shard > 1:
+            raise UsageError(f"Plan.dp_shard={self.dp_shard} with zero=0: without ZeRO nothing is sharded\n"
+                             "HINT: use dp_replicate for plain data parallelism, or zero>=1")
+        if self.zero >= 1 and self.dp_shard == 1:
+            raise UsageError(f"Plan.zero={self.zero} shards over dp_shard, which is 1\n"
+                             "HINT: set zero=0, or dp_shard to the data-parallel degree")
+        if self.zero == 1 and self.dp_replicate > 1:
+            raise UsageError("Plan.zero=1 shards optimizer states over every data-parallel rank; "
+                             f"dp_replicate={self.dp_replicate} must be 1\nHINT: put the degree in dp_shard")
+        if self.offload != "none" and self.zero < 2:
+            raise UsageError(f"Plan.offload={self.offload!r} needs zero>=2 (FSDP's CPU offload)")
+        if self.offload == "params" and self.zero != 3:
+            raise UsageError("Plan.offload='params' needs zero=3: parameters live sharded on the CPU")
+
+    def _check_pipeline(self) -> None:
+        if self.pp == 1:
+            if self.pp_virtual != 1 or self.microbatches != 1:
+                raise UsageError("Plan.pp_virtual and Plan.microbatches apply to pipeline plans; "
+                                 f"with pp=1 both must be 1 (got {self.pp_virtual}, {self.microbatches})\n"
+                                 "HINT: use grad_accum to split a batch without pipelining")
+            return
+        interleaved = self.pp_schedule == "interleaved-1f1b"
+        if interleaved and self.pp_virtual < 2:
+            raise UsageError("Plan.pp_schedule='interleaved-1f1b' needs pp_virtual >= 2 stages per rank")
+        if not interleaved and self.pp_virtual != 1:
+            raise UsageError(f"Plan.pp_virtual={self.pp_virtual} needs pp_schedule='interleaved-1f1b'")
+        if self.microbatches < self.pp and self.pp_schedule != "gpipe":
+            raise UsageError(f"Plan.microbatches={self.microbatches} < pp={self.pp}: {self.pp_schedule} "
+                             "needs at least one micro-batch per stage")
+        if interleaved and self.microbatches % self.pp:
+            raise UsageError(f"interleaved-1f1b needs microbatches ({self.microbatches}) "
+                             f"divisible by pp ({self.pp})")
+
+    # -- derived -------------------------------------------------------------------------
+
+    @property
+    def world_size(self) -> int:
+        """Ranks the plan uses: pp × dp_replicate × dp_shard × tp."""
+        return self.pp * self.dp_replicate * self.dp_shard * self.tp
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree: dp_replicate × dp_shard."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def num_stages(self) -> int:
+        """Pipeline stages in all: pp × pp_virtual."""
+        return self.pp * self.pp_virtual
+
+    @property
+    def global_batch_size(self) -> int:
+        """Samples per optimizer step."""
+        return self.micro_batch_size * self.microbatches * self.grad_accum * self.dp
+
+    @property
+    def mesh_shape(self) -> dict[MeshAxis, int]:
+        """Degree per mesh axis, outermost first."""
+        return {MeshAxis.PP: self.pp, MeshAxis.DP_REPLICATE: self.dp_replicate,
+                MeshAxis.DP_SHARD: self.dp_shard, MeshAxis.TP: self.tp}
+
+    @property
+    def name(self) -> str:
+        """Short human name, e.g. ``tp4+sp·pp2·fsdp8 zero3 ckpt=full mb=2``."""
+        degrees = []
+        if self.tp > 1:
+            degrees.append(f"tp{self.tp}" + ("+sp" if self.sequence_parallel else ""))
+        if self.pp > 1:
+            virtual = f"x{self.pp_virtual}" if self.pp_virtual > 1 else ""
+            degrees.append(f"pp{self.pp}{virtual}({self.pp_schedule})")
+        if self.dp_replicate > 1:
+            degrees.append(f"dp{self.dp_replicate}")
+        if self.dp_shard > 1:
+            degrees.append(f"fsdp{self.dp_shard}" if self.zero >= 2 else f"dp{self.dp_shard}")
+        words = ["·".join(degrees) or "single"]
+        if self.zero:
+            words.append(f"zero{self.zero}")
+        if self.activation_checkpointing != "none":
+            words.append(f"ckpt={self.activation_checkpointing}")
+        if self.offload != "none":
+            words.append(f"offload={self.offload}")
+        words.append(f"mb={self.micro_batch_size}")
+        if self.microbatches > 1:
+            words.append(f"m={self.microbatches}")
+        if self.grad_accum > 1:
+            words.append(f"ga={self.grad_accum}")
+        return " ".join(words)
+
+    def __str__(self) -> str:
+        return self.name
+
+    # -- checks that need the world ------------------------------------------------------
+
+    def check(self, *, world_size: int, devices_per_node: int | None = None,
+              num_heads: int | None = None, num_kv_heads: int | None = None,
+              num_blocks: int | None = None) -> None:
+        """Raise :class:`UsageError` unless the plan fits this world and this model."""
+        if self.world_size != world_size:
+            raise UsageError(f"pp({self.pp}) × dp_replicate({self.dp_replicate}) × dp_shard({self.dp_shard}) "
+                             f"× tp({self.tp}) = {self.world_size}, but the world size is {world_size}")
+        if devices_per_node and devices_per_node % self.tp and self.tp % devices_per_node:
+            raise UsageError(f"tp={self.tp} does not tile nodes of {devices_per_node} devices")
+        for what, count in (("attention heads", num_heads), ("key/value heads", num_kv_heads)):
+            if count and count % self.tp:
+                raise UsageError(f"tp={self.tp} does not divide the model's {count} {what}")
+        if num_blocks is not None and self.pp > 1 and num_blocks < self.num_stages:
+            raise UsageError(f"{self.num_stages} pipeline stages (pp {self.pp} × virtual {self.pp_virtual}) "
+                             f"but the model has only {num_blocks} blocks")
+
+    # -- serialization -------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain fields, JSON-ready."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
+        """The inverse of :meth:`to_dict`; missing fields take their defaults."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise UsageError(f"unknown Plan field(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
+        return cls(**data)
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise UsageError(f"a plan must be a JSON object: {err}") from None
+        if not isinstance(data, dict):
+            raise UsageError(f"a plan must be a JSON object, got {type(data).__name__}")
+        if isinstance(data.get("plan"), dict):  # one entry of `advise --format json`
+            data = data["plan"]
+        return cls.from_dict(data)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Workload:
+    """What one optimizer step processes: ``global_batch_size`` samples of ``seq_len`` tokens
+    (None for non-sequence models) in ``precision``, updated by ``optimizer``."""
+
+    global_batch_size: int
+    seq_len: int | None = None
+    precision: str = "bf16-mixed"
+    optimizer: str = "adamw"
+
+    def __post_init__(self) -> None:
+        _positive("Workload.global_batch_size", self.global_batch_size)
+        if self.seq_len is not None:
+            _positive("Workload.seq_len", self.seq_len)
+        _choice("Workload.precision", self.precision, tuple(PRECISIONS))
+        _choice("Workload.optimizer", self.optimizer, OPTIMIZERS)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,95 @@
+"""The memory model against published tables: ZeRO Table 1 and Korthikanti et al.'s formulas."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from stratagem.advisor.memory import (
+    estimate_activations,
+    estimate_block_activations,
+    estimate_memory,
+    StateLayout,
+    in_flight_microbatches,
+    state_layout,
+)
+from stratagem.advisor.plan import Plan, Workload
+from stratagem.advisor.profile import ModelProfile, SegmentProfile, profile_model
+from stratagem.models import Transformer, get_preset
+
+
+def _segment(name: str, num_params: int = 0, **kw) -> SegmentProfile:
+    fields = dict(num_params=num_params, param_bytes=4 * num_params, buffer_bytes=0, fwd_flops=0, bwd_flops=0,
+                  saved_bytes=0, saved_param_copy_bytes=0, attention_fwd_flops=0, attention_saved_bytes=0,
+                  input_bytes=0, output_bytes=0)
+    return SegmentProfile(name=name, kind=name, **(fields | kw))
+
+
+def _states_only(num_params: int, num_blocks: int = 1) -> ModelProfile:
+    blocks = tuple(_segment(f"layers.{i}", num_params // num_blocks) for i in range(num_blocks))
+    return ModelProfile(name="psi", precision="bf16-mixed", batch_size=1, seq_len=None, embed=_segment("embed"),
+                        blocks=blocks, head=_segment("head"), block_container="layers")
+
+
+@pytest.mark.parametrize("zero, expected_gb", [(0, 120), (1, 31.4), (2, 16.6), (3, 1.88)])
+def test_zero_paper_table_1(zero, expected_gb):
+    """Rajbhandari et al. 2020, Table 1: Ψ = 7.5B, Nd = 64, mixed-precision Adam (K = 12)."""
+    profile = _states_only(7_500_000_000)
+    plan = Plan(dp_shard=64, zero=zero) if zero else Plan(dp_replicate=64)
+    memory = estimate_memory(profile, Workload(global_batch_size=64), plan, runtime="deepspeed")
+    states = memory.parameters + memory.gradients + memory.optimizer
+    assert states / 1e9 == pytest.approx(expected_gb, rel=0.01)
+
+
+def test_torch_layout_keeps_fp32_weights_and_grads_under_autocast():
+    assert state_layout("bf16-mixed", "adamw") == StateLayout(weights=4, grads=4, optimizer=8)
+    assert state_layout("bf16-true", "adamw") == StateLayout(weights=2, grads=2, optimizer=4)
+    assert state_layout("fp32", "sgd") == StateLayout(weights=4, grads=4, optimizer=4)
+    assert state_layout("bf16-mixed", "adamw", runtime="deepspeed") == StateLayout(weights=2, grads=2, optimizer=12)
+
+
+@pytest.fixture(scope="module")
+def gpt_block():
+    """A GPT block (h=768, a=12) with attention written out and dropout, in 16-bit, s=256, b=2."""
+    config = dataclasses.replace(get_preset("gpt2").config, attention="explicit", dropout=0.1, n_layers=2)
+    with torch.device("meta"):
+        model = Transformer(config)
+    tokens = torch.zeros(2, 256, dtype=torch.long)
+    profile = profile_model(model, (tokens,), loss_fn=lambda out: out.float().mean(), precision="bf16-true")
+    return profile.blocks[0]
+
+
+S, B, H, A = 256, 2, 768, 12
+
+
+@pytest.mark.parametrize("plan, formula", [
+    # Korthikanti et al. 2022: eq. 1 (no parallelism), eq. 2 (TP), eq. 4 (TP + SP), eq. 5 (full recompute)
+    (Plan(), S * B * H * (34 + 5 * A * S / H)),
+    (Plan(tp=4, dp_replicate=1), S * B * H * (10 + 24 / 4 + 5 * A * S / (H * 4))),
+    (Plan(tp=4, sequence_parallel=True), S * B * H / 4 * (34 + 5 * A * S / H)),
+    (Plan(activation_checkpointing="full"), 2 * S * B * H),
+    (Plan(activation_checkpointing="selective", tp=4, sequence_parallel=True), S * B * H / 4 * 34),
+], ids=["none", "tp", "tp+sp", "full", "selective+tp+sp"])
+def test_korthikanti_activation_memory_per_layer(gpt_block, plan, formula):
+    assert estimate_block_activations(gpt_block, plan, scale=1.0) == pytest.approx(formula, rel=0.05)
+
+
+def test_in_flight_microbatches_per_schedule():
+    assert in_flight_microbatches(Plan(pp=4, microbatches=8, pp_schedule="gpipe"), 8) == 8
+    assert in_flight_microbatches(Plan(pp=4, microbatches=8), 8) == 4
+    interleaved = Plan(pp=4, microbatches=8, pp_schedule="interleaved-1f1b", pp_virtual=2)
+    assert in_flight_microbatches(interleaved, 8) == pytest.approx(4 * (1 + 3 / 8))
+
+
+def test_activations_scale_with_micro_batch_and_split_over_pipeline_stages():
+    profile = _states_only(1000, num_blocks=8)
+    profile = dataclasses.replace(profile, batch_size=2, blocks=tuple(
+        dataclasses.replace(b, saved_bytes=1000, input_bytes=100) for b in profile.blocks))
+    base = estimate_activations(profile, Plan(micro_batch_size=2))
+    assert base == 8 * 1000
+    assert estimate_activations(profile, Plan(micro_batch_size=4)) == 2 * base
+    # 1F1B on 4 stages: the first holds 2 blocks × 4 micro-batches in flight = the whole model's.
+    assert estimate_activations(profile, Plan(pp=4, microbatches=8, micro_batch_size=2)) == base
+    assert estimate_activations(profile, Plan(pp=4, microbatches=8, micro_batch_size=2, pp_schedule="gpipe")) == 2 * base
