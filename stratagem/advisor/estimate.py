@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from stratagem.advisor.plan import Plan
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MemoryBreakdown:
@@ -50,3 +52,41 @@ class TimeBreakdown:
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "step_seconds": self.step_seconds}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Estimate:
+    """One plan, costed: memory per rank against what the device offers, time per step, and
+    the throughput and model FLOPs utilisation that follow."""
+
+    plan: Plan
+    memory: MemoryBreakdown
+    time: TimeBreakdown
+    capacity_bytes: float  # usable bytes per device (capacity less the reserve)
+    throughput: float  # tokens/s for sequence models, samples/s otherwise
+    throughput_unit: str  # "tokens/s" or "samples/s"
+    mfu: float  # model FLOPs (no recompute) per second / (world × peak), 0..1
+
+    @property
+    def fits(self) -> bool:
+        """Whether the most loaded rank's peak fits in usable device memory."""
+        return self.memory.total <= self.capacity_bytes
+
+    @property
+    def headroom_bytes(self) -> float:
+        """Usable bytes left on the most loaded rank (negative: short by that much)."""
+        return self.capacity_bytes - self.memory.total
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON shape of one ranked entry of ``advise --format json``."""
+        unit = "tokens_per_second" if self.throughput_unit == "tokens/s" else "samples_per_second"
+        return {
+            "name": self.plan.name,
+            "plan": self.plan.to_dict(),
+            "memory": self.memory.to_dict(),
+            "capacity_bytes": self.capacity_bytes,
+            "time": self.time.to_dict(),
+            unit: self.throughput,
+            "mfu": self.mfu,
+            "fits": self.fits,
+        }

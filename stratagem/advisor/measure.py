@@ -100,9 +100,11 @@ class _CostCounter(FlopCounterMode):
     """A FlopCounterMode that attributes FLOPs and tensor provenance to segments."""
 
     def __init__(self, *, block_of: dict[str, str], record: RunRecord,
-                 state_names: dict[StorageWeakRef, str], has_blocks: bool, seq_len: int | None) -> None:
+                 state_names: dict[StorageWeakRef, str], has_blocks: bool, seq_len: int | None,
+                 batch_size: int | None) -> None:
         super().__init__(display=False, custom_mapping=CPU_ATTENTION_FLOPS)
         self.seq_len = seq_len
+        self.batch_size = batch_size
         self._block_of = block_of  # module-tracker name -> block FQN
         self._record = record
         self._state_names = state_names
@@ -145,9 +147,13 @@ class _CostCounter(FlopCounterMode):
         return out
 
     def is_scores(self, tensor: torch.Tensor) -> bool:
-        """Shaped like attention scores: s×s in the last two dimensions."""
+        """Shaped like attention scores: s×s in the last two dimensions, with heads in front
+        (``[b, heads, s, s]``, or ``[b·heads, s, s]``) — not a ``[b, s, h]`` activation whose
+        width happens to equal s, nor a batch-independent ``[s, s]`` mask."""
         s = self.seq_len
-        return s is not None and s > 1 and tensor.dim() >= 2 and tuple(tensor.shape[-2:]) == (s, s)
+        if s is None or s < 2 or tensor.dim() < 3 or tuple(tensor.shape[-2:]) != (s, s):
+            return False
+        return tensor.dim() >= 4 or tensor.shape[0] != self.batch_size
 
     def _touches_scores(self, args: Any, out: Any) -> bool:
         return any(isinstance(t, torch.Tensor) and self.is_scores(t) for t in tree_flatten((args, out))[0])
@@ -301,12 +307,13 @@ def run_fake_step(
     loss_fn: Callable[[Any], torch.Tensor],
     autocast_dtype: torch.dtype | None,
     seq_len: int | None = None,
+    batch_size: int | None = None,
     reuse_identical_blocks: bool = True,
 ) -> RunRecord:
     """One forward and backward of ``model`` with its parameters and buffers replaced by the
     fake tensors in ``state``; must run inside the FakeTensorMode that made them. With
-    ``reuse_identical_blocks`` each group of identical blocks is measured once. ``seq_len``
-    identifies attention-score tensors (s×s)."""
+    ``reuse_identical_blocks`` each group of identical blocks is measured once. ``seq_len`` and
+    ``batch_size`` identify attention-score tensors (``[b, heads, s, s]``)."""
     record = RunRecord()
     root = type(model).__name__
     block_of = {f"{root}.{fqn}": fqn for fqn in blocks}
@@ -314,7 +321,7 @@ def run_fake_step(
     for name, tensor in state.items():  # tied names share a tensor: the first name owns it
         state_names.setdefault(StorageWeakRef(tensor.untyped_storage()), name)
     counter = _CostCounter(block_of=block_of, record=record, state_names=state_names, has_blocks=bool(blocks),
-                          seq_len=seq_len)
+                          seq_len=seq_len, batch_size=batch_size)
     saved = _SavedTensorCounter(counter, record, set(state_names))
     autocast = torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None)
     hooks = torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack)

@@ -14,7 +14,6 @@ import math
 from dataclasses import dataclass, replace
 
 from stratagem.advisor.estimate import MemoryBreakdown
-from stratagem.advisor.hardware import Cluster
 from stratagem.advisor.plan import Plan, Workload
 from stratagem.advisor.precision import get_precision
 from stratagem.advisor.profile import ModelProfile, SegmentProfile
@@ -57,9 +56,10 @@ def state_layout(precision: str, optimizer: str, *, runtime: str = "torch") -> S
     return StateLayout(weights=size, grads=size, optimizer=num_states * size)
 
 
-def usable_memory(cluster: Cluster) -> float:
-    """Bytes per device a plan may use: capacity less RESERVED_FRACTION and RESERVED_BYTES."""
-    return cluster.device.memory_bytes * (1 - RESERVED_FRACTION) - RESERVED_BYTES
+def usable_bytes(memory_bytes: float) -> float:
+    """Bytes of a device with ``memory_bytes`` a plan may use: capacity less RESERVED_FRACTION
+    and RESERVED_BYTES."""
+    return memory_bytes * (1 - RESERVED_FRACTION) - RESERVED_BYTES
 
 
 def _first_stage(profile: ModelProfile, plan: Plan) -> tuple[list[SegmentProfile], int]:

@@ -147,6 +147,15 @@ class Plan:
                 MeshAxis.DP_SHARD: self.dp_shard, MeshAxis.TP: self.tp}
 
     @property
+    def complexity(self) -> int:
+        """How many moving parts the plan has; near-ties in speed go to the simpler plan."""
+        return (
+            (self.tp > 1) + (self.pp > 1) + self.sequence_parallel + (self.pp_virtual > 1)
+            + (self.zero > 0) + (self.dp_replicate > 1 and self.dp_shard > 1)
+            + (self.activation_checkpointing != "none") + 2 * (self.offload != "none") + (self.grad_accum > 1)
+        )
+
+    @property
     def name(self) -> str:
         """Short human name, e.g. ``tp4+sp·pp2·fsdp8 zero3 ckpt=full mb=2``."""
         degrees = []

@@ -177,6 +177,7 @@ def profile_model(
             loss_fn=_resolve_loss(loss_fn, notes),
             autocast_dtype=prec.compute_dtype if prec.autocast else None,
             seq_len=seq_len,
+            batch_size=batch_size,
             reuse_identical_blocks=reuse_identical_blocks,
         )
     heads, kv_heads = attention_heads(model)

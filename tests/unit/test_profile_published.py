@@ -42,9 +42,9 @@ def test_gpt2_block_saved_bytes_match_korthikanti_in_16_bit():
     korthikanti = s * b * h * (34 + 5 * a * s / h)  # Korthikanti et al. 2022, eq. (1)
     # Beyond the formula: the bool causal mask (s²) and the two LayerNorms' bf16 mean/rstd (8sb).
     assert block.saved_bytes == korthikanti + s * s + 8 * s * b
-    # What selective recomputation drops: softmax output, dropout mask and output (5as²b), and
-    # the causal mask; what it redoes: QKᵀ and AV forward.
-    assert block.attention_saved_bytes == 5 * a * s * s * b + s * s
+    # What selective recomputation drops: softmax output, dropout mask and output (5as²b);
+    # what it redoes: QKᵀ and AV forward.
+    assert block.attention_saved_bytes == 5 * a * s * s * b
     assert block.attention_fwd_flops == 2 * 2 * b * s * s * h
 
 
@@ -65,6 +65,8 @@ def test_llama_2_7b_flops_match_6_n_tokens_plus_attention():
     # QKᵀ then four more matmuls (10·b·s²·d), per layer.
     formula = 6 * n * b * s + 14 * config.n_layers * b * s * s * config.dim
     assert profile.flops_per_step == pytest.approx(formula, rel=0.03)
+    # seq_len equals the width here: only the fused attention counts as the attention core.
+    assert profile.blocks[0].attention_fwd_flops == 4 * b * s * s * config.dim
     assert profile.bwd_flops == pytest.approx(2 * profile.fwd_flops, rel=0.1)
 
 

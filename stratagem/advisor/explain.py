@@ -1,0 +1,130 @@
+"""Why the best plan wins, why the runner-up loses, and what would make a model fit at all.
+
+Every sentence names numbers a user can check against the breakdowns in the report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
+
+from stratagem.advisor.estimate import Estimate, MemoryBreakdown
+from stratagem.advisor.hardware import Cluster
+from stratagem.advisor.hardware.lookup import device_from_entry, find_gpu, gpu_names
+from stratagem.advisor.memory import estimate_memory, usable_bytes
+from stratagem.advisor.plan import Plan, Workload
+from stratagem.advisor.profile import ModelProfile
+from stratagem.units import format_bytes
+
+TERM_LABELS = {
+    "compute": "compute",
+    "recompute": "recomputing checkpointed activations",
+    "dp_comm": "exposed data-parallel communication",
+    "tp_comm": "tensor-parallel collectives",
+    "pp_comm": "pipeline sends",
+    "bubble": "the pipeline bubble",
+    "optimizer": "the optimizer step",
+    "offload": "CPU offload transfers",
+}
+# Step times within this fraction count as tied; the simpler plan ranks first.
+NEAR_TIE = 0.01
+# Above this share of usable memory, memory is what binds a plan.
+MEMORY_BOUND = 0.9
+# Above this share of the step in compute, a plan is compute-bound.
+COMPUTE_BOUND = 0.7
+# Node counts tried, as multiples of the cluster's, when nothing fits.
+GROWTH = (2, 4, 8, 16, 32, 64)
+
+
+def format_seconds(seconds: float) -> str:
+    """``0.0123`` → ``'12.3 ms'``."""
+    return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def _terms(estimate: Estimate) -> dict[str, float]:
+    return {name: getattr(estimate.time, name) for name in TERM_LABELS}
+
+
+def explain_winner(best: Estimate) -> str:
+    """What binds the winner: memory, compute, or its largest overhead."""
+    step = best.time.step_seconds
+    used = best.memory.total / best.capacity_bytes
+    if used > MEMORY_BOUND:
+        return (f"Memory binds {best.plan.name}: it uses {format_bytes(best.memory.total)} of "
+                f"{format_bytes(best.capacity_bytes)} usable per GPU ({used:.0%}), so nothing larger fits.")
+    terms = _terms(best)
+    if terms["compute"] / step > COMPUTE_BOUND:
+        return (f"{best.plan.name} is compute-bound: {terms['compute'] / step:.0%} of its "
+                f"{format_seconds(step)} step is compute (MFU {best.mfu:.0%}).")
+    name, seconds = max(((k, v) for k, v in terms.items() if k != "compute"), key=lambda kv: kv[1])
+    return (f"{best.plan.name} spends {seconds / step:.0%} of its {format_seconds(step)} step on "
+            f"{TERM_LABELS[name]}, its largest cost after compute ({terms['compute'] / step:.0%}).")
+
+
+def explain_loser(best: Estimate, other: Estimate) -> str:
+    """Why ``other`` ranks below ``best``: the term that grows most, or the tie-break."""
+    slower = other.time.step_seconds / best.time.step_seconds - 1
+    if abs(slower) <= NEAR_TIE:
+        simpler = " and is simpler" if best.plan.complexity < other.plan.complexity else ""
+        return (f"The runner-up, {other.plan.name}, is within {NEAR_TIE:.0%} ({slower:+.1%}); "
+                f"{best.plan.name} ranks first as it is at least as fast{simpler}.")
+    deltas = {k: v - getattr(best.time, k) for k, v in _terms(other).items()}
+    name = max(deltas, key=deltas.get)
+    return (f"The runner-up, {other.plan.name}, is {slower:.0%} slower: {TERM_LABELS[name]} "
+            f"takes {format_seconds(deltas[name])} more per step.")
+
+
+def explain_ranking(ranked: Sequence[Estimate]) -> tuple[str, ...]:
+    """One or two plain sentences: the winner's binding constraint and the runner-up's loss."""
+    reasons = [explain_winner(ranked[0])]
+    if len(ranked) > 1:
+        reasons.append(explain_loser(ranked[0], ranked[1]))
+    return tuple(reasons)
+
+
+Candidates = Callable[[ModelProfile, Cluster, Workload], Iterator[list[Plan]]]
+
+
+def suggest_fixes(profile: ModelProfile, cluster: Cluster, workload: Workload,
+                  smallest: tuple[Plan, MemoryBreakdown] | None, *, runtime: str,
+                  candidates: Candidates) -> tuple[str, ...]:
+    """When nothing fits: how short the leanest plan falls, and what would close the gap.
+
+    ``candidates`` enumerates plans for a cluster (the search's own enumeration), grouped with
+    the smallest micro-batch first."""
+    if smallest is None:
+        return ("No plan could be formed for this cluster and target; see what was left out.",)
+    plan, memory = smallest
+    capacity = usable_bytes(cluster.device.memory_bytes)
+    out = [f"The leanest plan found, {plan.name}, needs {format_bytes(memory.total)} per GPU; "
+           f"{cluster.device.name} offers {format_bytes(capacity)} usable "
+           f"(short by {format_bytes(memory.total - capacity)})."]
+    out.extend(s for s in (_more_nodes(profile, cluster, workload, runtime=runtime, candidates=candidates),
+                           _bigger_gpu(memory.total, cluster)) if s)
+    if memory.activations > capacity / 2:
+        out.append(f"Activations of one micro-batch take {format_bytes(memory.activations)} even with "
+                   "checkpointing: a shorter sequence or a smaller global batch would shrink them.")
+    return tuple(out)
+
+
+def _more_nodes(profile: ModelProfile, cluster: Cluster, workload: Workload, *, runtime: str,
+                candidates: Candidates) -> str | None:
+    capacity = usable_bytes(cluster.device.memory_bytes)
+    for factor in GROWTH:
+        bigger = replace(cluster, num_nodes=cluster.num_nodes * factor)
+        for group in candidates(profile, bigger, workload):
+            if group and estimate_memory(profile, workload, group[0], runtime=runtime).total <= capacity:
+                return (f"It would fit on {bigger.num_nodes} nodes of {cluster.devices_per_node} "
+                        f"({bigger.world_size} GPUs), e.g. as {group[0].name}.")
+    return None
+
+
+def _bigger_gpu(needed: float, cluster: Cluster) -> str | None:
+    fits = []
+    for name in gpu_names():
+        device = device_from_entry(find_gpu(name))
+        if device.memory_bytes > cluster.device.memory_bytes and usable_bytes(device.memory_bytes) >= needed:
+            fits.append((device.memory_bytes, name))
+    if not fits:
+        return None
+    return f"The same number of {min(fits)[1]} (or larger) GPUs would fit it."

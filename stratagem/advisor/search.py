@@ -1,0 +1,188 @@
+"""Search: enumerate plans, prune what cannot divide or fit, rank by predicted throughput.
+
+``search_plans`` yields every plan worth costing for a model, cluster and workload: mesh
+factorizations (tp inside a node and dividing the heads, pp dividing the blocks), ZeRO stages
+and HSDP, sequence parallelism, pipeline schedules and virtual stages, micro-batch sizes with
+the accumulation that reaches the global batch, activation checkpointing and CPU offload.
+``advise`` costs them (memory first: a plan that does not fit is not timed, and larger
+micro-batches of a plan that does not fit are skipped), keeps those that fit, ranks them and
+explains the ranking.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from stratagem.advisor.advice import Advice
+from stratagem.advisor.evaluate import evaluate
+from stratagem.advisor.explain import NEAR_TIE, explain_ranking, suggest_fixes
+from stratagem.advisor.hardware import Cluster
+from stratagem.advisor.memory import estimate_memory, usable_bytes
+from stratagem.advisor.plan import CHECKPOINTING, Plan, Workload
+from stratagem.advisor.profile import ModelProfile
+from stratagem.advisor.targets import (
+    check_target,
+    divisors,
+    pp_degrees,
+    runtime_for,
+    target_excludes,
+    tp_degrees,
+)
+from stratagem.errors import UsageError
+
+VIRTUAL_STAGES = (2, 4)
+
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """One way to lay a plan's mesh and sharding, before micro-batching."""
+
+    tp: int
+    pp: int
+    dp_replicate: int
+    dp_shard: int
+    zero: int
+
+
+def _layouts(profile: ModelProfile, cluster: Cluster, excluded: Counter) -> Iterator[_Layout]:
+    world, per_node = cluster.world_size, cluster.devices_per_node
+    tps, no_tp = tp_degrees(profile, per_node)
+    if no_tp:
+        excluded[f"tensor parallelism: {no_tp}"] += 1
+    for tp in tps:
+        for pp in pp_degrees(profile, world // tp):
+            dp = world // (tp * pp)
+            yield _Layout(tp, pp, dp, 1, 0)
+            if dp == 1:
+                continue
+            yield _Layout(tp, pp, 1, dp, 1)
+            shard_in_node = per_node // tp
+            for zero in (2, 3):
+                yield _Layout(tp, pp, 1, dp, zero)
+                if 1 < shard_in_node < dp and dp % shard_in_node == 0:
+                    yield _Layout(tp, pp, dp // shard_in_node, shard_in_node, zero)  # HSDP
+
+
+def _schedules(pp: int, num_blocks: int) -> Iterator[tuple[str, int]]:
+    if pp == 1:
+        yield "1f1b", 1
+        return
+    yield "gpipe", 1
+    yield "1f1b", 1
+    for v in VIRTUAL_STAGES:
+        if num_blocks % (pp * v) == 0:
+            yield "interleaved-1f1b", v
+
+
+def _offloads(layout: _Layout, cluster: Cluster) -> tuple[str, ...]:
+    if not cluster.is_gpu or layout.zero < 2:
+        return ("none",)
+    return ("none", "optimizer", "params") if layout.zero == 3 else ("none", "optimizer")
+
+
+def _micro_batching(layout: _Layout, local_batch: int, schedule: str, v: int) -> Iterator[tuple[int, int, int]]:
+    """(micro_batch_size, microbatches, grad_accum) reaching ``local_batch`` per replica."""
+    for mbs in divisors(local_batch):
+        m = local_batch // mbs
+        if layout.pp == 1:
+            yield mbs, 1, m
+        elif (schedule == "gpipe" or m >= layout.pp) and (v == 1 or m % layout.pp == 0):
+            yield mbs, m, 1
+
+
+def search_plans(profile: ModelProfile, cluster: Cluster, workload: Workload, *,
+                 excluded: Counter | None = None) -> Iterator[list[Plan]]:
+    """Candidate plans in groups that differ only by micro-batch size (ascending), so that a
+    caller can stop a group at its first plan that does not fit."""
+    excluded = Counter() if excluded is None else excluded
+    for layout in _layouts(profile, cluster, excluded):
+        dp = layout.dp_replicate * layout.dp_shard
+        if workload.global_batch_size % dp:
+            excluded[f"data-parallel degree not dividing the global batch ({workload.global_batch_size})"] += 1
+            continue
+        local = workload.global_batch_size // dp
+        for sp in (False, True) if layout.tp > 1 else (False,):
+            for schedule, v in _schedules(layout.pp, len(profile.blocks)):
+                for ckpt in CHECKPOINTING:
+                    for offload in _offloads(layout, cluster):
+                        yield [
+                            Plan(tp=layout.tp, pp=layout.pp, dp_replicate=layout.dp_replicate,
+                                 dp_shard=layout.dp_shard, zero=layout.zero, sequence_parallel=sp,
+                                 pp_schedule=schedule, pp_virtual=v, microbatches=m, micro_batch_size=mbs,
+                                 grad_accum=ga, activation_checkpointing=ckpt, offload=offload,
+                                 precision=workload.precision)
+                            for mbs, m, ga in _micro_batching(layout, local, schedule, v)
+                        ]
+
+
+def advise(profile: ModelProfile, cluster: Cluster, workload: Workload, *, top: int = 5,
+           target: str = "any", constraints: dict | None = None) -> Advice:
+    """Rank every plan that fits ``cluster`` for ``profile`` under ``workload``; best first.
+
+    ``target`` keeps only plans a runtime can run (``any``, ``lightning``, ``accelerate``,
+    ``deepspeed``); ``constraints`` pins Plan fields (``{"tp": 2}``, ``{"zero": (2, 3)}``).
+    """
+    started = time.perf_counter()
+    check_target(target)
+    if top < 1:
+        raise UsageError(f"top must be at least 1, got {top}")
+    pinned = _check_constraints(constraints or {})
+    runtime = runtime_for(target)
+    capacity = usable_bytes(cluster.device.memory_bytes)
+    excluded: Counter = Counter()
+    fitting, smallest, evaluated = [], None, 0
+    for group in search_plans(profile, cluster, workload, excluded=excluded):
+        for plan in group:
+            reason = _excluded_by(plan, target, pinned)
+            if reason:
+                excluded[reason] += 1
+                continue
+            evaluated += 1
+            memory = estimate_memory(profile, workload, plan, runtime=runtime)
+            if smallest is None or memory.total < smallest[1].total:
+                smallest = (plan, memory)
+            if memory.total > capacity:
+                break  # a larger micro-batch needs more memory still
+            fitting.append(evaluate(profile, cluster, workload, plan, runtime=runtime, memory=memory))
+    ranked = _rank(fitting)
+    reasons = explain_ranking(ranked) if ranked else ()
+    suggestions = () if ranked else suggest_fixes(profile, cluster, workload, smallest, runtime=runtime,
+                                                       candidates=search_plans)
+    return Advice(
+        profile=profile, cluster=cluster, workload=workload, target=target, plans=tuple(ranked[:top]),
+        reasons=reasons, suggestions=suggestions, excluded=dict(excluded),
+        notes=(*profile.notes, *cluster.notes), num_evaluated=evaluated,
+        search_seconds=time.perf_counter() - started,
+    )
+
+
+def _rank(estimates: list) -> list:
+    """Fastest first; among plans within NEAR_TIE of the fastest, the simplest leads."""
+    ranked = sorted(estimates, key=lambda e: -e.throughput)
+    if not ranked:
+        return ranked
+    cutoff = ranked[0].throughput * (1 - NEAR_TIE)
+    tied = [e for e in ranked if e.throughput >= cutoff]
+    leader = min(tied, key=lambda e: (e.plan.complexity, -e.throughput))
+    return [leader, *(e for e in ranked if e is not leader)]
+
+
+def _check_constraints(constraints: dict) -> dict[str, tuple]:
+    fields = set(Plan.__dataclass_fields__)
+    unknown = sorted(set(constraints) - fields)
+    if unknown:
+        raise UsageError(f"unknown constraint(s) {', '.join(unknown)}; valid: {', '.join(sorted(fields))}")
+    return {k: tuple(v) if isinstance(v, (tuple, list, set)) else (v,) for k, v in constraints.items()}
+
+
+def _excluded_by(plan: Plan, target: str, pinned: dict[str, tuple]) -> str | None:
+    reason = target_excludes(target, plan)
+    if reason:
+        return f"not runnable by {target}: {reason}"
+    for name, allowed in pinned.items():
+        if getattr(plan, name) not in allowed:
+            return f"constraint {name} in {list(allowed)}"
+    return None

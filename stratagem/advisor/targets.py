@@ -1,0 +1,71 @@
+"""What each runtime can train, and what the model itself allows: the rules that exclude plans.
+
+Each rule returns the reason a plan is left out, or None. The search counts exclusions by
+reason so the report can say what it left out and why.
+"""
+
+from __future__ import annotations
+
+from stratagem.advisor.plan import Plan
+from stratagem.advisor.profile import ModelProfile
+from stratagem.errors import UsageError
+
+TARGETS = ("any", "lightning", "accelerate", "deepspeed")
+
+
+def check_target(target: str) -> str:
+    """``target`` if known, else a :class:`UsageError` listing the known ones."""
+    if target not in TARGETS:
+        raise UsageError(f"unknown target {target!r}; valid: {', '.join(TARGETS)}")
+    return target
+
+
+def runtime_for(target: str) -> str:
+    """The runtime whose model-state layout the memory model uses for ``target``."""
+    return "deepspeed" if target == "deepspeed" else "torch"
+
+
+def target_excludes(target: str, plan: Plan) -> str | None:
+    """Why ``target`` cannot run ``plan``, or None when it can."""
+    if target == "accelerate":
+        if plan.pp > 1:
+            return "pipeline parallelism (Accelerate trains none)"
+        if plan.tp > 1:
+            return "tensor parallelism (Accelerate needs a model carrying a TP plan)"
+    if target == "deepspeed":
+        if plan.tp > 1:
+            return "tensor parallelism (not in DeepSpeed training configs)"
+        if plan.pp > 1 and plan.zero >= 2:
+            return "ZeRO-2/3 with pipeline parallelism (DeepSpeed allows ZeRO-1 only)"
+        if plan.pp > 1 and plan.pp_schedule != "1f1b":
+            return f"{plan.pp_schedule} schedule (DeepSpeed pipelines run 1F1B)"
+    return None
+
+
+def tp_degrees(profile: ModelProfile, devices_per_node: int) -> tuple[tuple[int, ...], str | None]:
+    """TP degrees the model allows inside a node, and why there are none beyond 1."""
+    if not profile.num_heads:
+        return (1,), "no attention heads found, so no safe tensor-parallel split"
+    heads, kv = profile.num_heads, profile.num_kv_heads or profile.num_heads
+    degrees = tuple(t for t in _powers_of_two(devices_per_node) if heads % t == 0 and kv % t == 0)
+    return degrees, None
+
+
+def pp_degrees(profile: ModelProfile, world: int) -> tuple[int, ...]:
+    """Pipeline degrees dividing both the world and the number of blocks."""
+    blocks = len(profile.blocks)
+    return tuple(p for p in divisors(world) if p == 1 or (blocks >= p and blocks % p == 0))
+
+
+def divisors(n: int) -> tuple[int, ...]:
+    """Positive divisors of ``n``, ascending."""
+    return tuple(d for d in range(1, n + 1) if n % d == 0)
+
+
+def _powers_of_two(limit: int) -> tuple[int, ...]:
+    out, p = [], 1
+    while p <= limit:
+        if limit % p == 0:
+            out.append(p)
+        p *= 2
+    return tuple(out)

@@ -1,0 +1,420 @@
+"""Step time of one Plan: a visible sum of named terms, each with its source.
+
+:func:`estimate_time` scores the most loaded rank: a rank of the pipeline stage with the most
+FLOPs (blocks split evenly over ``pp``, the embedding on the first stage, the head on the last).
+It first describes that rank's work once (:class:`RankStep`), then adds the terms of
+:class:`~stratagem.advisor.estimate.TimeBreakdown`: compute, recompute, data-, tensor- and
+pipeline-parallel communication (exposed part and total), pipeline bubble, optimizer step and
+offload transfers. Collectives cost what :mod:`~stratagem.advisor.collectives` says on the link
+:func:`~stratagem.advisor.collectives.group_link` picks.
+
+The constants below are first guesses with a stated source; calibration replaces them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from stratagem.advisor.collectives import (
+    estimate_all_gather_seconds,
+    estimate_all_reduce_seconds,
+    estimate_p2p_seconds,
+    estimate_reduce_scatter_seconds,
+    group_link,
+)
+from stratagem.advisor.estimate import TimeBreakdown
+from stratagem.advisor.hardware.spec import Cluster
+from stratagem.advisor.plan import MeshAxis, Plan, Workload
+from stratagem.advisor.precision import Precision, get_precision
+from stratagem.advisor.profile import ModelProfile, SegmentProfile
+from stratagem.errors import UsageError
+
+# Fraction of the dense peak that profiled FLOPs run at, by device kind. GPU: dense bf16 GEMMs
+# at transformer shapes reach 60-75 % of peak, and norms, softmax and elementwise ops (outside
+# the FLOP count) pull the whole step lower; Megatron-LM reaches 52 % MFU on A100 (Narayanan et
+# al. 2021, Table 1), Llama 3 405B 38-43 % on H100 (HARDWARE_FACTS.md). Estimate. CPU: the
+# catalog's per-core figure is already an achieved rate ("about half reached"), so 1.0.
+ACHIEVABLE_FLOPS_FRACTION = {"gpu": 0.6, "cpu": 1.0}
+
+# fp32 training runs matmuls in full fp32: PyTorch >= 1.12 defaults
+# torch.backends.cuda.matmul.allow_tf32 to False (float32_matmul_precision "highest").
+FP32_MATMUL_USES_TF32 = False
+
+# Fraction of the overlappable compute that really hides DP communication: NCCL kernels take
+# SMs and HBM bandwidth from the compute they run beside. Estimate; calibrate to replace.
+DP_OVERLAP_EFFICIENCY = 0.8
+
+# DDP's gradient bucket (torch DistributedDataParallel bucket_cap_mb=25): the last bucket's
+# all-reduce starts only when backward ends, so it cannot hide.
+DDP_BUCKET_BYTES = 25 * 2**20
+
+# Fraction of peak memory bandwidth a streaming optimizer kernel reaches (foreach/fused
+# multi-tensor kernels over many tensors). Estimate.
+MEMORY_BANDWIDTH_EFFICIENCY = 0.7
+
+# Tensor reads + writes per parameter in one optimizer step, each in the parameter dtype:
+# AdamW reads param, grad, exp_avg, exp_avg_sq and writes param, exp_avg, exp_avg_sq (7);
+# SGD (torch default momentum=0) reads param and grad and writes param (3).
+OPTIMIZER_TENSOR_PASSES = {"adamw": 7, "sgd": 3}
+
+# Host memory bandwidth torch's CPU optimizer reaches per node when the step is offloaded,
+# bytes/s (shared by the node's ranks): a two-socket DDR5 host streams a few hundred GB/s,
+# torch's CPU foreach kernels reach a fraction. Estimate; calibrate to replace.
+HOST_OPTIMIZER_BANDWIDTH_PER_NODE = 50e9
+
+# Activation-checkpointing policy -> the forward FLOPs each block runs again in backward
+# (Korthikanti et al. 2022, §5: full recomputes the block, selective the attention core).
+RECOMPUTED_FLOPS = {"none": None, "selective": "attention_fwd_flops", "full": "fwd_flops"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankStep:
+    """What one rank of the most loaded pipeline stage does in one optimizer step.
+
+    ``segments`` are the stage's segments (its ``blocks``, plus the embedding or head where
+    they sit); ``flops_per_second`` is the rank's achievable FLOP/s."""
+
+    profile: ModelProfile
+    cluster: Cluster
+    plan: Plan
+    optimizer: str
+    precision: Precision
+    segments: tuple[SegmentProfile, ...]
+    blocks: tuple[SegmentProfile, ...]
+    flops_per_second: float
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches the rank runs per step: pipeline micro-batches × accumulation steps."""
+        return self.plan.microbatches * self.plan.grad_accum
+
+    @property
+    def num_reductions(self) -> int:
+        """Gradient reductions per step: once per step, except zero 3 (per accumulation step:
+        sharded gradients cannot accumulate unreduced)."""
+        return self.plan.grad_accum if self.plan.zero == 3 else 1
+
+    @property
+    def batch_scale(self) -> float:
+        """Micro-batch size over the profiled batch size: what profiled FLOPs and bytes scale by."""
+        return self.plan.micro_batch_size / self.profile.batch_size
+
+    @property
+    def tokens_per_microbatch(self) -> int:
+        """Tokens (samples, for non-sequence models) in one micro-batch."""
+        return self.plan.micro_batch_size * (self.profile.seq_len or 1)
+
+    @property
+    def params_per_rank(self) -> float:
+        """Parameters of the stage on one TP rank (before any data-parallel sharding)."""
+        return sum(s.num_params for s in self.segments) / self.plan.tp
+
+    @property
+    def optimizer_params(self) -> float:
+        """Parameters whose optimizer state this rank updates: zero >= 1 shards over dp_shard."""
+        return self.params_per_rank / (self.plan.dp_shard if self.plan.zero else 1)
+
+    def seconds_per_microbatch(self, flops: str,
+                               segments: tuple[SegmentProfile, ...] | None = None) -> float:
+        """Seconds for one micro-batch of the ``flops`` field (``fwd_flops``, ``bwd_flops``, …)
+        summed over ``segments`` (default: the whole stage), divided over the TP group."""
+        total = sum(getattr(s, flops) for s in (self.segments if segments is None else segments))
+        return total * self.batch_scale / self.plan.tp / self.flops_per_second
+
+
+def estimate_time(profile: ModelProfile, *, cluster: Cluster, workload: Workload,
+                  plan: Plan) -> TimeBreakdown:
+    """Seconds per optimizer step of ``plan``, term by term, on the most loaded rank."""
+    step = rank_step(profile, cluster=cluster, workload=workload, plan=plan)
+    tp_comm = estimate_tp_comm_seconds(step)
+    return TimeBreakdown(
+        compute=estimate_compute_seconds(step),
+        recompute=estimate_recompute_seconds(step),
+        dp_comm=estimate_dp_comm_exposed_seconds(step),
+        tp_comm=tp_comm,  # on the critical path: nothing overlaps it
+        pp_comm=estimate_pp_comm_exposed_seconds(step),
+        bubble=estimate_bubble_seconds(step),
+        optimizer=estimate_optimizer_seconds(step),
+        offload=estimate_offload_seconds(step),
+        dp_comm_total=estimate_grad_sync_seconds(step) + estimate_param_gather_seconds(step),
+        tp_comm_total=tp_comm,
+        pp_comm_total=estimate_pp_comm_seconds(step),
+    )
+
+
+def rank_step(profile: ModelProfile, *, cluster: Cluster, workload: Workload,
+              plan: Plan) -> RankStep:
+    """Describe the most loaded rank's work; :class:`UsageError` when the profile, workload and
+    plan disagree on what a step is."""
+    if workload.seq_len and profile.seq_len and workload.seq_len != profile.seq_len:
+        raise UsageError(f"the profile was taken at seq_len={profile.seq_len}, the workload has "
+                         f"{workload.seq_len}: attention FLOPs do not scale linearly\n"
+                         f"HINT: profile the model at seq_len={workload.seq_len}")
+    if plan.global_batch_size != workload.global_batch_size:
+        raise UsageError(f"{plan.name} processes {plan.global_batch_size} samples per step, the "
+                         f"workload {workload.global_batch_size}\nHINT: micro_batch_size × "
+                         "microbatches × grad_accum × dp must equal the global batch")
+    segments, blocks = stage_segments(profile, plan=plan)
+    fraction = ACHIEVABLE_FLOPS_FRACTION["gpu" if cluster.is_gpu else "cpu"]
+    peak = estimate_peak_flops(cluster, precision=plan.precision)
+    return RankStep(profile=profile, cluster=cluster, plan=plan, optimizer=workload.optimizer,
+                    precision=get_precision(plan.precision), segments=segments, blocks=blocks,
+                    flops_per_second=fraction * peak)
+
+
+def stage_segments(profile: ModelProfile, *, plan: Plan) -> tuple[tuple[SegmentProfile, ...],
+                                                                   tuple[SegmentProfile, ...]]:
+    """``(segments, blocks)`` of the most loaded stage: ⌈blocks/pp⌉ blocks with the embedding
+    (first stage) or with the head (last stage), whichever has more FLOPs; all with pp = 1."""
+    if plan.pp == 1:
+        return profile.segments, profile.blocks
+    per_stage = math.ceil(len(profile.blocks) / plan.pp)
+    first, last = profile.blocks[:per_stage], profile.blocks[-per_stage:]
+    candidates = [((profile.embed, *first), first), ((*last, profile.head), last)]
+    return max(candidates, key=lambda c: sum(s.flops for s in c[0]))
+
+
+def estimate_peak_flops(cluster: Cluster, *, precision: str) -> float:
+    """Dense peak FLOP/s of one device in ``precision``'s compute dtype (fp32 as
+    :data:`FP32_MATMUL_USES_TF32` says)."""
+    dtype = get_precision(precision).compute_dtype
+    if dtype == torch.float32:
+        tf32 = FP32_MATMUL_USES_TF32 and cluster.device.peak_tf32 is not None
+        return cluster.device.peak_flops("tf32" if tf32 else "fp32")
+    return cluster.device.peak_flops({torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype])
+
+
+# -- compute ----------------------------------------------------------------------------------
+
+
+def estimate_compute_seconds(step: RankStep) -> float:
+    """Forward and backward of every micro-batch on the rank, seconds: profiled FLOPs (measured:
+    the profile) scaled to the micro-batch and divided over TP (Megatron splits every matmul,
+    the vocabulary projection included; Shoeybi et al. 2019, §3), over achievable FLOP/s."""
+    forward = step.seconds_per_microbatch("fwd_flops")
+    backward = step.seconds_per_microbatch("bwd_flops")
+    return step.num_microbatches * (forward + backward)
+
+
+def estimate_recompute_seconds(step: RankStep) -> float:
+    """Forward FLOPs run again in backward, seconds: every block's forward for ``full``, its
+    attention core for ``selective`` (Korthikanti et al. 2022, §5, Table 2)."""
+    flops = RECOMPUTED_FLOPS[step.plan.activation_checkpointing]
+    if flops is None:
+        return 0.0
+    return step.num_microbatches * step.seconds_per_microbatch(flops, step.blocks)
+
+
+def estimate_bubble_seconds(step: RankStep) -> float:
+    """Pipeline fill and drain, seconds: ``(pp−1)/(m·v)`` of the ideal time of the stage's
+    micro-batches (compute, recompute, TP communication) — Narayanan et al. 2021, §2.2.1 eq. 1
+    (GPipe and 1F1B alike) and §2.2.2 (interleaved: divided by ``v`` virtual stages)."""
+    plan = step.plan
+    fraction = (plan.pp - 1) / (plan.microbatches * plan.pp_virtual)
+    ideal = (estimate_compute_seconds(step) + estimate_recompute_seconds(step)
+             + estimate_tp_comm_seconds(step))
+    return fraction * ideal
+
+
+# -- tensor and pipeline parallel communication ----------------------------------------------
+
+
+def estimate_tp_comm_seconds(step: RankStep) -> float:
+    """TP collectives of every block and micro-batch, seconds, none overlapped.
+
+    Megatron TP all-reduces ``b·s·h`` twice in forward and twice in backward per block
+    (Shoeybi et al. 2019, §3, Fig. 4); sequence parallelism turns each all-reduce into an
+    all-gather plus a reduce-scatter of the same size, the same volume (Korthikanti et al. 2022,
+    §4.2.2). Full recomputation runs the forward's two again."""
+    plan = step.plan
+    if plan.tp == 1:
+        return 0.0
+    bandwidth, latency = group_link(step.cluster, plan, MeshAxis.TP)
+    passes = 3 if plan.activation_checkpointing == "full" else 2
+    link = {"group_size": plan.tp, "bandwidth": bandwidth, "latency": latency}
+    per_microbatch = 0.0
+    for block in step.blocks:
+        num_bytes = tp_message_bytes(step, block)
+        if plan.sequence_parallel:
+            collective = (estimate_all_gather_seconds(num_bytes, **link)
+                          + estimate_reduce_scatter_seconds(num_bytes, **link))
+        else:
+            collective = estimate_all_reduce_seconds(num_bytes, **link)
+        per_microbatch += passes * 2 * collective
+    return step.num_microbatches * per_microbatch
+
+
+def tp_message_bytes(step: RankStep, block: SegmentProfile) -> float:
+    """Bytes of one TP collective of ``block``: ``b·s·h`` in the compute dtype, ``h`` the input
+    width of the block's first linear (the model width); a block without linears: its output
+    as profiled, scaled to the micro-batch."""
+    if not block.linears:
+        return block.output_bytes * step.batch_scale
+    width = block.linears[0].in_features
+    return step.tokens_per_microbatch * width * step.precision.compute_bytes
+
+
+def estimate_pp_comm_seconds(step: RankStep) -> float:
+    """Pipeline p2p, seconds per step on one rank: every micro-batch sends its activation
+    forward and its gradient backward across each of the rank's ``pp_virtual`` stage boundaries
+    (Narayanan et al. 2021, §2.2)."""
+    plan = step.plan
+    if plan.pp == 1:
+        return 0.0
+    return 2 * step.num_microbatches * plan.pp_virtual * _pp_message_seconds(step)
+
+
+def estimate_pp_comm_exposed_seconds(step: RankStep) -> float:
+    """The part of pipeline p2p no compute hides, seconds: the first micro-batch's activation
+    crosses all ``pp·v − 1`` boundaries before the last stage starts, and its gradient crosses
+    back (fill and drain, on the critical path); steady-state sends run asynchronously beside
+    compute (isend/irecv), exposed only beyond the compute they run next to."""
+    total = estimate_pp_comm_seconds(step)
+    if total == 0.0:
+        return 0.0
+    fill_drain = 2 * (step.plan.num_stages - 1) * _pp_message_seconds(step)
+    compute = estimate_compute_seconds(step) + estimate_recompute_seconds(step)
+    return min(total, fill_drain + max(0.0, total - compute))
+
+
+def _pp_message_seconds(step: RankStep) -> float:
+    """One boundary activation (as profiled, scaled to the micro-batch; split over TP with SP)."""
+    plan = step.plan
+    num_bytes = max(b.output_bytes for b in step.blocks) * step.batch_scale
+    num_bytes /= plan.tp if plan.sequence_parallel else 1
+    bandwidth, latency = group_link(step.cluster, plan, MeshAxis.PP)
+    return estimate_p2p_seconds(num_bytes, bandwidth=bandwidth, latency=latency)
+
+
+# -- data-parallel communication -------------------------------------------------------------
+
+
+def estimate_grad_sync_seconds(step: RankStep) -> float:
+    """Gradient reductions per step, seconds. Gradients reduce in the parameter dtype (DDP
+    reduces ``param.grad``: fp32 for ``*-mixed``, bf16 for ``bf16-true``; FSDP2 as applied here
+    keeps ``reduce_dtype`` fp32 like torchtitan). zero 0/1: all-reduce (DDP); zero 2/3:
+    reduce-scatter over ``dp_shard``, then HSDP all-reduces the shard over ``dp_replicate``
+    (ZeRO, Rajbhandari et al. 2020, §7.2)."""
+    plan, cluster = step.plan, step.cluster
+    grad_bytes = step.params_per_rank * step.precision.param_bytes
+    if plan.zero <= 1:
+        axis = MeshAxis.DP_REPLICATE if plan.zero == 0 else MeshAxis.DP_SHARD
+        bandwidth, latency = group_link(cluster, plan, axis)
+        return estimate_all_reduce_seconds(grad_bytes, group_size=plan.dp, bandwidth=bandwidth,
+                                           latency=latency)
+    bandwidth, latency = group_link(cluster, plan, MeshAxis.DP_SHARD)
+    shard = estimate_reduce_scatter_seconds(grad_bytes, group_size=plan.dp_shard,
+                                            bandwidth=bandwidth, latency=latency)
+    bandwidth, latency = group_link(cluster, plan, MeshAxis.DP_REPLICATE)
+    shard += estimate_all_reduce_seconds(grad_bytes / plan.dp_shard, group_size=plan.dp_replicate,
+                                         bandwidth=bandwidth, latency=latency)
+    return step.num_reductions * shard
+
+
+def estimate_param_gather_seconds(step: RankStep) -> float:
+    """Parameter all-gathers over ``dp_shard`` per step, seconds. zero 1: the optimizer re-syncs
+    updated parameters (param dtype) once after its step (ZeroRedundancyOptimizer); zero 2: one
+    gather per step, in the compute dtype; zero 3: a gather before forward and again before
+    backward of every micro-batch (FSDP reshard-after-forward; ZeRO, Rajbhandari et al. 2020,
+    §7.2.2: 1.5× DDP's volume)."""
+    plan = step.plan
+    if plan.zero == 0:
+        return 0.0
+    dtype_bytes = step.precision.param_bytes if plan.zero == 1 else step.precision.compute_bytes
+    count = 2 * step.num_microbatches if plan.zero == 3 else 1
+    bandwidth, latency = group_link(step.cluster, plan, MeshAxis.DP_SHARD)
+    gather = estimate_all_gather_seconds(step.params_per_rank * dtype_bytes,
+                                         group_size=plan.dp_shard, bandwidth=bandwidth,
+                                         latency=latency)
+    return count * gather
+
+
+def estimate_dp_comm_exposed_seconds(step: RankStep) -> float:
+    """The part of DP communication no compute hides, seconds.
+
+    DDP and FSDP overlap reductions with backward, FSDP its gathers with forward too: exposed
+    = ``max(0, comm − window × DP_OVERLAP_EFFICIENCY)`` plus the last bucket or unit, which
+    starts when compute ends. zero 1's post-step parameter sync has nothing to hide behind."""
+    grads, gathers = estimate_grad_sync_seconds(step), estimate_param_gather_seconds(step)
+    fixed, hideable = (gathers, grads) if step.plan.zero == 1 else (0.0, grads + gathers)
+    if hideable == 0.0:
+        return fixed
+    window = _dp_overlap_window_seconds(step) * DP_OVERLAP_EFFICIENCY
+    tail = hideable / _num_comm_units(step)
+    return fixed + min(hideable, max(0.0, hideable - window) + tail)
+
+
+def _dp_overlap_window_seconds(step: RankStep) -> float:
+    """Compute that DP communication can run beside: the backward of the micro-batches that
+    reduce (zero 0/1), plus the first forward (zero 2's one gather), or everything (zero 3)."""
+    recompute = estimate_recompute_seconds(step)
+    if step.plan.zero == 3:
+        return estimate_compute_seconds(step) + recompute
+    backward = step.seconds_per_microbatch("bwd_flops") + recompute / step.num_microbatches
+    forward = step.seconds_per_microbatch("fwd_flops") if step.plan.zero == 2 else 0.0
+    return forward + step.num_reductions * backward
+
+
+def _num_comm_units(step: RankStep) -> int:
+    """Pieces DP communication runs in: DDP buckets (zero 0/1), FSDP units (zero 2/3: one per
+    block plus the root)."""
+    if step.plan.zero >= 2:
+        return len(step.blocks) + 1
+    grad_bytes = step.params_per_rank * step.precision.param_bytes
+    return max(1, math.ceil(grad_bytes / DDP_BUCKET_BYTES))
+
+
+# -- optimizer and offload --------------------------------------------------------------------
+
+
+def estimate_optimizer_seconds(step: RankStep) -> float:
+    """One optimizer step on the rank's shard, seconds: memory-bound streaming of
+    :data:`OPTIMIZER_TENSOR_PASSES` tensors in the parameter dtype, on the device (peak
+    bandwidth × :data:`MEMORY_BANDWIDTH_EFFICIENCY`) or, offloaded, on the host
+    (:data:`HOST_OPTIMIZER_BANDWIDTH_PER_NODE` shared by the node's ranks). Roofline model
+    (Williams et al. 2009) with bytes per parameter from torch.optim's update rules."""
+    num_bytes = (step.optimizer_params * OPTIMIZER_TENSOR_PASSES[step.optimizer]
+                 * step.precision.param_bytes)
+    if step.plan.offload != "none":
+        return num_bytes / (HOST_OPTIMIZER_BANDWIDTH_PER_NODE / step.cluster.devices_per_node)
+    return num_bytes / (step.cluster.device.memory_bandwidth * MEMORY_BANDWIDTH_EFFICIENCY)
+
+
+def estimate_offload_seconds(step: RankStep) -> float:
+    """Host-link (PCIe) copies per step, seconds, all exposed (conservative). Each gradient
+    reduction copies the rank's gradient shard to the host; updated parameters return once
+    (``optimizer``, ZeRO-Offload: Ren et al. 2021, §4.1) or before every parameter all-gather
+    (``params``, FSDP2 CPUOffloadPolicy). CPU ranks have no host link: nothing moves."""
+    plan, host_link = step.plan, step.cluster.node.host_link
+    if plan.offload == "none" or host_link is None:
+        return 0.0
+    shard_bytes = step.optimizer_params * step.precision.param_bytes
+    uploads = 2 * step.num_microbatches if plan.offload == "params" else 1
+    copy = estimate_p2p_seconds(shard_bytes, bandwidth=host_link.effective_bandwidth,
+                                latency=host_link.latency)
+    return (step.num_reductions + uploads) * copy
+
+
+# -- throughput ---------------------------------------------------------------------------------
+
+
+def model_flops_per_step(profile: ModelProfile, *, workload: Workload) -> float:
+    """Forward and backward FLOPs of one step of the whole global batch, recomputation excluded."""
+    return profile.flops_per_step * workload.global_batch_size / profile.batch_size
+
+
+def tokens_per_second(profile: ModelProfile, *, workload: Workload, time: TimeBreakdown) -> float:
+    """Tokens per second of the whole job (samples per second for non-sequence models)."""
+    tokens_per_sample = workload.seq_len or profile.seq_len or 1
+    return workload.global_batch_size * tokens_per_sample / time.step_seconds
+
+
+def mfu(profile: ModelProfile, *, cluster: Cluster, workload: Workload, plan: Plan,
+        time: TimeBreakdown) -> float:
+    """Model FLOPs utilisation: model FLOPs (no recompute) per second over the plan's ranks'
+    dense peak (PaLM, Chowdhery et al. 2022, App. B)."""
+    peak = plan.world_size * estimate_peak_flops(cluster, precision=plan.precision)
+    return model_flops_per_step(profile, workload=workload) / time.step_seconds / peak

@@ -1,0 +1,235 @@
+"""The step-time model: each term against hand-worked numbers on a made-up profile, and the
+whole against plausible bands on real presets."""
+
+from __future__ import annotations
+
+import pytest
+
+from stratagem.advisor import timing
+from stratagem.advisor.collectives import estimate_all_reduce_seconds, estimate_p2p_seconds
+from stratagem.advisor.estimate import TimeBreakdown
+from stratagem.advisor.hardware import Cluster
+from stratagem.advisor.model_source import profile_spec
+from stratagem.advisor.plan import Plan, Workload
+from stratagem.advisor.profile import ModelProfile, SegmentProfile
+from stratagem.advisor.structure import LinearLayer
+from stratagem.advisor.timing import estimate_time, mfu, rank_step, tokens_per_second
+from stratagem.errors import UsageError
+
+H100 = Cluster.parse("1x8xH100")
+H100_ACHIEVED = 989e12 * timing.ACHIEVABLE_FLOPS_FRACTION["gpu"]
+SEQ = 1024
+WIDTH = 512
+
+
+def _segment(name: str, *, params: int = 0, fwd: int = 0, attention: int = 0,
+             output_bytes: int = 0, width: int | None = None) -> SegmentProfile:
+    linear = LinearLayer(name="proj", in_features=width or 0, out_features=width or 0, bias=False)
+    linears = (linear,) if width else ()
+    return SegmentProfile(name=name, kind=name, num_params=params, param_bytes=4 * params,
+                          buffer_bytes=0, fwd_flops=fwd, bwd_flops=2 * fwd, saved_bytes=0,
+                          saved_param_copy_bytes=0, attention_fwd_flops=attention,
+                          attention_saved_bytes=0, input_bytes=output_bytes,
+                          output_bytes=output_bytes, linears=linears)
+
+
+def _toy(num_blocks: int = 8) -> ModelProfile:
+    """Blocks of 1e6 params, 1e12 forward FLOPs (a quarter of it attention), fp32 outputs;
+    an embedding without FLOPs and a head with 2e12 forward FLOPs; profiled at batch 1."""
+    block = _segment("block", params=10**6, fwd=10**12, attention=25 * 10**10,
+                     output_bytes=SEQ * WIDTH * 4, width=WIDTH)
+    return ModelProfile(name="toy", precision="bf16-mixed", batch_size=1, seq_len=SEQ,
+                        embed=_segment("embed", params=10**6, output_bytes=SEQ * WIDTH * 4),
+                        blocks=(block,) * num_blocks,
+                        head=_segment("head", params=10**6, fwd=2 * 10**12),
+                        block_container="layers")
+
+
+TOY = _toy()
+
+
+def _time(plan: Plan, *, profile: ModelProfile = TOY, cluster: Cluster = H100,
+          optimizer: str = "adamw") -> TimeBreakdown:
+    workload = Workload(global_batch_size=plan.global_batch_size, seq_len=profile.seq_len,
+                        precision=plan.precision, optimizer=optimizer)
+    return estimate_time(profile, cluster=cluster, workload=workload, plan=plan)
+
+
+@pytest.fixture(scope="module")
+def llama7b() -> ModelProfile:
+    return profile_spec("llama-2-7b", seq_len=2048)
+
+
+# -- terms against hand-worked numbers ----------------------------------------------------------
+
+
+def test_single_device_is_compute_plus_optimizer_only():
+    time = _time(Plan(micro_batch_size=2))
+    flops = 2 * 3 * (8 * 10**12 + 2 * 10**12)  # 2 samples × (fwd + 2·fwd) × (blocks + head)
+    params = 10 * 10**6
+    assert time.compute == pytest.approx(flops / H100_ACHIEVED)
+    adamw_bytes = params * 7 * 4  # read p, g, m, v; write p, m, v; fp32
+    bandwidth = 3350e9 * timing.MEMORY_BANDWIDTH_EFFICIENCY
+    assert time.optimizer == pytest.approx(adamw_bytes / bandwidth)
+    assert time.step_seconds == pytest.approx(time.compute + time.optimizer)
+    assert time.to_dict()["step_seconds"] == time.step_seconds
+
+
+def test_sgd_streams_fewer_bytes_than_adamw():
+    adamw = _time(Plan()).optimizer
+    assert _time(Plan(), optimizer="sgd").optimizer == pytest.approx(adamw * 3 / 7)
+
+
+def test_doubling_tp_halves_compute():
+    assert _time(Plan(tp=4)).compute == pytest.approx(_time(Plan(tp=2)).compute / 2)
+
+
+def test_full_checkpointing_recomputes_the_block_forwards():
+    time = _time(Plan(activation_checkpointing="full"))
+    assert time.recompute == pytest.approx(8 * 10**12 / H100_ACHIEVED)
+    selective = _time(Plan(activation_checkpointing="selective"))
+    assert selective.recompute == pytest.approx(time.recompute / 4)
+
+
+def test_bubble_is_pp_minus_1_over_microbatches_times_virtual_of_the_stage_time():
+    plan = Plan(pp=4, microbatches=8, dp_replicate=2)
+    time = _time(plan)
+    assert time.bubble == pytest.approx(3 / 8 * (time.compute + time.recompute + time.tp_comm))
+    interleaved = _time(Plan(pp=4, microbatches=8, dp_replicate=2, pp_schedule="interleaved-1f1b",
+                             pp_virtual=2))
+    assert interleaved.bubble == pytest.approx(time.bubble / 2)
+    gpipe = _time(Plan(pp=4, microbatches=8, dp_replicate=2, pp_schedule="gpipe"))
+    assert gpipe.bubble == time.bubble
+
+
+def test_the_most_loaded_stage_holds_the_head():
+    step = rank_step(TOY, cluster=H100, workload=Workload(global_batch_size=4, seq_len=SEQ),
+                     plan=Plan(pp=4, microbatches=4))
+    assert [s.name for s in step.segments] == ["block", "block", "head"]
+    stage_flops = 4 * 3 * 4 * 10**12  # 4 micro-batches × (fwd + bwd) × (2 blocks + head)
+    assert _time(Plan(pp=4, microbatches=4)).compute == pytest.approx(stage_flops / H100_ACHIEVED)
+
+
+def test_tp_comm_is_four_all_reduces_per_block_and_microbatch():
+    plan = Plan(tp=4, dp_replicate=2, micro_batch_size=2, grad_accum=3)
+    message = 2 * SEQ * WIDTH * 2  # b·s·h in bf16
+    one = estimate_all_reduce_seconds(message, group_size=4, bandwidth=450e9 * 0.75, latency=3e-6)
+    time = _time(plan)
+    assert time.tp_comm == pytest.approx(3 * 8 * 4 * one)
+    assert time.tp_comm_total == time.tp_comm
+
+
+def test_sequence_parallel_moves_the_same_volume_and_full_checkpointing_adds_the_forward_again():
+    plain = _time(Plan(tp=4)).tp_comm
+    assert _time(Plan(tp=4, sequence_parallel=True)).tp_comm == pytest.approx(plain)
+    assert _time(Plan(tp=4, activation_checkpointing="full")).tp_comm == pytest.approx(1.5 * plain)
+
+
+def test_pp_comm_sends_every_microbatch_both_ways_and_exposes_fill_and_drain():
+    plan = Plan(pp=2, microbatches=4, dp_replicate=4)
+    one = estimate_p2p_seconds(SEQ * WIDTH * 4, bandwidth=450e9 * 0.75, latency=3e-6)
+    time = _time(plan)
+    assert time.pp_comm_total == pytest.approx(2 * 4 * one)
+    assert time.pp_comm == pytest.approx(2 * 1 * one)
+
+
+def test_ddp_all_reduces_fp32_gradients_once_per_step():
+    plan = Plan(dp_replicate=8, grad_accum=4)
+    expected = estimate_all_reduce_seconds(10 * 10**6 * 4, group_size=8, bandwidth=450e9 * 0.75,
+                                           latency=3e-6)
+    assert _time(plan).dp_comm_total == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("precision", ["bf16-true", "fp32"])
+def test_zero2_moves_ddp_volume_and_zero3_half_again(precision):
+    """ZeRO (Rajbhandari et al. 2020) §7.2: in one dtype, zero 2 = DDP, zero 3 = 1.5 × DDP."""
+    ddp = _time(Plan(dp_replicate=8, precision=precision)).dp_comm_total
+    zero2 = _time(Plan(dp_shard=8, zero=2, precision=precision)).dp_comm_total
+    zero3 = _time(Plan(dp_shard=8, zero=3, precision=precision)).dp_comm_total
+    assert zero2 == pytest.approx(ddp)
+    assert zero3 == pytest.approx(1.5 * ddp)
+
+
+def test_mixed_precision_gathers_in_bf16_and_zero3_gathers_every_microbatch():
+    ddp = _time(Plan(dp_replicate=8, grad_accum=4)).dp_comm_total
+    zero2 = _time(Plan(dp_shard=8, zero=2, grad_accum=4)).dp_comm_total
+    zero3 = _time(Plan(dp_shard=8, zero=3, grad_accum=4)).dp_comm_total
+    assert zero3 > ddp > zero2  # fp32 reductions, bf16 gathers
+
+
+def test_exposed_dp_comm_never_exceeds_the_total_and_overlap_hides_most_of_fsdp():
+    for plan in (Plan(dp_replicate=8), Plan(dp_shard=8, zero=1), Plan(dp_shard=8, zero=2),
+                 Plan(dp_shard=8, zero=3, grad_accum=2)):
+        time = _time(plan)
+        assert 0 < time.dp_comm <= time.dp_comm_total
+    zero3 = _time(Plan(dp_shard=8, zero=3, micro_batch_size=4))
+    assert zero3.dp_comm < 0.2 * zero3.dp_comm_total
+
+
+def test_hsdp_adds_an_all_reduce_across_nodes():
+    cluster = Cluster.parse("4x8xH100:ib-ndr")
+    fsdp = _time(Plan(dp_shard=8, zero=3), cluster=cluster).dp_comm_total
+    hsdp = _time(Plan(dp_replicate=4, dp_shard=8, zero=3), cluster=cluster).dp_comm_total
+    assert hsdp > fsdp
+
+
+def test_offload_copies_over_pcie_and_steps_on_the_host():
+    base = _time(Plan(dp_shard=8, zero=2))
+    offloaded = _time(Plan(dp_shard=8, zero=2, offload="optimizer"))
+    host_link = H100.node.host_link
+    shard_bytes = 10 * 10**6 / 8 * 4
+    copy = estimate_p2p_seconds(shard_bytes, bandwidth=host_link.effective_bandwidth,
+                                latency=host_link.latency)
+    assert base.offload == 0.0
+    assert offloaded.offload == pytest.approx(2 * copy)  # gradients down, parameters up
+    assert offloaded.optimizer > base.optimizer
+    params = _time(Plan(dp_shard=8, zero=3, offload="params", grad_accum=2))
+    assert params.offload == pytest.approx((2 + 2 * 2) * copy)
+
+
+def test_fp32_runs_at_the_fp32_peak_not_tf32():
+    assert timing.estimate_peak_flops(H100, precision="fp32") == 67e12
+    assert timing.estimate_peak_flops(H100, precision="bf16-mixed") == 989e12
+
+
+def test_profile_and_workload_must_agree_with_the_plan():
+    with pytest.raises(UsageError, match="seq_len"):
+        estimate_time(TOY, cluster=H100, workload=Workload(global_batch_size=1, seq_len=2 * SEQ),
+                      plan=Plan())
+    with pytest.raises(UsageError, match="global batch"):
+        estimate_time(TOY, cluster=H100, workload=Workload(global_batch_size=2, seq_len=SEQ),
+                      plan=Plan())
+
+
+def test_tokens_per_second_and_mfu_by_hand():
+    time = _time(Plan())
+    workload = Workload(global_batch_size=1, seq_len=SEQ)
+    tokens = tokens_per_second(TOY, workload=workload, time=time)
+    assert tokens == pytest.approx(SEQ / time.step_seconds)
+    model_flops = 3 * 10 * 10**12
+    expected = model_flops / time.step_seconds / 989e12
+    utilisation = mfu(TOY, cluster=H100, workload=workload, plan=Plan(), time=time)
+    assert utilisation == pytest.approx(expected)
+
+
+# -- real presets ------------------------------------------------------------------------------
+
+
+def test_full_checkpointing_adds_about_a_third_on_llama7b(llama7b):
+    """Backward costs about twice forward, so one more forward is about +1/3 (the head aside)."""
+    time = _time(Plan(activation_checkpointing="full"), profile=llama7b)
+    block_forward = sum(b.fwd_flops for b in llama7b.blocks)
+    assert time.recompute / time.compute == pytest.approx(block_forward / llama7b.flops_per_step)
+    assert 0.3 < time.recompute / time.compute < 0.36
+
+
+def test_llama7b_ddp_on_eight_h100_is_plausible(llama7b):
+    """Published 7B runs on H100 reach roughly 40-55 % MFU (HARDWARE_FACTS.md: 38-56 %)."""
+    plan = Plan(dp_replicate=8, micro_batch_size=1, grad_accum=4)
+    workload = Workload(global_batch_size=32, seq_len=2048)
+    time = estimate_time(llama7b, cluster=H100, workload=workload, plan=plan)
+    utilisation = mfu(llama7b, cluster=H100, workload=workload, plan=plan, time=time)
+    assert 0.30 < utilisation < 0.65
+    assert 0.4 < time.step_seconds < 1.5
+    assert 5_000 < tokens_per_second(llama7b, workload=workload, time=time) / 8 < 15_000
+
