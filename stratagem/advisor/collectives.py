@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 
 from stratagem.advisor.hardware.spec import Cluster, LinkSpec, NetworkSpec
+from stratagem.advisor.memo import by_identity
 from stratagem.advisor.plan import MeshAxis, Plan
 from stratagem.errors import UsageError
 
@@ -72,10 +73,13 @@ def _ring_seconds(num_bytes: float, *, group_size: int, bandwidth: float, latenc
 def axis_stride(plan: Plan, axis: MeshAxis | str) -> int:
     """Rank distance between neighbours of one ``axis`` group, from the mesh order
     pp × dp_replicate × dp_shard × tp (tp innermost, stride 1)."""
-    inner = {MeshAxis.TP: 1, MeshAxis.DP_SHARD: plan.tp,
-             MeshAxis.DP_REPLICATE: plan.tp * plan.dp_shard,
-             MeshAxis.PP: plan.tp * plan.dp_shard * plan.dp_replicate}
-    return inner[MeshAxis(axis)]
+    return _stride(plan.tp, plan.dp_shard, plan.dp_replicate, MeshAxis(axis))
+
+
+def _stride(tp: int, dp_shard: int, dp_replicate: int, axis: MeshAxis) -> int:
+    inner = {MeshAxis.TP: 1, MeshAxis.DP_SHARD: tp, MeshAxis.DP_REPLICATE: tp * dp_shard,
+             MeshAxis.PP: tp * dp_shard * dp_replicate}
+    return inner[axis]
 
 
 def group_link(cluster: Cluster, plan: Plan, axis: MeshAxis | str) -> tuple[float, float]:
@@ -92,16 +96,34 @@ def group_link(cluster: Cluster, plan: Plan, axis: MeshAxis | str) -> tuple[floa
     devices_per_node`` (with rails, one NIC per GPU: ``m`` NICs), capped by the in-node link.
     CPU clusters (gloo, ``loopback``) use their link figures as given.
     """
-    size = plan.mesh_shape[MeshAxis(axis)]
+    return mesh_links(cluster, plan)[MeshAxis(axis)]
+
+
+def mesh_links(cluster: Cluster, plan: Plan) -> dict[MeshAxis, tuple[float, float]]:
+    """:func:`group_link` for every mesh axis of ``plan`` at once (memoized per cluster and
+    mesh shape: the search asks for the same few meshes thousands of times)."""
+    return _mesh_links(cluster, plan.pp, plan.dp_replicate, plan.dp_shard, plan.tp)
+
+
+@by_identity
+def _mesh_links(cluster: Cluster, pp: int, dp_replicate: int, dp_shard: int,
+                tp: int) -> dict[MeshAxis, tuple[float, float]]:
+    return {axis: _group_link(cluster, pp, dp_replicate, dp_shard, tp, axis) for axis in MeshAxis}
+
+
+def _group_link(cluster: Cluster, pp: int, dp_replicate: int, dp_shard: int, tp: int,
+                axis: MeshAxis) -> tuple[float, float]:
+    size = {MeshAxis.PP: pp, MeshAxis.DP_REPLICATE: dp_replicate, MeshAxis.DP_SHARD: dp_shard,
+            MeshAxis.TP: tp}[axis]
     if size == 1:
         return math.inf, 0.0
-    stride = axis_stride(plan, axis)
+    stride = _stride(tp, dp_shard, dp_replicate, axis)
     per_node = cluster.devices_per_node
     members_per_node = max(1, min(size, per_node // stride))
     intra = _in_node_link(cluster, span=stride * (members_per_node - 1) + 1)
     if members_per_node == size:
         return intra.effective_bandwidth, intra.latency
-    network = _network(cluster, plan, axis)
+    network = _network(cluster, axis, size)
     per_rank = members_per_node * network.node_bandwidth * network.efficiency / per_node
     if members_per_node > 1:
         per_rank = min(per_rank, intra.effective_bandwidth)
@@ -116,9 +138,9 @@ def _in_node_link(cluster: Cluster, *, span: int) -> LinkSpec:
     return cluster.node.host_link
 
 
-def _network(cluster: Cluster, plan: Plan, axis: MeshAxis | str) -> NetworkSpec:
+def _network(cluster: Cluster, axis: MeshAxis, size: int) -> NetworkSpec:
     if cluster.network is None:
-        raise UsageError(f"the {MeshAxis(axis)} group of {plan.name} spans nodes, but the cluster "
+        raise UsageError(f"a {axis} group of {size} ranks spans nodes, but the cluster "
                          f"{cluster.spec} names no network between its {cluster.num_nodes} nodes\n"
                          "HINT: add the network to the spec, e.g. '4x8xH100:ib-ndr'")
     return cluster.network

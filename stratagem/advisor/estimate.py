@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from stratagem.advisor.plan import Plan
@@ -21,7 +21,7 @@ class MemoryBreakdown:
     @property
     def total(self) -> float:
         """Sum of the terms, bytes per rank."""
-        return sum(getattr(self, f.name) for f in fields(self))
+        return self.parameters + self.gradients + self.optimizer + self.activations + self.buffers
 
     def to_dict(self) -> dict[str, float]:
         return {**asdict(self), "total": self.total}

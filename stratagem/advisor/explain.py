@@ -82,7 +82,7 @@ def explain_ranking(ranked: Sequence[Estimate]) -> tuple[str, ...]:
     return tuple(reasons)
 
 
-Candidates = Callable[[ModelProfile, Cluster, Workload], Iterator[list[Plan]]]
+Candidates = Callable[[ModelProfile, Cluster, Workload], Iterator[Iterator[Plan]]]
 
 
 def suggest_fixes(profile: ModelProfile, cluster: Cluster, workload: Workload,
@@ -113,9 +113,10 @@ def _more_nodes(profile: ModelProfile, cluster: Cluster, workload: Workload, *, 
     for factor in GROWTH:
         bigger = replace(cluster, num_nodes=cluster.num_nodes * factor)
         for group in candidates(profile, bigger, workload):
-            if group and estimate_memory(profile, workload, group[0], runtime=runtime).total <= capacity:
+            plan = next(group, None)  # the group's smallest micro-batch
+            if plan and estimate_memory(profile, workload, plan, runtime=runtime).total <= capacity:
                 return (f"It would fit on {bigger.num_nodes} nodes of {cluster.devices_per_node} "
-                        f"({bigger.world_size} GPUs), e.g. as {group[0].name}.")
+                        f"({bigger.world_size} GPUs), e.g. as {plan.name}.")
     return None
 
 

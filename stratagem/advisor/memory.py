@@ -10,13 +10,13 @@ Korthikanti et al. 2022, §4 (eq. 1–5) and §4.2.3 (in-flight micro-batches pe
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from stratagem.advisor.estimate import MemoryBreakdown
 from stratagem.advisor.plan import Plan, Workload
 from stratagem.advisor.precision import get_precision
 from stratagem.advisor.profile import ModelProfile, SegmentProfile
+from stratagem.advisor.stage import first_stage
 
 # Kept free on every device: CUDA context, NCCL buffers and allocator fragmentation. The
 # context takes ~0.5 GiB on H100 (CUDA 12); NCCL reserves up to ~1 GiB per communicator set.
@@ -62,19 +62,9 @@ def usable_bytes(memory_bytes: float) -> float:
     return memory_bytes * (1 - RESERVED_FRACTION) - RESERVED_BYTES
 
 
-def _first_stage(profile: ModelProfile, plan: Plan) -> tuple[list[SegmentProfile], int]:
-    """Segments held by the first pipeline rank, and how many blocks it holds."""
-    per_rank = math.ceil(len(profile.blocks) / plan.pp) if profile.blocks else 0
-    segments = [profile.embed, *profile.blocks[:per_rank]]
-    if plan.pp == 1:
-        segments.append(profile.head)
-    return segments, per_rank
-
-
 def estimate_params_per_rank(profile: ModelProfile, plan: Plan) -> float:
     """Parameters the first pipeline rank holds before ZeRO sharding, divided over TP."""
-    segments, _ = _first_stage(profile, plan)
-    return sum(s.num_params for s in segments) / plan.tp
+    return first_stage(profile, plan.pp).num_params / plan.tp
 
 
 def estimate_parameters(profile: ModelProfile, plan: Plan, layout: StateLayout) -> float:
@@ -101,11 +91,12 @@ def estimate_optimizer(profile: ModelProfile, plan: Plan, layout: StateLayout) -
     return layout.optimizer * estimate_params_per_rank(profile, plan) / shard
 
 
-def in_flight_microbatches(plan: Plan, num_blocks_on_rank: int) -> float:
+def in_flight_microbatches(plan: Plan) -> float:
     """Micro-batches whose activations the first stage holds at once (Korthikanti §4.2.3).
 
-    GPipe keeps every micro-batch; 1F1B at most ``pp``; interleaved 1F1B keeps
-    ``pp·(1 + (pp−1)/(pp·v))`` — its first rank runs ahead on each of its virtual stages.
+    In units of the rank's whole set of blocks: GPipe keeps every micro-batch; 1F1B at most
+    ``pp`` (L layers' worth in all); interleaved 1F1B ``pp·(1 + (pp−1)/(pp·v))``, i.e.
+    L·(1 + (p−1)/(p·v)) layers' worth — its first rank runs ahead on each virtual stage.
     """
     if plan.pp == 1:
         return 1.0
@@ -116,14 +107,17 @@ def in_flight_microbatches(plan: Plan, num_blocks_on_rank: int) -> float:
     return float(min(plan.pp, plan.microbatches))
 
 
-def estimate_block_activations(block: SegmentProfile, plan: Plan, *, scale: float) -> float:
+def estimate_block_activations(block: SegmentProfile, plan: Plan, *, scale: float,
+                               checkpointing: str | None = None) -> float:
     """Bytes one block keeps for backward for one micro-batch (``scale`` = micro-batch size /
-    profiled batch size), after checkpointing, TP and SP (Korthikanti eq. 1–5)."""
-    if plan.activation_checkpointing == "full":
+    profiled batch size), after checkpointing (the plan's, unless ``checkpointing`` is given),
+    TP and SP (Korthikanti eq. 1–5)."""
+    checkpointing = checkpointing or plan.activation_checkpointing
+    if checkpointing == "full":
         kept = block.input_bytes * scale  # eq. 5: only the block's input (2sbh)
         return kept / plan.tp if plan.sequence_parallel else kept
     saved = block.saved_bytes
-    if plan.activation_checkpointing == "selective":
+    if checkpointing == "selective":
         saved -= block.attention_saved_bytes  # eq. 4 drops 5as²b
     saved *= scale
     if plan.tp == 1 or plan.sequence_parallel:
@@ -138,17 +132,14 @@ def estimate_activations(profile: ModelProfile, plan: Plan) -> float:
     With full checkpointing one block's activations are rebuilt at a time during backward:
     that block's full saved bytes are added once.
     """
-    segments, per_rank = _first_stage(profile, plan)
+    stage = first_stage(profile, plan.pp)
     scale = plan.micro_batch_size / profile.batch_size
-    blocks = segments[1:1 + per_rank]
-    per_microbatch = sum(estimate_block_activations(b, plan, scale=scale) for b in blocks)
-    per_microbatch += sum(s.saved_bytes * scale / plan.tp for s in (profile.embed, *segments[1 + per_rank:]))
-    if plan.pp_virtual > 1:
-        per_microbatch /= plan.pp_virtual  # one virtual stage's share per in-flight micro-batch
-    total = per_microbatch * in_flight_microbatches(plan, per_rank)
-    if plan.activation_checkpointing == "full" and blocks:
-        unchecked = replace(plan, activation_checkpointing="none")
-        total += max(estimate_block_activations(b, unchecked, scale=scale) for b in blocks)
+    per_microbatch = sum(n * estimate_block_activations(b, plan, scale=scale) for b, n in stage.kinds)
+    outside = stage.sums["saved_bytes"] - stage.block_sums["saved_bytes"]  # embedding (and head)
+    per_microbatch += outside * scale / plan.tp
+    total = per_microbatch * in_flight_microbatches(plan)
+    if plan.activation_checkpointing == "full" and stage.kinds:
+        total += max(estimate_block_activations(b, plan, scale=scale, checkpointing="none") for b, _ in stage.kinds)
     return total
 
 
@@ -156,14 +147,14 @@ def estimate_buffers(profile: ModelProfile, plan: Plan) -> float:
     """Transient bytes: gathered FSDP units (current and prefetched), DDP buckets, and
     autocast's compute-dtype weight copies, which live from forward to backward."""
     prec = get_precision(plan.precision)
-    segments, _ = _first_stage(profile, plan)
-    largest_unit = max(s.num_params for s in segments) / plan.tp
+    stage = first_stage(profile, plan.pp)
+    largest_unit = stage.largest_unit_params / plan.tp
     if plan.zero >= 2:
         gathered = 2 * largest_unit * prec.compute_bytes
         if plan.zero == 2:  # reshard_after_forward=False keeps every unit gathered until backward
             gathered = estimate_params_per_rank(profile, plan) * prec.compute_bytes
         return gathered
-    copies = sum(s.saved_param_copy_bytes for s in segments) / plan.tp if prec.autocast else 0.0
+    copies = stage.sums["saved_param_copy_bytes"] / plan.tp if prec.autocast else 0.0
     return DDP_BUCKET_BYTES + copies
 
 

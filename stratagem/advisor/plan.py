@@ -26,6 +26,10 @@ OFFLOAD = ("none", "optimizer", "params")
 OPTIMIZERS = ("adamw", "sgd")
 
 
+_COUNT_FIELDS = ("pp", "dp_replicate", "dp_shard", "tp", "pp_virtual", "microbatches",
+                 "micro_batch_size", "grad_accum")
+
+
 class MeshAxis(StrEnum):
     """Names of the DeviceMesh axes, outermost first."""
 
@@ -71,9 +75,11 @@ class Plan:
     precision: str = "bf16-mixed"
 
     def __post_init__(self) -> None:
-        for name in ("pp", "dp_replicate", "dp_shard", "tp", "pp_virtual", "microbatches",
-                     "micro_batch_size", "grad_accum"):
-            _positive(f"Plan.{name}", getattr(self, name))
+        counts = (self.pp, self.dp_replicate, self.dp_shard, self.tp, self.pp_virtual,
+                  self.microbatches, self.micro_batch_size, self.grad_accum)
+        if not all(type(c) is int and c >= 1 for c in counts):  # the search builds many plans
+            for name in _COUNT_FIELDS:
+                _positive(f"Plan.{name}", getattr(self, name))
         _choice("Plan.zero", self.zero, (0, 1, 2, 3))
         _choice("Plan.pp_schedule", self.pp_schedule, PP_SCHEDULES)
         _choice("Plan.activation_checkpointing", self.activation_checkpointing, CHECKPOINTING)

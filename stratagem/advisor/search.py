@@ -94,9 +94,10 @@ def _micro_batching(layout: _Layout, local_batch: int, schedule: str, v: int) ->
 
 
 def search_plans(profile: ModelProfile, cluster: Cluster, workload: Workload, *,
-                 excluded: Counter | None = None) -> Iterator[list[Plan]]:
+                 excluded: Counter | None = None) -> Iterator[Iterator[Plan]]:
     """Candidate plans in groups that differ only by micro-batch size (ascending), so that a
-    caller can stop a group at its first plan that does not fit."""
+    caller can stop a group at its first plan that does not fit; a group builds its plans
+    lazily, so the rest of a stopped group costs nothing."""
     excluded = Counter() if excluded is None else excluded
     for layout in _layouts(profile, cluster, excluded):
         dp = layout.dp_replicate * layout.dp_shard
@@ -108,14 +109,14 @@ def search_plans(profile: ModelProfile, cluster: Cluster, workload: Workload, *,
             for schedule, v in _schedules(layout.pp, len(profile.blocks)):
                 for ckpt in CHECKPOINTING:
                     for offload in _offloads(layout, cluster):
-                        yield [
+                        yield (
                             Plan(tp=layout.tp, pp=layout.pp, dp_replicate=layout.dp_replicate,
                                  dp_shard=layout.dp_shard, zero=layout.zero, sequence_parallel=sp,
                                  pp_schedule=schedule, pp_virtual=v, microbatches=m, micro_batch_size=mbs,
                                  grad_accum=ga, activation_checkpointing=ckpt, offload=offload,
                                  precision=workload.precision)
                             for mbs, m, ga in _micro_batching(layout, local, schedule, v)
-                        ]
+                        )
 
 
 def advise(profile: ModelProfile, cluster: Cluster, workload: Workload, *, top: int = 5,

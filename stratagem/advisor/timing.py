@@ -23,13 +23,14 @@ from stratagem.advisor.collectives import (
     estimate_all_reduce_seconds,
     estimate_p2p_seconds,
     estimate_reduce_scatter_seconds,
-    group_link,
+    mesh_links,
 )
 from stratagem.advisor.estimate import TimeBreakdown
 from stratagem.advisor.hardware.spec import Cluster
 from stratagem.advisor.plan import MeshAxis, Plan, Workload
 from stratagem.advisor.precision import Precision, get_precision
 from stratagem.advisor.profile import ModelProfile, SegmentProfile
+from stratagem.advisor.stage import Stage, busiest_stage, whole_model
 from stratagem.errors import UsageError
 
 # Fraction of the dense peak that profiled FLOPs run at, by device kind. GPU: dense bf16 GEMMs
@@ -74,16 +75,16 @@ RECOMPUTED_FLOPS = {"none": None, "selective": "attention_fwd_flops", "full": "f
 class RankStep:
     """What one rank of the most loaded pipeline stage does in one optimizer step.
 
-    ``segments`` are the stage's segments (its ``blocks``, plus the embedding or head where
-    they sit); ``flops_per_second`` is the rank's achievable FLOP/s."""
+    ``stage`` holds the stage's segments (its blocks, plus the embedding or head where they
+    sit) and their sums; ``flops_per_second`` is the rank's achievable FLOP/s."""
 
     profile: ModelProfile
     cluster: Cluster
     plan: Plan
     optimizer: str
     precision: Precision
-    segments: tuple[SegmentProfile, ...]
-    blocks: tuple[SegmentProfile, ...]
+    stage: Stage
+    links: dict[MeshAxis, tuple[float, float]]  # (bytes/s, seconds) per mesh axis: group_link
     flops_per_second: float
 
     @property
@@ -110,18 +111,17 @@ class RankStep:
     @property
     def params_per_rank(self) -> float:
         """Parameters of the stage on one TP rank (before any data-parallel sharding)."""
-        return sum(s.num_params for s in self.segments) / self.plan.tp
+        return self.stage.num_params / self.plan.tp
 
     @property
     def optimizer_params(self) -> float:
         """Parameters whose optimizer state this rank updates: zero >= 1 shards over dp_shard."""
         return self.params_per_rank / (self.plan.dp_shard if self.plan.zero else 1)
 
-    def seconds_per_microbatch(self, flops: str,
-                               segments: tuple[SegmentProfile, ...] | None = None) -> float:
+    def seconds_per_microbatch(self, flops: str, *, blocks_only: bool = False) -> float:
         """Seconds for one micro-batch of the ``flops`` field (``fwd_flops``, ``bwd_flops``, …)
-        summed over ``segments`` (default: the whole stage), divided over the TP group."""
-        total = sum(getattr(s, flops) for s in (self.segments if segments is None else segments))
+        summed over the stage (or its blocks only), divided over the TP group."""
+        total = (self.stage.block_sums if blocks_only else self.stage.sums)[flops]
         return total * self.batch_scale / self.plan.tp / self.flops_per_second
 
 
@@ -129,19 +129,23 @@ def estimate_time(profile: ModelProfile, *, cluster: Cluster, workload: Workload
                   plan: Plan) -> TimeBreakdown:
     """Seconds per optimizer step of ``plan``, term by term, on the most loaded rank."""
     step = rank_step(profile, cluster=cluster, workload=workload, plan=plan)
+    compute, recompute = estimate_compute_seconds(step), estimate_recompute_seconds(step)
     tp_comm = estimate_tp_comm_seconds(step)
+    grads, gathers = estimate_grad_sync_seconds(step), estimate_param_gather_seconds(step)
+    pp_comm = estimate_pp_comm_seconds(step)
     return TimeBreakdown(
-        compute=estimate_compute_seconds(step),
-        recompute=estimate_recompute_seconds(step),
-        dp_comm=estimate_dp_comm_exposed_seconds(step),
+        compute=compute,
+        recompute=recompute,
+        dp_comm=estimate_dp_comm_exposed_seconds(step, grads=grads, gathers=gathers,
+                                                 compute=compute, recompute=recompute),
         tp_comm=tp_comm,  # on the critical path: nothing overlaps it
-        pp_comm=estimate_pp_comm_exposed_seconds(step),
-        bubble=estimate_bubble_seconds(step),
+        pp_comm=estimate_pp_comm_exposed_seconds(step, total=pp_comm, compute=compute + recompute),
+        bubble=estimate_bubble_seconds(step, ideal=compute + recompute + tp_comm),
         optimizer=estimate_optimizer_seconds(step),
         offload=estimate_offload_seconds(step),
-        dp_comm_total=estimate_grad_sync_seconds(step) + estimate_param_gather_seconds(step),
+        dp_comm_total=grads + gathers,
         tp_comm_total=tp_comm,
-        pp_comm_total=estimate_pp_comm_seconds(step),
+        pp_comm_total=pp_comm,
     )
 
 
@@ -157,24 +161,12 @@ def rank_step(profile: ModelProfile, *, cluster: Cluster, workload: Workload,
         raise UsageError(f"{plan.name} processes {plan.global_batch_size} samples per step, the "
                          f"workload {workload.global_batch_size}\nHINT: micro_batch_size × "
                          "microbatches × grad_accum × dp must equal the global batch")
-    segments, blocks = stage_segments(profile, plan=plan)
     fraction = ACHIEVABLE_FLOPS_FRACTION["gpu" if cluster.is_gpu else "cpu"]
     peak = estimate_peak_flops(cluster, precision=plan.precision)
     return RankStep(profile=profile, cluster=cluster, plan=plan, optimizer=workload.optimizer,
-                    precision=get_precision(plan.precision), segments=segments, blocks=blocks,
+                    precision=get_precision(plan.precision), stage=busiest_stage(profile, plan.pp),
+                    links=mesh_links(cluster, plan),
                     flops_per_second=fraction * peak)
-
-
-def stage_segments(profile: ModelProfile, *, plan: Plan) -> tuple[tuple[SegmentProfile, ...],
-                                                                   tuple[SegmentProfile, ...]]:
-    """``(segments, blocks)`` of the most loaded stage: ⌈blocks/pp⌉ blocks with the embedding
-    (first stage) or with the head (last stage), whichever has more FLOPs; all with pp = 1."""
-    if plan.pp == 1:
-        return profile.segments, profile.blocks
-    per_stage = math.ceil(len(profile.blocks) / plan.pp)
-    first, last = profile.blocks[:per_stage], profile.blocks[-per_stage:]
-    candidates = [((profile.embed, *first), first), ((*last, profile.head), last)]
-    return max(candidates, key=lambda c: sum(s.flops for s in c[0]))
 
 
 def estimate_peak_flops(cluster: Cluster, *, precision: str) -> float:
@@ -205,18 +197,15 @@ def estimate_recompute_seconds(step: RankStep) -> float:
     flops = RECOMPUTED_FLOPS[step.plan.activation_checkpointing]
     if flops is None:
         return 0.0
-    return step.num_microbatches * step.seconds_per_microbatch(flops, step.blocks)
+    return step.num_microbatches * step.seconds_per_microbatch(flops, blocks_only=True)
 
 
-def estimate_bubble_seconds(step: RankStep) -> float:
+def estimate_bubble_seconds(step: RankStep, *, ideal: float) -> float:
     """Pipeline fill and drain, seconds: ``(pp−1)/(m·v)`` of the ideal time of the stage's
-    micro-batches (compute, recompute, TP communication) — Narayanan et al. 2021, §2.2.1 eq. 1
+    micro-batches (``ideal``: compute, recompute, TP communication) — Narayanan et al. 2021, §2.2.1 eq. 1
     (GPipe and 1F1B alike) and §2.2.2 (interleaved: divided by ``v`` virtual stages)."""
     plan = step.plan
-    fraction = (plan.pp - 1) / (plan.microbatches * plan.pp_virtual)
-    ideal = (estimate_compute_seconds(step) + estimate_recompute_seconds(step)
-             + estimate_tp_comm_seconds(step))
-    return fraction * ideal
+    return (plan.pp - 1) / (plan.microbatches * plan.pp_virtual) * ideal
 
 
 # -- tensor and pipeline parallel communication ----------------------------------------------
@@ -232,18 +221,18 @@ def estimate_tp_comm_seconds(step: RankStep) -> float:
     plan = step.plan
     if plan.tp == 1:
         return 0.0
-    bandwidth, latency = group_link(step.cluster, plan, MeshAxis.TP)
+    bandwidth, latency = step.links[MeshAxis.TP]
     passes = 3 if plan.activation_checkpointing == "full" else 2
     link = {"group_size": plan.tp, "bandwidth": bandwidth, "latency": latency}
     per_microbatch = 0.0
-    for block in step.blocks:
+    for block, count in step.stage.kinds:
         num_bytes = tp_message_bytes(step, block)
         if plan.sequence_parallel:
             collective = (estimate_all_gather_seconds(num_bytes, **link)
                           + estimate_reduce_scatter_seconds(num_bytes, **link))
         else:
             collective = estimate_all_reduce_seconds(num_bytes, **link)
-        per_microbatch += passes * 2 * collective
+        per_microbatch += count * passes * 2 * collective
     return step.num_microbatches * per_microbatch
 
 
@@ -267,25 +256,24 @@ def estimate_pp_comm_seconds(step: RankStep) -> float:
     return 2 * step.num_microbatches * plan.pp_virtual * _pp_message_seconds(step)
 
 
-def estimate_pp_comm_exposed_seconds(step: RankStep) -> float:
+def estimate_pp_comm_exposed_seconds(step: RankStep, *, total: float, compute: float) -> float:
     """The part of pipeline p2p no compute hides, seconds: the first micro-batch's activation
     crosses all ``pp·v − 1`` boundaries before the last stage starts, and its gradient crosses
     back (fill and drain, on the critical path); steady-state sends run asynchronously beside
-    compute (isend/irecv), exposed only beyond the compute they run next to."""
-    total = estimate_pp_comm_seconds(step)
+    compute (isend/irecv), exposed only beyond the compute they run next to (``compute``,
+    recompute included). ``total``: all of the rank's p2p seconds."""
     if total == 0.0:
         return 0.0
     fill_drain = 2 * (step.plan.num_stages - 1) * _pp_message_seconds(step)
-    compute = estimate_compute_seconds(step) + estimate_recompute_seconds(step)
     return min(total, fill_drain + max(0.0, total - compute))
 
 
 def _pp_message_seconds(step: RankStep) -> float:
     """One boundary activation (as profiled, scaled to the micro-batch; split over TP with SP)."""
     plan = step.plan
-    num_bytes = max(b.output_bytes for b in step.blocks) * step.batch_scale
+    num_bytes = step.stage.max_block_output_bytes * step.batch_scale
     num_bytes /= plan.tp if plan.sequence_parallel else 1
-    bandwidth, latency = group_link(step.cluster, plan, MeshAxis.PP)
+    bandwidth, latency = step.links[MeshAxis.PP]
     return estimate_p2p_seconds(num_bytes, bandwidth=bandwidth, latency=latency)
 
 
@@ -298,17 +286,17 @@ def estimate_grad_sync_seconds(step: RankStep) -> float:
     keeps ``reduce_dtype`` fp32 like torchtitan). zero 0/1: all-reduce (DDP); zero 2/3:
     reduce-scatter over ``dp_shard``, then HSDP all-reduces the shard over ``dp_replicate``
     (ZeRO, Rajbhandari et al. 2020, §7.2)."""
-    plan, cluster = step.plan, step.cluster
+    plan = step.plan
     grad_bytes = step.params_per_rank * step.precision.param_bytes
     if plan.zero <= 1:
         axis = MeshAxis.DP_REPLICATE if plan.zero == 0 else MeshAxis.DP_SHARD
-        bandwidth, latency = group_link(cluster, plan, axis)
+        bandwidth, latency = step.links[axis]
         return estimate_all_reduce_seconds(grad_bytes, group_size=plan.dp, bandwidth=bandwidth,
                                            latency=latency)
-    bandwidth, latency = group_link(cluster, plan, MeshAxis.DP_SHARD)
+    bandwidth, latency = step.links[MeshAxis.DP_SHARD]
     shard = estimate_reduce_scatter_seconds(grad_bytes, group_size=plan.dp_shard,
                                             bandwidth=bandwidth, latency=latency)
-    bandwidth, latency = group_link(cluster, plan, MeshAxis.DP_REPLICATE)
+    bandwidth, latency = step.links[MeshAxis.DP_REPLICATE]
     shard += estimate_all_reduce_seconds(grad_bytes / plan.dp_shard, group_size=plan.dp_replicate,
                                          bandwidth=bandwidth, latency=latency)
     return step.num_reductions * shard
@@ -325,34 +313,35 @@ def estimate_param_gather_seconds(step: RankStep) -> float:
         return 0.0
     dtype_bytes = step.precision.param_bytes if plan.zero == 1 else step.precision.compute_bytes
     count = 2 * step.num_microbatches if plan.zero == 3 else 1
-    bandwidth, latency = group_link(step.cluster, plan, MeshAxis.DP_SHARD)
+    bandwidth, latency = step.links[MeshAxis.DP_SHARD]
     gather = estimate_all_gather_seconds(step.params_per_rank * dtype_bytes,
                                          group_size=plan.dp_shard, bandwidth=bandwidth,
                                          latency=latency)
     return count * gather
 
 
-def estimate_dp_comm_exposed_seconds(step: RankStep) -> float:
+def estimate_dp_comm_exposed_seconds(step: RankStep, *, grads: float, gathers: float,
+                                     compute: float, recompute: float) -> float:
     """The part of DP communication no compute hides, seconds.
 
     DDP and FSDP overlap reductions with backward, FSDP its gathers with forward too: exposed
     = ``max(0, comm − window × DP_OVERLAP_EFFICIENCY)`` plus the last bucket or unit, which
-    starts when compute ends. zero 1's post-step parameter sync has nothing to hide behind."""
-    grads, gathers = estimate_grad_sync_seconds(step), estimate_param_gather_seconds(step)
+    starts when compute ends. zero 1's post-step parameter sync has nothing to hide behind.
+    ``grads`` and ``gathers``: the reductions' and gathers' full seconds; ``compute`` and
+    ``recompute``: the step's."""
     fixed, hideable = (gathers, grads) if step.plan.zero == 1 else (0.0, grads + gathers)
     if hideable == 0.0:
         return fixed
-    window = _dp_overlap_window_seconds(step) * DP_OVERLAP_EFFICIENCY
+    window = _dp_overlap_window_seconds(step, compute=compute, recompute=recompute) * DP_OVERLAP_EFFICIENCY
     tail = hideable / _num_comm_units(step)
     return fixed + min(hideable, max(0.0, hideable - window) + tail)
 
 
-def _dp_overlap_window_seconds(step: RankStep) -> float:
+def _dp_overlap_window_seconds(step: RankStep, *, compute: float, recompute: float) -> float:
     """Compute that DP communication can run beside: the backward of the micro-batches that
     reduce (zero 0/1), plus the first forward (zero 2's one gather), or everything (zero 3)."""
-    recompute = estimate_recompute_seconds(step)
     if step.plan.zero == 3:
-        return estimate_compute_seconds(step) + recompute
+        return compute + recompute
     backward = step.seconds_per_microbatch("bwd_flops") + recompute / step.num_microbatches
     forward = step.seconds_per_microbatch("fwd_flops") if step.plan.zero == 2 else 0.0
     return forward + step.num_reductions * backward
@@ -362,7 +351,7 @@ def _num_comm_units(step: RankStep) -> int:
     """Pieces DP communication runs in: DDP buckets (zero 0/1), FSDP units (zero 2/3: one per
     block plus the root)."""
     if step.plan.zero >= 2:
-        return len(step.blocks) + 1
+        return len(step.stage.blocks) + 1
     grad_bytes = step.params_per_rank * step.precision.param_bytes
     return max(1, math.ceil(grad_bytes / DDP_BUCKET_BYTES))
 
@@ -403,7 +392,8 @@ def estimate_offload_seconds(step: RankStep) -> float:
 
 def model_flops_per_step(profile: ModelProfile, *, workload: Workload) -> float:
     """Forward and backward FLOPs of one step of the whole global batch, recomputation excluded."""
-    return profile.flops_per_step * workload.global_batch_size / profile.batch_size
+    totals = whole_model(profile).sums
+    return (totals["fwd_flops"] + totals["bwd_flops"]) * workload.global_batch_size / profile.batch_size
 
 
 def tokens_per_second(profile: ModelProfile, *, workload: Workload, time: TimeBreakdown) -> float:

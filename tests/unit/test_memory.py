@@ -77,10 +77,10 @@ def test_korthikanti_activation_memory_per_layer(gpt_block, plan, formula):
 
 
 def test_in_flight_microbatches_per_schedule():
-    assert in_flight_microbatches(Plan(pp=4, microbatches=8, pp_schedule="gpipe"), 8) == 8
-    assert in_flight_microbatches(Plan(pp=4, microbatches=8), 8) == 4
+    assert in_flight_microbatches(Plan(pp=4, microbatches=8, pp_schedule="gpipe")) == 8
+    assert in_flight_microbatches(Plan(pp=4, microbatches=8)) == 4
     interleaved = Plan(pp=4, microbatches=8, pp_schedule="interleaved-1f1b", pp_virtual=2)
-    assert in_flight_microbatches(interleaved, 8) == pytest.approx(4 * (1 + 3 / 8))
+    assert in_flight_microbatches(interleaved) == pytest.approx(4 * (1 + 3 / 8))
 
 
 def test_activations_scale_with_micro_batch_and_split_over_pipeline_stages():
@@ -93,3 +93,12 @@ def test_activations_scale_with_micro_batch_and_split_over_pipeline_stages():
     # 1F1B on 4 stages: the first holds 2 blocks × 4 micro-batches in flight = the whole model's.
     assert estimate_activations(profile, Plan(pp=4, microbatches=8, micro_batch_size=2)) == base
     assert estimate_activations(profile, Plan(pp=4, microbatches=8, micro_batch_size=2, pp_schedule="gpipe")) == 2 * base
+
+
+def test_interleaving_keeps_korthikanti_s_share_of_layers():
+    profile = _states_only(1000, num_blocks=8)
+    profile = dataclasses.replace(profile, batch_size=1, blocks=tuple(
+        dataclasses.replace(b, saved_bytes=1000, input_bytes=100) for b in profile.blocks))
+    plan = Plan(pp=4, microbatches=8, pp_schedule="interleaved-1f1b", pp_virtual=2)
+    # §4.2.3: the first stage holds L·(1 + (p−1)/(p·v)) layers' activations, L = 8 layers.
+    assert estimate_activations(profile, plan) == pytest.approx(8 * 1000 * (1 + 3 / 8))

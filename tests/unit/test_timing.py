@@ -105,7 +105,7 @@ def test_bubble_is_pp_minus_1_over_microbatches_times_virtual_of_the_stage_time(
 def test_the_most_loaded_stage_holds_the_head():
     step = rank_step(TOY, cluster=H100, workload=Workload(global_batch_size=4, seq_len=SEQ),
                      plan=Plan(pp=4, microbatches=4))
-    assert [s.name for s in step.segments] == ["block", "block", "head"]
+    assert [s.name for s in step.stage.segments] == ["block", "block", "head"]
     stage_flops = 4 * 3 * 4 * 10**12  # 4 micro-batches × (fwd + bwd) × (2 blocks + head)
     assert _time(Plan(pp=4, microbatches=4)).compute == pytest.approx(stage_flops / H100_ACHIEVED)
 
