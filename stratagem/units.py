@@ -1,4 +1,4 @@
-"""Human-readable numbers: bytes in binary units, counts and FLOPs in decimal ones."""
+"""Human-readable numbers: bytes in binary units, counts and FLOPs in decimal ones, seconds."""
 
 from __future__ import annotations
 
@@ -31,3 +31,15 @@ def format_count(count: float, suffix: str = "") -> str:
 def format_params(count: float) -> str:
     """Parameter counts the way model names write them: ``6_738_415_616`` → ``'6.7B'``."""
     return format_count(count).replace("G", "B")
+
+
+def format_seconds(seconds: float) -> str:
+    """``1.234`` → ``'1.23 s'``; ``0.0412`` → ``'41.2 ms'``; ``0`` → ``'0 s'``."""
+    if seconds == 0:
+        return "0 s"
+    for scale, unit in ((1, "s"), (1e-3, "ms"), (1e-6, "µs")):
+        if abs(seconds) >= scale or unit == "µs":
+            value = seconds / scale
+            decimals = 2 if abs(value) < 10 else 1 if abs(value) < 100 else 0
+            return f"{value:.{decimals}f} {unit}"
+    raise AssertionError("unreachable")

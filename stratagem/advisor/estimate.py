@@ -17,10 +17,11 @@ class MemoryBreakdown:
     optimizer: float
     activations: float
     buffers: float  # transient: gathered FSDP units, prefetch, DDP buckets, logits, allocator slack
+    host: float = 0.0  # offloaded model states in host memory, bytes per rank (not in ``total``)
 
     @property
     def total(self) -> float:
-        """Sum of the terms, bytes per rank."""
+        """Device bytes per rank: the sum of the terms except ``host``."""
         return self.parameters + self.gradients + self.optimizer + self.activations + self.buffers
 
     def to_dict(self) -> dict[str, float]:
@@ -63,14 +64,16 @@ class Estimate:
     memory: MemoryBreakdown
     time: TimeBreakdown
     capacity_bytes: float  # usable bytes per device (capacity less the reserve)
+    host_capacity_bytes: float  # usable host memory per rank, for offloaded states
     throughput: float  # tokens/s for sequence models, samples/s otherwise
     throughput_unit: str  # "tokens/s" or "samples/s"
     mfu: float  # model FLOPs (no recompute) per second / (world × peak), 0..1
 
     @property
     def fits(self) -> bool:
-        """Whether the most loaded rank's peak fits in usable device memory."""
-        return self.memory.total <= self.capacity_bytes
+        """Whether the most loaded rank's peak fits in usable device memory, and what it
+        offloads in its share of host memory."""
+        return self.memory.total <= self.capacity_bytes and self.memory.host <= self.host_capacity_bytes
 
     @property
     def headroom_bytes(self) -> float:
@@ -85,6 +88,7 @@ class Estimate:
             "plan": self.plan.to_dict(),
             "memory": self.memory.to_dict(),
             "capacity_bytes": self.capacity_bytes,
+            "host_capacity_bytes": self.host_capacity_bytes,
             "time": self.time.to_dict(),
             unit: self.throughput,
             "mfu": self.mfu,

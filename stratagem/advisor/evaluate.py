@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from stratagem.advisor.estimate import Estimate, MemoryBreakdown
 from stratagem.advisor.hardware import Cluster
-from stratagem.advisor.memory import estimate_memory, usable_bytes
+from stratagem.advisor.memory import estimate_memory, usable_bytes, usable_host_bytes_per_rank
 from stratagem.advisor.plan import Plan, Workload
 from stratagem.advisor.profile import ModelProfile
 from stratagem.advisor.timing import estimate_time, mfu, tokens_per_second
@@ -24,6 +24,7 @@ def evaluate(profile: ModelProfile, cluster: Cluster, workload: Workload, plan: 
     return Estimate(
         plan=plan, memory=memory, time=time,
         capacity_bytes=usable_bytes(cluster.device.memory_bytes),
+        host_capacity_bytes=usable_host_bytes_per_rank(cluster),
         throughput=tokens_per_second(profile, workload=workload, time=time),
         throughput_unit="tokens/s" if (workload.seq_len or profile.seq_len) else "samples/s",
         mfu=mfu(profile, cluster=cluster, workload=workload, plan=plan, time=time),

@@ -14,16 +14,16 @@ from stratagem.advisor.hardware.lookup import device_from_entry, find_gpu, gpu_n
 from stratagem.advisor.memory import estimate_memory, usable_bytes
 from stratagem.advisor.plan import Plan, Workload
 from stratagem.advisor.profile import ModelProfile
-from stratagem.units import format_bytes
+from stratagem.units import format_bytes, format_seconds
 
 TERM_LABELS = {
     "compute": "compute",
     "recompute": "recomputing checkpointed activations",
-    "dp_comm": "exposed data-parallel communication",
+    "dp_comm": "exposed data-parallel collectives",
     "tp_comm": "tensor-parallel collectives",
     "pp_comm": "pipeline sends",
-    "bubble": "the pipeline bubble",
-    "optimizer": "the optimizer step",
+    "bubble": "pipeline bubbles",
+    "optimizer": "optimizer steps",
     "offload": "CPU offload transfers",
 }
 # Step times within this fraction count as tied; the simpler plan ranks first.
@@ -34,11 +34,6 @@ MEMORY_BOUND = 0.9
 COMPUTE_BOUND = 0.7
 # Node counts tried, as multiples of the cluster's, when nothing fits.
 GROWTH = (2, 4, 8, 16, 32, 64)
-
-
-def format_seconds(seconds: float) -> str:
-    """``0.0123`` → ``'12.3 ms'``."""
-    return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
 def _terms(estimate: Estimate) -> dict[str, float]:
@@ -71,7 +66,7 @@ def explain_loser(best: Estimate, other: Estimate) -> str:
     deltas = {k: v - getattr(best.time, k) for k, v in _terms(other).items()}
     name = max(deltas, key=deltas.get)
     return (f"The runner-up, {other.plan.name}, is {slower:.0%} slower: {TERM_LABELS[name]} "
-            f"takes {format_seconds(deltas[name])} more per step.")
+            f"add {format_seconds(deltas[name])} per step.")
 
 
 def explain_ranking(ranked: Sequence[Estimate]) -> tuple[str, ...]:

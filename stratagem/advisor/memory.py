@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stratagem.advisor.estimate import MemoryBreakdown
+from stratagem.advisor.hardware import Cluster
 from stratagem.advisor.plan import Plan, Workload
 from stratagem.advisor.precision import get_precision
 from stratagem.advisor.profile import ModelProfile, SegmentProfile
@@ -22,6 +23,12 @@ from stratagem.advisor.stage import first_stage
 # context takes ~0.5 GiB on H100 (CUDA 12); NCCL reserves up to ~1 GiB per communicator set.
 RESERVED_BYTES = 2 * 2**30
 RESERVED_FRACTION = 0.05
+# Host memory of a catalog node whose RAM is unknown, per device: DGX A100/H100 carry 2 TiB for
+# 8 × 40-80 GB GPUs, cloud 8-GPU instances 1.1-2 TiB; twice the device memory is conservative.
+HOST_MEMORY_PER_DEVICE_MEMORY = 2.0
+# Share of host memory offloaded states may take (the OS, data loaders and pinned buffers
+# need the rest). Estimate.
+HOST_USABLE_FRACTION = 0.8
 # DDP's gradient buckets (torch default bucket_cap_mb=25), two in flight.
 DDP_BUCKET_BYTES = 2 * 25 * 2**20
 # Korthikanti et al. 2022, eq. 2: without SP, 10 of a block's 34·sbh bytes stay replicated
@@ -62,9 +69,28 @@ def usable_bytes(memory_bytes: float) -> float:
     return memory_bytes * (1 - RESERVED_FRACTION) - RESERVED_BYTES
 
 
+def usable_host_bytes_per_rank(cluster: Cluster) -> float:
+    """Host memory one rank's offloaded states may take, bytes: the node's RAM (probed, or
+    :data:`HOST_MEMORY_PER_DEVICE_MEMORY` × its device memory when unknown) × the usable
+    fraction, shared by the node's ranks."""
+    host = cluster.node.host
+    node_ram = host.memory_bytes if host else HOST_MEMORY_PER_DEVICE_MEMORY * cluster.device.memory_bytes * cluster.devices_per_node
+    return node_ram * HOST_USABLE_FRACTION / cluster.devices_per_node
+
+
 def estimate_params_per_rank(profile: ModelProfile, plan: Plan) -> float:
     """Parameters the first pipeline rank holds before ZeRO sharding, divided over TP."""
     return first_stage(profile, plan.pp).num_params / plan.tp
+
+
+def estimate_offloaded(profile: ModelProfile, plan: Plan, layout: StateLayout) -> float:
+    """Model states held in host memory, bytes per rank: the rank's shard of gradients and
+    optimizer states (``optimizer``), and of the weights too (``params``) — FSDP2's
+    CPUOffloadPolicy, ZeRO-Offload (Ren et al. 2021)."""
+    if plan.offload == "none":
+        return 0.0
+    per_param = layout.grads + layout.optimizer + (layout.weights if plan.offload == "params" else 0)
+    return per_param * estimate_params_per_rank(profile, plan) / plan.dp_shard
 
 
 def estimate_parameters(profile: ModelProfile, plan: Plan, layout: StateLayout) -> float:
@@ -155,7 +181,8 @@ def estimate_buffers(profile: ModelProfile, plan: Plan) -> float:
             gathered = estimate_params_per_rank(profile, plan) * prec.compute_bytes
         return gathered
     copies = stage.sums["saved_param_copy_bytes"] / plan.tp if prec.autocast else 0.0
-    return DDP_BUCKET_BYTES + copies
+    grad_bytes = estimate_params_per_rank(profile, plan) * get_precision(plan.precision).param_bytes
+    return min(DDP_BUCKET_BYTES, grad_bytes) + copies  # buckets hold gradients: never more than all of them
 
 
 def estimate_memory(profile: ModelProfile, workload: Workload, plan: Plan, *, runtime: str = "torch") -> MemoryBreakdown:
@@ -167,4 +194,5 @@ def estimate_memory(profile: ModelProfile, workload: Workload, plan: Plan, *, ru
         optimizer=estimate_optimizer(profile, plan, layout),
         activations=estimate_activations(profile, plan),
         buffers=estimate_buffers(profile, plan),
+        host=estimate_offloaded(profile, plan, layout),
     )

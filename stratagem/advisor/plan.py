@@ -55,6 +55,8 @@ class Plan:
 
     ``zero``: 0 DDP · 1 optimizer states sharded · 2 + gradients sharded · 3 + parameters
     sharded (FSDP full shard), over ``dp_shard``; ``dp_replicate > 1`` with ``zero >= 2`` is HSDP.
+    ``offload`` moves FSDP's shards to host memory (``zero >= 2``; also with ``dp_shard = 1``,
+    where FSDP serves only to offload).
     ``microbatches`` are pipeline micro-batches per step (1 without pipelining);
     ``grad_accum`` steps accumulate gradients before the optimizer steps.
     """
@@ -94,7 +96,8 @@ class Plan:
         if self.zero == 0 and self.dp_shard > 1:
             raise UsageError(f"Plan.dp_shard={self.dp_shard} with zero=0: without ZeRO nothing is sharded\n"
                              "HINT: use dp_replicate for plain data parallelism, or zero>=1")
-        if self.zero >= 1 and self.dp_shard == 1:
+        if self.zero >= 1 and self.dp_shard == 1 and self.offload == "none":
+            # FSDP over one rank only makes sense for its CPU offload.
             raise UsageError(f"Plan.zero={self.zero} shards over dp_shard, which is 1\n"
                              "HINT: set zero=0, or dp_shard to the data-parallel degree")
         if self.zero == 1 and self.dp_replicate > 1:

@@ -20,7 +20,7 @@ from stratagem.advisor.advice import Advice
 from stratagem.advisor.evaluate import evaluate
 from stratagem.advisor.explain import NEAR_TIE, explain_ranking, suggest_fixes
 from stratagem.advisor.hardware import Cluster
-from stratagem.advisor.memory import estimate_memory, usable_bytes
+from stratagem.advisor.memory import estimate_memory, usable_bytes, usable_host_bytes_per_rank
 from stratagem.advisor.plan import CHECKPOINTING, Plan, Workload
 from stratagem.advisor.profile import ModelProfile
 from stratagem.advisor.targets import (
@@ -57,6 +57,7 @@ def _layouts(profile: ModelProfile, cluster: Cluster, excluded: Counter) -> Iter
             dp = world // (tp * pp)
             yield _Layout(tp, pp, dp, 1, 0)
             if dp == 1:
+                yield _Layout(tp, pp, 1, 1, 3)  # FSDP on one rank, for its CPU offload
                 continue
             yield _Layout(tp, pp, 1, dp, 1)
             shard_in_node = per_node // tp
@@ -78,9 +79,12 @@ def _schedules(pp: int, num_blocks: int) -> Iterator[tuple[str, int]]:
 
 
 def _offloads(layout: _Layout, cluster: Cluster) -> tuple[str, ...]:
-    if not cluster.is_gpu or layout.zero < 2:
+    if layout.zero < 2:
         return ("none",)
-    return ("none", "optimizer", "params") if layout.zero == 3 else ("none", "optimizer")
+    offloads = ("optimizer", "params") if layout.zero == 3 else ("optimizer",)
+    if not cluster.is_gpu:
+        return () if layout.dp_shard == 1 else ("none",)  # CPU ranks have nothing to offload to
+    return offloads if layout.dp_shard == 1 else ("none", *offloads)
 
 
 def _micro_batching(layout: _Layout, local_batch: int, schedule: str, v: int) -> Iterator[tuple[int, int, int]]:
@@ -89,7 +93,7 @@ def _micro_batching(layout: _Layout, local_batch: int, schedule: str, v: int) ->
         m = local_batch // mbs
         if layout.pp == 1:
             yield mbs, 1, m
-        elif (schedule == "gpipe" or m >= layout.pp) and (v == 1 or m % layout.pp == 0):
+        elif m >= layout.pp and (v == 1 or m % layout.pp == 0):  # fewer: some stage always idles
             yield mbs, m, 1
 
 
@@ -133,6 +137,7 @@ def advise(profile: ModelProfile, cluster: Cluster, workload: Workload, *, top: 
     pinned = _check_constraints(constraints or {})
     runtime = runtime_for(target)
     capacity = usable_bytes(cluster.device.memory_bytes)
+    host_capacity = usable_host_bytes_per_rank(cluster)
     excluded: Counter = Counter()
     fitting, smallest, evaluated = [], None, 0
     for group in search_plans(profile, cluster, workload, excluded=excluded):
@@ -145,10 +150,10 @@ def advise(profile: ModelProfile, cluster: Cluster, workload: Workload, *, top: 
             memory = estimate_memory(profile, workload, plan, runtime=runtime)
             if smallest is None or memory.total < smallest[1].total:
                 smallest = (plan, memory)
-            if memory.total > capacity:
+            if memory.total > capacity or memory.host > host_capacity:
                 break  # a larger micro-batch needs more memory still
             fitting.append(evaluate(profile, cluster, workload, plan, runtime=runtime, memory=memory))
-    ranked = _rank(fitting)
+    ranked = _distinct_layouts(_rank(fitting))
     reasons = explain_ranking(ranked) if ranked else ()
     suggestions = () if ranked else suggest_fixes(profile, cluster, workload, smallest, runtime=runtime,
                                                        candidates=search_plans)
@@ -169,6 +174,19 @@ def _rank(estimates: list) -> list:
     tied = [e for e in ranked if e.throughput >= cutoff]
     leader = min(tied, key=lambda e: (e.plan.complexity, -e.throughput))
     return [leader, *(e for e in ranked if e is not leader)]
+
+
+def _distinct_layouts(ranked: list) -> list:
+    """The best plan of each mesh layout (degrees, ZeRO stage, SP, schedule): the top list
+    offers real alternatives, not the winner again with checkpointing or a smaller micro-batch."""
+    seen, out = set(), []
+    for estimate in ranked:
+        p = estimate.plan
+        key = (p.tp, p.pp, p.dp_replicate, p.dp_shard, p.zero, p.sequence_parallel, p.pp_schedule, p.pp_virtual)
+        if key not in seen:
+            seen.add(key)
+            out.append(estimate)
+    return out
 
 
 def _check_constraints(constraints: dict) -> dict[str, tuple]:

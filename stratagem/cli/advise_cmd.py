@@ -1,0 +1,110 @@
+"""``stratagem advise --model MODEL``: the best ways to parallelize a model on a cluster.
+
+Exit status: 0 with a recommended plan, 1 when nothing fits (the report still says what would
+make it fit), 2 for usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from stratagem.advisor.advice import Advice
+
+# Mirrors of stratagem.advisor.targets.TARGETS and plan.OPTIMIZERS, kept here so that
+# `advise --help` does not import torch; tests/unit/test_advise_cli.py checks they agree.
+TARGET_CHOICES = ("any", "lightning", "accelerate", "deepspeed")
+OPTIMIZER_CHOICES = ("adamw", "sgd")
+FORMATS = ("table", "json", "markdown", "html")
+EXIT_NOTHING_FITS = 1
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``advise`` subcommand."""
+    parser = subparsers.add_parser(
+        "advise",
+        help="rank ways to parallelize a model on a cluster, with memory and time per plan",
+        description="Search tensor, pipeline and data parallelism, ZeRO stages, activation "
+        "checkpointing and micro-batching for MODEL on the cluster; print the best plans with "
+        "their memory per GPU and time per step, and why they win.",
+    )
+    parser.add_argument("--model", required=True, metavar="MODEL",
+                        help="a preset (e.g. llama-2-7b), 'pkg.module:factory' or 'hf:PATH/config.json'")
+    parser.add_argument("--cluster", metavar="SPEC", default="local",
+                        help="cluster spec such as '8xA100', '4x8xH100:ib-ndr', or 'local' to probe "
+                        "this machine (default: local)")
+    parser.add_argument("--global-batch-size", type=_positive_int, metavar="N", default=None,
+                        help="samples per optimizer step (default: one per device)")
+    parser.add_argument("--seq-len", type=_positive_int, metavar="S", default=None,
+                        help="tokens per sample (default: the model's; not for image models)")
+    parser.add_argument("--precision", metavar="P", default="bf16-mixed",
+                        help="fp32, bf16-mixed, fp16-mixed or bf16-true (default: bf16-mixed)")
+    parser.add_argument("--optimizer", choices=OPTIMIZER_CHOICES, default="adamw",
+                        help="the optimizer whose states count in memory (default: adamw)")
+    parser.add_argument("--top", type=_positive_int, metavar="K", default=5, help="plans to show (default: 5)")
+    parser.add_argument("--target", choices=TARGET_CHOICES, default="any",
+                        help="keep only plans this runtime can run (default: any)")
+    parser.add_argument("--format", choices=FORMATS, default="table", help="report format (default: table)")
+    parser.add_argument("--json", dest="format", action="store_const", const="json", help="same as --format json")
+    parser.add_argument("--output", metavar="FILE", type=Path, default=None,
+                        help="write the report to FILE instead of standard output")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Profile, search and report; returns the exit status."""
+    from stratagem.advisor.hardware import Cluster
+    from stratagem.advisor.model_source import profile_spec
+    from stratagem.advisor.plan import Workload
+    from stratagem.advisor.search import advise
+
+    cluster = Cluster.parse(args.cluster)
+    profile = profile_spec(args.model, batch_size=1, seq_len=args.seq_len, precision=args.precision)
+    workload = Workload(global_batch_size=args.global_batch_size or cluster.world_size, seq_len=profile.seq_len,
+                        precision=args.precision, optimizer=args.optimizer)
+    advice = advise(profile, cluster, workload, top=args.top, target=args.target)
+    _write(advice, args.format, args.output)
+    return 0 if advice.best else EXIT_NOTHING_FITS
+
+
+def _write(advice: Advice, fmt: str, output: Path | None) -> None:
+    """Render ``advice`` in ``fmt`` to ``output`` (a file) or standard output."""
+    from rich.console import Console
+
+    from stratagem.advisor import report
+    from stratagem.errors import UsageError
+
+    if fmt == "table" and output is None:
+        Console().print(report.render_table(advice))
+        return
+    if fmt == "table":
+        buffer = io.StringIO()
+        Console(file=buffer, width=120, force_terminal=False).print(report.render_table(advice))
+        text = buffer.getvalue()
+    else:
+        text = {"json": report.render_json, "markdown": report.render_markdown, "html": report.render_html}[fmt](advice)
+    text = text if text.endswith("\n") else text + "\n"
+    if output is None:
+        sys.stdout.write(text)
+        return
+    try:
+        output.write_text(text, encoding="utf-8")
+    except OSError as err:
+        raise UsageError(f"cannot write the report to {output}: {err.strerror}\n"
+                         "HINT: give --output a path in a folder that exists and is writable") from None
+    print(f"advise: wrote the {fmt} report to {output}", file=sys.stderr)
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
