@@ -21,10 +21,10 @@ DEFAULT_MODELS = ("llama-2-70b", "mixtral-8x7b")
 
 def _child(model: str) -> None:
     started = time.perf_counter()
-    from stratagem.advisor.model_source import profile_spec
+    from stratagem.advisor.profiles import profile_spec
 
     imported = time.perf_counter()
-    profile = profile_spec(model, batch_size=1, seq_len=4096, precision="bf16-mixed")
+    profile = profile_spec(model, batch_size=1, seq_len=4096, precision="bf16-mixed", cache=False)
     done = time.perf_counter()
     print(json.dumps({
         "model": model,

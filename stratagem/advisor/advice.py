@@ -8,7 +8,7 @@ from typing import Any
 from stratagem.advisor.estimate import Estimate
 from stratagem.advisor.hardware import Cluster
 from stratagem.advisor.plan import Workload
-from stratagem.advisor.profile import ModelProfile
+from stratagem.advisor.model_profile import ModelProfile
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

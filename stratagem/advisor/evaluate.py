@@ -6,7 +6,7 @@ from stratagem.advisor.estimate import Estimate, MemoryBreakdown
 from stratagem.advisor.hardware import Cluster
 from stratagem.advisor.memory import estimate_memory, usable_bytes, usable_host_bytes_per_rank
 from stratagem.advisor.plan import Plan, Workload
-from stratagem.advisor.profile import ModelProfile
+from stratagem.advisor.model_profile import ModelProfile
 from stratagem.advisor.timing import estimate_time, mfu, tokens_per_second
 
 

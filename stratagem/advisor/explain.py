@@ -13,7 +13,7 @@ from stratagem.advisor.hardware import Cluster
 from stratagem.advisor.hardware.lookup import device_from_entry, find_gpu, gpu_names
 from stratagem.advisor.memory import estimate_memory, usable_bytes
 from stratagem.advisor.plan import Plan, Workload
-from stratagem.advisor.profile import ModelProfile
+from stratagem.advisor.model_profile import ModelProfile
 from stratagem.units import format_bytes, format_seconds
 
 TERM_LABELS = {

@@ -16,7 +16,7 @@ from stratagem.advisor.estimate import MemoryBreakdown
 from stratagem.advisor.hardware import Cluster
 from stratagem.advisor.plan import Plan, Workload
 from stratagem.advisor.precision import get_precision
-from stratagem.advisor.profile import ModelProfile, SegmentProfile
+from stratagem.advisor.model_profile import ModelProfile, SegmentProfile
 from stratagem.advisor.stage import first_stage
 
 # Kept free on every device: CUDA context, NCCL buffers and allocator fragmentation. The

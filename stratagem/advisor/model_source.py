@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,16 +47,6 @@ def load_model(spec: str, *, batch_size: int = 1, seq_len: int | None = None) ->
     if ":" in spec:
         return _from_factory(spec, batch_size=batch_size, seq_len=seq_len)
     return _from_preset(spec, batch_size=batch_size, seq_len=seq_len)
-
-
-def profile_spec(spec: str, *, batch_size: int = 1, seq_len: int | None = None, precision: str = "bf16-mixed"):
-    """Load ``spec`` and profile it: ``load_model`` followed by ``profile_model``."""
-    from stratagem.advisor.profile import profile_model
-
-    source = load_model(spec, batch_size=batch_size, seq_len=seq_len)
-    profile = profile_model(source.module, source.example_inputs, loss_fn=source.loss_fn,
-                            precision=precision, name=source.name, batch_size=batch_size)
-    return replace(profile, notes=(*source.notes, *profile.notes))
 
 
 def _from_preset(name: str, *, batch_size: int, seq_len: int | None) -> ModelSource:

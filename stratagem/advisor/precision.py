@@ -1,12 +1,20 @@
-"""Training precisions: what each name means for parameter and compute dtypes."""
+"""Training precisions: what each name means for parameter and compute dtypes.
+
+Dtypes are named as torch names them (``float32``, ``bfloat16``, ``float16``) so that the cost
+models never import torch; :func:`torch_dtype` resolves a name where torch is at hand.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from stratagem.errors import UsageError
+
+if TYPE_CHECKING:
+    import torch
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,28 +23,28 @@ class Precision:
     what matmuls run in; ``autocast`` says whether compute runs under ``torch.autocast``."""
 
     name: str
-    param_dtype: torch.dtype
-    compute_dtype: torch.dtype
+    param_dtype: str
+    compute_dtype: str
     autocast: bool
 
     @property
     def param_bytes(self) -> int:
         """Bytes per parameter element as stored."""
-        return self.param_dtype.itemsize
+        return DTYPE_BYTES[self.param_dtype]
 
     @property
     def compute_bytes(self) -> int:
         """Bytes per element of activations and gathered compute-dtype weights."""
-        return self.compute_dtype.itemsize
+        return DTYPE_BYTES[self.compute_dtype]
 
 
 PRECISIONS: dict[str, Precision] = {
     p.name: p
     for p in (
-        Precision("fp32", torch.float32, torch.float32, autocast=False),
-        Precision("bf16-mixed", torch.float32, torch.bfloat16, autocast=True),
-        Precision("fp16-mixed", torch.float32, torch.float16, autocast=True),
-        Precision("bf16-true", torch.bfloat16, torch.bfloat16, autocast=False),
+        Precision("fp32", "float32", "float32", autocast=False),
+        Precision("bf16-mixed", "float32", "bfloat16", autocast=True),
+        Precision("fp16-mixed", "float32", "float16", autocast=True),
+        Precision("bf16-true", "bfloat16", "bfloat16", autocast=False),
     )
 }
 
@@ -49,3 +57,10 @@ def get_precision(name: str) -> Precision:
         raise UsageError(
             f"unknown precision {name!r}; valid: {', '.join(PRECISIONS)}"
         ) from None
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype called ``name`` (``"bfloat16"`` → ``torch.bfloat16``)."""
+    import torch
+
+    return getattr(torch, name)

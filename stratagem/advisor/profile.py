@@ -1,4 +1,4 @@
-"""ModelProfile: what a model costs per block, measured on fake tensors.
+"""``profile_model``: measure what a model costs per block, on fake tensors.
 
 ``profile_model`` runs one forward and backward step on ``FakeTensorMode`` (CPU): no weight or
 activation is ever allocated, so a 70B model profiles in seconds on a laptop. The profile keeps,
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -21,124 +20,12 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from stratagem.advisor.measure import EMBED, HEAD, RunRecord, SegmentCounts, run_fake_step
-from stratagem.advisor.precision import Precision, get_precision
-from stratagem.advisor.structure import LinearLayer, attention_heads, find_blocks, linear_layers
+from stratagem.advisor.precision import Precision, get_precision, torch_dtype
+from stratagem.advisor.model_profile import ModelProfile, SegmentProfile
+from stratagem.advisor.structure import attention_heads, find_blocks, linear_layers
 from stratagem.errors import UsageError
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SegmentProfile:
-    """Costs of one segment (the embedding, one block, or the head) for one step of the
-    profiled batch. Bytes are bytes, FLOPs are floating-point operations (a multiply-add is 2)."""
-
-    name: str  # block FQN, or "embed" / "head"
-    kind: str  # the block's class name; "embed" / "head" for the parts outside the blocks
-    num_params: int
-    param_bytes: int
-    buffer_bytes: int
-    fwd_flops: int
-    bwd_flops: int
-    saved_bytes: int  # activations saved for backward (parameters excluded)
-    saved_param_copy_bytes: int  # compute-dtype copies of parameters saved for backward (autocast)
-    attention_fwd_flops: int  # forward FLOPs of the attention core (what selective recompute redoes)
-    attention_saved_bytes: int  # of saved_bytes, the s×s score-shaped tensors (what it drops)
-    input_bytes: int
-    output_bytes: int  # what a pipeline stage ending here sends; what full checkpointing keeps
-    linears: tuple[LinearLayer, ...] = ()
-    measured_as: str | None = None  # identical block whose measurement this one reuses
-
-    @property
-    def flops(self) -> int:
-        """Forward plus backward FLOPs."""
-        return self.fwd_flops + self.bwd_flops
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["linears"] = [linear.to_dict() for linear in self.linears]
-        out["flops"] = self.flops
-        return out
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ModelProfile:
-    """Per-segment costs of one training step at ``batch_size`` samples (``seq_len`` tokens each,
-    for sequence models), with parameters in ``precision``'s parameter dtype."""
-
-    name: str
-    precision: str
-    batch_size: int
-    seq_len: int | None
-    embed: SegmentProfile
-    blocks: tuple[SegmentProfile, ...]
-    head: SegmentProfile
-    block_container: str | None
-    num_heads: int | None = None
-    num_kv_heads: int | None = None
-    notes: tuple[str, ...] = ()
-    profile_seconds: float = 0.0
-
-    @property
-    def segments(self) -> tuple[SegmentProfile, ...]:
-        """Embedding, blocks, head: in execution order."""
-        return (self.embed, *self.blocks, self.head)
-
-    @property
-    def num_params(self) -> int:
-        return sum(s.num_params for s in self.segments)
-
-    @property
-    def param_bytes(self) -> int:
-        return sum(s.param_bytes for s in self.segments)
-
-    @property
-    def buffer_bytes(self) -> int:
-        return sum(s.buffer_bytes for s in self.segments)
-
-    @property
-    def fwd_flops(self) -> int:
-        return sum(s.fwd_flops for s in self.segments)
-
-    @property
-    def bwd_flops(self) -> int:
-        return sum(s.bwd_flops for s in self.segments)
-
-    @property
-    def flops_per_step(self) -> int:
-        """Forward plus backward FLOPs of one step at ``batch_size``."""
-        return self.fwd_flops + self.bwd_flops
-
-    @property
-    def saved_bytes(self) -> int:
-        return sum(s.saved_bytes for s in self.segments)
-
-    @property
-    def tokens_per_step(self) -> int:
-        """Tokens (sequence models) or samples processed by one profiled step."""
-        return self.batch_size * (self.seq_len or 1)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: the fields, the totals, and each segment."""
-        return {
-            "name": self.name,
-            "precision": self.precision,
-            "batch_size": self.batch_size,
-            "seq_len": self.seq_len,
-            "parameters": self.num_params,
-            "param_bytes": self.param_bytes,
-            "buffer_bytes": self.buffer_bytes,
-            "fwd_flops": self.fwd_flops,
-            "bwd_flops": self.bwd_flops,
-            "flops_per_step": self.flops_per_step,
-            "saved_bytes": self.saved_bytes,
-            "num_heads": self.num_heads,
-            "num_kv_heads": self.num_kv_heads,
-            "block_container": self.block_container,
-            "embed": self.embed.to_dict(),
-            "blocks": [b.to_dict() for b in self.blocks],
-            "head": self.head.to_dict(),
-            "notes": list(self.notes),
-            "profile_seconds": self.profile_seconds,
-        }
+__all__ = ["ModelProfile", "SegmentProfile", "profile_model"]
 
 
 def profile_model(
@@ -175,7 +62,7 @@ def profile_model(
             model, state, args, kwargs,
             blocks=structure.blocks,
             loss_fn=_resolve_loss(loss_fn, notes),
-            autocast_dtype=prec.compute_dtype if prec.autocast else None,
+            autocast_dtype=torch_dtype(prec.compute_dtype) if prec.autocast else None,
             seq_len=seq_len,
             batch_size=batch_size,
             reuse_identical_blocks=reuse_identical_blocks,
@@ -230,7 +117,7 @@ def _fake_state(model: nn.Module, prec: Precision) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
         if id(param) not in made:
-            dtype = prec.param_dtype if param.is_floating_point() else param.dtype
+            dtype = torch_dtype(prec.param_dtype) if param.is_floating_point() else param.dtype
             made[id(param)] = torch.empty(param.shape, dtype=dtype, device="cpu", requires_grad=param.requires_grad)
         state[name] = made[id(param)]
     for name, buf in model.named_buffers(remove_duplicate=False):
@@ -330,7 +217,7 @@ def _state_sizes(model: nn.Module, prec: Precision) -> dict[str, tuple[int, int,
     """(elements, bytes in the profiled dtype, is-parameter) per state name."""
     sizes: dict[str, tuple[int, int, bool]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
-        dtype = prec.param_dtype if p.is_floating_point() else p.dtype
+        dtype = torch_dtype(prec.param_dtype) if p.is_floating_point() else p.dtype
         sizes[name] = (p.numel(), p.numel() * dtype.itemsize, True)
     for name, b in model.named_buffers(remove_duplicate=False):
         sizes[name] = (b.numel(), b.numel() * b.element_size(), False)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from stratagem.advisor.profile import ModelProfile, SegmentProfile
+from stratagem.advisor.model_profile import ModelProfile, SegmentProfile
 from stratagem.units import format_bytes, format_count, format_params
 
 

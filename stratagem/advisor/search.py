@@ -22,7 +22,7 @@ from stratagem.advisor.explain import NEAR_TIE, explain_ranking, suggest_fixes
 from stratagem.advisor.hardware import Cluster
 from stratagem.advisor.memory import estimate_memory, usable_bytes, usable_host_bytes_per_rank
 from stratagem.advisor.plan import CHECKPOINTING, Plan, Workload
-from stratagem.advisor.profile import ModelProfile
+from stratagem.advisor.model_profile import ModelProfile
 from stratagem.advisor.targets import (
     check_target,
     divisors,

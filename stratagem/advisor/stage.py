@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, fields
 
 from stratagem.advisor.memo import by_identity
-from stratagem.advisor.profile import ModelProfile, SegmentProfile
+from stratagem.advisor.model_profile import ModelProfile, SegmentProfile
 
 _SUMMED = tuple(f.name for f in fields(SegmentProfile) if f.type in ("int", int))
 

@@ -12,24 +12,12 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from stratagem.advisor.model_profile import LinearLayer
+
 # Attribute names under which attention modules commonly keep their head counts (reference
 # presets, nn.MultiheadAttention, Hugging Face, nanoGPT-style code).
 _HEAD_ATTRS = ("n_heads", "num_heads", "num_attention_heads", "n_head")
 _KV_HEAD_ATTRS = ("n_kv_heads", "num_key_value_heads", "num_kv_heads", "n_kv_head")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LinearLayer:
-    """A Linear layer inside a block: the pieces tensor parallelism splits."""
-
-    name: str  # FQN relative to the block
-    in_features: int
-    out_features: int
-    bias: bool
-
-    def to_dict(self) -> dict:
-        return {"name": self.name, "in_features": self.in_features,
-                "out_features": self.out_features, "bias": self.bias}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

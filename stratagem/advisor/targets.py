@@ -7,7 +7,7 @@ reason so the report can say what it left out and why.
 from __future__ import annotations
 
 from stratagem.advisor.plan import Plan
-from stratagem.advisor.profile import ModelProfile
+from stratagem.advisor.model_profile import ModelProfile
 from stratagem.errors import UsageError
 
 TARGETS = ("any", "lightning", "accelerate", "deepspeed")

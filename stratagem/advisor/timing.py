@@ -16,8 +16,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
-
 from stratagem.advisor.collectives import (
     estimate_all_gather_seconds,
     estimate_all_reduce_seconds,
@@ -29,7 +27,7 @@ from stratagem.advisor.estimate import TimeBreakdown
 from stratagem.advisor.hardware.spec import Cluster
 from stratagem.advisor.plan import MeshAxis, Plan, Workload
 from stratagem.advisor.precision import Precision, get_precision
-from stratagem.advisor.profile import ModelProfile, SegmentProfile
+from stratagem.advisor.model_profile import ModelProfile, SegmentProfile
 from stratagem.advisor.stage import Stage, busiest_stage, whole_model
 from stratagem.errors import UsageError
 
@@ -173,10 +171,10 @@ def estimate_peak_flops(cluster: Cluster, *, precision: str) -> float:
     """Dense peak FLOP/s of one device in ``precision``'s compute dtype (fp32 as
     :data:`FP32_MATMUL_USES_TF32` says)."""
     dtype = get_precision(precision).compute_dtype
-    if dtype == torch.float32:
+    if dtype == "float32":
         tf32 = FP32_MATMUL_USES_TF32 and cluster.device.peak_tf32 is not None
         return cluster.device.peak_flops("tf32" if tf32 else "fp32")
-    return cluster.device.peak_flops({torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype])
+    return cluster.device.peak_flops({"bfloat16": "bf16", "float16": "fp16"}[dtype])
 
 
 # -- compute ----------------------------------------------------------------------------------

@@ -12,13 +12,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from stratagem.advisor.plan import OPTIMIZERS  # light: the planning modules import no torch
+from stratagem.advisor.targets import TARGETS
+
 if TYPE_CHECKING:
     from stratagem.advisor.advice import Advice
 
-# Mirrors of stratagem.advisor.targets.TARGETS and plan.OPTIMIZERS, kept here so that
-# `advise --help` does not import torch; tests/unit/test_advise_cli.py checks they agree.
-TARGET_CHOICES = ("any", "lightning", "accelerate", "deepspeed")
-OPTIMIZER_CHOICES = ("adamw", "sgd")
 FORMATS = ("table", "json", "markdown", "html")
 EXIT_NOTHING_FITS = 1
 
@@ -43,27 +42,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="tokens per sample (default: the model's; not for image models)")
     parser.add_argument("--precision", metavar="P", default="bf16-mixed",
                         help="fp32, bf16-mixed, fp16-mixed or bf16-true (default: bf16-mixed)")
-    parser.add_argument("--optimizer", choices=OPTIMIZER_CHOICES, default="adamw",
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw",
                         help="the optimizer whose states count in memory (default: adamw)")
     parser.add_argument("--top", type=_positive_int, metavar="K", default=5, help="plans to show (default: 5)")
-    parser.add_argument("--target", choices=TARGET_CHOICES, default="any",
+    parser.add_argument("--target", choices=TARGETS, default="any",
                         help="keep only plans this runtime can run (default: any)")
     parser.add_argument("--format", choices=FORMATS, default="table", help="report format (default: table)")
     parser.add_argument("--json", dest="format", action="store_const", const="json", help="same as --format json")
     parser.add_argument("--output", metavar="FILE", type=Path, default=None,
                         help="write the report to FILE instead of standard output")
+    parser.add_argument("--no-cache", dest="cache", action="store_false",
+                        help="profile the model again instead of reading a cached profile")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Profile, search and report; returns the exit status."""
     from stratagem.advisor.hardware import Cluster
-    from stratagem.advisor.model_source import profile_spec
+    from stratagem.advisor.profiles import profile_spec
     from stratagem.advisor.plan import Workload
     from stratagem.advisor.search import advise
 
     cluster = Cluster.parse(args.cluster)
-    profile = profile_spec(args.model, batch_size=1, seq_len=args.seq_len, precision=args.precision)
+    profile = profile_spec(args.model, batch_size=1, seq_len=args.seq_len, precision=args.precision,
+                           cache=args.cache)
     workload = Workload(global_batch_size=args.global_batch_size or cluster.world_size, seq_len=profile.seq_len,
                         precision=args.precision, optimizer=args.optimizer)
     advice = advise(profile, cluster, workload, top=args.top, target=args.target)

@@ -20,14 +20,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--precision", default="bf16-mixed",
                         help="fp32, bf16-mixed, fp16-mixed or bf16-true (default: bf16-mixed)")
     parser.add_argument("--json", action="store_true", help="print the profile as JSON")
+    parser.add_argument("--no-cache", dest="cache", action="store_false",
+                        help="measure again instead of reading a cached profile")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Profile and print; returns the exit status."""
-    from stratagem.advisor.model_source import profile_spec
+    from stratagem.advisor.profiles import profile_spec
 
-    profile = profile_spec(args.model, batch_size=args.batch_size, seq_len=args.seq_len, precision=args.precision)
+    profile = profile_spec(args.model, batch_size=args.batch_size, seq_len=args.seq_len,
+                           precision=args.precision, cache=args.cache)
     if args.json:
         print(json.dumps(profile.to_dict(), indent=2))
     else:

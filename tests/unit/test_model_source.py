@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from stratagem.advisor.model_source import load_model, profile_spec
+from stratagem.advisor.model_source import load_model
+from stratagem.advisor.profiles import profile_spec
 from stratagem.errors import UsageError
 
 LLAMA_2_7B_CONFIG = {

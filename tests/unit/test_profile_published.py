@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from stratagem.advisor.model_source import profile_spec
+from stratagem.advisor.profiles import profile_spec
 from stratagem.advisor.profile import profile_model
 from stratagem.models import Transformer, get_preset
 

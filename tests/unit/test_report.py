@@ -15,7 +15,7 @@ from rich.console import Console
 from stratagem.advisor.advice import Advice
 from stratagem.advisor.estimate import Estimate, MemoryBreakdown, TimeBreakdown
 from stratagem.advisor.hardware import Cluster
-from stratagem.advisor.model_source import profile_spec
+from stratagem.advisor.profiles import profile_spec
 from stratagem.advisor.plan import Plan, Workload
 from stratagem.advisor.report import _wrap_name, render_html, render_json, render_markdown, render_table
 from stratagem.units import format_seconds

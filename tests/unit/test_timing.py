@@ -9,7 +9,7 @@ from stratagem.advisor import timing
 from stratagem.advisor.collectives import estimate_all_reduce_seconds, estimate_p2p_seconds
 from stratagem.advisor.estimate import TimeBreakdown
 from stratagem.advisor.hardware import Cluster
-from stratagem.advisor.model_source import profile_spec
+from stratagem.advisor.profiles import profile_spec
 from stratagem.advisor.plan import Plan, Workload
 from stratagem.advisor.profile import ModelProfile, SegmentProfile
 from stratagem.advisor.structure import LinearLayer

@@ -1,0 +1,107 @@
+"""advise(): what the search keeps, leaves out, ranks first, and says when nothing fits."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from stratagem.advisor.hardware import Cluster
+from stratagem.advisor.profiles import profile_spec
+from stratagem.advisor.plan import Plan, Workload
+from stratagem.advisor.search import _rank, advise, search_plans
+from stratagem.errors import UsageError
+
+
+@pytest.fixture(scope="module")
+def llama7b():
+    return profile_spec("llama-2-7b", seq_len=2048)
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return profile_spec("gpt2", seq_len=1024)
+
+
+def test_every_plan_fits_the_world_the_batch_and_the_device(llama7b):
+    cluster = Cluster.parse("2x8xH100-SXM-80GB:ib-ndr")
+    workload = Workload(global_batch_size=64, seq_len=2048)
+    advice = advise(llama7b, cluster, workload, top=5)
+    assert len(advice.plans) == 5 and advice.reasons
+    for estimate in advice.plans:
+        assert estimate.plan.world_size == 16 and estimate.plan.global_batch_size == 64
+        assert estimate.fits and estimate.memory.total <= estimate.capacity_bytes
+        assert 32 % estimate.plan.tp == 0 and 32 % estimate.plan.pp == 0
+    throughputs = [e.throughput for e in advice.plans]
+    assert throughputs[1:] == sorted(throughputs[1:], reverse=True)
+    assert throughputs[0] >= 0.99 * max(throughputs)
+    layouts = {(e.plan.tp, e.plan.pp, e.plan.dp_replicate, e.plan.dp_shard, e.plan.zero) for e in advice.plans}
+    assert len(layouts) >= 4  # alternatives, not one layout with different micro-batches
+
+
+def test_enumeration_covers_the_vocabulary(llama7b):
+    cluster = Cluster.parse("2x8xH100-SXM-80GB:ib-ndr")
+    plans = [p for group in search_plans(llama7b, cluster, Workload(global_batch_size=64, seq_len=2048))
+             for p in group]
+    seen = lambda field: {getattr(p, field) for p in plans}  # noqa: E731
+    assert seen("tp") == {1, 2, 4, 8} and seen("pp") == {1, 2, 4, 8, 16}
+    assert seen("zero") == {0, 1, 2, 3} and seen("sequence_parallel") == {False, True}
+    assert seen("pp_schedule") == {"gpipe", "1f1b", "interleaved-1f1b"} and seen("pp_virtual") == {1, 2, 4}
+    assert seen("activation_checkpointing") == {"none", "selective", "full"}
+    assert seen("offload") == {"none", "optimizer", "params"}
+    assert any(p.dp_replicate > 1 and p.dp_shard > 1 for p in plans)  # HSDP
+    assert all(p.microbatches >= p.pp for p in plans)
+
+
+def test_nothing_fits_says_by_how_much_and_what_would(llama7b):
+    big = profile_spec("llama-2-70b", seq_len=2048)
+    advice = advise(big, Cluster.parse("1xL4"), Workload(global_batch_size=4, seq_len=2048))
+    assert advice.best is None and not advice.reasons
+    text = " ".join(advice.suggestions)
+    assert "short by" in text and "would fit on" in text
+
+
+def test_one_gpu_may_offload_what_it_cannot_hold(llama7b):
+    advice = advise(llama7b, Cluster.parse("1xA100-SXM4-80GB"), Workload(global_batch_size=8, seq_len=2048))
+    best = advice.best.plan
+    assert best.offload != "none" and best.dp_shard == 1 and best.zero >= 2
+    assert advice.best.memory.host > 0 and advice.best.memory.host <= advice.best.host_capacity_bytes
+
+
+def test_targets_leave_out_what_their_runtime_cannot_run(gpt2):
+    cluster = Cluster.parse("2x8xA100-SXM4-80GB:ib-hdr")
+    workload = Workload(global_batch_size=64, seq_len=1024)
+    accelerate = advise(gpt2, cluster, workload, target="accelerate")
+    assert all(e.plan.pp == 1 and e.plan.tp == 1 for e in accelerate.plans)
+    assert any("pipeline" in reason for reason in accelerate.excluded)
+    deepspeed = advise(gpt2, cluster, workload, target="deepspeed", top=50)
+    assert not any(e.plan.pp > 1 and e.plan.zero >= 2 for e in deepspeed.plans)
+    with pytest.raises(UsageError, match="unknown target"):
+        advise(gpt2, cluster, workload, target="megatron")
+
+
+def test_constraints_pin_plan_fields(gpt2):
+    cluster = Cluster.parse("8xA100")
+    advice = advise(gpt2, cluster, Workload(global_batch_size=64, seq_len=1024), constraints={"tp": 2, "zero": (2, 3)})
+    assert advice.plans and all(e.plan.tp == 2 and e.plan.zero in (2, 3) for e in advice.plans)
+    with pytest.raises(UsageError, match="unknown constraint"):
+        advise(gpt2, cluster, Workload(global_batch_size=64, seq_len=1024), constraints={"tensor": 2})
+
+
+def test_models_without_heads_get_no_tensor_parallel_plans():
+    resnet = profile_spec("resnet-50")
+    advice = advise(resnet, Cluster.parse("8xA100"), Workload(global_batch_size=256), top=20)
+    assert all(e.plan.tp == 1 for e in advice.plans)
+    assert any("no attention heads" in reason for reason in advice.excluded)
+    assert advice.plans[0].throughput_unit == "samples/s"
+
+
+def test_near_ties_go_to_the_simpler_plan(gpt2):
+    cluster = Cluster.parse("8xA100")
+    workload = Workload(global_batch_size=64, seq_len=1024)
+    simple = advise(gpt2, cluster, workload, constraints={"zero": 0, "activation_checkpointing": "none"}).best
+    fancy = dataclasses.replace(simple, plan=Plan(dp_shard=8, zero=3, micro_batch_size=8),
+                                throughput=simple.throughput * 1.005)
+    assert _rank([fancy, simple]) == [simple, fancy]
+    faster = dataclasses.replace(fancy, throughput=simple.throughput * 1.05)
+    assert _rank([simple, faster]) == [faster, simple]
