@@ -23,13 +23,16 @@ install-dev: $(VENV)/.torch
 
 demo: install
 	$(VENV)/bin/stratagem hardware
-	$(VENV)/bin/stratagem hardware --cluster 2x8xH100-SXM-80GB:ib-ndr
 	$(VENV)/bin/stratagem profile llama-3-8b --seq-len 4096
-	$(VENV)/bin/stratagem profile mixtral-8x7b --seq-len 4096
-	$(VENV)/bin/stratagem profile resnet-50 --batch-size 32
+	$(VENV)/bin/advise --model llama-3-8b --cluster 2x8xH100-SXM-80GB:ib-ndr --global-batch-size 256 --seq-len 4096
+	$(VENV)/bin/advise --model mixtral-8x7b --cluster 4x8xH100-SXM-80GB:ib-ndr --global-batch-size 512 --seq-len 4096 --top 3
+	$(VENV)/bin/advise --model resnet-50 --cluster 8xA100 --global-batch-size 1024 --target accelerate --top 3
+	$(VENV)/bin/advise --model llama-2-70b --cluster 2x8xH100-SXM-80GB:ib-ndr --global-batch-size 64 --seq-len 4096 --format html --output advise-llama-2-70b.html
+	# a model that fits nowhere: the report says what would make it fit (exit status 1)
+	-$(VENV)/bin/advise --model llama-2-70b --cluster 1xL4 --global-batch-size 8 --seq-len 4096
 
 test: install-dev
 	$(PY) -m pytest tests -q
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info advise-*.html

@@ -11,7 +11,13 @@ from dataclasses import replace
 from stratagem.advisor.estimate import Estimate, MemoryBreakdown
 from stratagem.advisor.hardware import Cluster
 from stratagem.advisor.hardware.lookup import device_from_entry, find_gpu, gpu_names
-from stratagem.advisor.memory import estimate_memory, usable_bytes
+from stratagem.advisor.memory import (
+    HOST_MEMORY_PER_DEVICE_MEMORY,
+    estimate_memory,
+    overflow,
+    usable_bytes,
+    usable_host_bytes_per_rank,
+)
 from stratagem.advisor.plan import Plan, Workload
 from stratagem.advisor.model_profile import ModelProfile
 from stratagem.units import format_bytes, format_seconds
@@ -60,9 +66,9 @@ def explain_loser(best: Estimate, other: Estimate) -> str:
     """Why ``other`` ranks below ``best``: the term that grows most, or the tie-break."""
     slower = other.time.step_seconds / best.time.step_seconds - 1
     if abs(slower) <= NEAR_TIE:
-        simpler = " and is simpler" if best.plan.complexity < other.plan.complexity else ""
-        return (f"The runner-up, {other.plan.name}, is within {NEAR_TIE:.0%} ({slower:+.1%}); "
-                f"{best.plan.name} ranks first as it is at least as fast{simpler}.")
+        why = "as the simpler plan" if best.plan.complexity < other.plan.complexity else "as the faster"
+        return (f"The runner-up, {other.plan.name}, is within {NEAR_TIE:.0%} ({slower:+.1%} step time), "
+                f"a tie: {best.plan.name} ranks first {why}.")
     deltas = {k: v - getattr(best.time, k) for k, v in _terms(other).items()}
     name = max(deltas, key=deltas.get)
     return (f"The runner-up, {other.plan.name}, is {slower:.0%} slower: {TERM_LABELS[name]} "
@@ -90,37 +96,54 @@ def suggest_fixes(profile: ModelProfile, cluster: Cluster, workload: Workload,
     if smallest is None:
         return ("No plan could be formed for this cluster and target; see what was left out.",)
     plan, memory = smallest
-    capacity = usable_bytes(cluster.device.memory_bytes)
-    out = [f"The leanest plan found, {plan.name}, needs {format_bytes(memory.total)} per GPU; "
-           f"{cluster.device.name} offers {format_bytes(capacity)} usable "
-           f"(short by {format_bytes(memory.total - capacity)})."]
-    out.extend(s for s in (_more_nodes(profile, cluster, workload, runtime=runtime, candidates=candidates),
-                           _bigger_gpu(memory.total, cluster)) if s)
-    if memory.activations > capacity / 2:
-        out.append(f"Activations of one micro-batch take {format_bytes(memory.activations)} even with "
-                   "checkpointing: a shorter sequence or a smaller global batch would shrink them.")
+    out = [_shortfall(plan, memory, cluster)]
+    out.extend(s for s in (_more_devices(profile, cluster, workload, runtime=runtime, candidates=candidates),
+                           _bigger_gpu(memory, cluster)) if s)
+    if plan.activation_checkpointing == "full" and memory.activations > usable_bytes(cluster.device.memory_bytes) / 2:
+        out.append(f"Activations of one micro-batch take {format_bytes(memory.activations)} even with full "
+                   "checkpointing: a shorter sequence would shrink them.")
     return tuple(out)
 
 
-def _more_nodes(profile: ModelProfile, cluster: Cluster, workload: Workload, *, runtime: str,
-                candidates: Candidates) -> str | None:
-    capacity = usable_bytes(cluster.device.memory_bytes)
-    for factor in GROWTH:
-        bigger = replace(cluster, num_nodes=cluster.num_nodes * factor)
+def _shortfall(plan: Plan, memory: MemoryBreakdown, cluster: Cluster) -> str:
+    device = usable_bytes(cluster.device.memory_bytes)
+    host = usable_host_bytes_per_rank(cluster)
+    parts = []
+    if memory.total > device:
+        parts.append(f"needs {format_bytes(memory.total)} per GPU where {cluster.device.name} offers "
+                     f"{format_bytes(device)} usable")
+    if memory.host > host:
+        known = "" if cluster.node.host else f" (assumed {HOST_MEMORY_PER_DEVICE_MEMORY:g}× device memory)"
+        parts.append(f"offloads {format_bytes(memory.host)} per GPU to host memory, which holds "
+                     f"{format_bytes(host)} per GPU{known}")
+    return f"The leanest plan found, {plan.name}, {' and '.join(parts)}."
+
+
+def _more_devices(profile: ModelProfile, cluster: Cluster, workload: Workload, *, runtime: str,
+                  candidates: Candidates) -> str | None:
+    """The smallest cluster of this node kind that fits: a fuller node first, then more nodes."""
+    node = cluster.node
+    fuller = [replace(cluster, node=replace(node, num_devices=n))
+              for n in (2, 4, 8) if cluster.num_nodes == 1 and n > node.num_devices]
+    more = [replace(cluster, num_nodes=cluster.num_nodes * f, node=replace(node, num_devices=max(8, node.num_devices)))
+            for f in GROWTH]
+    for bigger in (*fuller, *more):
         for group in candidates(profile, bigger, workload):
             plan = next(group, None)  # the group's smallest micro-batch
-            if plan and estimate_memory(profile, workload, plan, runtime=runtime).total <= capacity:
-                return (f"It would fit on {bigger.num_nodes} nodes of {cluster.devices_per_node} "
-                        f"({bigger.world_size} GPUs), e.g. as {plan.name}.")
+            if plan and overflow(estimate_memory(profile, workload, plan, runtime=runtime), bigger) <= 1:
+                where = (f"one node of {bigger.devices_per_node}" if bigger.num_nodes == 1
+                         else f"{bigger.num_nodes} nodes of {bigger.devices_per_node}")
+                return f"It would fit on {where} {cluster.device.name} ({bigger.world_size} GPUs), e.g. as {plan.name}."
     return None
 
 
-def _bigger_gpu(needed: float, cluster: Cluster) -> str | None:
+def _bigger_gpu(memory: MemoryBreakdown, cluster: Cluster) -> str | None:
     fits = []
     for name in gpu_names():
         device = device_from_entry(find_gpu(name))
-        if device.memory_bytes > cluster.device.memory_bytes and usable_bytes(device.memory_bytes) >= needed:
+        other = replace(cluster, node=replace(cluster.node, device=device))
+        if device.memory_bytes > cluster.device.memory_bytes and overflow(memory, other) <= 1:
             fits.append((device.memory_bytes, name))
     if not fits:
         return None
-    return f"The same number of {min(fits)[1]} (or larger) GPUs would fit it."
+    return f"The same number of {min(fits)[1]} (or larger) GPUs would fit its leanest plan."

@@ -78,6 +78,13 @@ def usable_host_bytes_per_rank(cluster: Cluster) -> float:
     return node_ram * HOST_USABLE_FRACTION / cluster.devices_per_node
 
 
+def overflow(memory: MemoryBreakdown, cluster: Cluster) -> float:
+    """How full a plan leaves the tighter of device and host memory: use over usable capacity
+    (at most 1 when it fits)."""
+    return max(memory.total / usable_bytes(cluster.device.memory_bytes),
+               memory.host / usable_host_bytes_per_rank(cluster))
+
+
 def estimate_params_per_rank(profile: ModelProfile, plan: Plan) -> float:
     """Parameters the first pipeline rank holds before ZeRO sharding, divided over TP."""
     return first_stage(profile, plan.pp).num_params / plan.tp

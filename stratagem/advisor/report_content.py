@@ -125,7 +125,8 @@ def nothing_fits_line(advice: Advice) -> str:
     """Why the report has no plan."""
     device = advice.cluster.device
     return (f"No plan fits {advice.profile.name} on {advice.cluster.spec}: every candidate needs more than "
-            f"the {format_bytes(usable_bytes(device.memory_bytes))} usable on one {device.name}.")
+            f"the {format_bytes(usable_bytes(device.memory_bytes))} usable on one {device.name}, or offloads "
+            "more than its share of host memory.")
 
 
 def footer(advice: Advice) -> str:

@@ -20,7 +20,7 @@ from stratagem.advisor.advice import Advice
 from stratagem.advisor.evaluate import evaluate
 from stratagem.advisor.explain import NEAR_TIE, explain_ranking, suggest_fixes
 from stratagem.advisor.hardware import Cluster
-from stratagem.advisor.memory import estimate_memory, usable_bytes, usable_host_bytes_per_rank
+from stratagem.advisor.memory import estimate_memory, overflow
 from stratagem.advisor.plan import CHECKPOINTING, Plan, Workload
 from stratagem.advisor.model_profile import ModelProfile
 from stratagem.advisor.targets import (
@@ -136,8 +136,6 @@ def advise(profile: ModelProfile, cluster: Cluster, workload: Workload, *, top: 
         raise UsageError(f"top must be at least 1, got {top}")
     pinned = _check_constraints(constraints or {})
     runtime = runtime_for(target)
-    capacity = usable_bytes(cluster.device.memory_bytes)
-    host_capacity = usable_host_bytes_per_rank(cluster)
     excluded: Counter = Counter()
     fitting, smallest, evaluated = [], None, 0
     for group in search_plans(profile, cluster, workload, excluded=excluded):
@@ -148,14 +146,15 @@ def advise(profile: ModelProfile, cluster: Cluster, workload: Workload, *, top: 
                 continue
             evaluated += 1
             memory = estimate_memory(profile, workload, plan, runtime=runtime)
-            if smallest is None or memory.total < smallest[1].total:
-                smallest = (plan, memory)
-            if memory.total > capacity or memory.host > host_capacity:
+            fullness = overflow(memory, cluster)
+            if smallest is None or fullness < smallest[0]:
+                smallest = (fullness, plan, memory)
+            if fullness > 1:
                 break  # a larger micro-batch needs more memory still
             fitting.append(evaluate(profile, cluster, workload, plan, runtime=runtime, memory=memory))
     ranked = _distinct_layouts(_rank(fitting))
     reasons = explain_ranking(ranked) if ranked else ()
-    suggestions = () if ranked else suggest_fixes(profile, cluster, workload, smallest, runtime=runtime,
+    suggestions = () if ranked else suggest_fixes(profile, cluster, workload, smallest and smallest[1:], runtime=runtime,
                                                        candidates=search_plans)
     return Advice(
         profile=profile, cluster=cluster, workload=workload, target=target, plans=tuple(ranked[:top]),
