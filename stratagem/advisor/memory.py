@@ -10,6 +10,7 @@ Korthikanti et al. 2022, §4 (eq. 1–5) and §4.2.3 (in-flight micro-batches pe
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from stratagem.advisor.estimate import MemoryBreakdown
@@ -17,6 +18,7 @@ from stratagem.advisor.hardware import Cluster
 from stratagem.advisor.plan import Plan, Workload
 from stratagem.advisor.precision import get_precision
 from stratagem.advisor.model_profile import ModelProfile, SegmentProfile
+from stratagem.advisor.memo import by_identity
 from stratagem.advisor.stage import first_stage
 
 # Kept free on every device: CUDA context, NCCL buffers and allocator fragmentation. The
@@ -47,6 +49,7 @@ class StateLayout:
     optimizer: float
 
 
+@functools.lru_cache(maxsize=None)
 def state_layout(precision: str, optimizer: str, *, runtime: str = "torch") -> StateLayout:
     """Model-state bytes per parameter.
 
@@ -81,8 +84,13 @@ def usable_host_bytes_per_rank(cluster: Cluster) -> float:
 def overflow(memory: MemoryBreakdown, cluster: Cluster) -> float:
     """How full a plan leaves the tighter of device and host memory: use over usable capacity
     (at most 1 when it fits)."""
-    return max(memory.total / usable_bytes(cluster.device.memory_bytes),
-               memory.host / usable_host_bytes_per_rank(cluster))
+    device, host = _capacities(cluster)
+    return max(memory.total / device, memory.host / host)
+
+
+@by_identity
+def _capacities(cluster: Cluster) -> tuple[float, float]:
+    return usable_bytes(cluster.device.memory_bytes), usable_host_bytes_per_rank(cluster)
 
 
 def estimate_params_per_rank(profile: ModelProfile, plan: Plan) -> float:
@@ -90,38 +98,39 @@ def estimate_params_per_rank(profile: ModelProfile, plan: Plan) -> float:
     return first_stage(profile, plan.pp).num_params / plan.tp
 
 
-def estimate_offloaded(profile: ModelProfile, plan: Plan, layout: StateLayout) -> float:
+def estimate_offloaded(params: float, plan: Plan, layout: StateLayout) -> float:
     """Model states held in host memory, bytes per rank: the rank's shard of gradients and
     optimizer states (``optimizer``), and of the weights too (``params``) — FSDP2's
-    CPUOffloadPolicy, ZeRO-Offload (Ren et al. 2021)."""
+    CPUOffloadPolicy, ZeRO-Offload (Ren et al. 2021). ``params``: the rank's before sharding."""
     if plan.offload == "none":
         return 0.0
     per_param = layout.grads + layout.optimizer + (layout.weights if plan.offload == "params" else 0)
-    return per_param * estimate_params_per_rank(profile, plan) / plan.dp_shard
+    return per_param * params / plan.dp_shard
 
 
-def estimate_parameters(profile: ModelProfile, plan: Plan, layout: StateLayout) -> float:
-    """Weights, bytes per rank: sharded over dp_shard by ZeRO-3 (ZeRO §3, P_os+g+p)."""
+def estimate_parameters(params: float, plan: Plan, layout: StateLayout) -> float:
+    """Weights, bytes per rank (``params``: the rank's before sharding): sharded over dp_shard
+    by ZeRO-3 (ZeRO §3, P_os+g+p)."""
     shard = plan.dp_shard if plan.zero == 3 else 1
     if plan.offload == "params":
         return 0.0
-    return layout.weights * estimate_params_per_rank(profile, plan) / shard
+    return layout.weights * params / shard
 
 
-def estimate_gradients(profile: ModelProfile, plan: Plan, layout: StateLayout) -> float:
+def estimate_gradients(params: float, plan: Plan, layout: StateLayout) -> float:
     """Gradients, bytes per rank: sharded over dp_shard from ZeRO-2 (ZeRO §3, P_os+g)."""
     if plan.offload != "none":
         return 0.0  # offloaded shards are reduced straight to host memory
     shard = plan.dp_shard if plan.zero >= 2 else 1
-    return layout.grads * estimate_params_per_rank(profile, plan) / shard
+    return layout.grads * params / shard
 
 
-def estimate_optimizer(profile: ModelProfile, plan: Plan, layout: StateLayout) -> float:
+def estimate_optimizer(params: float, plan: Plan, layout: StateLayout) -> float:
     """Optimizer states, bytes per rank: sharded over dp_shard from ZeRO-1 (ZeRO §3, P_os)."""
     if plan.offload != "none":
         return 0.0
     shard = plan.dp_shard if plan.zero >= 1 else 1
-    return layout.optimizer * estimate_params_per_rank(profile, plan) / shard
+    return layout.optimizer * params / shard
 
 
 def in_flight_microbatches(plan: Plan) -> float:
@@ -176,30 +185,31 @@ def estimate_activations(profile: ModelProfile, plan: Plan) -> float:
     return total
 
 
-def estimate_buffers(profile: ModelProfile, plan: Plan) -> float:
+def estimate_buffers(profile: ModelProfile, plan: Plan, params: float) -> float:
     """Transient bytes: gathered FSDP units (current and prefetched), DDP buckets, and
-    autocast's compute-dtype weight copies, which live from forward to backward."""
+    autocast's compute-dtype weight copies, which live from forward to backward. ``params``:
+    the rank's parameters before sharding."""
     prec = get_precision(plan.precision)
     stage = first_stage(profile, plan.pp)
     largest_unit = stage.largest_unit_params / plan.tp
     if plan.zero >= 2:
         gathered = 2 * largest_unit * prec.compute_bytes
         if plan.zero == 2:  # reshard_after_forward=False keeps every unit gathered until backward
-            gathered = estimate_params_per_rank(profile, plan) * prec.compute_bytes
+            gathered = params * prec.compute_bytes
         return gathered
     copies = stage.sums["saved_param_copy_bytes"] / plan.tp if prec.autocast else 0.0
-    grad_bytes = estimate_params_per_rank(profile, plan) * get_precision(plan.precision).param_bytes
-    return min(DDP_BUCKET_BYTES, grad_bytes) + copies  # buckets hold gradients: never more than all of them
+    return min(DDP_BUCKET_BYTES, params * prec.param_bytes) + copies  # buckets hold gradients: never more than all of them
 
 
 def estimate_memory(profile: ModelProfile, workload: Workload, plan: Plan, *, runtime: str = "torch") -> MemoryBreakdown:
     """Peak bytes per rank on the most loaded rank, term by term."""
     layout = state_layout(plan.precision, workload.optimizer, runtime=runtime)
+    params = estimate_params_per_rank(profile, plan)
     return MemoryBreakdown(
-        parameters=estimate_parameters(profile, plan, layout),
-        gradients=estimate_gradients(profile, plan, layout),
-        optimizer=estimate_optimizer(profile, plan, layout),
+        parameters=estimate_parameters(params, plan, layout),
+        gradients=estimate_gradients(params, plan, layout),
+        optimizer=estimate_optimizer(params, plan, layout),
         activations=estimate_activations(profile, plan),
-        buffers=estimate_buffers(profile, plan),
-        host=estimate_offloaded(profile, plan, layout),
+        buffers=estimate_buffers(profile, plan, params),
+        host=estimate_offloaded(params, plan, layout),
     )

@@ -6,6 +6,8 @@ reason so the report can say what it left out and why.
 
 from __future__ import annotations
 
+import functools
+
 from stratagem.advisor.plan import Plan
 from stratagem.advisor.model_profile import ModelProfile
 from stratagem.errors import UsageError
@@ -57,6 +59,7 @@ def pp_degrees(profile: ModelProfile, world: int) -> tuple[int, ...]:
     return tuple(p for p in divisors(world) if p == 1 or (blocks >= p and blocks % p == 0))
 
 
+@functools.lru_cache(maxsize=1024)
 def divisors(n: int) -> tuple[int, ...]:
     """Positive divisors of ``n``, ascending."""
     return tuple(d for d in range(1, n + 1) if n % d == 0)
