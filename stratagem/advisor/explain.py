@@ -87,14 +87,12 @@ Candidates = Callable[[ModelProfile, Cluster, Workload], Iterator[Iterator[Plan]
 
 
 def suggest_fixes(profile: ModelProfile, cluster: Cluster, workload: Workload,
-                  smallest: tuple[Plan, MemoryBreakdown] | None, *, runtime: str,
+                  smallest: tuple[Plan, MemoryBreakdown], *, runtime: str,
                   candidates: Candidates) -> tuple[str, ...]:
     """When nothing fits: how short the leanest plan falls, and what would close the gap.
 
     ``candidates`` enumerates plans for a cluster (the search's own enumeration), grouped with
     the smallest micro-batch first."""
-    if smallest is None:
-        return ("No plan could be formed for this cluster and target; see what was left out.",)
     plan, memory = smallest
     out = [_shortfall(plan, memory, cluster)]
     out.extend(s for s in (_more_devices(profile, cluster, workload, runtime=runtime, candidates=candidates),

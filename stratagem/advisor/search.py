@@ -152,6 +152,8 @@ def advise(profile: ModelProfile, cluster: Cluster, workload: Workload, *, top: 
             if fullness > 1:
                 break  # a larger micro-batch needs more memory still
             fitting.append(evaluate(profile, cluster, workload, plan, runtime=runtime, memory=memory))
+    if evaluated == 0:
+        raise _no_candidates(cluster, workload, excluded)
     ranked = _distinct_layouts(_rank(fitting))
     reasons = explain_ranking(ranked) if ranked else ()
     suggestions = () if ranked else suggest_fixes(profile, cluster, workload, smallest and smallest[1:], runtime=runtime,
@@ -162,6 +164,16 @@ def advise(profile: ModelProfile, cluster: Cluster, workload: Workload, *, top: 
         notes=(*profile.notes, *cluster.notes), num_evaluated=evaluated,
         search_seconds=time.perf_counter() - started,
     )
+
+
+def _no_candidates(cluster: Cluster, workload: Workload, excluded: Counter) -> UsageError:
+    """Not a memory problem: no plan at all can run this workload here (or for this target)."""
+    why = "; ".join(f"{reason} ({count})" for reason, count in excluded.most_common(3)) or "none"
+    return UsageError(
+        f"no plan can train a global batch of {workload.global_batch_size} on {cluster.world_size} "
+        f"devices: every layout was left out (most often: {why})\n"
+        f"HINT: use a global batch divisible by the data-parallel degree, e.g. a multiple of "
+        f"{cluster.world_size}, with enough micro-batches per replica to fill a pipeline")
 
 
 def _rank(estimates: list) -> list:

@@ -82,3 +82,8 @@ def test_advise_help_does_not_import_torch():
             "except SystemExit:\n    pass\nprint('torch' in sys.modules, 'rich' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "--global-batch-size" in out.stdout and out.stdout.strip().endswith("False False")
+
+
+def test_impossible_workload_exits_2(capsys):
+    assert main(["advise", "--model", "gpt2-tiny", "--cluster", "2x8xH100:ib-ndr", "--global-batch-size", "3"]) == 2
+    assert "HINT:" in capsys.readouterr().err

@@ -105,3 +105,8 @@ def test_near_ties_go_to_the_simpler_plan(gpt2):
     assert _rank([fancy, simple]) == [simple, fancy]
     faster = dataclasses.replace(fancy, throughput=simple.throughput * 1.05)
     assert _rank([simple, faster]) == [faster, simple]
+
+
+def test_an_impossible_workload_is_a_usage_error(gpt2):
+    with pytest.raises(UsageError, match="global batch of 3 on 16 devices.*not dividing the global batch"):
+        advise(gpt2, Cluster.parse("2x8xH100:ib-ndr"), Workload(global_batch_size=3, seq_len=1024))
