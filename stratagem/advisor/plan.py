@@ -59,6 +59,8 @@ class Plan:
     where FSDP serves only to offload).
     ``microbatches`` are pipeline micro-batches per step (1 without pipelining);
     ``grad_accum`` steps accumulate gradients before the optimizer steps.
+    ``block_container`` is the FQN of the module list whose children are the model's blocks
+    (FSDP units, checkpoint units, pipeline split points), as the profile found it.
     """
 
     pp: int = 1
@@ -75,6 +77,7 @@ class Plan:
     activation_checkpointing: str = "none"
     offload: str = "none"
     precision: str = "bf16-mixed"
+    block_container: str | None = None
 
     def __post_init__(self) -> None:
         counts = (self.pp, self.dp_replicate, self.dp_shard, self.tp, self.pp_virtual,
