@@ -116,11 +116,6 @@ class ModelProfile:
     def saved_bytes(self) -> int:
         return sum(s.saved_bytes for s in self.segments)
 
-    @property
-    def tokens_per_step(self) -> int:
-        """Tokens (sequence models) or samples processed by one profiled step."""
-        return self.batch_size * (self.seq_len or 1)
-
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: the fields, the totals, and each segment."""
         return {
