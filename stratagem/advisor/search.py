@@ -47,11 +47,9 @@ class _Layout:
     zero: int
 
 
-def _layouts(profile: ModelProfile, cluster: Cluster, excluded: Counter) -> Iterator[_Layout]:
+def _layouts(profile: ModelProfile, cluster: Cluster) -> Iterator[_Layout]:
     world, per_node = cluster.world_size, cluster.devices_per_node
-    tps, no_tp = tp_degrees(profile, per_node)
-    if no_tp:
-        excluded[f"tensor parallelism: {no_tp}"] += 1
+    tps, _ = tp_degrees(profile, per_node)
     for tp in tps:
         for pp in pp_degrees(profile, world // tp):
             dp = world // (tp * pp)
@@ -103,7 +101,7 @@ def search_plans(profile: ModelProfile, cluster: Cluster, workload: Workload, *,
     caller can stop a group at its first plan that does not fit; a group builds its plans
     lazily, so the rest of a stopped group costs nothing."""
     excluded = Counter() if excluded is None else excluded
-    for layout in _layouts(profile, cluster, excluded):
+    for layout in _layouts(profile, cluster):
         dp = layout.dp_replicate * layout.dp_shard
         if workload.global_batch_size % dp:
             excluded[f"data-parallel degree not dividing the global batch ({workload.global_batch_size})"] += 1
@@ -161,9 +159,15 @@ def advise(profile: ModelProfile, cluster: Cluster, workload: Workload, *, top: 
     return Advice(
         profile=profile, cluster=cluster, workload=workload, target=target, plans=tuple(ranked[:top]),
         reasons=reasons, suggestions=suggestions, excluded=dict(excluded),
-        notes=(*profile.notes, *cluster.notes), num_evaluated=evaluated,
+        notes=(*_model_notes(profile, cluster), *profile.notes, *cluster.notes), num_evaluated=evaluated,
         search_seconds=time.perf_counter() - started,
     )
+
+
+def _model_notes(profile: ModelProfile, cluster: Cluster) -> tuple[str, ...]:
+    """What the model itself rules out, said once."""
+    _, no_tp = tp_degrees(profile, cluster.devices_per_node)
+    return (f"No tensor-parallel plans: {no_tp}.",) if no_tp else ()
 
 
 def _no_candidates(cluster: Cluster, workload: Workload, excluded: Counter) -> UsageError:
