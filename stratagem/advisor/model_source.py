@@ -1,10 +1,11 @@
-"""Turn what a user names as a model into a module, example inputs and a loss, built on meta.
+"""Turn what a user names as a model into a module, example inputs and a loss, allocating nothing.
 
 Accepted forms (``load_model``):
 
 * a preset name (``gpt2``, ``llama-2-70b``, ``vit-b-16``, …; see ``stratagem.models``);
 * ``pkg.module:factory`` — a callable returning the module, or ``(module, example_inputs)``, or
-  ``(module, example_inputs, loss_fn)``; it is called under ``torch.device("meta")`` and gets
+  ``(module, example_inputs, loss_fn)``; it is called under ``FakeTensorMode`` (the tensors it
+  makes, weights and labels a loss closes over included, allocate nothing) and gets
   ``batch_size``/``seq_len`` keyword arguments when it declares them;
 * ``hf:PATH`` — a Hugging Face ``config.json`` (or the folder holding it), built with
   ``AutoModelForCausalLM.from_config`` on meta, the language-model head and loss included.
@@ -21,13 +22,14 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from stratagem.errors import UsageError
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelSource:
-    """A model ready to profile: the module (on meta), its example inputs and its loss."""
+    """A model ready to profile: the module (on meta or fake tensors), its example inputs and its loss."""
 
     name: str
     module: nn.Module
@@ -37,7 +39,7 @@ class ModelSource:
 
 
 def load_model(spec: str, *, batch_size: int = 1, seq_len: int | None = None) -> ModelSource:
-    """Build the model named by ``spec`` on the meta device (see the module docstring)."""
+    """Build the model named by ``spec`` without allocating it (see the module docstring)."""
     if batch_size < 1:
         raise UsageError(f"batch size must be at least 1, got {batch_size}")
     if seq_len is not None and seq_len < 1:
@@ -81,7 +83,7 @@ def _from_factory(spec: str, *, batch_size: int, seq_len: int | None) -> ModelSo
                          "HINT: give 'pkg.module:callable' with the package importable (on PYTHONPATH)") from None
     wanted = inspect.signature(factory).parameters
     kwargs = {k: v for k, v in (("batch_size", batch_size), ("seq_len", seq_len)) if k in wanted}
-    with torch.device("meta"):
+    with FakeTensorMode(allow_non_fake_inputs=True):
         made = factory(**kwargs)
     if isinstance(made, nn.Module):
         raise UsageError(f"{spec} returned only a module; the profiler needs example inputs too\n"

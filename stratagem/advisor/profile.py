@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._guards import detect_fake_mode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from stratagem.advisor.measure import EMBED, HEAD, RunRecord, SegmentCounts, run_fake_step
@@ -55,7 +56,10 @@ def profile_model(
     args, kwargs = _split_inputs(example_inputs)
     batch_size, seq_len = _batch_shape(args, kwargs, batch_size, seq_len)
     notes: list[str] = []
-    with FakeTensorMode(allow_non_fake_inputs=True):
+    # Inputs made under a FakeTensorMode (a factory's, see model_source) keep their mode, so
+    # tensors a loss function closes over stay compatible with the step's.
+    fake_mode = detect_fake_mode(tree_flatten((args, kwargs))[0]) or FakeTensorMode(allow_non_fake_inputs=True)
+    with fake_mode:
         state = _fake_state(model, prec)
         args, kwargs = tree_map(_fake_like, (args, kwargs))
         record = run_fake_step(
@@ -104,8 +108,9 @@ def _batch_shape(args: tuple, kwargs: dict, batch_size: int | None, seq_len: int
 
 
 def _fake_like(value: Any) -> Any:
-    """A fake CPU tensor with ``value``'s shape and dtype (values never matter here)."""
-    if not isinstance(value, torch.Tensor):
+    """A fake CPU tensor with ``value``'s shape and dtype (values never matter here); fake
+    tensors stay as they are."""
+    if not isinstance(value, torch.Tensor) or isinstance(value, FakeTensor):
         return value
     return torch.empty(value.shape, dtype=value.dtype, device="cpu", requires_grad=value.requires_grad)
 

@@ -1,1 +1,35 @@
-"""Apply a Plan with torch-native composable APIs on a DeviceMesh."""
+"""Apply a Plan with torch-native composable APIs on a DeviceMesh.
+
+Typical use, on every rank once the process group is up::
+
+    mesh = build_mesh(plan, device_type="cpu")
+    model = apply_plan(model, plan, mesh)
+    optimizer = build_optimizer(model, plan, torch.optim.AdamW, lr=1e-3)
+    with autocast_context(plan, "cpu"):
+        loss = loss_fn(model(inputs), targets)
+
+``apply_plan`` (in :mod:`stratagem.plugins.apply`) documents the order the techniques are
+applied in. Applied today: DDP, ZeRO-1 (``ZeroRedundancyOptimizer``), FSDP2 (ZeRO-2/3, HSDP),
+CPU offload, activation checkpointing (full and selective) and precision. Tensor, sequence and
+pipeline parallelism raise ``UsageError`` until they land.
+
+This package imports ``stratagem.advisor.plan`` (and the precision table it uses) and nothing
+else from the advisor.
+"""
+
+from stratagem.plugins.apply import apply_plan, check_applicable
+from stratagem.plugins.checkpointing import apply_activation_checkpointing
+from stratagem.plugins.data_parallel import apply_data_parallel, build_optimizer
+from stratagem.plugins.mesh import build_mesh
+from stratagem.plugins.precision import apply_param_dtype, autocast_context
+
+__all__ = [
+    "apply_activation_checkpointing",
+    "apply_data_parallel",
+    "apply_param_dtype",
+    "apply_plan",
+    "autocast_context",
+    "build_mesh",
+    "build_optimizer",
+    "check_applicable",
+]

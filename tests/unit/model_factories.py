@@ -11,7 +11,8 @@ def mlp(batch_size: int = 1):
 
 def mlp_with_loss():
     model, inputs = mlp(2)
-    return model, inputs, lambda out: out.pow(2).mean()
+    target = torch.randn(2, 16)  # a tensor the loss closes over
+    return model, inputs, lambda out: (out - target).pow(2).mean()
 
 
 def module_only():

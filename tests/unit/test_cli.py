@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -50,3 +51,12 @@ def test_importing_stratagem_and_the_cli_stays_light():
             "print(sorted(m for m in ('lightning', 'accelerate', 'transformers', 'rich') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_own_model_example_advises(capsys):
+    import runpy
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "advise_own_model.py"
+    runpy.run_path(str(example), run_name="example")["main"]("2xL4")
+    out = capsys.readouterr().out
+    assert "UNetish" in out and "samples/s" in out

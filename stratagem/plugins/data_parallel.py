@@ -1,0 +1,104 @@
+"""Data parallelism as the Plan's ``zero`` stage says, and the optimizer that goes with it.
+
+======  ===========================================================================================
+zero    applied as
+======  ===========================================================================================
+0       ``DistributedDataParallel`` over the ``dp_replicate`` axis
+1       ``DistributedDataParallel`` over ``dp_shard`` + ``ZeroRedundancyOptimizer`` on the same
+        group (:func:`build_optimizer`)
+2       FSDP2 ``fully_shard(reshard_after_forward=False)``: parameters gathered once per step,
+        gradients reduce-scattered
+3       FSDP2 ``fully_shard(reshard_after_forward=True)``: parameters resharded after forward
+======  ===========================================================================================
+
+For ``zero >= 2`` the FSDP units are each block (children of ``plan.block_container``) and then
+the root; ``dp_replicate > 1`` makes it HSDP on the 2-D ``dp_replicate × dp_shard`` mesh.
+``offload`` ``"optimizer"`` or ``"params"`` becomes FSDP2's ``CPUOffloadPolicy``, which keeps
+parameter shards, gradients and the optimizer step on the host (FSDP2 has no optimizer-only
+offload). Pinned host memory needs an accelerator, so it is pinned only when CUDA is available.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.nn.parallel import DistributedDataParallel
+
+from stratagem.advisor.plan import Plan
+from stratagem.errors import UsageError
+from stratagem.plugins.blocks import find_blocks
+from stratagem.plugins.mesh import data_parallel_axes, submesh
+from stratagem.plugins.precision import mixed_precision_policy
+
+__all__ = ["apply_data_parallel", "apply_fully_shard", "build_optimizer", "offload_policy"]
+
+log = logging.getLogger(__name__)
+
+
+def apply_data_parallel(module: nn.Module, plan: Plan, mesh: DeviceMesh) -> nn.Module:
+    """Wrap ``module`` in DDP (``zero`` 0/1) or shard it with FSDP2 (``zero >= 2``) on ``mesh``;
+    returns the module to train (a new DDP wrapper, or ``module`` itself, changed in place)."""
+    axes = data_parallel_axes(plan)
+    if plan.zero >= 2:
+        apply_fully_shard(module, plan, submesh(mesh, axes))
+        return module
+    if not axes:
+        log.info("data parallel: degree 1, nothing to replicate")
+        return module
+    group = submesh(mesh, axes).get_group()
+    device = next(module.parameters()).device
+    device_ids = [device] if device.type != "cpu" else None
+    log.info("data parallel: DDP over %s (%d ranks)%s", axes[0], group.size(),
+             ", optimizer states sharded (ZeRO-1)" if plan.zero == 1 else "")
+    return DistributedDataParallel(module, device_ids=device_ids, process_group=group)
+
+
+def apply_fully_shard(module: nn.Module, plan: Plan, dp_mesh: DeviceMesh) -> None:
+    """``fully_shard`` each block, then the root, on ``dp_mesh`` (1-D FSDP or 2-D HSDP), in place."""
+    options: dict[str, Any] = {
+        "mesh": dp_mesh,
+        "reshard_after_forward": plan.zero == 3,
+        "mp_policy": mixed_precision_policy(plan),
+        "offload_policy": offload_policy(plan),
+    }
+    if plan.block_container is None:
+        log.warning("FSDP: the plan names no block_container, so the root is the only unit and the "
+                    "whole model is gathered at once")
+        blocks = []
+    else:
+        blocks = find_blocks(module, plan)
+    for block in blocks:
+        fully_shard(block, **options)
+    fully_shard(module, **options)
+    log.info("FSDP (zero %d) over mesh %s: %d block units + root, offload=%s, precision=%s", plan.zero,
+             dp_mesh.mesh_dim_names, len(blocks), plan.offload, plan.precision)
+
+
+def offload_policy(plan: Plan) -> OffloadPolicy:
+    """FSDP2's offload policy for ``plan.offload``; pinned memory only when CUDA is available."""
+    if plan.offload == "none":
+        return OffloadPolicy()
+    if plan.offload == "optimizer":
+        log.warning("offload='optimizer': FSDP2 offloads parameter shards and gradients too "
+                    "(it has no optimizer-only offload)")
+    return CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+
+
+def build_optimizer(module: nn.Module, plan: Plan, optimizer_cls: type[torch.optim.Optimizer],
+                    **optimizer_kwargs: Any) -> torch.optim.Optimizer:
+    """The optimizer for ``module`` as :func:`apply_data_parallel` returned it:
+    ``optimizer_cls(params, **optimizer_kwargs)``, wrapped in ``ZeroRedundancyOptimizer`` on the
+    DDP group for ``zero = 1``. FSDP's parameters are already sharded (``zero >= 2``)."""
+    if plan.zero != 1:
+        return optimizer_cls(module.parameters(), **optimizer_kwargs)
+    if not isinstance(module, DistributedDataParallel):
+        raise UsageError(f"zero=1 shards the optimizer over DDP's group, but the module is a "
+                         f"{type(module).__name__}\nHINT: pass the module apply_plan returned")
+    return ZeroRedundancyOptimizer(module.parameters(), optimizer_class=optimizer_cls,
+                                   process_group=module.process_group, **optimizer_kwargs)
