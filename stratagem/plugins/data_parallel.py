@@ -13,9 +13,10 @@ zero    applied as
 
 For ``zero >= 2`` the FSDP units are each block (children of ``plan.block_container``) and then
 the root; ``dp_replicate > 1`` makes it HSDP on the 2-D ``dp_replicate × dp_shard`` mesh.
-``offload`` ``"optimizer"`` or ``"params"`` becomes FSDP2's ``CPUOffloadPolicy``, which keeps
-parameter shards, gradients and the optimizer step on the host (FSDP2 has no optimizer-only
-offload). Pinned host memory needs an accelerator, so it is pinned only when CUDA is available.
+``offload="params"`` becomes FSDP2's ``CPUOffloadPolicy``, which keeps parameter shards,
+gradients and the optimizer step on the host; ``"optimizer"`` (states only) has no FSDP2
+equivalent and is refused. Pinned host memory needs an accelerator, so it is pinned only when
+CUDA is available.
 """
 
 from __future__ import annotations
@@ -85,8 +86,10 @@ def offload_policy(plan: Plan) -> OffloadPolicy:
     if plan.offload == "none":
         return OffloadPolicy()
     if plan.offload == "optimizer":
-        log.warning("offload='optimizer': FSDP2 offloads parameter shards and gradients too "
-                    "(it has no optimizer-only offload)")
+        raise UsageError("offload='optimizer' keeps parameters on the device and only optimizer "
+                         "states on the host; FSDP2 has no such policy (its CPU offload moves "
+                         "parameter shards and gradients too)\nHINT: use offload='params', or run "
+                         "the plan with DeepSpeed (ZeRO-Offload)")
     return CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
 
 

@@ -39,7 +39,7 @@ def build_mesh(plan: Plan, *, device_type: str) -> DeviceMesh:
                          "HINT: call torch.distributed.init_process_group() first (torchrun sets it up)")
     check_world_size(plan, world_size=dist.get_world_size())
     axes = mesh_axes(plan)
-    return init_device_mesh(device_type, tuple(axes.values()), mesh_dim_names=tuple(axes))
+    return init_device_mesh(device_type, tuple(axes.values()), mesh_dim_names=tuple(map(str, axes)))
 
 
 def check_world_size(plan: Plan, *, world_size: int) -> None:

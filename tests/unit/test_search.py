@@ -110,3 +110,11 @@ def test_near_ties_go_to_the_simpler_plan(gpt2):
 def test_an_impossible_workload_is_a_usage_error(gpt2):
     with pytest.raises(UsageError, match="global batch of 3 on 16 devices.*not dividing the global batch"):
         advise(gpt2, Cluster.parse("2x8xH100:ib-ndr"), Workload(global_batch_size=3, seq_len=1024))
+
+
+def test_optimizer_only_offload_is_for_deepspeed(llama7b):
+    cluster = Cluster.parse("8xA100")
+    workload = Workload(global_batch_size=8, seq_len=2048)
+    torch_plans = advise(llama7b, cluster, workload, top=50)
+    assert all(e.plan.offload != "optimizer" for e in torch_plans.plans)
+    assert any("optimizer-only CPU offload" in reason for reason in torch_plans.excluded)
