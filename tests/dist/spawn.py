@@ -1,0 +1,56 @@
+"""Run a function on real CPU processes joined in a gloo process group, and collect its results.
+
+Each rank runs ``fn(rank, world_size, *args)``; what rank 0 returns comes back to the caller
+(through a file, so the result may be any ``torch.save``-able object). Teardown follows the
+gloo-at-exit trap in PLATFORM_NOTES: ``fn`` drops its wrapped modules, then ``gc.collect()``,
+``dist.barrier()``, ``dist.destroy_process_group()``.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import socket
+import tempfile
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+TIMEOUT = timedelta(seconds=120)
+"""How long a collective waits before failing, so a broken rank ends the test instead of hanging it."""
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago (bound to port 0, then released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_on_ranks(fn: Callable[..., Any], *args: Any, world_size: int) -> Any:
+    """Start ``world_size`` processes running ``fn(rank, world_size, *args)`` and return rank 0's
+    result. ``fn`` must be importable (defined at module level). A rank's exception is raised
+    here with its traceback."""
+    with tempfile.TemporaryDirectory() as folder:
+        result = Path(folder) / "rank0.pt"
+        mp.start_processes(_entry, args=(fn, args, world_size, free_port(), result),
+                           nprocs=world_size, start_method="spawn", join=True)
+        return torch.load(result, weights_only=False)
+
+
+def _entry(rank: int, fn: Callable[..., Any], args: tuple, world_size: int, port: int, result: Path) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)  # ranks share two cores; more threads only contend
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=TIMEOUT)
+    # On an exception the rank exits without the barrier: start_processes then stops the others.
+    output = fn(rank, world_size, *args)
+    if rank == 0:
+        torch.save(output, result)
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()

@@ -1,0 +1,169 @@
+"""Train a tiny preset for a few optimizer steps, once in one process and once under a Plan on ranks.
+
+Both runs start from the same seed and see the same global batches. Under a Plan,
+data-parallel rank ``r`` takes the ``r``-th equal slice of each and splits it into
+``grad_accum`` micro-batches (each loss divided by ``grad_accum``); the per-step loss is
+averaged over ranks. The single process runs the very same micro-batches one after another
+and accumulates their gradients (each loss divided by ``grad_accum × dp``), so the two runs
+differ only in where gradients are summed: across ranks, or in one process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
+from torch.func import functional_call
+from torch.nn.parallel import DistributedDataParallel
+
+from stratagem.advisor.plan import Plan
+from stratagem.models import get_preset
+from stratagem.plugins import apply_plan, autocast_context, build_mesh, build_optimizer
+
+STEPS = 5
+SEQ_LEN = 16
+SEED = 1234
+OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, float]]] = {
+    "adamw": (torch.optim.AdamW, {"lr": 1e-3}),
+    # AdamW hardly sees a gradient's scale; SGD's update is proportional to it.
+    "sgd": (torch.optim.SGD, {"lr": 0.5}),
+}
+
+Reference = Literal["fp32", "autocast-bf16", "bf16-params"]
+"""How the single process computes: in fp32; under ``torch.autocast(bfloat16)`` (what DDP with
+a ``*-mixed`` plan does); or forward/backward through bfloat16 copies of fp32 master weights
+with fp32 gradients (what FSDP2's ``MixedPrecisionPolicy`` does)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """One plan to train, the preset it trains and how its single-process reference computes."""
+
+    name: str
+    plan: Plan
+    preset: str = "llama-tiny"
+    reference: Reference = "fp32"
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+
+    def build_optimizer(self, module: nn.Module) -> torch.optim.Optimizer:
+        """The single-process optimizer for ``module``."""
+        cls, options = OPTIMIZERS[self.optimizer]
+        return cls(module.parameters(), **options)
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """Per-step losses, the final full weights by parameter FQN and, for a plan, what its
+    first step showed (``facts``: wrapper and optimizer class, output dtype, and whether a
+    block's parameters were sharded between forward and backward)."""
+
+    losses: list[float]
+    weights: dict[str, Tensor]
+    facts: dict[str, object] = field(default_factory=dict)
+
+
+def global_batches(case: Case) -> list[tuple[tuple[Tensor, ...], Tensor]]:
+    """The ``STEPS`` global batches every run of ``case`` sees."""
+    generator = torch.Generator().manual_seed(SEED)
+    preset = get_preset(case.preset)
+    return [preset.make_batch(case.plan.global_batch_size, SEQ_LEN, generator=generator) for _ in range(STEPS)]
+
+
+def train_single(case: Case) -> Run:
+    """Train ``case``'s preset in this process on the same global batches, taken as the same
+    micro-batches the plan's ranks take, one after another, gradients accumulated."""
+    plan, preset = case.plan, get_preset(case.preset)
+    torch.manual_seed(SEED)
+    model = preset.build()
+    optimizer = case.build_optimizer(model)
+    losses = []
+    for inputs, targets in global_batches(case):
+        step_loss = torch.zeros(())
+        for rank in range(plan.dp):
+            for micro_inputs, micro_targets in micro_batches(inputs, targets, plan, rank=rank):
+                output = _reference_forward(model, micro_inputs, case.reference)
+                loss = preset.loss(output, micro_targets) / (plan.grad_accum * plan.dp)
+                loss.backward()
+                step_loss += loss.detach()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(step_loss.item())
+    return Run(losses, {name: p.detach().clone() for name, p in model.named_parameters()})
+
+
+def _reference_forward(model: nn.Module, inputs: tuple[Tensor, ...], reference: Reference) -> Tensor:
+    if reference == "autocast-bf16":
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return model(*inputs)
+    if reference == "bf16-params":  # autograd casts the bf16 gradients back to the fp32 masters
+        params = {name: p.to(torch.bfloat16) for name, p in model.named_parameters()}
+        return functional_call(model, params, inputs)
+    return model(*inputs)
+
+
+def train_plans(rank: int, world_size: int, cases: list[Case]) -> dict[str, Run]:
+    """On every rank: train each case under its plan (for :func:`spawn.run_on_ranks`)."""
+    return {case.name: _train_plan(case, rank=rank, world_size=world_size) for case in cases}
+
+
+def _train_plan(case: Case, *, rank: int, world_size: int) -> Run:
+    plan, preset = case.plan, get_preset(case.preset)
+    torch.manual_seed(SEED)
+    model = apply_plan(preset.build(), plan, build_mesh(plan, device_type="cpu"))
+    cls, options = OPTIMIZERS[case.optimizer]
+    optimizer = build_optimizer(model, plan, cls, **options)
+    facts: dict[str, object] = {"wrapper": type(model).__name__, "optimizer": type(optimizer).__name__}
+    losses = []
+    for inputs, targets in global_batches(case):
+        step_loss = torch.zeros(())
+        for micro_inputs, micro_targets in micro_batches(inputs, targets, plan, rank=rank):
+            with autocast_context(plan, "cpu"):
+                output = model(*micro_inputs)
+                loss = preset.loss(output, micro_targets) / plan.grad_accum
+            facts.setdefault("output_dtype", output.dtype)
+            facts.setdefault("sharded_between_forward_and_backward", _block_is_sharded(model))
+            loss.backward()
+            step_loss += loss.detach()
+        optimizer.step()
+        optimizer.zero_grad()
+        dist.all_reduce(step_loss)  # gloo has no AVG: sum, then divide
+        losses.append(step_loss.item() / world_size)
+    return Run(losses, _full_weights(model), facts)
+
+
+def _block_is_sharded(model: nn.Module) -> bool:
+    """Whether the first block's parameters are DTensor shards right now (FSDP registers the
+    unsharded tensors while parameters are gathered)."""
+    inner = model.module if isinstance(model, DistributedDataParallel) else model
+    return isinstance(next(inner.layers[0].parameters()), DTensor)
+
+
+def initial_weights(case: Case) -> dict[str, Tensor]:
+    """The weights every run of ``case`` starts from."""
+    torch.manual_seed(SEED)
+    return {name: p.detach() for name, p in get_preset(case.preset).build().named_parameters()}
+
+
+def micro_batches(inputs: tuple[Tensor, ...], targets: Tensor, plan: Plan,
+                  *, rank: int) -> Iterator[tuple[tuple[Tensor, ...], Tensor]]:
+    """This rank's slice of the global batch, as ``grad_accum`` micro-batches (pp = tp = 1, so
+    the data-parallel rank is the global rank)."""
+    local = plan.micro_batch_size * plan.grad_accum
+    mine = slice(rank * local, (rank + 1) * local)
+    split = [t[mine].split(plan.micro_batch_size) for t in (*inputs, targets)]
+    for *micro_inputs, micro_targets in zip(*split):
+        yield tuple(micro_inputs), micro_targets
+
+
+def _full_weights(model: nn.Module) -> dict[str, Tensor]:
+    """Every parameter in full, under its unwrapped FQN (a collective for FSDP's DTensors)."""
+    inner = model.module if isinstance(model, DistributedDataParallel) else model
+    return {
+        name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+        for name, p in inner.named_parameters()
+    }
