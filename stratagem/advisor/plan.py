@@ -24,6 +24,9 @@ PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 CHECKPOINTING = ("none", "selective", "full")
 OFFLOAD = ("none", "optimizer", "params")
 OPTIMIZERS = ("adamw", "sgd")
+# colwise: split a Linear's outputs; rowwise: split its inputs and all-reduce (or, with sequence
+# parallelism, reduce-scatter) the result; sequence_parallel: a norm run on sequence shards.
+TP_STYLES = ("colwise", "rowwise", "sequence_parallel")
 
 
 _COUNT_FIELDS = ("pp", "dp_replicate", "dp_shard", "tp", "pp_virtual", "microbatches",
@@ -61,6 +64,9 @@ class Plan:
     ``grad_accum`` steps accumulate gradients before the optimizer steps.
     ``block_container`` is the FQN of the module list whose children are the model's blocks
     (FSDP units, checkpoint units, pipeline split points), as the profile found it.
+    ``tp_layout`` says how tensor parallelism splits the model: ``(pattern, style)`` pairs, the
+    pattern a module FQN with ``*`` for a block index (``"layers.*.attention.wq"``), the style one
+    of :data:`TP_STYLES` — the Hugging Face ``base_model_tp_plan`` vocabulary.
     """
 
     pp: int = 1
@@ -78,6 +84,7 @@ class Plan:
     offload: str = "none"
     precision: str = "bf16-mixed"
     block_container: str | None = None
+    tp_layout: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         counts = (self.pp, self.dp_replicate, self.dp_shard, self.tp, self.pp_virtual,
@@ -94,6 +101,8 @@ class Plan:
         self._check_pipeline()
         if self.sequence_parallel and self.tp == 1:
             raise UsageError("Plan.sequence_parallel needs tp > 1: it splits activations over the TP group")
+        for pattern, style in self.tp_layout:
+            _choice(f"Plan.tp_layout style of {pattern!r}", style, TP_STYLES)
 
     def _check_data_parallel(self) -> None:
         if self.zero == 0 and self.dp_shard > 1:
@@ -218,7 +227,7 @@ class Plan:
     # -- serialization -------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain fields, JSON-ready."""
+        """Plain fields, JSON-ready (``tp_layout`` as a list of ``[pattern, style]`` pairs)."""
         return asdict(self)
 
     @classmethod
@@ -228,7 +237,8 @@ class Plan:
         unknown = sorted(set(data) - known)
         if unknown:
             raise UsageError(f"unknown Plan field(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
-        return cls(**data)
+        layout = tuple(tuple(pair) for pair in data.get("tp_layout", ()))
+        return cls(**{**data, "tp_layout": layout})
 
     def to_json(self, **kwargs: Any) -> str:
         return json.dumps(self.to_dict(), **kwargs)

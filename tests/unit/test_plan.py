@@ -26,6 +26,7 @@ def test_name_reads_like_the_plan():
     Plan(),
     Plan(tp=8, sequence_parallel=True, dp_shard=4, zero=3, offload="params", precision="bf16-true"),
     Plan(pp=4, pp_schedule="interleaved-1f1b", pp_virtual=2, microbatches=8, dp_replicate=2, grad_accum=2),
+    Plan(tp=2, tp_layout=(("layers.*.attention.wq", "colwise"), ("layers.*.attention.wo", "rowwise"))),
 ])
 def test_json_round_trip(plan):
     assert Plan.from_json(plan.to_json()) == plan
@@ -48,6 +49,7 @@ def test_json_round_trip(plan):
     ({"offload": "params", "dp_shard": 2, "zero": 2}, "needs zero=3"),
     ({"activation_checkpointing": "some"}, "'none', 'selective', 'full'"),
     ({"precision": "fp8"}, "Plan.precision='fp8'"),
+    ({"tp_layout": (("layers.*.wq", "columnwise"),)}, "style of 'layers.*.wq'='columnwise'"),
 ])
 def test_invalid_plans_say_why(kwargs, message):
     with pytest.raises(UsageError, match=message.replace("(", r"\(").replace("[", r"\[")):
