@@ -79,6 +79,8 @@ class ModelProfile:
     block_container: str | None
     num_heads: int | None = None
     num_kv_heads: int | None = None
+    tp_layout: tuple[tuple[str, str], ...] = ()  # how TP splits it (Plan.tp_layout); () if it cannot
+    tp_unavailable: str | None = None  # why there is no TP layout
     notes: tuple[str, ...] = ()
     profile_seconds: float = 0.0
 
@@ -133,6 +135,8 @@ class ModelProfile:
             "num_heads": self.num_heads,
             "num_kv_heads": self.num_kv_heads,
             "block_container": self.block_container,
+            "tp_layout": [list(pair) for pair in self.tp_layout],
+            "tp_unavailable": self.tp_unavailable,
             "embed": self.embed.to_dict(),
             "blocks": [b.to_dict() for b in self.blocks],
             "head": self.head.to_dict(),
@@ -148,4 +152,5 @@ class ModelProfile:
         values["head"] = SegmentProfile.from_dict(data["head"])
         values["blocks"] = tuple(SegmentProfile.from_dict(b) for b in data["blocks"])
         values["notes"] = tuple(data.get("notes", ()))
+        values["tp_layout"] = tuple(tuple(pair) for pair in data.get("tp_layout", ()))
         return cls(**values)

@@ -111,4 +111,4 @@ def _from_hf_config(path: str, *, batch_size: int, seq_len: int | None) -> Model
         module = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
         ids = torch.zeros(batch_size, seq_len, dtype=torch.long)
     name = getattr(config, "_name_or_path", "") or config.model_type
-    return ModelSource(name=f"hf:{name}", module=module, example_inputs={"input_ids": ids, "labels": ids}, loss_fn=None)
+    return ModelSource(name=f"hf:{name}", module=module, example_inputs={"input_ids": ids, "labels": ids, "use_cache": False}, loss_fn=None)

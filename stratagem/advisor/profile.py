@@ -24,6 +24,7 @@ from stratagem.advisor.measure import EMBED, HEAD, RunRecord, SegmentCounts, run
 from stratagem.advisor.precision import Precision, get_precision, torch_dtype
 from stratagem.advisor.model_profile import ModelProfile, SegmentProfile
 from stratagem.advisor.structure import attention_heads, find_blocks, linear_layers
+from stratagem.advisor.tp_layout import LinearCallRecorder, find_tp_layout
 from stratagem.errors import UsageError
 
 __all__ = ["ModelProfile", "SegmentProfile", "profile_model"]
@@ -62,15 +63,17 @@ def profile_model(
     with fake_mode:
         state = _fake_state(model, prec)
         args, kwargs = tree_map(_fake_like, (args, kwargs))
-        record = run_fake_step(
-            model, state, args, kwargs,
-            blocks=structure.blocks,
-            loss_fn=_resolve_loss(loss_fn, notes),
-            autocast_dtype=torch_dtype(prec.compute_dtype) if prec.autocast else None,
-            seq_len=seq_len,
-            batch_size=batch_size,
-            reuse_identical_blocks=reuse_identical_blocks,
-        )
+        with LinearCallRecorder(model, structure.blocks) as calls:
+            record = run_fake_step(
+                model, state, args, kwargs,
+                blocks=structure.blocks,
+                loss_fn=_resolve_loss(loss_fn, notes),
+                autocast_dtype=torch_dtype(prec.compute_dtype) if prec.autocast else None,
+                seq_len=seq_len,
+                batch_size=batch_size,
+                reuse_identical_blocks=reuse_identical_blocks,
+            )
+        tp_layout, tp_unavailable = find_tp_layout(model, structure.container, calls, state)
     heads, kv_heads = attention_heads(model)
     return ModelProfile(
         name=name or type(model).__name__,
@@ -80,6 +83,8 @@ def profile_model(
         block_container=structure.container,
         num_heads=heads,
         num_kv_heads=kv_heads,
+        tp_layout=tp_layout,
+        tp_unavailable=tp_unavailable,
         notes=tuple(notes),
         profile_seconds=time.perf_counter() - started,
         **_assemble(model, structure.blocks, record, prec, notes),

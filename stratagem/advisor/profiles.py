@@ -26,7 +26,7 @@ from stratagem.advisor.precision import get_precision
 CACHE_ENV = "STRATAGEM_CACHE_DIR"
 _PACKAGE = Path(__file__).resolve().parent.parent
 # The code a profile's numbers depend on: when it changes, cached profiles no longer apply.
-_PROFILER_SOURCES = ("advisor/measure.py", "advisor/profile.py", "advisor/structure.py",
+_PROFILER_SOURCES = ("advisor/measure.py", "advisor/profile.py", "advisor/structure.py", "advisor/tp_layout.py",
                      "advisor/model_source.py", "advisor/model_profile.py", "models/*.py")
 
 

@@ -116,7 +116,8 @@ def search_plans(profile: ModelProfile, cluster: Cluster, workload: Workload, *,
                                  dp_shard=layout.dp_shard, zero=layout.zero, sequence_parallel=sp,
                                  pp_schedule=schedule, pp_virtual=v, microbatches=m, micro_batch_size=mbs,
                                  grad_accum=ga, activation_checkpointing=ckpt, offload=offload,
-                                 precision=workload.precision, block_container=profile.block_container)
+                                 precision=workload.precision, block_container=profile.block_container,
+                                 tp_layout=profile.tp_layout if layout.tp > 1 else ())
                             for mbs, m, ga in _micro_batching(layout, local, schedule, v)
                         )
 

@@ -47,12 +47,24 @@ def target_excludes(target: str, plan: Plan) -> str | None:
 
 
 def tp_degrees(profile: ModelProfile, devices_per_node: int) -> tuple[tuple[int, ...], str | None]:
-    """TP degrees the model allows inside a node, and why there are none beyond 1."""
-    if not profile.num_heads:
-        return (1,), "no attention heads found, so no safe tensor-parallel split"
-    heads, kv = profile.num_heads, profile.num_kv_heads or profile.num_heads
-    degrees = tuple(t for t in _powers_of_two(devices_per_node) if heads % t == 0 and kv % t == 0)
+    """TP degrees the model allows inside a node, and why there are none beyond 1: the profile
+    must have found a TP layout (``profile.tp_layout``), and the degree must divide the heads
+    and every split width."""
+    if not profile.tp_layout:
+        return (1,), f"{profile.tp_unavailable or 'no tensor-parallel layout found'}, so no safe split"
+    widths = _split_widths(profile)
+    heads = [h for h in (profile.num_heads, profile.num_kv_heads) if h]
+    degrees = tuple(t for t in _powers_of_two(devices_per_node)
+                    if all(n % t == 0 for n in (*heads, *widths)))
     return degrees, None
+
+
+def _split_widths(profile: ModelProfile) -> set[int]:
+    """The widths TP divides: colwise outputs and rowwise inputs of the first block."""
+    styles = {pattern.rsplit(".*.", 1)[-1]: style for pattern, style in profile.tp_layout}
+    block = profile.blocks[0]
+    return {lin.out_features if styles[lin.name] == "colwise" else lin.in_features
+            for lin in block.linears if styles.get(lin.name) in ("colwise", "rowwise")}
 
 
 def pp_degrees(profile: ModelProfile, world: int) -> tuple[int, ...]:

@@ -121,7 +121,7 @@ def _train_plan(case: Case, *, rank: int, world_size: int) -> Run:
     losses = []
     for inputs, targets in global_batches(case):
         step_loss = torch.zeros(())
-        for micro_inputs, micro_targets in micro_batches(inputs, targets, plan, rank=rank):
+        for micro_inputs, micro_targets in micro_batches(inputs, targets, plan, rank=rank // plan.tp):
             with autocast_context(plan, "cpu"):
                 output = model(*micro_inputs)
                 loss = preset.loss(output, micro_targets) / plan.grad_accum
@@ -131,7 +131,7 @@ def _train_plan(case: Case, *, rank: int, world_size: int) -> Run:
             step_loss += loss.detach()
         optimizer.step()
         optimizer.zero_grad()
-        dist.all_reduce(step_loss)  # gloo has no AVG: sum, then divide
+        dist.all_reduce(step_loss)  # gloo has no AVG: sum, then divide (TP ranks repeat a loss)
         losses.append(step_loss.item() / world_size)
     return Run(losses, _full_weights(model), facts)
 
@@ -151,8 +151,8 @@ def initial_weights(case: Case) -> dict[str, Tensor]:
 
 def micro_batches(inputs: tuple[Tensor, ...], targets: Tensor, plan: Plan,
                   *, rank: int) -> Iterator[tuple[tuple[Tensor, ...], Tensor]]:
-    """This rank's slice of the global batch, as ``grad_accum`` micro-batches (pp = tp = 1, so
-    the data-parallel rank is the global rank)."""
+    """Data-parallel rank ``rank``'s slice of the global batch, as ``grad_accum`` micro-batches
+    (with pp = 1 and tp innermost, a global rank's data-parallel rank is ``rank // tp``)."""
     local = plan.micro_batch_size * plan.grad_accum
     mine = slice(rank * local, (rank + 1) * local)
     split = [t[mine].split(plan.micro_batch_size) for t in (*inputs, targets)]

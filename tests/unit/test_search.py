@@ -23,6 +23,13 @@ def gpt2():
     return profile_spec("gpt2", seq_len=1024)
 
 
+def test_tp_plans_carry_the_profile_s_layout(llama7b):
+    advice = advise(llama7b, Cluster.parse("8xA100"), Workload(global_batch_size=8, seq_len=2048),
+                    constraints={"tp": (2, 4)})
+    assert advice.plans and all(e.plan.tp_layout == llama7b.tp_layout for e in advice.plans)
+    assert ("layers.*.attention.wo", "rowwise") in llama7b.tp_layout
+
+
 def test_every_plan_fits_the_world_the_batch_and_the_device(llama7b):
     cluster = Cluster.parse("2x8xH100-SXM-80GB:ib-ndr")
     workload = Workload(global_batch_size=64, seq_len=2048)
@@ -88,11 +95,11 @@ def test_constraints_pin_plan_fields(gpt2):
         advise(gpt2, cluster, Workload(global_batch_size=64, seq_len=1024), constraints={"tensor": 2})
 
 
-def test_models_without_heads_get_no_tensor_parallel_plans():
+def test_models_without_a_tp_layout_get_no_tensor_parallel_plans():
     resnet = profile_spec("resnet-50")
     advice = advise(resnet, Cluster.parse("8xA100"), Workload(global_batch_size=256), top=20)
     assert all(e.plan.tp == 1 for e in advice.plans)
-    assert any("no attention heads" in note for note in advice.notes)
+    assert any("pair no column-split Linear" in note for note in advice.notes)
     assert advice.plans[0].throughput_unit == "samples/s"
 
 
