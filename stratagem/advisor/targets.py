@@ -29,6 +29,8 @@ def runtime_for(target: str) -> str:
 
 def target_excludes(target: str, plan: Plan) -> str | None:
     """Why ``target`` cannot run ``plan``, or None when it can."""
+    if plan.tp > 1 and plan.zero < 2 and plan.dp > 1:
+        return "DDP over tensor-parallel weights (DDP takes no DTensor parameters; FSDP/HSDP does)"
     if plan.offload == "optimizer" and target != "deepspeed":
         return "optimizer-only CPU offload (FSDP2 offloads parameters too; DeepSpeed's ZeRO-Offload can)"
     if target == "accelerate":

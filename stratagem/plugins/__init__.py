@@ -10,8 +10,9 @@ Typical use, on every rank once the process group is up::
 
 ``apply_plan`` (in :mod:`stratagem.plugins.apply`) documents the order the techniques are
 applied in. Applied today: DDP, ZeRO-1 (``ZeroRedundancyOptimizer``), FSDP2 (ZeRO-2/3, HSDP),
-CPU offload, activation checkpointing (full and selective) and precision. Tensor, sequence and
-pipeline parallelism raise ``UsageError`` until they land.
+CPU offload, activation checkpointing (full and selective), precision, and tensor and sequence
+parallelism from the Plan's ``tp_layout`` (alone or under FSDP/HSDP; DDP with TP is refused).
+Pipeline parallelism raises ``UsageError`` until it lands.
 
 This package imports ``stratagem.advisor.plan`` (and the precision table it uses) and nothing
 else from the advisor.
@@ -22,12 +23,14 @@ from stratagem.plugins.checkpointing import apply_activation_checkpointing
 from stratagem.plugins.data_parallel import apply_data_parallel, build_optimizer
 from stratagem.plugins.mesh import build_mesh
 from stratagem.plugins.precision import apply_param_dtype, autocast_context
+from stratagem.plugins.tensor_parallel import apply_tensor_parallel
 
 __all__ = [
     "apply_activation_checkpointing",
     "apply_data_parallel",
     "apply_param_dtype",
     "apply_plan",
+    "apply_tensor_parallel",
     "autocast_context",
     "build_mesh",
     "build_optimizer",

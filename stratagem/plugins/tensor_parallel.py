@@ -83,10 +83,9 @@ def apply_tensor_parallel(module: nn.Module, plan: Plan, tp_mesh: DeviceMesh | N
             _apply_sequence_parallel_norm(module.get_submodule(fqn), tp_mesh)
     if sequence:
         _shard_sequence_between_blocks(find_blocks(module, plan), tp_mesh, tp=plan.tp)
-    ignored = sum(style == "sequence_parallel" for style in styles.values()) if not sequence else 0
-    log.info("tensor parallel: %d modules over %d ranks%s%s", len(styles) - ignored, plan.tp,
-             ", sequence parallel" if sequence else "",
-             f" ({ignored} sequence_parallel entries ignored: plan.sequence_parallel is False)" if ignored else "")
+    norms = sum(style == "sequence_parallel" for style in styles.values())
+    log.info("tensor parallel over %d ranks: %d linears sharded; %d norms %s", plan.tp, len(styles) - norms,
+             norms, "on sequence shards" if sequence else "replicated (plan.sequence_parallel is False)")
 
 
 def match_tp_layout(module: nn.Module, plan: Plan) -> dict[str, str]:

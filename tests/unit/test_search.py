@@ -125,3 +125,9 @@ def test_optimizer_only_offload_is_for_deepspeed(llama7b):
     torch_plans = advise(llama7b, cluster, workload, top=50)
     assert all(e.plan.offload != "optimizer" for e in torch_plans.plans)
     assert any("optimizer-only CPU offload" in reason for reason in torch_plans.excluded)
+
+
+def test_tensor_parallel_plans_shard_data_parallelism_with_fsdp(llama7b):
+    advice = advise(llama7b, Cluster.parse("2x8xH100:ib-ndr"), Workload(global_batch_size=64, seq_len=2048), top=50)
+    assert all(e.plan.zero >= 2 or e.plan.dp == 1 for e in advice.plans if e.plan.tp > 1)
+    assert any("DDP over tensor-parallel" in reason for reason in advice.excluded)
