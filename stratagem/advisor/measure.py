@@ -27,8 +27,10 @@ one-byte bool mask, so masks are counted at one byte per element.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -200,6 +202,18 @@ class _SavedTensorCounter:
     @staticmethod
     def unpack(tensor: torch.Tensor) -> torch.Tensor:
         return tensor
+
+
+@contextlib.contextmanager
+def quiet_fake_tensor_log() -> Iterator[None]:
+    """Silence FakeTensorMode's own error log: a failing op is reported once, by the caller."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def tensor_bytes(tree: Any) -> int:

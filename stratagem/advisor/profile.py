@@ -10,8 +10,9 @@ its blocks as FSDP, checkpoint and pipeline units.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -20,7 +21,7 @@ from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from stratagem.advisor.measure import EMBED, HEAD, RunRecord, SegmentCounts, run_fake_step
+from stratagem.advisor.measure import EMBED, HEAD, RunRecord, SegmentCounts, quiet_fake_tensor_log, run_fake_step
 from stratagem.advisor.precision import Precision, get_precision, torch_dtype
 from stratagem.advisor.model_profile import ModelProfile, SegmentProfile
 from stratagem.advisor.structure import attention_heads, find_blocks, linear_layers
@@ -63,7 +64,7 @@ def profile_model(
     with fake_mode:
         state = _fake_state(model, prec)
         args, kwargs = tree_map(_fake_like, (args, kwargs))
-        with LinearCallRecorder(model, structure.blocks) as calls:
+        with LinearCallRecorder(model, structure.blocks) as calls, _model_errors(name or type(model).__name__):
             record = run_fake_step(
                 model, state, args, kwargs,
                 blocks=structure.blocks,
@@ -89,6 +90,21 @@ def profile_model(
         profile_seconds=time.perf_counter() - started,
         **_assemble(model, structure.blocks, record, prec, notes),
     )
+
+
+@contextlib.contextmanager
+def _model_errors(name: str) -> Iterator[None]:
+    """A model that fails on its example inputs is the user's to fix: say so without a traceback."""
+    try:
+        with quiet_fake_tensor_log():
+            yield
+    except UsageError:
+        raise
+    except Exception as err:
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise UsageError(f"{name} failed on its example inputs (fake tensors): {type(err).__name__}: "
+                         f"{first_line}\nHINT: check that the inputs fit the model (batch size, "
+                         "sequence length, image size) by running one real batch through it") from err
 
 
 def _split_inputs(example_inputs: Sequence[Any] | Mapping[str, Any]) -> tuple[tuple, dict]:

@@ -15,13 +15,14 @@ fails that run or changes its output's shape — and the model gets no TP layout
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
+
+from stratagem.advisor.measure import quiet_fake_tensor_log
 
 Layout = tuple[tuple[str, str], ...]
 
@@ -126,18 +127,13 @@ def _try_split(block: nn.Module, fqn: str, styles: dict[str, str], inputs: tuple
     """Run ``block`` on fake weights split two ways as ``styles`` says; why it fails, or None."""
     own = {name[len(fqn) + 1:]: t for name, t in state.items() if name.startswith(f"{fqn}.")}
     args, kwargs = inputs
-    quiet = logging.getLogger("torch._subclasses.fake_tensor")
-    level = quiet.level
-    quiet.setLevel(logging.CRITICAL)  # a failing split is an answer here, not an error to log
-    try:
+    try:  # a failing split is an answer here, not an error to log
         split = {name: _halved(name, t, styles) for name, t in own.items()}
-        with torch.no_grad():
+        with torch.no_grad(), quiet_fake_tensor_log():
             whole = torch.func.functional_call(block, own, args, kwargs)
             halves = torch.func.functional_call(block, split, args, kwargs)
     except Exception as err:  # noqa: BLE001 — any failure means the split is unsafe
         return f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"
-    finally:
-        quiet.setLevel(level)
     shapes = [tuple(t.shape) for t in tree_flatten(whole)[0] if isinstance(t, torch.Tensor)]
     if shapes != [tuple(t.shape) for t in tree_flatten(halves)[0] if isinstance(t, torch.Tensor)]:
         return "the output changes shape"

@@ -189,8 +189,8 @@ _ALL = (
            n_experts=4, experts_per_token=2, seq_len=64),
     _vit("vit-tiny", "tiny ViT for CPU training: 32×32 images, 8×8 patches, 2 layers × 64, 10 classes",
          dim=64, n_layers=2, n_heads=4, ffn_dim=128, image_size=32, patch_size=8, num_classes=10),
-    _resnet("resnet-tiny", "tiny ResNet for CPU training: 4 bottlenecks, width 8, 32×32 images, 10 classes",
-            (1, 1, 1, 1), width=8, image_size=32, num_classes=10),
+    _resnet("resnet-tiny", "tiny ResNet for CPU training: 4 bottlenecks, width 8, 64×64 images, 10 classes",
+            (1, 1, 1, 1), width=8, image_size=64, num_classes=10),
 )
 
 PRESETS: dict[str, Preset] = {preset.name: preset for preset in _ALL}

@@ -175,3 +175,10 @@ def test_bad_inputs_are_usage_errors():
         profile_model(Toy(), (), precision="fp32")
     with pytest.raises(UsageError, match="bf16-mixed"):
         profile_model(Toy(), (_tokens(),), precision="bf16")
+
+
+def test_a_model_that_fails_on_its_inputs_is_a_usage_error(capfd):
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(5, 5))
+    with pytest.raises(UsageError, match="failed on its example inputs.*same reduction dim"):
+        profile_model(model, (torch.randn(2, 4),), precision="fp32")
+    assert "Traceback" not in capfd.readouterr().err
