@@ -30,6 +30,8 @@ demo: install
 	$(VENV)/bin/advise --model llama-2-70b --cluster 2x8xH100-SXM-80GB:ib-ndr --global-batch-size 64 --seq-len 4096 --format html --output advise-llama-2-70b.html
 	# a model that fits nowhere: the report says what would make it fit (exit status 1)
 	-$(VENV)/bin/advise --model llama-2-70b --cluster 1xL4 --global-batch-size 8 --seq-len 4096
+	# train with the plan the advisor picks: Trainer(strategy="auto-parallel") on 2 CPU processes
+	$(PY) examples/lightning_train.py
 
 test: install-dev
 	$(PY) -m pytest tests -q
