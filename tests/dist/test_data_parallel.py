@@ -1,8 +1,8 @@
 """Every pp = tp = 1 plan matches one process: DDP, ZeRO-1/2/3, HSDP, checkpointing, offload,
 gradient accumulation and mixed precision, each trained on real gloo processes.
 
-Spawning costs seconds, so one spawn trains every 2-rank plan and another the 4-rank HSDP
-plans (module-scoped fixtures); each test compares one plan's run with its single-process run
+Spawning costs seconds, so one spawn trains every 2-rank plan and another every 4-rank plan
+(session fixtures in ``conftest.py``, shared with the tensor-parallel tests); each test compares one plan's run with its single-process run
 (see ``training.py``: the single process runs the same micro-batches and accumulates).
 
 Tolerances, with what was observed on llama-tiny (no biases, untied embeddings):
@@ -25,10 +25,8 @@ Tolerances, with what was observed on llama-tiny (no biases, untied embeddings):
 
 from __future__ import annotations
 
-import pytest
 import torch
-from spawn import run_on_ranks
-from training import Case, Run, initial_weights, train_plans, train_single
+from training import Case, Run, initial_weights, train_single
 
 from stratagem.advisor.plan import Plan
 
@@ -59,16 +57,6 @@ FOUR_RANKS = {case.name: case for case in [
     Case("hsdp", Plan(dp_replicate=2, zero=3, **_SHARD2)),
     Case("hsdp_sgd", Plan(dp_replicate=2, zero=3, **_SHARD2), optimizer="sgd"),
 ]}
-
-
-@pytest.fixture(scope="module")
-def two_ranks() -> dict[str, Run]:
-    return run_on_ranks(train_plans, list(TWO_RANKS.values()), world_size=2)
-
-
-@pytest.fixture(scope="module")
-def four_ranks() -> dict[str, Run]:
-    return run_on_ranks(train_plans, list(FOUR_RANKS.values()), world_size=4)
 
 
 def assert_matches_single_process(case: Case, run: Run, tolerance: dict[str, float] = FP32) -> None:

@@ -4,20 +4,19 @@ without full checkpointing), each trained on real gloo processes from the Plan's
 The layouts are written out here as the advisor would produce them for the reference presets
 (llama-tiny: 4 heads, 2 key/value heads, ffn 176, so tp = 2 splits whole heads).
 
-Tolerance: fp32 ``rtol=1e-5, atol=1e-5``. Losses agree to ~1e-7. TP changes the order of the
+Tolerance: fp32 ``rtol=1e-5, atol=1e-4``. Losses agree to ~1e-7. TP changes the order of the
 sums inside the split matmuls (partial products added by an all-reduce or reduce-scatter), so
-no run is bit-equal, and a weight whose true gradient is nearly zero gets rounding noise that
-AdamW normalises into a visible update: one element in ~10⁴ per plan moved by up to 5.5e-6
-(observed, 5 steps), every other within 1e-6.
+no run is bit-equal, and a weight whose true gradient is nearly zero (first-step gradients of
+2e-8 and 3e-9, at AdamW's eps) gets rounding noise that AdamW normalises into a visible update:
+about one element per plan moved by up to 3.1e-5 (observed, 5 steps), every other within 1e-6.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from spawn import run_on_ranks
 from test_data_parallel import assert_matches_single_process
-from training import Case, Run, train_plans
+from training import Case
 
 from stratagem.advisor.plan import Plan
 from stratagem.errors import UsageError
@@ -56,16 +55,6 @@ FOUR_RANKS = {case.name: case for case in [
     Case("tp_fsdp", Plan(dp_shard=2, zero=3, **_TP2)),
     Case("tp_fsdp_full_ckpt", Plan(dp_shard=2, zero=3, activation_checkpointing="full", **_TP2)),
 ]}
-
-
-@pytest.fixture(scope="module")
-def two_ranks() -> dict[str, Run]:
-    return run_on_ranks(train_plans, list(TWO_RANKS.values()), world_size=2)
-
-
-@pytest.fixture(scope="module")
-def four_ranks() -> dict[str, Run]:
-    return run_on_ranks(train_plans, list(FOUR_RANKS.values()), world_size=4)
 
 
 def test_tp_matches_single_process(two_ranks):
