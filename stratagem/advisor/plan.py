@@ -245,12 +245,18 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
+        """A plan from JSON: its fields, an entry of ``advise --format json`` (``{"plan": ...}``)
+        or that whole document (its best plan)."""
         try:
             data = json.loads(text)
         except json.JSONDecodeError as err:
             raise UsageError(f"a plan must be a JSON object: {err}") from None
         if not isinstance(data, dict):
             raise UsageError(f"a plan must be a JSON object, got {type(data).__name__}")
+        if isinstance(data.get("plans"), list):  # a whole `advise --format json` document: its best
+            if not data["plans"]:
+                raise UsageError("the advice holds no plan that fits\nHINT: see its suggestions")
+            data = data["plans"][0]
         if isinstance(data.get("plan"), dict):  # one entry of `advise --format json`
             data = data["plan"]
         return cls.from_dict(data)

@@ -22,7 +22,7 @@ from rich.text import Text
 from stratagem.advisor.advice import Advice
 from stratagem.advisor.estimate import Estimate
 from stratagem.advisor.report_content import (
-    OVERLAP_NOTE, Term, excluded_lines, footer, memory_terms, nothing_fits_line, plan_columns, plan_row,
+    OVERLAP_NOTE, Term, excluded_lines, footer, memory_terms, offload_note, nothing_fits_line, plan_columns, plan_row,
     time_terms, title, winner_line, workload_line,
 )
 from stratagem.advisor.report_html import render_html
@@ -115,7 +115,8 @@ def _breakdown_tables(best: Estimate) -> RenderableType:
     memory = _term_table("Memory per GPU", memory_terms(best), ("total", format_bytes(best.memory.total), capacity))
     time = _term_table("Time per step", time_terms(best), ("step", format_seconds(best.time.step_seconds), ""))
     heading = Text.assemble(("Winner: ", "bold"), (best.plan.name, "bold green"))
-    return Group(Text(""), heading, Columns([memory, time], padding=(0, 4)))
+    host = offload_note(best).removeprefix("; ")
+    return Group(Text(""), heading, *([Text(f"Also {host}.")] if host else []), Columns([memory, time], padding=(0, 4)))
 
 
 def _term_table(heading: str, terms: Sequence[Term], total: tuple[str, str, str]) -> Table:

@@ -112,7 +112,15 @@ def workload_line(advice: Advice) -> str:
 def winner_line(estimate: Estimate) -> str:
     """Total memory against capacity, with the headroom, for the breakdown heading."""
     return (f"{format_bytes(estimate.memory.total)} of {format_bytes(estimate.capacity_bytes)} usable "
-            f"({format_bytes(estimate.headroom_bytes)} headroom)")
+            f"({format_bytes(estimate.headroom_bytes)} headroom){offload_note(estimate)}")
+
+
+def offload_note(estimate: Estimate) -> str:
+    """What a plan keeps in host memory per GPU, against its share of the host; '' without offload."""
+    if not estimate.memory.host:
+        return ""
+    return (f"; {format_bytes(estimate.memory.host)} offloaded to host memory "
+            f"(of {format_bytes(estimate.host_capacity_bytes)} per GPU)")
 
 
 def excluded_lines(advice: Advice) -> list[str]:

@@ -75,11 +75,6 @@ def load_plan(plan: Plan | Mapping[str, Any] | str | Path) -> Plan:
         text = path.read_text()
     except OSError as err:
         raise UsageError(f"cannot read the plan file {path}: {err}") from None
-    document = json.loads(text) if text.lstrip().startswith("{") else None
-    if isinstance(document, dict) and isinstance(document.get("plans"), list):
-        if not document["plans"]:
-            raise UsageError(f"{path} holds advice with no plan that fits\nHINT: see the advice's suggestions")
-        return Plan.from_dict(document["plans"][0]["plan"])
     return Plan.from_json(text)
 
 

@@ -32,6 +32,7 @@ def test_json_round_trip(plan):
     assert Plan.from_json(plan.to_json()) == plan
     assert Plan.from_dict(plan.to_dict()) == plan
     assert Plan.from_json('{"plan": %s, "memory": {}}' % plan.to_json()) == plan  # an `advise --json` entry
+    assert Plan.from_json('{"plans": [{"plan": %s}, {"plan": {}}]}' % plan.to_json()) == plan  # the document
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -72,6 +73,8 @@ def test_unknown_fields_and_bad_json():
         Plan.from_dict({"tp": 2, "tensor_parallel": 2})
     with pytest.raises(UsageError, match="JSON object"):
         Plan.from_json("[1, 2]")
+    with pytest.raises(UsageError, match="no plan that fits"):
+        Plan.from_json('{"plans": []}')
 
 
 def test_workload_validation():
