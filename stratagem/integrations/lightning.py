@@ -14,11 +14,11 @@ import must sit in that script. Passing ``strategy=AutoParallelStrategy(...)`` a
 
 from __future__ import annotations
 
-import gc
-import json
+import inspect
 import logging
-from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager
+import weakref
+from collections.abc import Callable, Generator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -35,8 +35,9 @@ from lightning.fabric.utilities.distributed import (
 )
 from lightning.fabric.utilities.distributed import group as _group
 from lightning.fabric.utilities.seed import reset_seed
-from lightning.fabric.utilities.types import ReduceOp
+from lightning.fabric.utilities.types import _PATH, ReduceOp
 from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import ParallelStrategy, StrategyRegistry
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
@@ -50,42 +51,29 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from stratagem.advisor.plan import Plan, Workload
+from stratagem.advisor.plan import Plan
 from stratagem.errors import UsageError
+from stratagem.integrations.planning import (
+    check_plan_precision,
+    choose_plan,
+    forward_inputs,
+    load_plan,
+    plan_hyperparams,
+    release_at_exit,
+    stratagem_precision,
+)
 from stratagem.plugins import apply_plan, autocast_context, build_mesh, build_optimizer
+from stratagem.plugins.materialize import has_meta_tensors, materialize
+from stratagem.plugins.state_dict import (
+    load_checkpoint,
+    model_state_dict,
+    optimizer_state_dict,
+    save_sharded_checkpoint,
+)
 
-__all__ = ["LIGHTNING_PRECISIONS", "AutoParallelStrategy", "load_plan", "register_strategies"]
+__all__ = ["AutoParallelStrategy", "register_strategies"]
 
 log = logging.getLogger(__name__)
-
-LIGHTNING_PRECISIONS = {"32-true": "fp32", "bf16-mixed": "bf16-mixed", "bf16-true": "bf16-true"}
-"""Lightning's precision names the strategy runs, and stratagem's name for each. ``16-mixed``
-is left out: it needs loss scaling, which this strategy does not wire up yet."""
-
-
-def load_plan(plan: Plan | Mapping[str, Any] | str | Path) -> Plan:
-    """A Plan from a Plan, a dict of its fields, or a JSON file: a plan, an entry of
-    ``advise --format json`` (``{"plan": ...}``) or that whole document (its best plan)."""
-    if isinstance(plan, Plan):
-        return plan
-    if isinstance(plan, Mapping):
-        return Plan.from_dict(dict(plan))
-    path = Path(plan)
-    try:
-        text = path.read_text()
-    except OSError as err:
-        raise UsageError(f"cannot read the plan file {path}: {err}") from None
-    return Plan.from_json(text)
-
-
-def stratagem_precision(lightning_precision: str) -> str:
-    """stratagem's name for one of Lightning's precision names; :class:`UsageError` otherwise."""
-    try:
-        return LIGHTNING_PRECISIONS[lightning_precision]
-    except KeyError:
-        raise UsageError(f"precision={lightning_precision!r} is not supported by the auto-parallel strategy; "
-                         f"valid: {', '.join(LIGHTNING_PRECISIONS)}") from None
-
 
 class _PlanPrecision(Precision):
     """Lightning's fp32 plugin with the Plan's compute precision: forward runs under
@@ -115,14 +103,18 @@ class AutoParallelStrategy(ParallelStrategy):
 
     Arguments:
         plan: the Plan to apply, as a :class:`Plan`, a dict of its fields or a JSON file (see
-            :func:`load_plan`). ``None`` lets rank 0 choose: it profiles the LightningModule on fake
-            tensors from ``example_input_array`` (which must be set, holding **one rank's** batch),
-            asks :func:`stratagem.advisor.advise` for the best plan on the gathered cluster for a
-            global batch of that batch × world size, and broadcasts it. The search keeps
-            ``micro_batch_size`` at that batch and ``grad_accum`` at 1, since the dataloader's
-            batches reach the model unchanged.
+            :func:`~stratagem.integrations.planning.load_plan`). ``None`` lets rank 0 choose: it
+            profiles the LightningModule on fake tensors from ``example_input_array`` (one rank's
+            batch of ``forward``'s inputs) or, when that is not set, from the inputs ``forward``
+            receives on the first batch of the stage's dataloader; it asks the advisor for the best
+            plan on the gathered cluster for a global batch of that batch × world size, and
+            broadcasts it. The search keeps ``micro_batch_size`` at that batch and ``grad_accum`` at 1,
+            since the dataloader's batches reach the model unchanged.
         target: the runtime the advisor's plans must run on.
         verbose: print the advisor's table and the chosen plan on rank 0.
+        save_distributed_checkpoint: save checkpoints sharded (a directory written by every rank
+            through ``torch.distributed.checkpoint``) rather than as one file gathered on rank 0.
+            Either kind loads (``trainer.fit(ckpt_path=...)``) whatever plan wrote it.
         process_group_backend: defaults to ``nccl`` on CUDA, ``gloo`` otherwise.
         timeout: for the process group's collectives.
 
@@ -131,24 +123,28 @@ class AutoParallelStrategy(ParallelStrategy):
     ZeRO-1 rebuilds the optimizer ``configure_optimizers`` returned around
     :func:`stratagem.plugins.build_optimizer` (same class and defaults, one parameter group, no
     LR scheduler). FSDP plans need ``training_step`` to call ``self(...)``, as every step runs
-    through the LightningModule's ``forward``.
+    through the LightningModule's ``forward``. A model built under
+    ``trainer.init_module(empty_init=True)`` lives on ``meta`` until the plan is applied and is then
+    initialised by its ``init_weights()`` or its layers' ``reset_parameters()``.
 
-    Checkpoints hold the full model state dict (gathered, saved by rank 0) and no optimizer state:
-    resuming restarts the optimizer. The process group is destroyed in ``teardown``, so save
-    checkpoints during ``fit`` (e.g. ``ModelCheckpoint``).
+    The process group lives until the process exits (so ``fit`` can be followed by ``validate``
+    on the same Trainer); it is then released the way gloo survives.
     """
 
     strategy_name = "auto-parallel"
 
     def __init__(self, plan: Plan | Mapping[str, Any] | str | Path | None = None, *, target: str = "lightning",
-                 verbose: bool = True, process_group_backend: str | None = None,
+                 verbose: bool = True, save_distributed_checkpoint: bool = True,
+                 process_group_backend: str | None = None,
                  timeout: timedelta | None = default_pg_timeout) -> None:
         super().__init__()
         self._plan = None if plan is None else load_plan(plan)
         self._target = target
         self._verbose = verbose
+        self._save_distributed_checkpoint = save_distributed_checkpoint
         self._process_group_backend = process_group_backend
         self._timeout = timeout
+        self._applied: tuple[LightningModule, torch.nn.Module] | None = None
         self.num_nodes = 1
 
     @property
@@ -187,13 +183,13 @@ class AutoParallelStrategy(ParallelStrategy):
     @property
     @override
     def restore_checkpoint_after_setup(self) -> bool:
-        # Full state dicts load into the module apply_plan sharded.
+        # Checkpoints load into the module apply_plan sharded, and into its optimizers.
         return True
 
     @property
     @override
     def lightning_restore_optimizer(self) -> bool:
-        return False
+        return False  # load_checkpoint restores them
 
     @override
     def _configure_launcher(self) -> None:
@@ -212,6 +208,7 @@ class AutoParallelStrategy(ParallelStrategy):
         device_id = self.root_device if self.root_device.type != "cpu" else None
         _init_dist_connection(self.cluster_environment, self._process_group_backend, timeout=self._timeout,
                               device_id=device_id)
+        release_at_exit(weakref.WeakMethod(self._drop_wrappers))
 
     def set_world_ranks(self) -> None:
         """Tell the cluster environment (and ``rank_zero_only``) this process's rank and the world size."""
@@ -221,68 +218,59 @@ class AutoParallelStrategy(ParallelStrategy):
         rank_zero_only.rank = utils_rank_zero_only.rank = self.global_rank
 
     @override
+    @contextmanager
+    def tensor_init_context(self, empty_init: bool | None = None) -> Generator[None, None, None]:
+        # With empty_init the model is built on meta: nothing is allocated before the plan shards it.
+        with torch.device("meta") if empty_init else nullcontext(), self.precision_plugin.tensor_init_context():
+            yield
+
+    @override
     def setup(self, trainer: Trainer) -> None:
         assert self.model is not None
         assert self.accelerator is not None
         self.accelerator.setup(trainer)
-        precision = stratagem_precision(self.precision_plugin.precision)
-        if self._plan is None:
-            self._plan = self._choose_plan(precision)
-        elif self._plan.precision != precision:
-            raise UsageError(f"the plan trains in {self._plan.precision} but the Trainer in "
-                             f"{self.precision_plugin.precision}\nHINT: make Trainer(precision=...) the plan's")
-        self.precision_plugin = _PlanPrecision(self.plan, self.precision_plugin.precision, self.root_device.type)
-        self.model_to_device()
-        mesh = build_mesh(self.plan, device_type=self.root_device.type)
-        self.model = apply_plan(self.model, self.plan, mesh)
-        log.info("auto-parallel: rank %d applied plan %s", self.global_rank, self.plan.name)
+        module = self.lightning_module
+        assert module is not None
+        if self._applied is not None and self._applied[0] is module:
+            self.model = self._applied[1]  # fit, then validate: the module is already parallel
+        else:
+            self._apply(trainer, module)
         if trainer.state.fn == TrainerFn.FITTING:
             self.setup_optimizers(trainer)
         self.setup_precision_plugin()
         if trainer.logger is not None:
-            trainer.logger.log_hyperparams(_plan_hyperparams(self.plan))
+            trainer.logger.log_hyperparams(plan_hyperparams(self.plan))
 
-    def _choose_plan(self, precision: str) -> Plan:
-        """Profile on rank 0, advise on the gathered cluster, broadcast the best plan."""
-        from stratagem.advisor.hardware import gather_cluster, probe_local
+    def _apply(self, trainer: Trainer, module: LightningModule) -> None:
+        precision = stratagem_precision(self.precision_plugin.precision)
+        if self._plan is None:
+            self._plan = choose_plan(module, lambda: self._example_inputs(trainer, module), precision=precision,
+                                     target=self._target, verbose=self._verbose)
+        else:
+            check_plan_precision(self._plan, self.precision_plugin.precision)
+        self.precision_plugin = _PlanPrecision(self.plan, self.precision_plugin.precision, self.root_device.type)
+        if self.plan.zero < 2:
+            materialize(module, self.root_device)  # DDP broadcasts rank 0's values
+        self.model_to_device()
+        mesh = build_mesh(self.plan, device_type=self.root_device.type)
+        self.model = apply_plan(module, self.plan, mesh)
+        materialize(module, self.root_device)
+        self._applied = (module, self.model)
+        log.info("auto-parallel: rank %d applied plan %s", self.global_rank, self.plan.name)
 
-        module = self.lightning_module
-        assert module is not None
-        example = module.example_input_array
-        if example is None:
-            raise UsageError(f"auto-parallel profiles the model on {type(module).__name__}.example_input_array, "
-                             "which is not set\nHINT: set it to one rank's batch of forward's inputs, "
-                             "or pass AutoParallelStrategy(plan=...)")
-        cluster = gather_cluster(probe_local())  # a collective: every rank probes
-        chosen: list[str | None] = [None]
-        if self.is_global_zero:
-            chosen[0] = self._advise(module, example, cluster, precision).to_json()
-        dist.broadcast_object_list(chosen, src=0)
-        assert chosen[0] is not None
-        return Plan.from_json(chosen[0])
-
-    def _advise(self, module: LightningModule, example: Any, cluster: Any, precision: str) -> Plan:
-        from stratagem.advisor.profile import profile_model
-        from stratagem.advisor.report import render_table
-        from stratagem.advisor.search import advise
-
-        inputs = example if isinstance(example, (tuple, list, Mapping)) else (example,)
-        profile = profile_model(module, inputs, precision=precision)
-        workload = Workload(global_batch_size=profile.batch_size * self.world_size, seq_len=profile.seq_len,
-                            precision=precision)
-        advice = advise(profile, cluster, workload, target=self._target,
-                        constraints={"micro_batch_size": profile.batch_size, "grad_accum": 1})
-        if self._verbose:
-            from rich.console import Console
-
-            Console().print(render_table(advice))
-        if advice.best is None:
-            raise UsageError(f"no plan fits {type(module).__name__} on this cluster\n"
-                             "HINT: see the advice printed above, or pass AutoParallelStrategy(plan=...)")
-        plan = advice.best.plan
-        if self._verbose:
-            print(f"auto-parallel: chose plan {plan.name}", flush=True)
-        return plan
+    @staticmethod
+    def _example_inputs(trainer: Trainer, module: LightningModule) -> Any:
+        """``example_input_array``, else what ``forward`` receives on the stage's first batch."""
+        if module.example_input_array is not None:
+            return module.example_input_array
+        loop, step = _STAGE_LOOPS[trainer.state.fn]
+        source = getattr(trainer, loop)._data_source
+        if not source.is_defined():
+            raise UsageError(f"auto-parallel needs {type(module).__name__}.example_input_array or a dataloader "
+                             "to profile the model\nHINT: set example_input_array, or pass "
+                             "AutoParallelStrategy(plan=...)")
+        batch = next(iter(source.dataloader()))
+        return forward_inputs(module, lambda: getattr(module, step)(batch, 0))
 
     @override
     def setup_optimizers(self, trainer: Trainer) -> None:
@@ -296,12 +284,13 @@ class AutoParallelStrategy(ParallelStrategy):
                                  "HINT: simplify configure_optimizers, or use a zero=0/2/3 plan")
             user = self.optimizers[0]
             assert isinstance(self.model, torch.nn.Module)
-            self.optimizers = [build_optimizer(self.model, self.plan, type(user), **user.defaults)]
+            self.optimizers = [build_optimizer(self.model, self.plan, type(user), **_constructor_options(user))]
 
     @override
     def model_to_device(self) -> None:
         assert self.model is not None
-        self.model.to(self.root_device)
+        if not has_meta_tensors(self.model):
+            self.model.to(self.root_device)
 
     @override
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
@@ -356,36 +345,56 @@ class AutoParallelStrategy(ParallelStrategy):
 
     @override
     def lightning_module_state_dict(self) -> dict[str, Any]:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        # A collective for sharded plans; rank 0 receives the full tensors and saves them.
         assert self.lightning_module is not None
-        return get_model_state_dict(self.lightning_module,
-                                    options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return model_state_dict(self.lightning_module, full=not self._save_distributed_checkpoint)
+
+    @override
+    def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
+        assert self.lightning_module is not None
+        return optimizer_state_dict(self.lightning_module, _unwrap(optimizer), full=not self._save_distributed_checkpoint)
+
+    @override
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Any | None = None) -> None:
+        path = Path(self.broadcast(filepath))  # rank 0's path, for every rank
+        if not self._save_distributed_checkpoint:
+            super().save_checkpoint(checkpoint, path, storage_options)
+            return
+        if storage_options is not None:
+            raise UsageError("sharded checkpoints take no storage_options\n"
+                             "HINT: AutoParallelStrategy(save_distributed_checkpoint=False) saves through CheckpointIO")
+        save_sharded_checkpoint(path, checkpoint, [_unwrap(o) for o in self.optimizers])
+
+    @override
+    def load_checkpoint(self, checkpoint_path: _PATH, weights_only: bool | None = None) -> dict[str, Any]:
+        path = Path(self.broadcast(checkpoint_path))
+        module = self.lightning_module
+        assert module is not None
+        return load_checkpoint(path, module, [_unwrap(o) for o in self.optimizers], strict=module.strict_loading,
+                               weights_only=weights_only)
 
     @override
     def load_model_state_dict(self, checkpoint: Mapping[str, Any], strict: bool = True) -> None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-        assert self.lightning_module is not None
-        set_model_state_dict(self.lightning_module, checkpoint["state_dict"],
-                             options=StateDictOptions(full_state_dict=True, strict=strict))
+        pass  # load_checkpoint loaded it, into the applied module
 
     @override
-    def optimizer_state(self, optimizer: Optimizer) -> dict[str, Tensor]:
-        # Sharded optimizer states (ZeRO-1, FSDP) are not gathered yet: checkpoints leave them out.
-        return {}
+    def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
+        pass  # load_checkpoint loaded them
 
     @override
     def teardown(self) -> None:
-        super().teardown()
-        if _distributed_is_initialized():
-            # PLATFORM_NOTES: gloo can abort at exit while a wrapper holds the group.
-            if isinstance(self.model, DistributedDataParallel):
-                self.model = self.model.module
-            gc.collect()
-            self.barrier()
-            dist.destroy_process_group()
+        # Not Strategy.teardown: it would move the (sharded) module to CPU. The process group and
+        # the applied module stay for a later stage on this Trainer; see release_at_exit.
+        assert self.cluster_environment is not None
+        assert self.accelerator is not None
+        self.cluster_environment.teardown()
+        self.precision_plugin.teardown()
+        self.accelerator.teardown()
+
+    def _drop_wrappers(self) -> None:
+        """Let go of the DDP wrapper before the process group goes (PLATFORM_NOTES)."""
+        if isinstance(self.model, DistributedDataParallel):
+            self.model = self.model.module
+        self._applied = None
 
     @classmethod
     @override
@@ -394,9 +403,24 @@ class AutoParallelStrategy(ParallelStrategy):
                                    override=True)
 
 
-def _plan_hyperparams(plan: Plan) -> dict[str, Any]:
-    fields = {f"plan/{key}": value for key, value in plan.to_dict().items() if key != "tp_layout"}
-    return {"plan/name": plan.name, **fields, "plan/tp_layout": json.dumps(plan.to_dict()["tp_layout"])}
+_STAGE_LOOPS = {
+    TrainerFn.FITTING: ("fit_loop", "training_step"),
+    TrainerFn.VALIDATING: ("validate_loop", "validation_step"),
+    TrainerFn.TESTING: ("test_loop", "test_step"),
+    TrainerFn.PREDICTING: ("predict_loop", "predict_step"),
+}
+"""Per Trainer stage: the loop whose dataloader gives the profiled batch, and the step it runs."""
+
+
+def _constructor_options(optimizer: Optimizer) -> dict[str, Any]:
+    """The optimizer's defaults that its class's constructor takes (AdamW's hold
+    ``decoupled_weight_decay``, which ``AdamW()`` refuses)."""
+    accepted = inspect.signature(type(optimizer)).parameters
+    return {key: value for key, value in optimizer.defaults.items() if key in accepted}
+
+
+def _unwrap(optimizer: Optimizer) -> Optimizer:
+    return optimizer._optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
 
 
 def register_strategies() -> None:

@@ -1,14 +1,16 @@
-"""``Trainer(strategy=AutoParallelStrategy(...))`` on two CPU ranks matches one process.
+"""``Trainer(strategy=AutoParallelStrategy(...))`` on CPU ranks trains what one process trains.
 
 Lightning's CPU launcher re-runs the script for the other ranks, so each test runs this file
-as a script (``python test_lightning.py OUT [PLAN]``) in a subprocess; rank 0 writes the per-step
-losses (logged with ``sync_dist=True``, so averaged over ranks by the strategy's ``reduce``), the
-chosen plan and a checkpoint saved at the end of training. The single-process reference is a
-plain loop over the same global batches. Tolerances as in ``test_data_parallel.py`` (fp32).
+as a script (``python test_lightning.py OUT [options]``) in a subprocess; rank 0 writes the
+per-step losses (logged with ``sync_dist=True``, so averaged over ranks by the strategy's
+``reduce``), the plan and the final weights (gathered whole). The single-process reference is a
+plain loop over the same global batches. Tolerances as in ``test_data_parallel.py`` and
+``test_tensor_parallel.py`` (fp32).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -17,33 +19,41 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from test_tensor_parallel import LLAMA_LAYOUT, TP_FP32
 from torch.utils.data import DataLoader, TensorDataset
 
 from stratagem.advisor.plan import Plan
 from stratagem.integrations.lightning import AutoParallelStrategy
 from stratagem.models import get_preset
+from stratagem.plugins.state_dict import model_state_dict
 
 STEPS = 5
-BATCH = 2  # per rank
-WORLD = 2
+BATCH = 2  # per data-parallel rank
 SEQ_LEN = 16
 SEED = 1234
 FP32 = {"rtol": 1e-5, "atol": 1e-6}
 _PINNED = {"micro_batch_size": BATCH, "precision": "fp32", "block_container": "model.layers"}
 DDP = Plan(dp_replicate=2, zero=0, **_PINNED)
+ZERO1 = Plan(dp_shard=2, zero=1, **_PINNED)
 ZERO3 = Plan(dp_shard=2, zero=3, **_PINNED)
+TP_FSDP = Plan(dp_shard=2, zero=3, tp=2, tp_layout=tuple((f"model.{p}", s) for p, s in LLAMA_LAYOUT), **_PINNED)
 
 
 class TinyLlama(pl.LightningModule):
-    """llama-tiny on a fixed synthetic dataset, AdamW at lr 1e-3."""
+    """llama-tiny on a fixed synthetic dataset, AdamW at lr 1e-3; the model is built in
+    ``configure_model`` (on meta under ``trainer.init_module(empty_init=True)``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, example: bool = True) -> None:
         super().__init__()
-        torch.manual_seed(SEED)
         self.preset = get_preset("llama-tiny")
-        self.model = self.preset.build()
-        (tokens,), _ = self.preset.make_batch(BATCH, seq_len=SEQ_LEN)
-        self.example_input_array = tokens
+        if example:
+            (tokens,), _ = self.preset.make_batch(BATCH, seq_len=SEQ_LEN)
+            self.example_input_array = tokens
+
+    def configure_model(self) -> None:
+        if not hasattr(self, "model"):
+            torch.manual_seed(SEED)
+            self.model = self.preset.build()
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model(tokens)
@@ -54,37 +64,47 @@ class TinyLlama(pl.LightningModule):
         self.log("loss", loss, sync_dist=True, on_step=True, prog_bar=False)
         return loss
 
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        tokens, targets = batch
+        self.log("val_loss", self.preset.loss(self(tokens), targets), sync_dist=True)
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
 
-def dataset() -> TensorDataset:
-    """STEPS global batches of WORLD × BATCH token sequences."""
+def dataset(dp: int) -> TensorDataset:
+    """STEPS global batches of dp × BATCH token sequences."""
     (tokens,), targets = get_preset("llama-tiny").make_batch(
-        STEPS * WORLD * BATCH, seq_len=SEQ_LEN, generator=torch.Generator().manual_seed(SEED + 1))
+        STEPS * dp * BATCH, seq_len=SEQ_LEN, generator=torch.Generator().manual_seed(SEED + 1))
     return TensorDataset(tokens, targets)
 
 
-def rank_batches() -> list[list[list[int]]]:
-    """Per step, the samples each rank reads: Lightning's DistributedSampler shuffles training
-    data (seed 0, epoch 0) and gives rank ``r`` every ``WORLD``-th index from ``r``."""
-    order = torch.randperm(STEPS * WORLD * BATCH, generator=torch.Generator().manual_seed(0)).tolist()
-    return [[order[r::WORLD][k * BATCH:(k + 1) * BATCH] for r in range(WORLD)] for k in range(STEPS)]
+def rank_batches(dp: int) -> list[list[list[int]]]:
+    """Per step, the samples each data-parallel rank reads. Every epoch is one step
+    (``limit_train_batches=1``), so a checkpoint after any step ends an epoch and resumes exactly
+    (Lightning restarts a plain DataLoader's epoch from its start). Lightning's DistributedSampler
+    shuffles with seed ``0 + epoch`` and gives rank ``r`` every ``dp``-th index from ``r``."""
+    steps = []
+    for epoch in range(STEPS):
+        order = torch.randperm(STEPS * dp * BATCH, generator=torch.Generator().manual_seed(epoch)).tolist()
+        steps.append([order[r::dp][:BATCH] for r in range(dp)])
+    return steps
 
 
-def train_single() -> tuple[list[float], dict[str, torch.Tensor]]:
+def train_single(dp: int) -> tuple[list[float], dict[str, torch.Tensor]]:
     """The reference: one process runs each step's rank batches one after another and
-    accumulates their gradients (each loss divided by WORLD), as in ``training.py``."""
+    accumulates their gradients (each loss divided by dp), as in ``training.py``."""
     module = TinyLlama()
+    module.configure_model()
     optimizer = module.configure_optimizers()
     losses = []
-    data = dataset()
-    for step in rank_batches():
+    data = dataset(dp)
+    for step in rank_batches(dp):
         optimizer.zero_grad()
         step_loss = 0.0
         for indices in step:
             tokens, targets = data[indices]
-            loss = module.preset.loss(module(tokens), targets) / WORLD
+            loss = module.preset.loss(module(tokens), targets) / dp
             loss.backward()
             step_loss += loss.item()
         optimizer.step()
@@ -92,76 +112,134 @@ def train_single() -> tuple[list[float], dict[str, torch.Tensor]]:
     return losses, {k: v.detach() for k, v in module.state_dict().items()}
 
 
-def run_script(tmp_path: Path, plan: Plan | None) -> tuple[dict[str, Any], str]:
+def run_script(out: Path, *options: str, plan: Plan | None = None) -> tuple[dict[str, Any], str]:
     """Run this file as the training script; returns rank 0's results and the script's stdout."""
-    args = [sys.executable, __file__, str(tmp_path)]
+    out.mkdir(parents=True, exist_ok=True)
+    args = [sys.executable, __file__, str(out), *options]
     if plan is not None:
-        (tmp_path / "plan.json").write_text(plan.to_json())
-        args.append(str(tmp_path / "plan.json"))
-    done = subprocess.run(args, capture_output=True, text=True, timeout=180, cwd=tmp_path)
+        (out / "plan.json").write_text(plan.to_json())
+        args += ["--plan", str(out / "plan.json")]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=240, cwd=out)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    return json.loads((tmp_path / "results.json").read_text()), done.stdout
+    return json.loads((out / "results.json").read_text()), done.stdout
 
 
-def assert_matches_single_process(tmp_path: Path, results: dict[str, Any]) -> None:
-    losses, weights = train_single()
-    torch.testing.assert_close(torch.tensor(results["losses"]), torch.tensor(losses), **FP32)
-    trained = torch.load(tmp_path / "final.ckpt", weights_only=True)["state_dict"]
+def assert_matches_single_process(losses: list[float], out: Path, dp: int = 2, tolerance: dict = FP32) -> None:
+    """``losses`` (all STEPS of them) and the weights ``out`` holds match one process."""
+    expected_losses, weights = train_single(dp)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected_losses), **tolerance)
+    trained = torch.load(out / "weights.pt", weights_only=True)
     assert trained.keys() == weights.keys()
     for name, weight in weights.items():
-        torch.testing.assert_close(trained[name], weight, **FP32, msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(trained[name], weight, **tolerance, msg=lambda m, n=name: f"{n}: {m}")
 
 
-def test_ddp_plan_matches_single_process(tmp_path: Path) -> None:
-    results, _ = run_script(tmp_path, DDP)
+def test_ddp_plan_matches_single_process_then_validates(tmp_path: Path) -> None:
+    results, _ = run_script(tmp_path, "--validate", plan=DDP)
     assert results["plan"] == DDP.name
-    assert_matches_single_process(tmp_path, results)
+    assert_matches_single_process(results["losses"], tmp_path)
+    assert results["val_loss"] > 0  # validate after fit on the same Trainer and process group
 
 
-def test_zero3_plan_matches_single_process(tmp_path: Path) -> None:
-    results, _ = run_script(tmp_path, ZERO3)
-    assert results["plan"] == ZERO3.name
-    assert_matches_single_process(tmp_path, results)
+def test_tp_fsdp_plan_matches_single_process(tmp_path: Path) -> None:
+    results, _ = run_script(tmp_path, "--devices", "4", plan=TP_FSDP)
+    assert results["plan"] == TP_FSDP.name
+    assert_matches_single_process(results["losses"], tmp_path, tolerance=TP_FP32)
 
 
-def test_auto_parallel_chooses_a_plan(tmp_path: Path) -> None:
-    results, stdout = run_script(tmp_path, None)
+def _resumed(tmp_path: Path, plan: Plan, *options: str) -> tuple[list[float], Path]:
+    """Train 3 steps and save; resume from that checkpoint in a fresh Trainer for 2 more steps."""
+    first, _ = run_script(tmp_path / "first", "--steps", "3", "--save", str(tmp_path / "three.ckpt"), *options,
+                          plan=plan)
+    second, _ = run_script(tmp_path / "second", "--resume", str(tmp_path / "three.ckpt"), *options, plan=plan)
+    return first["losses"] + second["losses"], tmp_path / "second"
+
+
+def test_zero3_resumes_from_a_sharded_checkpoint(tmp_path: Path) -> None:
+    losses, out = _resumed(tmp_path, ZERO3)
+    assert (tmp_path / "three.ckpt").is_dir()  # every rank wrote its shards
+    assert_matches_single_process(losses, out)
+
+
+def test_zero1_resumes_from_a_full_checkpoint(tmp_path: Path) -> None:
+    losses, out = _resumed(tmp_path, ZERO1, "--full-checkpoint")
+    saved = torch.load(tmp_path / "three.ckpt", weights_only=False)
+    assert saved["optimizer_states"][0]["state"]  # ZeRO-1's shards consolidated into the file
+    assert_matches_single_process(losses, out)
+
+
+def test_auto_parallel_chooses_a_plan_from_a_training_batch(tmp_path: Path) -> None:
+    results, stdout = run_script(tmp_path, "--no-example")
     assert f"auto-parallel: chose plan {results['plan']}" in stdout
     assert len(results["losses"]) == STEPS and all(map(torch.isfinite, torch.tensor(results["losses"])))
     hparams = next(tmp_path.glob("lightning_logs/*/hparams.yaml")).read_text()
     assert "plan/name" in hparams
 
 
-class _Record(pl.Callback):
-    """Collect the rank-averaged loss per step; save a checkpoint when training ends."""
+def test_meta_initialised_model_trains_in_bf16(tmp_path: Path) -> None:
+    plan = Plan(**{**_PINNED, "dp_shard": 2, "zero": 3, "precision": "bf16-mixed"})
+    results, _ = run_script(tmp_path, "--empty-init", plan=plan)
+    assert all(map(torch.isfinite, torch.tensor(results["losses"])))
+    weights = torch.load(tmp_path / "weights.pt", weights_only=True)
+    reference = TinyLlama()
+    reference.configure_model()
+    assert weights.keys() == reference.state_dict().keys()
+    assert all(torch.isfinite(w).all() and w.abs().sum() > 0 for w in weights.values())
 
-    def __init__(self, out: Path) -> None:
-        self.out = out
+
+class _Record(pl.Callback):
+    """Collect the rank-averaged loss per step."""
+
+    def __init__(self) -> None:
         self.losses: list[float] = []
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
         self.losses.append(trainer.callback_metrics["loss"].item())
 
-    def on_train_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
-        trainer.save_checkpoint(self.out / "final.ckpt")
 
-
-def main(out: Path, plan_file: str | None) -> None:
-    """Train TinyLlama on two CPU ranks ("auto-parallel" by name when no plan file is given; the
+def main() -> None:
+    """Train TinyLlama on CPU ranks ("auto-parallel" by name when no plan file is given; the
     module-level import of stratagem.integrations.lightning registered it on every rank)."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--plan")
+    parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=STEPS)
+    parser.add_argument("--save", type=Path, help="save a checkpoint here when training ends")
+    parser.add_argument("--resume", type=Path, help="trainer.fit(ckpt_path=...)")
+    parser.add_argument("--full-checkpoint", action="store_true")
+    parser.add_argument("--validate", action="store_true", help="trainer.validate after fit")
+    parser.add_argument("--no-example", action="store_true", help="leave example_input_array unset")
+    parser.add_argument("--empty-init", action="store_true", help="build the model on meta")
+    args = parser.parse_args()
 
     torch.set_num_threads(1)
-    record = _Record(out)
-    strategy = "auto-parallel" if plan_file is None else AutoParallelStrategy(plan=plan_file, verbose=False)
-    trainer = pl.Trainer(accelerator="cpu", devices=WORLD, strategy=strategy, max_steps=STEPS,
-                         callbacks=[record], logger=plan_file is None, default_root_dir=out,
+    record = _Record()
+    plan = None if args.plan is None else Plan.from_json(Path(args.plan).read_text())
+    strategy = "auto-parallel" if plan is None else AutoParallelStrategy(
+        plan=plan, verbose=False, save_distributed_checkpoint=not args.full_checkpoint)
+    precision = {"fp32": "32-true"}.get(plan.precision, plan.precision) if plan else "32-true"
+    trainer = pl.Trainer(accelerator="cpu", devices=args.devices, strategy=strategy, max_steps=args.steps,
+                         limit_train_batches=1, max_epochs=-1, precision=precision, callbacks=[record], logger=plan is None, default_root_dir=args.out,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-    loader = DataLoader(dataset(), batch_size=BATCH)
-    trainer.fit(TinyLlama(), loader)
-    plan = trainer.strategy.plan
+    dp = 2
+    loader = DataLoader(dataset(dp), batch_size=BATCH)
+    module = TinyLlama(example=not args.no_example)
+    if args.empty_init:
+        with trainer.init_module(empty_init=True):
+            module.configure_model()
+    trainer.fit(module, loader, ckpt_path=args.resume)
+    results: dict[str, Any] = {"losses": record.losses, "plan": trainer.strategy.plan.name}
+    if args.save:
+        trainer.save_checkpoint(args.save)
+    if args.validate:
+        results["val_loss"] = trainer.validate(module, DataLoader(dataset(dp), batch_size=BATCH),
+                                               verbose=False)[0]["val_loss"]
+    weights = model_state_dict(module, full=True)  # a collective
     if trainer.is_global_zero:
-        (out / "results.json").write_text(json.dumps({"losses": record.losses, "plan": plan.name}))
+        torch.save(weights, args.out / "weights.pt")
+        (args.out / "results.json").write_text(json.dumps(results))
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else None)
+    main()

@@ -1,0 +1,170 @@
+"""What the Lightning and Fabric strategies share: reading a pinned Plan, choosing one on rank 0,
+and releasing the process group cleanly. Imports neither Lightning nor Fabric.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import json
+import sys
+import weakref
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+from torch import nn
+
+from stratagem.advisor.plan import Plan, Workload
+from stratagem.errors import UsageError
+
+__all__ = ["LIGHTNING_PRECISIONS", "check_plan_precision", "choose_plan", "forward_inputs", "load_plan",
+           "plan_hyperparams", "release_at_exit", "stratagem_precision"]
+
+LIGHTNING_PRECISIONS = {"32-true": "fp32", "bf16-mixed": "bf16-mixed", "bf16-true": "bf16-true"}
+"""Lightning's (and Fabric's) precision names the strategies run, and stratagem's name for each.
+``16-mixed`` is left out: it needs loss scaling, which the strategies do not wire up yet."""
+
+
+def load_plan(plan: Plan | Mapping[str, Any] | str | Path) -> Plan:
+    """A Plan from a Plan, a dict of its fields, or a JSON file: a plan, an entry of
+    ``advise --format json`` (``{"plan": ...}``) or that whole document (its best plan)."""
+    if isinstance(plan, Plan):
+        return plan
+    if isinstance(plan, Mapping):
+        return Plan.from_dict(dict(plan))
+    path = Path(plan)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise UsageError(f"cannot read the plan file {path}: {err}") from None
+    return Plan.from_json(text)
+
+
+def stratagem_precision(lightning_precision: str) -> str:
+    """stratagem's name for one of Lightning's precision names; :class:`UsageError` otherwise."""
+    try:
+        return LIGHTNING_PRECISIONS[lightning_precision]
+    except KeyError:
+        raise UsageError(f"precision={lightning_precision!r} is not supported by the auto-parallel strategy; "
+                         f"valid: {', '.join(LIGHTNING_PRECISIONS)}") from None
+
+
+def check_plan_precision(plan: Plan, lightning_precision: str) -> None:
+    """A pinned plan must train in the precision the Trainer/Fabric was given."""
+    if plan.precision != stratagem_precision(lightning_precision):
+        raise UsageError(f"the plan trains in {plan.precision} but the run is set to {lightning_precision}\n"
+                         "HINT: make precision=... the plan's")
+
+
+def choose_plan(module: nn.Module, example_inputs: Callable[[], Any], *, precision: str, target: str,
+                verbose: bool) -> Plan:
+    """Every rank probes its hardware; rank 0 profiles ``module`` on ``example_inputs()`` (one
+    rank's batch of forward's inputs: a tensor, a tuple of positional or a dict of keyword
+    arguments; called on rank 0 only), advises for the gathered cluster and a global batch of that batch ×
+    world size, and broadcasts the best plan. A collective: call it on every rank.
+
+    The search keeps ``micro_batch_size`` at the profiled batch and ``grad_accum`` at 1, since the
+    dataloader's batches reach the model unchanged."""
+    from stratagem.advisor.hardware import gather_cluster, probe_local
+
+    cluster = gather_cluster(probe_local())
+    chosen: list[str | None] = [None]
+    if dist.get_rank() == 0:
+        chosen[0] = _advise(module, example_inputs(), cluster, precision, target, verbose).to_json()
+    dist.broadcast_object_list(chosen, src=0)
+    assert chosen[0] is not None
+    return Plan.from_json(chosen[0])
+
+
+def _advise(module: nn.Module, example_inputs: Any, cluster: Any, precision: str, target: str,
+            verbose: bool) -> Plan:
+    from stratagem.advisor.profile import profile_model
+    from stratagem.advisor.report import render_table
+    from stratagem.advisor.search import advise
+
+    inputs = example_inputs if isinstance(example_inputs, (tuple, list, Mapping)) else (example_inputs,)
+    profile = profile_model(module, inputs, precision=precision)
+    workload = Workload(global_batch_size=profile.batch_size * dist.get_world_size(), seq_len=profile.seq_len,
+                        precision=precision)
+    advice = advise(profile, cluster, workload, target=target,
+                    constraints={"micro_batch_size": profile.batch_size, "grad_accum": 1})
+    if verbose:
+        from rich.console import Console
+
+        Console().print(render_table(advice))
+    if advice.best is None:
+        raise UsageError(f"no plan fits {type(module).__name__} on this cluster\n"
+                         "HINT: see the advice printed above, or pin one with AutoParallelStrategy(plan=...)")
+    plan = advice.best.plan
+    if verbose:
+        print(f"auto-parallel: chose plan {plan.name}", flush=True)
+    return plan
+
+
+def plan_hyperparams(plan: Plan) -> dict[str, Any]:
+    """The plan's fields as flat ``plan/...`` hyperparameters for a logger."""
+    fields = {f"plan/{key}": value for key, value in plan.to_dict().items() if key != "tp_layout"}
+    return {"plan/name": plan.name, **fields, "plan/tp_layout": json.dumps(plan.to_dict()["tp_layout"])}
+
+
+class _Captured(Exception):
+    """Raised by the forward pre-hook of :func:`forward_inputs` to stop the step it caught."""
+
+    def __init__(self, inputs: Any) -> None:
+        super().__init__()
+        self.inputs = inputs
+
+
+def forward_inputs(module: nn.Module, step: Callable[[], Any]) -> tuple[Any, ...] | dict[str, Any]:
+    """The inputs of ``module``'s first forward call in ``step()`` (e.g. a ``training_step`` on one
+    batch), without running the forward: a tuple of positional or a dict of keyword arguments."""
+
+    def capture(_: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        raise _Captured((args, kwargs))
+
+    handle = module.register_forward_pre_hook(capture, with_kwargs=True)
+    try:
+        step()
+    except _Captured as caught:
+        args, kwargs = caught.inputs
+    else:
+        raise UsageError(f"{type(module).__name__} was never called on the batch, so there is nothing to profile\n"
+                         "HINT: call self(...) in the step, or set example_input_array")
+    finally:
+        handle.remove()
+    if args and kwargs:
+        raise UsageError(f"{type(module).__name__}.forward takes positional and keyword inputs at once, which the "
+                         "profiler cannot take\nHINT: set example_input_array to one of the two")
+    return args or kwargs
+
+
+_RELEASE: list[weakref.WeakMethod] = []
+
+
+def release_at_exit(drop_wrappers: weakref.WeakMethod) -> None:
+    """At interpreter exit, call ``drop_wrappers`` (if its object still lives) and release the
+    default process group as gloo survives it (PLATFORM_NOTES): wrapped modules dropped, collected,
+    a barrier, then ``destroy_process_group``. Registers one exit handler per process."""
+    if not _RELEASE:
+        atexit.register(_release)
+    _RELEASE.append(drop_wrappers)
+
+
+def _release() -> None:
+    for method in _RELEASE:
+        if (bound := method()) is not None:
+            bound()
+    _RELEASE.clear()
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    gc.collect()
+    if not hasattr(sys, "last_value"):  # after an uncaught exception the other ranks may be gone
+        if dist.get_backend() == "nccl":
+            import torch
+
+            dist.barrier(device_ids=[torch.cuda.current_device()])
+        else:
+            dist.barrier()
+    dist.destroy_process_group()

@@ -1,0 +1,57 @@
+"""Give a module built on ``meta`` real storage and initial values, after ``apply_plan``
+sharded it (FSDP, TP) or before DDP wraps it."""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from torch import nn
+
+from stratagem.errors import UsageError
+
+__all__ = ["has_meta_tensors", "materialize"]
+
+
+def has_meta_tensors(module: nn.Module) -> bool:
+    """Whether any parameter or buffer of ``module`` lives on ``meta``."""
+    return any(t.is_meta for t in (*module.parameters(), *module.buffers()))
+
+
+def materialize(module: nn.Module, device: torch.device) -> None:
+    """Allocate ``module``'s meta tensors on ``device`` (``to_empty``) and initialise them: a
+    submodule with an ``init_weights()`` that takes no arguments (the torchtitan convention, as the
+    reference models have) initialises itself and everything under it; any other submodule
+    holding tensors runs its ``reset_parameters()``. Sharded parameters are initialised shard-wise
+    (DTensor random ops). A module holding tensors with neither method raises :class:`UsageError`."""
+    if not has_meta_tensors(module):
+        return
+    module.to_empty(device=device)
+    missing: set[str] = set()
+    with torch.no_grad():
+        _initialise(module, missing)
+    if missing:
+        raise UsageError(f"cannot initialise a model built on meta: {', '.join(sorted(missing))} "
+                         "define neither init_weights() nor reset_parameters()\nHINT: add one, or build the "
+                         "model on a real device (trainer.init_module(empty_init=False))")
+
+
+def _initialise(module: nn.Module, missing: set[str]) -> None:
+    init_weights = getattr(module, "init_weights", None)
+    if callable(init_weights) and _takes_no_arguments(init_weights):
+        init_weights()
+        return
+    holds = any(True for _ in (*module.parameters(recurse=False), *module.buffers(recurse=False)))
+    if holds:
+        reset = getattr(module, "reset_parameters", None)
+        if callable(reset):
+            reset()
+        else:
+            missing.add(type(module).__name__)
+    for child in module.children():
+        _initialise(child, missing)
+
+
+def _takes_no_arguments(method: object) -> bool:
+    parameters = inspect.signature(method).parameters.values()  # type: ignore[arg-type]
+    return all(p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in parameters)

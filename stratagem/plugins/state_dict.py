@@ -1,0 +1,140 @@
+"""Checkpoints of a plan-applied model and its optimizers, with the original model's keys.
+
+Two layouts, both readable whatever plan wrote them:
+
+- **sharded** (a directory): ``torch.distributed.checkpoint`` writes every rank's shards of
+  ``{"state_dict": model, "optimizer_0": ..., ...}`` and rank 0 writes everything else (loop
+  state, callbacks, hyperparameters) with ``torch.save`` to ``meta.pt``: Lightning's own layout,
+  so its ``consolidate_checkpoint`` utility reads it;
+- **full** (one file): the states gathered to rank 0 and saved there with ``torch.save``.
+
+ZeRO-1's ``ZeroRedundancyOptimizer`` has no distributed state-dict support: its state is
+consolidated on rank 0 and kept whole (in ``meta.pt`` for the sharded layout), and every rank loads
+that whole state back (its own API partitions it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.optim import Optimizer
+
+from stratagem.errors import UsageError
+
+__all__ = ["META_FILE", "is_sharded_checkpoint", "load_checkpoint", "model_state_dict", "optimizer_state_dict",
+           "save_sharded_checkpoint"]
+
+META_FILE = "meta.pt"
+"""The non-tensor part of a sharded checkpoint, written by rank 0 (Lightning's name for it)."""
+
+
+def _options(*, full: bool, strict: bool = True) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=full, cpu_offload=full, strict=strict)
+
+
+def model_state_dict(module: nn.Module, *, full: bool) -> dict[str, Any]:
+    """``module``'s state dict: whole tensors on rank 0 (``full``; empty elsewhere for sharded
+    modules) or this rank's shards as DTensors. A collective for sharded modules."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(module, options=_options(full=full))
+
+
+def optimizer_state_dict(module: nn.Module, optimizer: Optimizer, *, full: bool) -> dict[str, Any]:
+    """``optimizer``'s state keyed by ``module``'s parameter names (whole or sharded as for
+    :func:`model_state_dict`); a ZeRO-1 optimizer's state consolidated whole on rank 0 (empty on the
+    other ranks). A collective."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    if isinstance(optimizer, ZeroRedundancyOptimizer):
+        optimizer.consolidate_state_dict(to=0)
+        return optimizer.state_dict() if dist.get_rank() == 0 else {}
+    return get_optimizer_state_dict(module, optimizer, options=_options(full=full))
+
+
+def save_sharded_checkpoint(path: Path, checkpoint: Mapping[str, Any], optimizers: Sequence[Optimizer]) -> None:
+    """Write ``checkpoint`` (``state_dict`` and ``optimizer_states`` from the functions above with
+    ``full=False``, plus anything else) as the sharded layout in the directory ``path``. Every rank
+    calls it."""
+    import torch.distributed.checkpoint as dcp
+
+    rest = dict(checkpoint)
+    shards: dict[str, Any] = {"state_dict": rest.pop("state_dict")}
+    whole = []
+    for index, (optimizer, state) in enumerate(zip(optimizers, rest.pop("optimizer_states", []), strict=True)):
+        if isinstance(optimizer, ZeroRedundancyOptimizer):
+            whole.append(state)
+        else:
+            shards[f"optimizer_{index}"] = state
+            whole.append(None)
+    if path.is_file():
+        raise UsageError(f"cannot save a sharded checkpoint to {path}: it is a file\n"
+                         "HINT: give a directory path, or save full checkpoints")
+    path.mkdir(parents=True, exist_ok=True)
+    dcp.save(shards, checkpoint_id=path)
+    if dist.get_rank() == 0:
+        torch.save({**rest, "optimizer_states": whole}, path / META_FILE)
+
+
+def is_sharded_checkpoint(path: Path) -> bool:
+    """Whether ``path`` is a directory in the sharded layout."""
+    return path.is_dir() and (path / META_FILE).is_file()
+
+
+def load_checkpoint(path: Path, module: nn.Module, optimizers: Sequence[Optimizer], *, strict: bool = True,
+                    weights_only: bool | None = None) -> dict[str, Any]:
+    """Load a checkpoint of either layout into ``module`` (already plan-applied) and
+    ``optimizers`` (none to skip their state); returns the rest of the checkpoint. Every rank calls it."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    if is_sharded_checkpoint(path):
+        return _load_sharded(path, module, optimizers, strict=strict, weights_only=weights_only)
+    if not path.is_file():
+        raise UsageError(f"no checkpoint at {path}\nHINT: give a checkpoint file, or a directory holding {META_FILE}")
+    checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=weights_only)
+    set_model_state_dict(module, checkpoint.pop("state_dict"), options=_options(full=True, strict=strict))
+    states = checkpoint.pop("optimizer_states", [])
+    _check_optimizer_count(path, optimizers, states)
+    for optimizer, state in zip(optimizers, states):
+        if isinstance(optimizer, ZeroRedundancyOptimizer):
+            optimizer.load_state_dict(state)
+        else:
+            set_optimizer_state_dict(module, optimizer, state, options=_options(full=True))
+    return checkpoint
+
+
+def _load_sharded(path: Path, module: nn.Module, optimizers: Sequence[Optimizer], *, strict: bool,
+                  weights_only: bool | None) -> dict[str, Any]:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    rest = torch.load(path / META_FILE, map_location="cpu", weights_only=weights_only)
+    whole = rest.pop("optimizer_states", [])
+    _check_optimizer_count(path, optimizers, whole)
+    # dcp.load fills the tensors it is given, in place: ask for this rank's current shards.
+    target = {"state_dict": model_state_dict(module, full=False)}
+    for index, optimizer in enumerate(optimizers):
+        if not isinstance(optimizer, ZeroRedundancyOptimizer):
+            target[f"optimizer_{index}"] = optimizer_state_dict(module, optimizer, full=False)
+    dcp.load(target, checkpoint_id=path)
+    set_model_state_dict(module, target["state_dict"], options=_options(full=False, strict=strict))
+    for index, (optimizer, state) in enumerate(zip(optimizers, whole)):
+        if isinstance(optimizer, ZeroRedundancyOptimizer):
+            optimizer.load_state_dict(state)
+        else:
+            set_optimizer_state_dict(module, optimizer, target[f"optimizer_{index}"], options=_options(full=False))
+    return rest
+
+
+def _check_optimizer_count(path: Path, optimizers: Sequence[Optimizer], states: Sequence[Any]) -> None:
+    if optimizers and len(optimizers) != len(states):
+        raise UsageError(f"the checkpoint {path} holds {len(states)} optimizer state(s) but the run has "
+                         f"{len(optimizers)} optimizer(s)\nHINT: resume with the configure_optimizers that saved it")
