@@ -11,6 +11,11 @@ Names alone prove nothing, so the layout is then tried: each block runs once mor
 tensors with the column weights' outputs and the row weights' inputs halved (two-way tensor
 parallelism). A block that hard-codes its head count, or mixes features between the pair,
 fails that run or changes its output's shape — and the model gets no TP layout, with the reason.
+
+A model that declares its own plan — Hugging Face's ``config.base_model_tp_plan`` — gets that
+plan instead of the structural pairing, when every entry splits a block's Linear by column or row
+(entries such as ``packed_colwise`` or ``moe_tp_experts`` have no equivalent here; the structure
+then decides). The declared plan is proven by the same two-way split.
 """
 
 from __future__ import annotations
@@ -105,6 +110,9 @@ def find_tp_layout(model: nn.Module, container: str | None, recorder: LinearCall
         if fqn in recorder.inputs and calls:
             kinds[fqn] = pair_linears(calls)
     layouts = {tuple(sorted(styles.items())) for styles in kinds.values()}
+    declared = declared_styles(model, container)
+    if declared is not None:
+        kinds = {fqn: declared for fqn in kinds}
     if not kinds or not any(kinds.values()):
         return (), "its blocks pair no column-split Linear with a row-split one"
     if len(layouts) > 1:
@@ -120,6 +128,24 @@ def find_tp_layout(model: nn.Module, container: str | None, recorder: LinearCall
     layout = [(f"{container}.*.{name}", style) for name, style in styles.items()]
     layout += [(f"{container}.*.{name}", "sequence_parallel") for name in norms]
     return tuple(layout), None
+
+
+def declared_styles(model: nn.Module, container: str) -> dict[str, str] | None:
+    """``{linear: style}`` (relative to a block) from the model's own ``config.base_model_tp_plan``,
+    or None when it declares none or one with entries other than colwise/rowwise Linears of the
+    blocks in ``container``."""
+    declared = getattr(getattr(model, "config", None), "base_model_tp_plan", None)
+    if not declared:
+        return None
+    blocks_name = container.rpartition(".")[2]  # the plan's keys are relative to the base model
+    linears = {name for name, sub in model.get_submodule(container)[0].named_modules() if isinstance(sub, nn.Linear)}
+    styles = {}
+    for pattern, style in declared.items():
+        head, star, name = pattern.partition(".*.")
+        if head != blocks_name or not star or name not in linears or style not in ("colwise", "rowwise"):
+            return None
+        styles[name] = style
+    return styles
 
 
 def _try_split(block: nn.Module, fqn: str, styles: dict[str, str], inputs: tuple[tuple, dict],

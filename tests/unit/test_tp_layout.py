@@ -69,3 +69,20 @@ def test_a_block_that_cannot_be_split_gets_no_layout_and_a_reason():
 def test_blocks_without_linears_get_no_layout():
     profile = profile_spec("resnet-50")
     assert profile.tp_layout == () and "pair no column-split Linear" in profile.tp_unavailable
+
+
+def test_hugging_face_declared_plan_is_used():
+    """A model's own ``base_model_tp_plan`` wins over the structural pairing (here: attention only)."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                                      num_key_value_heads=2, num_hidden_layers=2, vocab_size=100, use_cache=False)
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(config)
+    model.config.base_model_tp_plan = {f"layers.*.self_attn.{p}_proj": "colwise" for p in "qkv"} | {
+        "layers.*.self_attn.o_proj": "rowwise"}
+    layout = dict(profile_model(model, (torch.zeros(2, 16, dtype=torch.long),)).tp_layout)
+    assert layout["model.layers.*.self_attn.o_proj"] == "rowwise"
+    assert not any("mlp" in pattern for pattern in layout)
+    model.config.base_model_tp_plan = {"layers.*.mlp.experts": "moe_tp_experts"}  # not ours: structure decides
+    layout = dict(profile_model(model, (torch.zeros(2, 16, dtype=torch.long),)).tp_layout)
+    assert layout["model.layers.*.mlp.down_proj"] == "rowwise"
