@@ -31,10 +31,10 @@ demo: install
 	# a model that fits nowhere: the report says what would make it fit (exit status 1)
 	-$(VENV)/bin/advise --model llama-2-70b --cluster 1xL4 --global-batch-size 8 --seq-len 4096
 	# train with the plan the advisor picks: Trainer(strategy="auto-parallel") on 2 CPU processes
-	$(PY) examples/lightning_train.py
+	$(PY) examples/lightning_gpt.py
 
 test: install-dev
 	$(PY) -m pytest tests -q
 
 clean:
-	rm -rf $(VENV) build *.egg-info advise-*.html
+	rm -rf $(VENV) build *.egg-info advise-*.html checkpoints
