@@ -14,7 +14,6 @@ import must sit in that script. Passing ``strategy=AutoParallelStrategy(...)`` a
 
 from __future__ import annotations
 
-import inspect
 import logging
 import weakref
 from collections.abc import Callable, Generator, Mapping
@@ -44,7 +43,6 @@ from lightning.pytorch.strategies.launchers.subprocess_script import _Subprocess
 from lightning.pytorch.strategies.strategy import TBroadcast
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
-from lightning_utilities.core.apply_func import apply_to_collection
 from lightning_utilities.core.rank_zero import rank_zero_only as utils_rank_zero_only
 from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
@@ -54,15 +52,18 @@ from typing_extensions import override
 from stratagem.advisor.plan import Plan
 from stratagem.errors import UsageError
 from stratagem.integrations.planning import (
+    PlanPrecision,
     check_plan_precision,
     choose_plan,
+    constructor_options,
     forward_inputs,
     load_plan,
     plan_hyperparams,
     release_at_exit,
+    sampler_kwargs,
     stratagem_precision,
 )
-from stratagem.plugins import apply_plan, autocast_context, build_mesh, build_optimizer
+from stratagem.plugins import apply_plan, build_mesh, build_optimizer
 from stratagem.plugins.materialize import has_meta_tensors, materialize
 from stratagem.plugins.state_dict import (
     load_checkpoint,
@@ -75,26 +76,8 @@ __all__ = ["AutoParallelStrategy", "register_strategies"]
 
 log = logging.getLogger(__name__)
 
-class _PlanPrecision(Precision):
-    """Lightning's fp32 plugin with the Plan's compute precision: forward runs under
-    :func:`autocast_context` (zero 0/1 ``*-mixed``); FSDP's policy and ``apply_plan``'s cast do
-    the rest, so Lightning's own mixed/half plugins would cast twice."""
-
-    def __init__(self, plan: Plan, lightning_precision: str, device_type: str) -> None:
-        super().__init__()
-        self.plan = plan
-        self.precision = lightning_precision  # what `trainer.precision` reports
-        self._device_type = device_type
-
-    @override
-    def forward_context(self) -> AbstractContextManager:
-        return autocast_context(self.plan, self._device_type)
-
-    @override
-    def convert_input(self, data: Any) -> Any:
-        if self.plan.precision != "bf16-true":
-            return data
-        return apply_to_collection(data, Tensor, lambda t: t.to(torch.bfloat16) if t.is_floating_point() else t)
+class _PlanPrecision(PlanPrecision, Precision):
+    """Lightning's fp32 plugin with the Plan's compute precision (see :class:`PlanPrecision`)."""
 
 
 class AutoParallelStrategy(ParallelStrategy):
@@ -177,8 +160,7 @@ class AutoParallelStrategy(ParallelStrategy):
     @property
     @override
     def distributed_sampler_kwargs(self) -> dict[str, Any]:
-        # Ranks of one tensor-parallel group (innermost mesh axis) read the same samples.
-        return {"num_replicas": self.plan.dp, "rank": self.global_rank // self.plan.tp}
+        return sampler_kwargs(self.plan, self.global_rank)
 
     @property
     @override
@@ -245,7 +227,7 @@ class AutoParallelStrategy(ParallelStrategy):
         precision = stratagem_precision(self.precision_plugin.precision)
         if self._plan is None:
             self._plan = choose_plan(module, lambda: self._example_inputs(trainer, module), precision=precision,
-                                     target=self._target, verbose=self._verbose)
+                                     target=self._target, verbose=self._verbose, node_key=f"node {self.node_rank}")
         else:
             check_plan_precision(self._plan, self.precision_plugin.precision)
         self.precision_plugin = _PlanPrecision(self.plan, self.precision_plugin.precision, self.root_device.type)
@@ -284,7 +266,7 @@ class AutoParallelStrategy(ParallelStrategy):
                                  "HINT: simplify configure_optimizers, or use a zero=0/2/3 plan")
             user = self.optimizers[0]
             assert isinstance(self.model, torch.nn.Module)
-            self.optimizers = [build_optimizer(self.model, self.plan, type(user), **_constructor_options(user))]
+            self.optimizers = [build_optimizer(self.model, self.plan, type(user), **constructor_options(user))]
 
     @override
     def model_to_device(self) -> None:
@@ -410,13 +392,6 @@ _STAGE_LOOPS = {
     TrainerFn.PREDICTING: ("predict_loop", "predict_step"),
 }
 """Per Trainer stage: the loop whose dataloader gives the profiled batch, and the step it runs."""
-
-
-def _constructor_options(optimizer: Optimizer) -> dict[str, Any]:
-    """The optimizer's defaults that its class's constructor takes (AdamW's hold
-    ``decoupled_weight_decay``, which ``AdamW()`` refuses)."""
-    accepted = inspect.signature(type(optimizer)).parameters
-    return {key: value for key, value in optimizer.defaults.items() if key in accepted}
 
 
 def _unwrap(optimizer: Optimizer) -> Optimizer:

@@ -1,26 +1,34 @@
 """What the Lightning and Fabric strategies share: reading a pinned Plan, choosing one on rank 0,
-and releasing the process group cleanly. Imports neither Lightning nor Fabric.
+the plan's precision plugin behaviour, ZeRO-1's rebuilt optimizer, the data-parallel sampler, and
+releasing the process group cleanly. Imports neither Lightning nor Fabric.
 """
 
 from __future__ import annotations
 
 import atexit
 import gc
+import inspect
 import json
 import sys
 import weakref
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
-from torch import nn
+from lightning_utilities.core.apply_func import apply_to_collection
+from torch import Tensor, nn
+from torch.optim import Optimizer
 
 from stratagem.advisor.plan import Plan, Workload
 from stratagem.errors import UsageError
+from stratagem.plugins import autocast_context
 
-__all__ = ["LIGHTNING_PRECISIONS", "check_plan_precision", "choose_plan", "forward_inputs", "load_plan",
-           "plan_hyperparams", "release_at_exit", "stratagem_precision"]
+__all__ = ["LIGHTNING_PRECISIONS", "PlanPrecision", "check_plan_precision", "choose_plan", "constructor_options",
+           "forward_inputs", "load_plan", "plan_hyperparams", "release_at_exit", "sampler_kwargs",
+           "stratagem_precision"]
 
 LIGHTNING_PRECISIONS = {"32-true": "fp32", "bf16-mixed": "bf16-mixed", "bf16-true": "bf16-true"}
 """Lightning's (and Fabric's) precision names the strategies run, and stratagem's name for each.
@@ -58,18 +66,53 @@ def check_plan_precision(plan: Plan, lightning_precision: str) -> None:
                          "HINT: make precision=... the plan's")
 
 
+class PlanPrecision:
+    """Mixed in before Lightning's or Fabric's fp32 ``Precision`` plugin: the Plan's compute
+    precision. Forward runs under :func:`autocast_context` (zero 0/1 ``*-mixed``) and ``bf16-true``
+    inputs are cast to bfloat16; FSDP's policy and ``apply_plan``'s cast do the rest, so the
+    frameworks' own mixed/half plugins would cast twice."""
+
+    def __init__(self, plan: Plan, framework_precision: str, device_type: str) -> None:
+        super().__init__()
+        self.plan = plan
+        self.precision = framework_precision  # what the Trainer/Fabric reports
+        self._device_type = device_type
+
+    def forward_context(self) -> AbstractContextManager:
+        return autocast_context(self.plan, self._device_type)
+
+    def convert_input(self, data: Any) -> Any:
+        if self.plan.precision != "bf16-true":
+            return data
+        return apply_to_collection(data, Tensor, lambda t: t.to(torch.bfloat16) if t.is_floating_point() else t)
+
+
+def sampler_kwargs(plan: Plan, global_rank: int) -> dict[str, int]:
+    """``DistributedSampler`` arguments for ``global_rank``: one replica per data-parallel rank, so
+    the ranks of one tensor-parallel group (innermost mesh axis) read the same samples."""
+    return {"num_replicas": plan.dp, "rank": (global_rank // plan.tp) % plan.dp}
+
+
+def constructor_options(optimizer: Optimizer) -> dict[str, Any]:
+    """The optimizer's defaults that its class's constructor takes (AdamW's hold
+    ``decoupled_weight_decay``, which ``AdamW()`` refuses): what ZeRO-1 rebuilds it with."""
+    accepted = inspect.signature(type(optimizer)).parameters
+    return {key: value for key, value in optimizer.defaults.items() if key in accepted}
+
+
 def choose_plan(module: nn.Module, example_inputs: Callable[[], Any], *, precision: str, target: str,
-                verbose: bool) -> Plan:
+                verbose: bool, node_key: str | None = None) -> Plan:
     """Every rank probes its hardware; rank 0 profiles ``module`` on ``example_inputs()`` (one
     rank's batch of forward's inputs: a tensor, a tuple of positional or a dict of keyword
     arguments; called on rank 0 only), advises for the gathered cluster and a global batch of that batch ×
     world size, and broadcasts the best plan. A collective: call it on every rank.
 
     The search keeps ``micro_batch_size`` at the profiled batch and ``grad_accum`` at 1, since the
-    dataloader's batches reach the model unchanged."""
+    dataloader's batches reach the model unchanged. Ranks with the same ``node_key`` (default: the
+    host name) count as one node."""
     from stratagem.advisor.hardware import gather_cluster, probe_local
 
-    cluster = gather_cluster(probe_local())
+    cluster = gather_cluster(probe_local(), node_key=node_key)
     chosen: list[str | None] = [None]
     if dist.get_rank() == 0:
         chosen[0] = _advise(module, example_inputs(), cluster, precision, target, verbose).to_json()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from spawn import free_port
 from test_tensor_parallel import LLAMA_LAYOUT, TP_FP32
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -168,8 +170,18 @@ def test_zero1_resumes_from_a_full_checkpoint(tmp_path: Path) -> None:
     assert_matches_single_process(losses, out)
 
 
-def test_auto_parallel_chooses_a_plan_from_a_training_batch(tmp_path: Path) -> None:
-    results, stdout = run_script(tmp_path, "--no-example")
+def test_auto_parallel_on_two_nodes_chooses_a_plan_from_a_training_batch(tmp_path: Path) -> None:
+    """Two "nodes" of one process each (Lightning's NODE_RANK environment, as a cluster launcher
+    sets it), no example_input_array: rank 0 profiles forward's inputs from the first batch."""
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    args = [sys.executable, __file__, str(tmp_path), "--no-example", "--devices", "1", "--num-nodes", "2"]
+    nodes = [subprocess.Popen(args, env={**env, "NODE_RANK": str(n)}, cwd=tmp_path, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for n in range(2)]
+    outputs = [node.communicate(timeout=240) for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(out[-3000:] + err[-4000:] for out, err in outputs)
+    results = json.loads((tmp_path / "results.json").read_text())
+    stdout = outputs[0][0]
+    assert "on 2x1xcpu" in stdout  # the advisor saw two nodes of one rank
     assert f"auto-parallel: chose plan {results['plan']}" in stdout
     assert len(results["losses"]) == STEPS and all(map(torch.isfinite, torch.tensor(results["losses"])))
     hparams = next(tmp_path.glob("lightning_logs/*/hparams.yaml")).read_text()
@@ -204,6 +216,7 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--plan")
     parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--num-nodes", type=int, default=1)
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--save", type=Path, help="save a checkpoint here when training ends")
     parser.add_argument("--resume", type=Path, help="trainer.fit(ckpt_path=...)")
@@ -219,7 +232,7 @@ def main() -> None:
     strategy = "auto-parallel" if plan is None else AutoParallelStrategy(
         plan=plan, verbose=False, save_distributed_checkpoint=not args.full_checkpoint)
     precision = {"fp32": "32-true"}.get(plan.precision, plan.precision) if plan else "32-true"
-    trainer = pl.Trainer(accelerator="cpu", devices=args.devices, strategy=strategy, max_steps=args.steps,
+    trainer = pl.Trainer(accelerator="cpu", devices=args.devices, num_nodes=args.num_nodes, strategy=strategy, max_steps=args.steps,
                          limit_train_batches=1, max_epochs=-1, precision=precision, callbacks=[record], logger=plan is None, default_root_dir=args.out,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     dp = 2
