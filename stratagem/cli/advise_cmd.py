@@ -51,6 +51,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", dest="format", action="store_const", const="json", help="same as --format json")
     parser.add_argument("--output", metavar="FILE", type=Path, default=None,
                         help="write the report to FILE instead of standard output")
+    parser.add_argument("--no-calibration", dest="calibration", action="store_false",
+                        help="use catalog figures even when `stratagem calibrate` measured this cluster")
     parser.add_argument("--no-cache", dest="cache", action="store_false",
                         help="profile the model again instead of reading a cached profile")
     parser.set_defaults(handler=run)
@@ -58,12 +60,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Profile, search and report; returns the exit status."""
+    from stratagem.advisor.calibrate import calibrated
     from stratagem.advisor.hardware import Cluster
     from stratagem.advisor.profiles import profile_spec
     from stratagem.advisor.plan import Workload
     from stratagem.advisor.search import advise
 
     cluster = Cluster.parse(args.cluster)
+    if args.calibration:
+        cluster = calibrated(cluster)
     profile = profile_spec(args.model, batch_size=1, seq_len=args.seq_len, precision=args.precision,
                            cache=args.cache)
     workload = Workload(global_batch_size=args.global_batch_size or cluster.world_size, seq_len=profile.seq_len,

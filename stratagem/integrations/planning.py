@@ -110,9 +110,10 @@ def choose_plan(module: nn.Module, example_inputs: Callable[[], Any], *, precisi
     The search keeps ``micro_batch_size`` at the profiled batch and ``grad_accum`` at 1, since the
     dataloader's batches reach the model unchanged. Ranks with the same ``node_key`` (default: the
     host name) count as one node."""
+    from stratagem.advisor.calibrate import calibrated
     from stratagem.advisor.hardware import gather_cluster, probe_local
 
-    cluster = gather_cluster(probe_local(), node_key=node_key)
+    cluster = calibrated(gather_cluster(probe_local(), node_key=node_key))
     chosen: list[str | None] = [None]
     if dist.get_rank() == 0:
         chosen[0] = _advise(module, example_inputs(), cluster, precision, target, verbose).to_json()

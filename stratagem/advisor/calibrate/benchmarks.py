@@ -1,0 +1,117 @@
+"""The micro-benchmarks ``stratagem calibrate`` runs on every rank of a live process group.
+
+Each returns plain numbers; :mod:`~stratagem.advisor.calibrate.run` fits and stores them. Every
+rank runs every benchmark at the same time, as in training: a CPU rank's matmul rate is its
+share of the host with the others busy, a collective's time includes every rank's traffic.
+Timings take the median of repeats after a warm-up, synchronised with a barrier so no rank
+starts early.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["collective_seconds", "matmul_rate", "memory_bandwidth", "overlap_fraction", "timed"]
+
+BUDGET_SECONDS = 1.0
+"""Time one measurement may take after its warm-up (the calibration aims at a minute per node)."""
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], object], device: torch.device, *, repeats: int, group: dist.ProcessGroup | None = None,
+          budget: float = BUDGET_SECONDS) -> float:
+    """Median seconds of ``fn()`` after one warm-up run, every rank of ``group`` starting each run
+    together (a barrier) and the device synchronised before the clock stops. Runs ``repeats``
+    times, fewer when the warm-up says they would exceed ``budget`` seconds (the slowest rank
+    decides, so every rank runs as often)."""
+
+    def once() -> float:
+        if dist.is_initialized():
+            dist.barrier(group=group)
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        return time.perf_counter() - start
+
+    warmup = once()
+    if dist.is_initialized():
+        slowest = torch.tensor([warmup], dtype=torch.float64, device=device)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
+        warmup = float(slowest.item())
+    runs = max(1, min(repeats, int(budget / max(warmup, 1e-9))))
+    return statistics.median(once() for _ in range(runs))
+
+
+def matmul_rate(n: int, dtype: str, device: torch.device, *, repeats: int) -> float:
+    """FLOP/s of an ``n×n @ n×n`` matmul in ``dtype`` (2n³ FLOPs)."""
+    a = torch.randn(n, n, device=device, dtype=_DTYPES[dtype])
+    b = torch.randn(n, n, device=device, dtype=_DTYPES[dtype])
+    return 2 * n**3 / timed(lambda: a @ b, device, repeats=repeats)
+
+
+def memory_bandwidth(num_bytes: int, device: torch.device, *, repeats: int) -> float:
+    """Bytes/s of copying a ``num_bytes`` buffer (read + write counted)."""
+    src = torch.empty(num_bytes // 4, device=device, dtype=torch.float32).fill_(1.0)
+    dst = torch.empty_like(src)
+    return 2 * src.numel() * 4 / timed(lambda: dst.copy_(src), device, repeats=repeats)
+
+
+def collective_seconds(op: str, num_bytes: int, device: torch.device, *, group: dist.ProcessGroup | None,
+                       repeats: int) -> float:
+    """Median seconds of one ``op`` (all_reduce, all_gather, reduce_scatter, p2p) on ``num_bytes``
+    per rank — the full buffer for all-reduce, the gathered output for all-gather and the input
+    for reduce-scatter (the cost model's convention), one message each way for p2p (ranks paired
+    0↔1, 2↔3, …)."""
+    size = dist.get_world_size(group)
+    numel = max(size, num_bytes // 4 // size * size)
+    full = torch.ones(numel, device=device)
+    shard = torch.ones(numel // size, device=device)
+    if op == "all_reduce":
+        run = lambda: dist.all_reduce(full, group=group)  # noqa: E731
+    elif op == "all_gather":
+        run = lambda: dist.all_gather_single(full, shard, group=group)  # noqa: E731
+    elif op == "reduce_scatter":
+        run = lambda: dist.reduce_scatter_single(shard, full, group=group)  # noqa: E731
+    elif op == "p2p":
+        rank = dist.get_rank(group)
+        peer = dist.get_global_rank(group, rank ^ 1) if group is not None else rank ^ 1
+
+        def run() -> None:
+            ops = [dist.P2POp(dist.isend, full, peer, group=group), dist.P2POp(dist.irecv, shard.new_empty(numel),
+                                                                               peer, group=group)]
+            for request in dist.batch_isend_irecv(ops):
+                request.wait()
+    else:
+        raise ValueError(f"unknown collective {op!r}")
+    return timed(run, device, repeats=repeats, group=group)
+
+
+def overlap_fraction(n: int, num_bytes: int, device: torch.device, *, repeats: int) -> float:
+    """How much of an all-reduce of ``num_bytes`` hides under ``n×n`` matmuls run meanwhile:
+    ``(t_matmul + t_comm − t_both) / min(t_matmul, t_comm)``, clamped to [0, 1]."""
+    a = torch.randn(n, n, device=device)
+    buffer = torch.ones(num_bytes // 4, device=device)
+    comm = timed(lambda: dist.all_reduce(buffer), device, repeats=repeats)
+    matmuls = max(1, round(comm / timed(lambda: a @ a, device, repeats=repeats)))
+    compute = timed(lambda: [a @ a for _ in range(matmuls)], device, repeats=repeats)
+
+    def both() -> None:
+        work = dist.all_reduce(buffer, async_op=True)
+        for _ in range(matmuls):
+            a @ a
+        work.wait()
+
+    together = timed(both, device, repeats=repeats)
+    return min(1.0, max(0.0, (compute + comm - together) / min(compute, comm)))

@@ -1,0 +1,191 @@
+"""A calibration: what the cluster measured, fitted to the cost model's terms, and applied to a
+:class:`Cluster` in place of catalog figures. Plain data (no torch), stored as JSON.
+
+The fits follow the cost model's own forms (:mod:`stratagem.advisor.collectives`): a ring
+collective over ``n`` ranks takes ``steps·α + (steps/n)·bytes/β`` with ``steps = 2(n−1)`` for
+all-reduce and ``n−1`` for all-gather and reduce-scatter; point-to-point ``α + bytes/β``. A
+least-squares line through the measured (bytes, seconds) points gives α and β per collective
+and group size, for groups inside a node and across nodes.
+
+A calibration applies to the cluster it was taken on: same spec (nodes × devices × device,
+network) and same device vendor string (the CPU model for gloo ranks). ``advise``,
+``evaluate`` and ``auto-parallel`` look one up by that key (:func:`find_calibration`) and say in
+the report when they use it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stratagem.advisor.hardware.spec import Cluster, LinkSpec, NetworkSpec
+from stratagem.errors import UsageError
+
+__all__ = ["COLLECTIVES", "Calibration", "LinkFit", "calibrated", "calibration_path", "find_calibration",
+           "fit_link", "hardware_key", "ring_steps"]
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "p2p")
+FORMAT_VERSION = 1
+
+
+def ring_steps(op: str, group_size: int) -> int:
+    """Latency steps of ``op`` over ``group_size`` ranks in the cost model's ring form."""
+    if op == "p2p":
+        return 1
+    return (2 if op == "all_reduce" else 1) * (group_size - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class LinkFit:
+    """α (seconds per step) and β (bytes/s per rank per direction) fitted for one collective and
+    group size, with the points measured (bytes, seconds)."""
+
+    latency: float
+    bandwidth: float
+    points: tuple[tuple[int, float], ...]
+
+    def seconds(self, op: str, group_size: int, num_bytes: float) -> float:
+        """The fitted time of ``op`` on ``num_bytes`` (the cost model's form)."""
+        steps = ring_steps(op, group_size)
+        share = 1.0 if op == "p2p" else steps / group_size
+        return steps * self.latency + share * num_bytes / self.bandwidth
+
+
+def fit_link(op: str, group_size: int, points: list[tuple[int, float]]) -> LinkFit:
+    """Least-squares ``seconds = a + b·bytes`` through ``points``, turned into α = a/steps and
+    β = share/b (share = steps/n for rings, 1 for point-to-point). A negative intercept (noise at
+    small sizes) is clamped to zero latency."""
+    if len(points) < 2:
+        raise UsageError(f"fitting {op} needs at least two message sizes, got {len(points)}")
+    xs = [float(b) for b, _ in points]
+    ys = [s for _, s in points]
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((x - mean_x) ** 2 for x in xs)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / var
+    slope = max(slope, 1e-18)  # time grows with size; noise cannot make bandwidth infinite
+    intercept = max(mean_y - slope * mean_x, 0.0)
+    steps = ring_steps(op, group_size)
+    share = 1.0 if op == "p2p" else steps / group_size
+    return LinkFit(latency=intercept / steps, bandwidth=share / slope, points=tuple(points))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Calibration:
+    """What ``stratagem calibrate`` measured on one cluster.
+
+    ``matmul``: per dtype, (n, FLOP/s) for square n×n matmuls, each rank running at once (the
+    largest n is the rate the cost model uses). ``memory_bandwidth``: bytes/s of a large copy.
+    ``links``: per scope (``"intra"`` inside a node, ``"inter"`` across nodes) per collective per
+    group size, the fit. ``overlap``: the fraction of an all-reduce hidden under concurrent matmuls.
+    """
+
+    hardware: str
+    backend: str
+    world_size: int
+    matmul: dict[str, tuple[tuple[int, float], ...]]
+    memory_bandwidth: float
+    links: dict[str, dict[str, dict[int, LinkFit]]]
+    overlap: float | None
+    seconds: float
+    created: str
+    version: int = FORMAT_VERSION
+    notes: tuple[str, ...] = field(default=())
+
+    def matmul_rate(self, dtype: str) -> float | None:
+        """FLOP/s of the largest measured matmul in ``dtype``, or None when not measured."""
+        points = self.matmul.get(dtype)
+        return max(points)[1] if points else None
+
+    def link(self, scope: str, op: str = "all_reduce") -> LinkFit | None:
+        """The fit for ``op`` over the largest group measured in ``scope``, or None."""
+        fits = self.links.get(scope, {}).get(op, {})
+        return fits[max(fits)] if fits else None
+
+    def apply(self, cluster: Cluster) -> Cluster:
+        """``cluster`` with measured figures in place of catalog ones: device peaks (the dtypes
+        measured), memory bandwidth, the in-node link and the network (α, β, efficiency 1: the
+        fit already is what collectives reach). A note says so."""
+        node = cluster.node
+        measured = {f"peak_{dtype}": rate for dtype in ("fp32", "tf32", "bf16", "fp16")
+                    if (rate := self.matmul_rate(dtype)) is not None}
+        device = dataclasses.replace(
+            node.device, **measured, memory_bandwidth=self.memory_bandwidth,
+            estimated=tuple(f for f in node.device.estimated if f not in measured and f != "memory_bandwidth"))
+        link = node.link
+        if (intra := self.link("intra")) is not None:
+            link = LinkSpec(kind=link.kind, bandwidth=intra.bandwidth, latency=intra.latency, efficiency=1.0,
+                            topology=link.topology, domain_size=max(link.domain_size, node.num_devices))
+        network = node.network
+        if (inter := self.link("inter")) is not None and network is not None:
+            # Measured over every rank at once: each rank's share of the node's NICs.
+            network = NetworkSpec(name=network.name, kind=network.kind, nics_per_node=1, efficiency=1.0,
+                                  bandwidth=inter.bandwidth * node.num_devices, latency=inter.latency)
+        note = f"calibrated: measured on this cluster {self.created} ({self.backend}, {self.seconds:.0f} s)"
+        return dataclasses.replace(
+            cluster, node=dataclasses.replace(node, device=device, link=link, network=network),
+            notes=(*cluster.notes, note))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (group sizes as strings)."""
+        data = dataclasses.asdict(self)
+        data["links"] = {scope: {op: {str(n): dataclasses.asdict(fit) for n, fit in fits.items()}
+                                 for op, fits in ops.items()} for scope, ops in self.links.items()}
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Calibration:
+        """Inverse of :meth:`to_dict`."""
+        if data.get("version") != FORMAT_VERSION:
+            raise UsageError(f"calibration format {data.get('version')} is not {FORMAT_VERSION}\n"
+                             "HINT: run `stratagem calibrate` again")
+        links = {scope: {op: {int(n): LinkFit(fit["latency"], fit["bandwidth"], tuple(map(tuple, fit["points"])))
+                              for n, fit in fits.items()} for op, fits in ops.items()}
+                 for scope, ops in data["links"].items()}
+        matmul = {dtype: tuple(map(tuple, points)) for dtype, points in data["matmul"].items()}
+        return cls(**{**data, "links": links, "matmul": matmul, "notes": tuple(data.get("notes", ()))})
+
+    def save(self, path: Path) -> None:
+        """Write as JSON to ``path``."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> Calibration:
+        """Read a file :meth:`save` wrote."""
+        try:
+            return cls.from_dict(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise UsageError(f"cannot read the calibration {path}: {err}") from None
+
+
+def hardware_key(cluster: Cluster) -> str:
+    """What a calibration is keyed to: the cluster's spec and its device's vendor string."""
+    return f"{cluster.spec} {cluster.device.vendor}"
+
+
+def calibration_path(hardware: str) -> Path:
+    """Where the calibration of the hardware keyed ``hardware`` (:func:`hardware_key`) is stored,
+    in the profile cache's directory."""
+    from stratagem.advisor.profiles import cache_dir
+
+    slug = re.sub(r"[^A-Za-z0-9.+-]+", "_", hardware).strip("_")
+    return cache_dir() / "calibration" / f"{slug}.json"
+
+
+def find_calibration(cluster: Cluster) -> Calibration | None:
+    """The stored calibration taken on ``cluster``'s hardware, or None."""
+    path = calibration_path(hardware_key(cluster))
+    if not path.is_file():
+        return None
+    calibration = Calibration.load(path)
+    return calibration if calibration.hardware == hardware_key(cluster) else None
+
+
+def calibrated(cluster: Cluster) -> Cluster:
+    """``cluster`` with its stored calibration applied, or as it is when there is none."""
+    calibration = find_calibration(cluster)
+    return cluster if calibration is None else calibration.apply(cluster)

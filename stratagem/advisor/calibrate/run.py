@@ -1,0 +1,200 @@
+"""``calibrate()``: run the benchmarks on every rank, fit them, and return a :class:`Calibration`.
+
+Inside a launched job (``torchrun``, a Slurm step: ``RANK``/``WORLD_SIZE`` set, or a process
+group already up) every rank of the job takes part and groups across nodes are measured too;
+otherwise ``nproc`` local processes are spawned (gloo on CPU, NCCL on GPUs).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from stratagem.advisor.calibrate.benchmarks import (
+    BUDGET_SECONDS,
+    collective_seconds,
+    matmul_rate,
+    memory_bandwidth,
+    overlap_fraction,
+)
+from stratagem.advisor.calibrate.calibration import COLLECTIVES, Calibration, LinkFit, fit_link, hardware_key
+from stratagem.advisor.hardware.spec import Cluster
+from stratagem.errors import UsageError
+
+__all__ = ["Settings", "calibrate", "calibrate_on_group"]
+
+_Group = tuple[str, int, "dist.ProcessGroup | None"]
+"""(scope, size, this rank's group of that size; None for the default group)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Sizes and repeats; :meth:`for_device` picks them for GPUs or CPU ranks."""
+
+    matmul_sizes: tuple[int, ...]
+    message_bytes: tuple[int, ...]
+    copy_bytes: int
+    repeats: int
+
+    @classmethod
+    def for_device(cls, device: torch.device, *, quick: bool = False) -> Settings:
+        """The full settings (≈ a minute per node) or ``quick`` ones (seconds, for tests)."""
+        if quick:
+            return cls(matmul_sizes=(128, 256), message_bytes=(2**12, 2**16, 2**20), copy_bytes=2**22, repeats=2)
+        if device.type == "cuda":
+            return cls(matmul_sizes=(1024, 2048, 4096, 8192), message_bytes=tuple(2**k for k in range(16, 29, 2)),
+                       copy_bytes=2**30, repeats=5)
+        return cls(matmul_sizes=(256, 512, 1024), message_bytes=tuple(2**k for k in range(12, 25, 2)),
+                   copy_bytes=2**26, repeats=5)
+
+
+def calibrate(*, nproc: int | None = None, quick: bool = False, progress: bool = False) -> Calibration:
+    """Measure this cluster: in the launched job when there is one, else on ``nproc`` local
+    processes (default: the GPUs, or 2 CPU ranks without GPUs). ``progress`` shows a bar on rank 0."""
+    if dist.is_available() and dist.is_initialized():
+        return calibrate_on_group(quick=quick, progress=progress)
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        try:
+            return calibrate_on_group(quick=quick, progress=progress)
+        finally:
+            dist.destroy_process_group()
+    nproc = nproc or torch.cuda.device_count() or 2
+    if nproc < 2:
+        raise UsageError("calibration measures collectives, which need at least 2 processes\nHINT: --nproc 2")
+    return _spawn(nproc, quick=quick, progress=progress)
+
+
+def _spawn(nproc: int, *, quick: bool, progress: bool) -> Calibration:
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "calibration.json"
+        port = _free_port()
+        mp.start_processes(_worker, args=(nproc, port, quick, progress, out), nprocs=nproc, start_method="spawn")
+        return Calibration.load(out)
+
+
+def _worker(rank: int, nproc: int, port: int, quick: bool, progress: bool, out: Path) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(nproc),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(nproc))
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(rank)
+    else:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // nproc))
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=nproc)
+    try:
+        calibration = calibrate_on_group(quick=quick, progress=progress)
+        if rank == 0:
+            calibration.save(out)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def calibrate_on_group(*, quick: bool = False, progress: bool = False) -> Calibration:
+    """Every rank of the default process group runs this; each returns the same Calibration."""
+    from stratagem.advisor.hardware import gather_cluster, probe_local
+
+    started = time.perf_counter()
+    cluster = gather_cluster(probe_local())
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    settings = Settings.for_device(device, quick=quick)
+    groups = _groups(cluster.num_nodes, cluster.devices_per_node)
+    dtypes = ["fp32", "bf16"] if device.type == "cpu" or torch.cuda.is_bf16_supported() else ["fp32"]
+    work = len(dtypes) * len(settings.matmul_sizes) + 1 + len(groups) * len(COLLECTIVES) * len(settings.message_bytes) + 1
+    with _progress_bar(work, enabled=progress and dist.get_rank() == 0) as step:
+        return _measure(cluster, device, settings, dtypes, groups, step, started)
+
+
+def _measure(cluster: Cluster, device: torch.device, settings: Settings, dtypes: list[str], groups: list[_Group],
+             step: Callable[[str], None], started: float) -> Calibration:
+    matmul: dict[str, list[tuple[int, float]]] = {}
+    for dtype in dtypes:
+        for n in settings.matmul_sizes:
+            points = matmul.setdefault(dtype, [])
+            if points and 2 * n**3 / points[-1][1] > BUDGET_SECONDS:
+                step(f"matmul {dtype} {n}: skipped, slower than {BUDGET_SECONDS:g} s")  # same on every rank
+                continue
+            points.append((n, _across_ranks(min, matmul_rate(n, dtype, device, repeats=settings.repeats))))
+            step(f"matmul {dtype} {n}")
+    bandwidth = _across_ranks(min, memory_bandwidth(settings.copy_bytes, device, repeats=settings.repeats))
+    step("memory bandwidth")
+    links: dict[str, dict[str, dict[int, LinkFit]]] = {}
+    for scope, size, group in groups:
+        for op in COLLECTIVES:
+            points = []
+            for num_bytes in settings.message_bytes:
+                points.append((num_bytes, _across_ranks(max, collective_seconds(op, num_bytes, device, group=group,
+                                                                      repeats=settings.repeats))))
+                step(f"{op} {scope} ×{size} {num_bytes} B")
+            links.setdefault(scope, {}).setdefault(op, {})[size] = fit_link(op, size, points)
+    overlap = overlap_fraction(settings.matmul_sizes[-1], settings.message_bytes[-1], device,
+                               repeats=settings.repeats)
+    step("overlap")
+    return Calibration(
+        hardware=hardware_key(cluster), backend=dist.get_backend(), world_size=dist.get_world_size(),
+        matmul={dtype: tuple(points) for dtype, points in matmul.items()}, memory_bandwidth=bandwidth,
+        links=links, overlap=_across_ranks(min, overlap), seconds=time.perf_counter() - started,
+        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+
+
+def _groups(num_nodes: int, per_node: int) -> list[_Group]:
+    """The groups measured: consecutive ranks inside a node for each power-of-two size, and the
+    whole world across nodes. Every rank creates every group (``new_group`` is a collective)."""
+    groups = []
+    size = 2
+    while size <= per_node:
+        mine = None
+        for start in range(0, num_nodes * per_node, size):
+            ranks = list(range(start, start + size))
+            group = dist.new_group(ranks) if size < dist.get_world_size() else None
+            if dist.get_rank() in ranks:
+                mine = group
+        groups.append(("intra", size, mine))
+        size *= 2
+    if num_nodes > 1:
+        groups.append(("inter", num_nodes * per_node, None))
+    return groups
+
+
+def _across_ranks(which: type[min] | type[max], value: float) -> float:
+    """The ``min`` or ``max`` of ``value`` over every rank (a slowest rank sets the pace), the
+    same on every rank."""
+    tensor = torch.tensor([value], dtype=torch.float64)
+    if torch.cuda.is_available():
+        tensor = tensor.cuda()
+    dist.all_reduce(tensor, op=dist.ReduceOp.MIN if which is min else dist.ReduceOp.MAX)
+    return float(tensor.item())
+
+
+@contextmanager
+def _progress_bar(total: int, *, enabled: bool) -> Iterator:
+    """A step function advancing a rich progress bar (or doing nothing when not ``enabled``)."""
+    if not enabled:
+        yield lambda what: None
+        return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("calibrating"), BarColumn(), TextColumn("{task.description}"),
+                  TimeElapsedColumn(), transient=True) as bar:
+        task = bar.add_task("", total=total)
+        yield lambda what: bar.update(task, advance=1, description=what)

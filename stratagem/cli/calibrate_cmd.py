@@ -1,0 +1,84 @@
+"""``stratagem calibrate``: measure this cluster so the cost model uses measured figures."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from stratagem.advisor.calibrate import Calibration
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``calibrate`` subcommand."""
+    parser = subparsers.add_parser(
+        "calibrate",
+        help="measure matmul rates, memory bandwidth and collectives on this cluster",
+        description="Run short micro-benchmarks with the real backend (NCCL on GPUs, gloo on CPU): "
+        "matmul FLOP/s per dtype and size, memory bandwidth, latency and bandwidth of all-reduce, "
+        "all-gather, reduce-scatter and point-to-point per group size inside a node and across "
+        "nodes, and how much communication hides under compute. The result is stored keyed to this "
+        "hardware; advise and auto-parallel use it whenever they plan for the same cluster. Run it "
+        "under torchrun/srun to measure every node of a job, or alone to spawn local processes.",
+    )
+    parser.add_argument("--nproc", type=int, default=None, metavar="N",
+                        help="local processes to spawn when not launched (default: the GPUs, or 2 CPU ranks)")
+    parser.add_argument("--quick", action="store_true", help="small sizes and few repeats (seconds, rougher)")
+    parser.add_argument("--output", type=Path, default=None, metavar="FILE",
+                        help="write the calibration here instead of the cache where advise finds it")
+    parser.add_argument("--json", action="store_true", help="print the calibration as JSON")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Calibrate, store and summarise; returns the exit status."""
+    import torch.distributed as dist
+
+    from stratagem.advisor.calibrate.calibration import calibration_path
+    from stratagem.advisor.calibrate.run import calibrate
+    from stratagem.errors import UsageError
+
+    if args.nproc is not None and args.nproc < 2:
+        raise UsageError(f"--nproc {args.nproc}: calibration measures collectives between at least 2 processes")
+    result = calibrate(nproc=args.nproc, quick=args.quick, progress=not args.json)
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return 0
+    path = args.output or calibration_path(result.hardware)
+    result.save(path)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=1))
+        return 0
+    from rich.console import Console
+
+    console = Console()
+    console.print(calibration_table(result))
+    console.print(f"saved to {path}" + ("" if args.output else " (advise and auto-parallel use it for this cluster)"))
+    return 0
+
+
+def calibration_table(calibration: Calibration) -> Table:
+    """What was measured, one row per figure."""
+    from rich.table import Table
+
+    from stratagem.units import format_bytes, format_seconds
+
+    table = Table(title=f"calibration of {calibration.hardware} ({calibration.backend}, "
+                        f"{calibration.world_size} ranks, {calibration.seconds:.1f} s)")
+    table.add_column("measured", style="bold")
+    table.add_column("value", justify="right")
+    for dtype, points in calibration.matmul.items():
+        rates = ", ".join(f"{n}: {rate / 1e12:.3g}" for n, rate in points)
+        table.add_row(f"matmul {dtype} (n: TFLOP/s)", rates)
+    table.add_row("memory bandwidth", f"{format_bytes(calibration.memory_bandwidth)}/s")
+    for scope, ops in calibration.links.items():
+        for op, fits in ops.items():
+            for size, fit in sorted(fits.items()):
+                table.add_row(f"{op} {scope} ×{size} (α, β)",
+                              f"{format_seconds(fit.latency)}, {format_bytes(fit.bandwidth)}/s")
+    if calibration.overlap is not None:
+        table.add_row("comm hidden under compute", f"{calibration.overlap:.0%}")
+    return table

@@ -1,0 +1,43 @@
+"""``stratagem calibrate`` on two real gloo processes, then ``advise`` and ``hardware`` using it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from stratagem.advisor.calibrate import Calibration
+from stratagem.advisor.calibrate.calibration import COLLECTIVES
+
+
+def _stratagem(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "stratagem", *args], capture_output=True, text=True,
+                          timeout=300, env=env)
+
+
+def test_calibrate_then_advise_uses_it(tmp_path: Path) -> None:
+    env = {**os.environ, "STRATAGEM_CACHE_DIR": str(tmp_path)}
+    done = _stratagem("calibrate", "--quick", "--nproc", "2", env=env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert "saved to" in done.stdout and "all_reduce intra ×2" in done.stdout
+    (path,) = (tmp_path / "calibration").glob("*.json")
+    calibration = Calibration.load(path)
+    assert (calibration.backend, calibration.world_size) == ("gloo", 2)
+    assert set(calibration.links["intra"]) == set(COLLECTIVES)
+    assert calibration.matmul_rate("fp32") > 0 and calibration.memory_bandwidth > 0
+
+    advised = _stratagem("advise", "--model", "llama-tiny", "--cluster", "2xcpu", "--global-batch-size", "8",
+                         "--seq-len", "32", "--precision", "fp32", env=env)
+    assert advised.returncode == 0, advised.stderr[-3000:]
+    assert "calibrated: measured on this cluster" in " ".join(advised.stdout.split())
+    shown = _stratagem("hardware", "--cluster", "2xcpu", env=env)
+    assert f"{calibration.matmul_rate('fp32') / 1e12:.3g} TFLOP/s" in shown.stdout
+    catalog = _stratagem("advise", "--model", "llama-tiny", "--cluster", "2xcpu", "--global-batch-size", "8",
+                         "--seq-len", "32", "--precision", "fp32", "--no-calibration", env=env)
+    assert "calibrated" not in catalog.stdout
+
+
+def test_calibrate_needs_two_processes(tmp_path: Path) -> None:
+    done = _stratagem("calibrate", "--nproc", "1", env={**os.environ, "STRATAGEM_CACHE_DIR": str(tmp_path)})
+    assert done.returncode == 2 and "at least 2 processes" in done.stderr

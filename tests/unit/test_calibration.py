@@ -1,0 +1,78 @@
+"""Calibration data without processes: fits recover α and β, files round-trip, a calibration
+applies only to the hardware it was taken on and replaces the catalog's figures there."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stratagem.advisor.calibrate.calibration import (
+    Calibration,
+    LinkFit,
+    calibrated,
+    calibration_path,
+    find_calibration,
+    fit_link,
+    hardware_key,
+)
+from stratagem.advisor.hardware import Cluster
+from stratagem.errors import UsageError
+
+SIZES = (2**12, 2**16, 2**20, 2**24)
+
+
+@pytest.mark.parametrize(("op", "n"), [("all_reduce", 4), ("all_gather", 8), ("reduce_scatter", 2), ("p2p", 2)])
+def test_fit_recovers_latency_and_bandwidth(op: str, n: int) -> None:
+    truth = LinkFit(latency=20e-6, bandwidth=50e9, points=())
+    fit = fit_link(op, n, [(b, truth.seconds(op, n, b)) for b in SIZES])
+    assert fit.latency == pytest.approx(truth.latency, rel=1e-6)
+    assert fit.bandwidth == pytest.approx(truth.bandwidth, rel=1e-6)
+
+
+def test_fit_clamps_noise() -> None:
+    fit = fit_link("all_reduce", 2, [(1000, 2e-3), (2000, 1e-3)])  # time falling with size: noise
+    assert fit.latency >= 0 and fit.bandwidth > 0
+    with pytest.raises(UsageError, match="at least two message sizes"):
+        fit_link("all_reduce", 2, [(1000, 1e-3)])
+
+
+def _calibration(cluster: Cluster, **links: LinkFit) -> Calibration:
+    return Calibration(
+        hardware=hardware_key(cluster), backend="nccl", world_size=cluster.world_size,
+        matmul={"bf16": ((4096, 650e12), (8192, 700e12)), "fp32": ((4096, 50e12),)}, memory_bandwidth=3.0e12,
+        links={scope: {"all_reduce": {cluster.devices_per_node if scope == "intra" else cluster.world_size: fit}}
+               for scope, fit in links.items()},
+        overlap=0.7, seconds=42.0, created="2026-11-22T00:00:00+00:00")
+
+
+def test_apply_replaces_catalog_figures() -> None:
+    cluster = Cluster.parse("2x8xH100-SXM-80GB:ib-ndr")
+    result = _calibration(cluster, intra=LinkFit(5e-6, 300e9, ()), inter=LinkFit(15e-6, 40e9, ())).apply(cluster)
+    assert result.device.peak_bf16 == 700e12 and result.device.peak_fp32 == 50e12
+    assert result.device.peak_fp16 == cluster.device.peak_fp16  # not measured: the catalog's
+    assert result.device.memory_bandwidth == 3.0e12
+    assert (result.node.link.bandwidth, result.node.link.latency, result.node.link.efficiency) == (300e9, 5e-6, 1.0)
+    assert result.network.node_bandwidth * result.network.efficiency == pytest.approx(8 * 40e9)
+    assert result.network.latency == 15e-6
+    assert result.spec.startswith("2x8xH100") and any(n.startswith("calibrated:") for n in result.notes)
+
+
+def test_round_trip_and_lookup_by_hardware(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STRATAGEM_CACHE_DIR", str(tmp_path))
+    cluster = Cluster.parse("8xA100-SXM4-80GB")
+    assert find_calibration(cluster) is None and calibrated(cluster) is cluster
+    calibration = _calibration(cluster, intra=LinkFit(5e-6, 200e9, ((1, 1e-5), (2, 2e-5))))
+    calibration.save(calibration_path(calibration.hardware))
+    assert Calibration.load(calibration_path(calibration.hardware)) == calibration
+    assert find_calibration(cluster) == calibration
+    assert calibrated(cluster).device.peak_bf16 == 700e12
+    assert find_calibration(Cluster.parse("4xA100-SXM4-80GB")) is None  # other hardware
+
+
+def test_unreadable_calibration_is_a_usage_error(tmp_path: Path) -> None:
+    (tmp_path / "c.json").write_text('{"version": 0}')
+    with pytest.raises(UsageError, match="run `stratagem calibrate` again"):
+        Calibration.load(tmp_path / "c.json")
+    with pytest.raises(UsageError, match="cannot read the calibration"):
+        Calibration.load(tmp_path / "missing.json")
