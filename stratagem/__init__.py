@@ -6,7 +6,9 @@ the plugins (``stratagem.plugins``) apply a plan with torch-native APIs; the int
 
 Importing this package stays light: nothing here imports lightning or accelerate. When
 ``lightning`` is already imported, it registers ``Trainer(strategy="auto-parallel")``; otherwise
-``import stratagem.integrations.lightning`` does (see that module).
+``import stratagem.integrations.lightning`` does (see that module). Likewise, when
+``lightning.fabric`` is already imported, it registers ``Fabric(strategy="auto-parallel")``
+(``stratagem.integrations.fabric``).
 """
 
 import sys
@@ -15,5 +17,7 @@ __version__ = "0.1.0"
 
 if "lightning.pytorch" in sys.modules:
     from stratagem.integrations import lightning as _lightning  # noqa: F401  (registers on import)
+if "lightning.fabric" in sys.modules:
+    from stratagem.integrations import fabric as _fabric  # noqa: F401  (registers on import)
 
 __all__ = ["__version__"]

@@ -14,17 +14,17 @@ import weakref
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from lightning_utilities.core.apply_func import apply_to_collection
 from torch import Tensor, nn
-from torch.optim import Optimizer
 
 from stratagem.advisor.plan import Plan, Workload
 from stratagem.errors import UsageError
-from stratagem.plugins import autocast_context
+
+if TYPE_CHECKING:
+    from torch.optim import Optimizer
 
 __all__ = ["LIGHTNING_PRECISIONS", "PlanPrecision", "check_plan_precision", "choose_plan", "constructor_options",
            "forward_inputs", "load_plan", "plan_hyperparams", "release_at_exit", "sampler_kwargs",
@@ -79,11 +79,15 @@ class PlanPrecision:
         self._device_type = device_type
 
     def forward_context(self) -> AbstractContextManager:
+        from stratagem.plugins import autocast_context  # `advise --emit lightning` imports this module
+
         return autocast_context(self.plan, self._device_type)
 
     def convert_input(self, data: Any) -> Any:
         if self.plan.precision != "bf16-true":
             return data
+        from lightning_utilities.core.apply_func import apply_to_collection
+
         return apply_to_collection(data, Tensor, lambda t: t.to(torch.bfloat16) if t.is_floating_point() else t)
 
 

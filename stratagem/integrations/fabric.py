@@ -1,0 +1,322 @@
+"""``Fabric(strategy="auto-parallel")``: Fabric training under a stratagem Plan.
+
+:class:`AutoParallelFabricStrategy` is Fabric's ``ModelParallelStrategy`` with the Plan as its
+``parallelize_fn``: it brings the process group up in ``setup_environment`` and, in
+``setup_module``, chooses a Plan (or takes the one given), builds its DeviceMesh and hands the
+module to :func:`stratagem.plugins.apply_plan`. Launching, collectives and meta-device init are
+``ModelParallelStrategy``'s; the Lightning strategy shares the rest through
+:mod:`stratagem.integrations.planning`.
+
+Registration: the name ``"auto-parallel"`` enters Fabric's own ``STRATEGY_REGISTRY`` when this
+module is imported (``import stratagem`` imports it when ``lightning.fabric`` was imported first).
+Fabric re-runs the script for the other ranks, so the import must sit in that script. Passing
+``strategy=AutoParallelFabricStrategy(...)`` always works.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.fabric.plugins.precision import Precision
+from lightning.fabric.strategies import STRATEGY_REGISTRY, ModelParallelStrategy
+from lightning.fabric.strategies.ddp import _DDPBackwardSyncControl
+from lightning.fabric.strategies.model_parallel import _ParallelBackwardSyncControl
+from lightning.fabric.strategies.parallel import ParallelStrategy
+from lightning.fabric.strategies.registry import _StrategyRegistry
+from lightning.fabric.strategies.strategy import _BackwardSyncControl
+from lightning.fabric.utilities.types import _PATH, _Stateful
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.nn.parallel import DistributedDataParallel
+from torch.optim import Optimizer
+from typing_extensions import override
+
+from stratagem.advisor.plan import Plan
+from stratagem.errors import UsageError
+from stratagem.integrations.planning import (
+    PlanPrecision,
+    check_plan_precision,
+    choose_plan,
+    constructor_options,
+    load_plan,
+    release_at_exit,
+    sampler_kwargs,
+    stratagem_precision,
+)
+from stratagem.plugins import apply_plan, build_mesh, build_optimizer
+from stratagem.plugins.materialize import has_meta_tensors, materialize
+from stratagem.plugins.state_dict import (
+    load_checkpoint,
+    model_state_dict,
+    optimizer_state_dict,
+    save_sharded_checkpoint,
+)
+
+__all__ = ["AutoParallelFabricStrategy", "register_strategies"]
+
+log = logging.getLogger(__name__)
+
+
+class _PlanPrecision(PlanPrecision, Precision):
+    """Fabric's fp32 plugin with the Plan's compute precision (see :class:`PlanPrecision`)."""
+
+
+class _PlanBackwardSyncControl(_BackwardSyncControl):
+    """``fabric.no_backward_sync`` for what the plan made: DDP's ``no_sync``, or FSDP2's switch."""
+
+    @override
+    def no_backward_sync(self, module: nn.Module, enabled: bool) -> AbstractContextManager:
+        if isinstance(module, DistributedDataParallel):
+            return _DDPBackwardSyncControl().no_backward_sync(module, enabled)
+        return _ParallelBackwardSyncControl().no_backward_sync(module, enabled)
+
+
+class AutoParallelFabricStrategy(ModelParallelStrategy):
+    """Run a Fabric model as a stratagem Plan says: DDP, ZeRO-1, FSDP2 (ZeRO-2/3, HSDP), tensor
+    parallelism, activation checkpointing, offload and precision, on CPU/gloo or CUDA/NCCL.
+
+    Arguments:
+        plan: the Plan to apply, as a :class:`Plan`, a dict of its fields or a JSON file (see
+            :func:`~stratagem.integrations.planning.load_plan`). ``None`` lets rank 0 choose in
+            ``setup``: it profiles the module on fake tensors from ``example_inputs`` or, when that
+            is not given, the module's ``example_input_array`` (one rank's batch of ``forward``'s
+            inputs: a tensor, a tuple of positional or a dict of keyword arguments), asks the
+            advisor for the best plan on the gathered cluster for a global batch of that batch ×
+            world size (``micro_batch_size`` at that batch, ``grad_accum`` 1), and broadcasts it.
+        example_inputs: inputs to profile on when no plan is given (see ``plan``).
+        target: the runtime the advisor's plans must run on.
+        verbose: print the advisor's table and the chosen plan on rank 0.
+        save_distributed_checkpoint: save checkpoints sharded (a directory written by every rank
+            through ``torch.distributed.checkpoint``) rather than as one file gathered on rank 0.
+            Either kind loads whatever plan wrote it; the layout is the Lightning strategy's.
+        process_group_backend: defaults to ``nccl`` on CUDA, ``gloo`` otherwise.
+        timeout: for the process group's collectives.
+
+    Fabric's ``precision`` must be the plan's (``32-true``→``fp32``, ``bf16-mixed``,
+    ``bf16-true``); the strategy then applies it itself. One model per Fabric: ``setup`` (or
+    ``setup_module``) applies the plan to it. Optimizers given to ``fabric.setup`` with the model
+    are pointed at the parallel parameters (they must not have stepped yet); a ZeRO-1 plan
+    rebuilds the optimizer around :func:`stratagem.plugins.build_optimizer` (same class and
+    defaults, one parameter group, no LR scheduler), also when it is set up with
+    ``setup_optimizers`` after the model. A model built under ``fabric.init_module(empty_init=True)``
+    lives on ``meta`` until the plan is applied and is then initialised by its ``init_weights()``
+    or its layers' ``reset_parameters()``. Pipeline plans (``pp > 1``) are not run yet.
+
+    The process group lives until the process exits; it is then released the way gloo survives.
+    """
+
+    strategy_name = "auto-parallel"
+
+    def __init__(self, plan: Plan | Mapping[str, Any] | str | Path | None = None, *,
+                 example_inputs: Any = None, target: str = "lightning", verbose: bool = True,
+                 save_distributed_checkpoint: bool = True, process_group_backend: str | None = None,
+                 timeout: timedelta | None = default_pg_timeout) -> None:
+        super().__init__(self._apply_plan, save_distributed_checkpoint=save_distributed_checkpoint,
+                         process_group_backend=process_group_backend, timeout=timeout)
+        self._plan = None if plan is None else load_plan(plan)
+        self._example_inputs = example_inputs
+        self._target = target
+        self._verbose = verbose
+        self._backward_sync_control = _PlanBackwardSyncControl()
+        self._module: nn.Module | None = None
+
+    @property
+    def plan(self) -> Plan:
+        """The Plan being applied (chosen in ``setup_module`` when none was given)."""
+        if self._plan is None:
+            raise UsageError("auto-parallel chooses its plan when the model is set up; it is not known yet\n"
+                             "HINT: call fabric.setup(model, ...) first, or pass AutoParallelFabricStrategy(plan=...)")
+        return self._plan
+
+    @property
+    @override
+    def distributed_sampler_kwargs(self) -> dict[str, Any]:
+        return sampler_kwargs(self.plan, self.global_rank)
+
+    @override
+    def setup_environment(self) -> None:
+        # ParallelStrategy's, not ModelParallelStrategy's: the mesh is the plan's, built in setup_module.
+        ParallelStrategy.setup_environment(self)
+        stratagem_precision(self.precision.precision)
+        if self._plan is not None:
+            check_plan_precision(self._plan, self.precision.precision)
+        self._setup_distributed()
+        release_at_exit(weakref.WeakMethod(self._drop_wrappers))
+
+    @override
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        if self._module is not None:
+            raise UsageError("auto-parallel applies its plan to one model, which is already set up\n"
+                             "HINT: set up one model per Fabric, or combine the models in one nn.Module")
+        if self._plan is None:
+            inputs = self._profiled_inputs(module)  # on every rank: choose_plan profiles on rank 0 only
+            self._plan = choose_plan(module, lambda: inputs,
+                                     precision=stratagem_precision(self.precision.precision),
+                                     target=self._target, verbose=self._verbose, node_key=f"node {self.node_rank}")
+        if self.plan.pp > 1:
+            raise UsageError(f"plan {self.plan.name} is a pipeline, which the Fabric strategy does not run yet\n"
+                             "HINT: pin a plan with pp=1")
+        self.precision = _PlanPrecision(self.plan, self.precision.precision, self.root_device.type)
+        self._device_mesh = build_mesh(self.plan, device_type=self.root_device.type)
+        self._module = super().setup_module(module)
+        log.info("auto-parallel: rank %d applied plan %s", self.global_rank, self.plan.name)
+        return self._module
+
+    def _profiled_inputs(self, module: nn.Module) -> Any:
+        inputs = self._example_inputs if self._example_inputs is not None else getattr(
+            module, "example_input_array", None)
+        if inputs is None:
+            raise UsageError(f"auto-parallel needs example inputs to profile {type(module).__name__} and choose a "
+                             "plan\nHINT: pass AutoParallelFabricStrategy(example_inputs=...), set the module's "
+                             "example_input_array, or pin a plan with AutoParallelFabricStrategy(plan=...)")
+        return inputs
+
+    def _apply_plan(self, module: nn.Module, mesh: DeviceMesh) -> nn.Module:
+        """ModelParallelStrategy's ``parallelize_fn``: the plan, applied, with meta weights initialised."""
+        if self.plan.zero < 2:
+            materialize(module, self.root_device)  # DDP broadcasts rank 0's values
+        applied = apply_plan(module, self.plan, mesh)
+        materialize(module, self.root_device)
+        return applied
+
+    @override
+    def setup_module_and_optimizers(self, module: nn.Module, optimizers: list[Optimizer],
+                                    scheduler: Any = None) -> tuple[nn.Module, list[Optimizer], Any]:
+        names = {param: name for name, param in module.named_parameters()}
+        for optimizer in optimizers:
+            _check_fresh(optimizer, names)
+        module = self.setup_module(module)
+        if self.plan.zero == 1:
+            if scheduler is not None:
+                raise UsageError("a zero=1 plan rebuilds the optimizer around ZeroRedundancyOptimizer, so a "
+                                 "scheduler built on the original cannot follow it\nHINT: set up the model and "
+                                 "optimizer first, then build the scheduler on the optimizer setup returned")
+            return module, [self.setup_optimizer(optimizer) for optimizer in optimizers], scheduler
+        current = dict(_unwrap_ddp(module).named_parameters())
+        for optimizer in optimizers:
+            _point_at(optimizer, {param: current[name] for param, name in names.items()})
+        return module, optimizers, scheduler
+
+    @override
+    def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
+        if self._plan is None or self._plan.zero != 1:
+            return optimizer
+        # ZeroRedundancyOptimizer must be built over the DDP module apply_plan returned.
+        if len(optimizer.param_groups) != 1:
+            raise UsageError("a zero=1 plan rebuilds the optimizer around ZeroRedundancyOptimizer and supports "
+                             f"one parameter group, not {len(optimizer.param_groups)}\n"
+                             "HINT: use one parameter group, or a zero=0/2/3 plan")
+        assert self._module is not None
+        return build_optimizer(self._module, self.plan, type(optimizer), **constructor_options(optimizer))
+
+    @override
+    def module_to_device(self, module: nn.Module) -> None:
+        if not has_meta_tensors(module):
+            module.to(self.root_device)
+
+    @override
+    def save_checkpoint(self, path: _PATH, state: dict[str, nn.Module | Optimizer | Any],
+                        storage_options: Any | None = None,
+                        filter: dict[str, Callable[[str, Any], bool]] | None = None) -> None:
+        if storage_options is not None or filter is not None:
+            raise UsageError("auto-parallel checkpoints take no storage_options or filter\n"
+                             "HINT: save the whole state, and filter it after loading")
+        path = Path(self.broadcast(path))  # rank 0's path, for every rank
+        module, optimizers, rest = self._split_state(state)
+        full = not self._save_distributed_checkpoint
+        if full and path.is_dir():
+            raise UsageError(f"cannot save a full checkpoint to {path}: it is a directory\n"
+                             "HINT: give a file path, or save sharded checkpoints")
+        checkpoint = {
+            "state_dict": model_state_dict(module, full=full),
+            "optimizer_states": [optimizer_state_dict(module, o, full=full) for o in optimizers.values()],
+            **{key: value.state_dict() if isinstance(value, _Stateful) else value for key, value in rest.items()},
+        }
+        if not full:
+            save_sharded_checkpoint(path, checkpoint, list(optimizers.values()))
+        elif self.is_global_zero:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(checkpoint, path)
+
+    @override
+    def load_checkpoint(self, path: _PATH, state: nn.Module | Optimizer | dict[str, nn.Module | Optimizer | Any] |
+                        None = None, strict: bool = True, weights_only: bool | None = None) -> dict[str, Any]:
+        if not isinstance(state, dict) or not state:
+            raise UsageError("auto-parallel loads a checkpoint into a state dict holding the set-up model\n"
+                             "HINT: fabric.load(path, {'model': model, 'optimizer': optimizer, ...})")
+        path = Path(self.broadcast(path))
+        module, optimizers, rest = self._split_state(state)
+        remaining = load_checkpoint(path, module, list(optimizers.values()), strict=strict, weights_only=weights_only)
+        missing = rest.keys() - remaining.keys()
+        if strict and missing:
+            raise UsageError(f"the checkpoint {path} holds no {', '.join(sorted(missing))}\n"
+                             "HINT: load with strict=False, or ask only for what was saved")
+        for key in rest.keys() & remaining.keys():
+            if isinstance(rest[key], _Stateful):
+                rest[key].load_state_dict(remaining.pop(key))
+            else:
+                state[key] = remaining.pop(key)
+        return remaining
+
+    def _split_state(self, state: Mapping[str, Any]) -> tuple[nn.Module, dict[str, Optimizer], dict[str, Any]]:
+        """The set-up model (unwrapped from DDP), the optimizers in order and everything else."""
+        modules = [value for value in state.values() if isinstance(value, nn.Module)]
+        if len(modules) != 1 or self._module is None or _unwrap_ddp(modules[0]) is not _unwrap_ddp(self._module):
+            raise UsageError(f"an auto-parallel checkpoint holds the one model the plan was applied to; the state "
+                             f"has {len(modules)} module(s)\nHINT: pass the model fabric.setup returned, once")
+        optimizers = {key: value for key, value in state.items() if isinstance(value, Optimizer)}
+        rest = {key: value for key, value in state.items()
+                if not isinstance(value, (nn.Module, Optimizer))}
+        clash = rest.keys() & {"state_dict", "optimizer_states"}
+        if clash:
+            raise UsageError(f"the checkpoint layout keeps {', '.join(sorted(clash))} for the model and optimizers\n"
+                             "HINT: rename that entry of the state")
+        return _unwrap_ddp(modules[0]), optimizers, rest
+
+    def _drop_wrappers(self) -> None:
+        """Let go of the applied module before the process group goes (PLATFORM_NOTES)."""
+        self._module = None
+
+    @classmethod
+    @override
+    def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
+        strategy_registry.register(cls.strategy_name, cls, description="stratagem: advise a Plan and apply it",
+                                   override=True)
+
+
+def _unwrap_ddp(module: nn.Module) -> nn.Module:
+    return module.module if isinstance(module, DistributedDataParallel) else module
+
+
+def _check_fresh(optimizer: Optimizer, names: dict[nn.Parameter, str]) -> None:
+    """``optimizer`` may follow the model into its plan: it has not stepped and holds only the
+    model's parameters (``names``)."""
+    if optimizer.state:
+        raise UsageError("the optimizer has taken steps before fabric.setup, and its state belongs to the "
+                         "unparallelized parameters\nHINT: set up the model and optimizer before training")
+    if any(param not in names for group in optimizer.param_groups for param in group["params"]):
+        raise UsageError("the optimizer holds parameters of another model than the one being set up\n"
+                         "HINT: build the optimizer from model.parameters()")
+
+
+def _point_at(optimizer: Optimizer, moved: dict[nn.Parameter, nn.Parameter]) -> None:
+    """Point ``optimizer``'s parameter groups at the parameters ``apply_plan`` put in place of the
+    original ones (FSDP and TP register new DTensor parameters)."""
+    for group in optimizer.param_groups:
+        group["params"] = [moved[param] for param in group["params"]]
+
+
+def register_strategies() -> None:
+    """Add ``"auto-parallel"`` to Fabric's ``STRATEGY_REGISTRY`` (again is fine: it overrides)."""
+    AutoParallelFabricStrategy.register_strategies(STRATEGY_REGISTRY)
+
+
+register_strategies()
