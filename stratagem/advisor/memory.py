@@ -1,8 +1,11 @@
 """Memory per rank for a Plan: model states sharded by ZeRO/TP/PP, activations, transient buffers.
 
-The most loaded rank is the first pipeline stage: it holds the embedding and keeps the most
-micro-batches in flight. Every term is a named ``estimate_*`` function returning bytes per rank;
-:func:`estimate_memory` is their visible sum.
+Pipeline ranks differ: the first keeps the most micro-batches in flight, and the partition
+(``Plan.stage_blocks``) gives each rank its own blocks, the first the embedding and the last the
+head. :func:`estimate_memory` costs every rank that may be the most loaded
+(:func:`~stratagem.advisor.stage.candidate_ranks`) and reports the fullest. Every term is a
+named ``estimate_*`` function returning bytes for one pipeline rank (``rank``, 0 by default);
+:func:`estimate_rank_memory` is their visible sum.
 
 Sources: model states — Rajbhandari et al. 2020 (ZeRO), §3 and Table 1; activations —
 Korthikanti et al. 2022, §4 (eq. 1–5) and §4.2.3 (in-flight micro-batches per schedule).
@@ -19,7 +22,7 @@ from stratagem.advisor.plan import Plan, Workload
 from stratagem.advisor.precision import get_precision
 from stratagem.advisor.model_profile import ModelProfile, SegmentProfile
 from stratagem.advisor.memo import by_identity
-from stratagem.advisor.stage import first_stage
+from stratagem.advisor.stage import Stage, candidate_ranks, rank_stages, virtual_stages
 
 # Kept free on every device: CUDA context, NCCL buffers and allocator fragmentation. The
 # context takes ~0.5 GiB on H100 (CUDA 12); NCCL reserves up to ~1 GiB per communicator set.
@@ -93,9 +96,9 @@ def _capacities(cluster: Cluster) -> tuple[float, float]:
     return usable_bytes(cluster.device.memory_bytes), usable_host_bytes_per_rank(cluster)
 
 
-def estimate_params_per_rank(profile: ModelProfile, plan: Plan) -> float:
-    """Parameters the first pipeline rank holds before ZeRO sharding, divided over TP."""
-    return first_stage(profile, plan.pp).num_params / plan.tp
+def estimate_params_per_rank(profile: ModelProfile, plan: Plan, *, rank: int = 0) -> float:
+    """Parameters pipeline rank ``rank`` holds before ZeRO sharding, divided over TP."""
+    return rank_stages(profile, plan)[rank].num_params / plan.tp
 
 
 def estimate_offloaded(params: float, plan: Plan, layout: StateLayout) -> float:
@@ -133,20 +136,35 @@ def estimate_optimizer(params: float, plan: Plan, layout: StateLayout) -> float:
     return layout.optimizer * params / shard
 
 
-def in_flight_microbatches(plan: Plan) -> float:
-    """Micro-batches whose activations the first stage holds at once (Korthikanti §4.2.3).
+def in_flight_microbatches(plan: Plan, *, rank: int = 0) -> float:
+    """Micro-batches whose activations pipeline rank ``rank`` holds at once, in units of the
+    rank's whole set of blocks (Korthikanti §4.2.3): the sum of :func:`in_flight_per_stage`
+    over ``pp_virtual`` — for rank 0 of interleaved 1F1B ``pp·(1 + (pp−1)/(pp·v))``, i.e.
+    L·(1 + (p−1)/(p·v)) layers' worth."""
+    return sum(in_flight_per_stage(plan, rank=rank)) / plan.pp_virtual
 
-    In units of the rank's whole set of blocks: GPipe keeps every micro-batch; 1F1B at most
-    ``pp`` (L layers' worth in all); interleaved 1F1B ``pp·(1 + (pp−1)/(pp·v))``, i.e.
-    L·(1 + (p−1)/(p·v)) layers' worth — its first rank runs ahead on each virtual stage.
+
+def in_flight_per_stage(plan: Plan, *, rank: int) -> tuple[int, ...]:
+    """Micro-batches each of pipeline rank ``rank``'s (virtual) stages holds at the peak of its
+    schedule, as torch's schedules run them (``torch.distributed.pipelining.schedules``).
+
+    GPipe keeps every micro-batch. 1F1B runs ``pp − rank`` warm-up forwards before its first
+    backward: it holds ``min(pp − rank, m)``. Interleaved 1F1B runs ``(v − 1)·pp + 2·(pp −
+    rank − 1)`` warm-up forwards and one more before the first backward (of ``m·v`` at most),
+    forward ``k`` on virtual stage ``(k // pp) mod v``: the first virtual stages hold more.
     """
-    if plan.pp == 1:
-        return 1.0
-    if plan.pp_schedule == "gpipe":
-        return float(plan.microbatches)
-    if plan.pp_schedule == "interleaved-1f1b":
-        return plan.pp * (1 + (plan.pp - 1) / (plan.pp * plan.pp_virtual))
-    return float(min(plan.pp, plan.microbatches))
+    return _in_flight(plan.pp, plan.pp_schedule, plan.pp_virtual, plan.microbatches, rank)
+
+
+@functools.lru_cache(maxsize=4096)
+def _in_flight(pp: int, schedule: str, v: int, m: int, rank: int) -> tuple[int, ...]:
+    if pp == 1 or schedule == "gpipe":
+        return (m,)
+    if schedule == "1f1b":
+        return (min(pp - rank, m),)
+    chunks = min((v - 1) * pp + 2 * (pp - rank - 1) + 1, m * v)
+    cycles, rest = divmod(chunks, pp * v)  # forwards go round the virtual stages, pp at a time
+    return tuple(cycles * pp + min(max(rest - j * pp, 0), pp) for j in range(v))
 
 
 def estimate_block_activations(block: SegmentProfile, plan: Plan, *, scale: float,
@@ -168,29 +186,37 @@ def estimate_block_activations(block: SegmentProfile, plan: Plan, *, scale: floa
     return replicated + (saved - replicated) / plan.tp  # eq. 2
 
 
-def estimate_activations(profile: ModelProfile, plan: Plan) -> float:
-    """Activation bytes on the first pipeline rank at the peak of its schedule.
+def estimate_activations(profile: ModelProfile, plan: Plan, *, rank: int = 0) -> float:
+    """Activation bytes on pipeline rank ``rank`` at the peak of its schedule: each of its
+    stages' activations per micro-batch times the micro-batches that stage holds
+    (:func:`in_flight_per_stage`).
 
     With full checkpointing one block's activations are rebuilt at a time during backward:
     that block's full saved bytes are added once.
     """
-    stage = first_stage(profile, plan.pp)
     scale = plan.micro_batch_size / profile.batch_size
-    per_microbatch = sum(n * estimate_block_activations(b, plan, scale=scale) for b, n in stage.kinds)
-    outside = stage.sums["saved_bytes"] - stage.block_sums["saved_bytes"]  # embedding (and head)
-    per_microbatch += outside * scale / plan.tp
-    total = per_microbatch * in_flight_microbatches(plan)
-    if plan.activation_checkpointing == "full" and stage.kinds:
-        total += max(estimate_block_activations(b, plan, scale=scale, checkpointing="none") for b, _ in stage.kinds)
+    total = sum(held * _per_microbatch(stage, plan, scale=scale) for stage, held in
+                zip(virtual_stages(profile, plan, rank=rank), in_flight_per_stage(plan, rank=rank)))
+    kinds = rank_stages(profile, plan)[rank].kinds
+    if plan.activation_checkpointing == "full" and kinds:
+        total += max(estimate_block_activations(b, plan, scale=scale, checkpointing="none") for b, _ in kinds)
     return total
 
 
-def estimate_buffers(profile: ModelProfile, plan: Plan, params: float) -> float:
+def _per_microbatch(stage: Stage, plan: Plan, *, scale: float) -> float:
+    """Bytes one micro-batch leaves saved on ``stage``: its blocks', and the embedding's or
+    head's (split over TP)."""
+    blocks = sum(n * estimate_block_activations(b, plan, scale=scale) for b, n in stage.kinds)
+    outside = stage.sums["saved_bytes"] - stage.block_sums["saved_bytes"]
+    return blocks + outside * scale / plan.tp
+
+
+def estimate_buffers(profile: ModelProfile, plan: Plan, params: float, *, rank: int = 0) -> float:
     """Transient bytes: gathered FSDP units (current and prefetched), DDP buckets, and
     autocast's compute-dtype weight copies, which live from forward to backward. ``params``:
     the rank's parameters before sharding."""
     prec = get_precision(plan.precision)
-    stage = first_stage(profile, plan.pp)
+    stage = rank_stages(profile, plan)[rank]
     largest_unit = stage.largest_unit_params / plan.tp
     if plan.zero >= 2:
         gathered = 2 * largest_unit * prec.compute_bytes
@@ -202,14 +228,22 @@ def estimate_buffers(profile: ModelProfile, plan: Plan, params: float) -> float:
 
 
 def estimate_memory(profile: ModelProfile, workload: Workload, plan: Plan, *, runtime: str = "torch") -> MemoryBreakdown:
-    """Peak bytes per rank on the most loaded rank, term by term."""
+    """Peak bytes per rank on the most loaded rank, term by term: every pipeline rank that may
+    be the most loaded is costed (:func:`~stratagem.advisor.stage.candidate_ranks`), the
+    fullest reported."""
     layout = state_layout(plan.precision, workload.optimizer, runtime=runtime)
-    params = estimate_params_per_rank(profile, plan)
+    ranks = (estimate_rank_memory(profile, plan, layout, rank=r) for r in candidate_ranks(profile, plan))
+    return max(ranks, key=lambda m: (m.total, m.host))
+
+
+def estimate_rank_memory(profile: ModelProfile, plan: Plan, layout: StateLayout, *, rank: int) -> MemoryBreakdown:
+    """Peak bytes of pipeline rank ``rank``, term by term."""
+    params = estimate_params_per_rank(profile, plan, rank=rank)
     return MemoryBreakdown(
         parameters=estimate_parameters(params, plan, layout),
         gradients=estimate_gradients(params, plan, layout),
         optimizer=estimate_optimizer(params, plan, layout),
-        activations=estimate_activations(profile, plan),
-        buffers=estimate_buffers(profile, plan, params),
+        activations=estimate_activations(profile, plan, rank=rank),
+        buffers=estimate_buffers(profile, plan, params, rank=rank),
         host=estimate_offloaded(params, plan, layout),
     )

@@ -81,6 +81,7 @@ class ModelProfile:
     num_kv_heads: int | None = None
     tp_layout: tuple[tuple[str, str], ...] = ()  # how TP splits it (Plan.tp_layout); () if it cannot
     tp_unavailable: str | None = None  # why there is no TP layout
+    pp_unavailable: str | None = None  # why the blocks cannot become pipeline stages
     notes: tuple[str, ...] = ()
     profile_seconds: float = 0.0
 
@@ -88,6 +89,11 @@ class ModelProfile:
     def segments(self) -> tuple[SegmentProfile, ...]:
         """Embedding, blocks, head: in execution order."""
         return (self.embed, *self.blocks, self.head)
+
+    @property
+    def block_classes(self) -> tuple[str, ...]:
+        """Class names of the blocks, each once in order: the units FSDP wraps by class."""
+        return tuple(dict.fromkeys(b.kind for b in self.blocks))
 
     @property
     def num_params(self) -> int:
@@ -137,6 +143,7 @@ class ModelProfile:
             "block_container": self.block_container,
             "tp_layout": [list(pair) for pair in self.tp_layout],
             "tp_unavailable": self.tp_unavailable,
+            "pp_unavailable": self.pp_unavailable,
             "embed": self.embed.to_dict(),
             "blocks": [b.to_dict() for b in self.blocks],
             "head": self.head.to_dict(),

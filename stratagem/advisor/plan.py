@@ -67,6 +67,10 @@ class Plan:
     ``tp_layout`` says how tensor parallelism splits the model: ``(pattern, style)`` pairs, the
     pattern a module FQN with ``*`` for a block index (``"layers.*.attention.wq"``), the style one
     of :data:`TP_STYLES` — the Hugging Face ``base_model_tp_plan`` vocabulary.
+    ``stage_blocks`` is the pipeline partition: blocks per stage, ``pp × pp_virtual`` entries in
+    stage order (rank ``r`` runs stages ``r, r + pp, …``), the embedding before stage 0's blocks and
+    the head after the last stage's; None splits the blocks as evenly as possible
+    (:func:`even_stage_blocks`). The advisor fills it with a balanced partition.
     """
 
     pp: int = 1
@@ -85,6 +89,7 @@ class Plan:
     precision: str = "bf16-mixed"
     block_container: str | None = None
     tp_layout: tuple[tuple[str, str], ...] = ()
+    stage_blocks: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         counts = (self.pp, self.dp_replicate, self.dp_shard, self.tp, self.pp_virtual,
@@ -99,6 +104,7 @@ class Plan:
         _choice("Plan.precision", self.precision, tuple(PRECISIONS))
         self._check_data_parallel()
         self._check_pipeline()
+        self._check_stage_blocks()
         if self.sequence_parallel and self.tp == 1:
             raise UsageError("Plan.sequence_parallel needs tp > 1: it splits activations over the TP group")
         for pattern, style in self.tp_layout:
@@ -138,6 +144,18 @@ class Plan:
         if interleaved and self.microbatches % self.pp:
             raise UsageError(f"interleaved-1f1b needs microbatches ({self.microbatches}) "
                              f"divisible by pp ({self.pp})")
+
+    def _check_stage_blocks(self) -> None:
+        if self.stage_blocks is None:
+            return
+        if self.pp == 1:
+            raise UsageError("Plan.stage_blocks partitions pipeline stages; with pp=1 it must be None")
+        if (len(self.stage_blocks) != self.num_stages or set(map(type, self.stage_blocks)) != {int}
+                or min(self.stage_blocks) < 1):  # not all(...): the search builds many plans
+            raise UsageError(f"Plan.stage_blocks={list(self.stage_blocks)} must hold {self.num_stages} positive "
+                             f"block counts (pp {self.pp} × virtual {self.pp_virtual} stages)\n"
+                             "HINT: one count per stage in stage order, e.g. [3, 5] for pp=2; or leave it "
+                             "unset for an even split")
 
     # -- derived -------------------------------------------------------------------------
 
@@ -223,11 +241,25 @@ class Plan:
         if num_blocks is not None and self.pp > 1 and num_blocks < self.num_stages:
             raise UsageError(f"{self.num_stages} pipeline stages (pp {self.pp} × virtual {self.pp_virtual}) "
                              f"but the model has only {num_blocks} blocks")
+        if num_blocks is not None and self.stage_blocks is not None and sum(self.stage_blocks) != num_blocks:
+            raise UsageError(f"Plan.stage_blocks={list(self.stage_blocks)} covers {sum(self.stage_blocks)} "
+                             f"blocks, but the model has {num_blocks}\nHINT: the counts must add up to "
+                             "the model's blocks; or leave stage_blocks unset for an even split")
+
+    def blocks_per_stage(self, num_blocks: int) -> tuple[int, ...]:
+        """Blocks of each pipeline stage in stage order: ``stage_blocks``, or the even split of
+        ``num_blocks`` (``(num_blocks,)`` without pipelining)."""
+        if self.pp == 1:
+            return (num_blocks,)
+        if self.stage_blocks is not None:
+            return self.stage_blocks
+        return even_stage_blocks(num_blocks, self.num_stages)
 
     # -- serialization -------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain fields, JSON-ready (``tp_layout`` as a list of ``[pattern, style]`` pairs)."""
+        """Plain fields, JSON-ready (``tp_layout`` as a list of ``[pattern, style]`` pairs,
+        ``stage_blocks`` as a list or None)."""
         return asdict(self)
 
     @classmethod
@@ -238,7 +270,8 @@ class Plan:
         if unknown:
             raise UsageError(f"unknown Plan field(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
         layout = tuple(tuple(pair) for pair in data.get("tp_layout", ()))
-        return cls(**{**data, "tp_layout": layout})
+        stages = data.get("stage_blocks")
+        return cls(**{**data, "tp_layout": layout, "stage_blocks": None if stages is None else tuple(stages)})
 
     def to_json(self, **kwargs: Any) -> str:
         return json.dumps(self.to_dict(), **kwargs)
@@ -260,6 +293,13 @@ class Plan:
         if isinstance(data.get("plan"), dict):  # one entry of `advise --format json`
             data = data["plan"]
         return cls.from_dict(data)
+
+
+def even_stage_blocks(num_blocks: int, num_stages: int) -> tuple[int, ...]:
+    """``num_blocks`` split into ``num_stages`` contiguous stages as evenly as possible (the
+    earlier stages take the remainder)."""
+    per, extra = divmod(num_blocks, num_stages)
+    return tuple(per + (i < extra) for i in range(num_stages))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from stratagem.advisor.measure import EMBED, HEAD, RunRecord, SegmentCounts, quiet_fake_tensor_log, run_fake_step
 from stratagem.advisor.precision import Precision, get_precision, torch_dtype
 from stratagem.advisor.model_profile import ModelProfile, SegmentProfile
-from stratagem.advisor.structure import attention_heads, find_blocks, linear_layers
+from stratagem.advisor.structure import attention_heads, find_blocks, linear_layers, pp_unavailable
 from stratagem.advisor.tp_layout import LinearCallRecorder, find_tp_layout
 from stratagem.errors import UsageError
 
@@ -86,6 +86,7 @@ def profile_model(
         num_kv_heads=kv_heads,
         tp_layout=tp_layout,
         tp_unavailable=tp_unavailable,
+        pp_unavailable=pp_unavailable(model, structure),
         notes=tuple(notes),
         profile_seconds=time.perf_counter() - started,
         **_assemble(model, structure.blocks, record, prec, notes),

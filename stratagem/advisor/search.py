@@ -1,9 +1,10 @@
 """Search: enumerate plans, prune what cannot divide or fit, rank by predicted throughput.
 
 ``search_plans`` yields every plan worth costing for a model, cluster and workload: mesh
-factorizations (tp inside a node and dividing the heads, pp dividing the blocks), ZeRO stages
-and HSDP, sequence parallelism, pipeline schedules and virtual stages, micro-batch sizes with
-the accumulation that reaches the global batch, activation checkpointing and CPU offload.
+factorizations (tp inside a node and dividing the heads, pp up to the number of blocks), ZeRO
+stages and HSDP, sequence parallelism, pipeline schedules and virtual stages, each with its
+balanced stage partition (or the user's), micro-batch sizes with the accumulation that reaches
+the global batch, activation checkpointing and CPU offload.
 ``advise`` costs them (memory first: a plan that does not fit is not timed, and larger
 micro-batches of a plan that does not fit are skipped), keeps those that fit, ranks them and
 explains the ranking.
@@ -23,6 +24,7 @@ from stratagem.advisor.hardware import Cluster
 from stratagem.advisor.memory import estimate_memory, overflow
 from stratagem.advisor.plan import CHECKPOINTING, Plan, Workload
 from stratagem.advisor.model_profile import ModelProfile
+from stratagem.advisor.partition import balanced_stage_blocks
 from stratagem.advisor.targets import (
     check_target,
     divisors,
@@ -34,6 +36,9 @@ from stratagem.advisor.targets import (
 from stratagem.errors import UsageError
 
 VIRTUAL_STAGES = (2, 4)
+
+OBJECTIVES = {"throughput": "the fastest step", "memory": "the least memory per device"}
+"""What ``advise`` can rank plans by, and how the report says it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +77,7 @@ def _schedules(pp: int, num_blocks: int) -> Iterator[tuple[str, int]]:
     yield "gpipe", 1
     yield "1f1b", 1
     for v in VIRTUAL_STAGES:
-        if num_blocks % (pp * v) == 0:
+        if num_blocks >= pp * v:
             yield "interleaved-1f1b", v
 
 
@@ -95,11 +100,24 @@ def _micro_batching(layout: _Layout, local_batch: int, schedule: str, v: int) ->
             yield mbs, m, 1
 
 
+def _partition(profile: ModelProfile, pp: int, v: int,
+               pinned: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """The stage partition for ``pp × v`` stages: ``pinned`` where it has that many stages (a
+    plan with another number is left out by the constraint), else the balanced one."""
+    if pp == 1:
+        return None
+    if pinned is not None and len(pinned) == pp * v:
+        return pinned
+    return balanced_stage_blocks(profile, pp * v)
+
+
 def search_plans(profile: ModelProfile, cluster: Cluster, workload: Workload, *,
-                 excluded: Counter | None = None) -> Iterator[Iterator[Plan]]:
+                 excluded: Counter | None = None,
+                 stage_blocks: tuple[int, ...] | None = None) -> Iterator[Iterator[Plan]]:
     """Candidate plans in groups that differ only by micro-batch size (ascending), so that a
     caller can stop a group at its first plan that does not fit; a group builds its plans
-    lazily, so the rest of a stopped group costs nothing."""
+    lazily, so the rest of a stopped group costs nothing. Pipeline plans carry the balanced
+    partition, or ``stage_blocks`` (a user's) where its length fits."""
     excluded = Counter() if excluded is None else excluded
     for layout in _layouts(profile, cluster):
         dp = layout.dp_replicate * layout.dp_shard
@@ -109,6 +127,7 @@ def search_plans(profile: ModelProfile, cluster: Cluster, workload: Workload, *,
         local = workload.global_batch_size // dp
         for sp in (False, True) if layout.tp > 1 else (False,):
             for schedule, v in _schedules(layout.pp, len(profile.blocks)):
+                partition = _partition(profile, layout.pp, v, stage_blocks)
                 for ckpt in CHECKPOINTING:
                     for offload in _offloads(layout, cluster):
                         yield (
@@ -117,29 +136,38 @@ def search_plans(profile: ModelProfile, cluster: Cluster, workload: Workload, *,
                                  pp_schedule=schedule, pp_virtual=v, microbatches=m, micro_batch_size=mbs,
                                  grad_accum=ga, activation_checkpointing=ckpt, offload=offload,
                                  precision=workload.precision, block_container=profile.block_container,
-                                 tp_layout=profile.tp_layout if layout.tp > 1 else ())
+                                 tp_layout=profile.tp_layout if layout.tp > 1 else (),
+                                 stage_blocks=partition)
                             for mbs, m, ga in _micro_batching(layout, local, schedule, v)
                         )
 
 
 def advise(profile: ModelProfile, cluster: Cluster, workload: Workload, *, top: int = 5,
-           target: str = "any", constraints: dict | None = None) -> Advice:
+           target: str = "any", constraints: dict | None = None, objective: str = "throughput") -> Advice:
     """Rank every plan that fits ``cluster`` for ``profile`` under ``workload``; best first.
 
     ``target`` keeps only plans a runtime can run (``any``, ``lightning``, ``accelerate``,
-    ``deepspeed``); ``constraints`` pins Plan fields (``{"tp": 2}``, ``{"zero": (2, 3)}``).
+    ``deepspeed``); ``constraints`` pins Plan fields (``{"tp": 2}``, ``{"zero": (2, 3)}``);
+    ``objective`` is what ranks them (:data:`OBJECTIVES`).
     """
     started = time.perf_counter()
     check_target(target)
+    if objective not in OBJECTIVES:
+        raise UsageError(f"unknown objective {objective!r}; valid: {', '.join(OBJECTIVES)}")
     if top < 1:
         raise UsageError(f"top must be at least 1, got {top}")
     pinned = _check_constraints(constraints or {})
+    pinned_stages = pinned.get("stage_blocks", (None,))[0]
+    if pinned_stages is not None and sum(pinned_stages) != len(profile.blocks):
+        raise UsageError(f"the pinned stage_blocks {list(pinned_stages)} cover {sum(pinned_stages)} blocks, but "
+                         f"{profile.name} has {len(profile.blocks)}\nHINT: give one block count per pipeline "
+                         "stage, adding up to the model's blocks")
     runtime = runtime_for(target)
     excluded: Counter = Counter()
     fitting, smallest, evaluated = [], None, 0
-    for group in search_plans(profile, cluster, workload, excluded=excluded):
+    for group in search_plans(profile, cluster, workload, excluded=excluded, stage_blocks=pinned_stages):
         for plan in group:
-            reason = _excluded_by(plan, target, pinned)
+            reason = _excluded_by(plan, target, pinned, on_gpu=cluster.is_gpu)
             if reason:
                 excluded[reason] += 1
                 continue
@@ -153,14 +181,15 @@ def advise(profile: ModelProfile, cluster: Cluster, workload: Workload, *, top: 
             fitting.append(evaluate(profile, cluster, workload, plan, runtime=runtime, memory=memory))
     if evaluated == 0:
         raise _no_candidates(cluster, workload, excluded)
-    ranked = _distinct_layouts(_rank(fitting))
+    ranked = _distinct_layouts(_rank(fitting, objective))
     reasons = explain_ranking(ranked) if ranked else ()
     suggestions = () if ranked else suggest_fixes(profile, cluster, workload, smallest and smallest[1:], runtime=runtime,
                                                        candidates=search_plans)
     return Advice(
         profile=profile, cluster=cluster, workload=workload, target=target, plans=tuple(ranked[:top]),
         reasons=reasons, suggestions=suggestions, excluded=dict(excluded),
-        notes=(*_model_notes(profile, cluster), *profile.notes, *cluster.notes), num_evaluated=evaluated,
+        notes=(*_model_notes(profile, cluster), *_objective_note(objective), *profile.notes, *cluster.notes),
+        num_evaluated=evaluated,
         search_seconds=time.perf_counter() - started,
     )
 
@@ -168,7 +197,10 @@ def advise(profile: ModelProfile, cluster: Cluster, workload: Workload, *, top: 
 def _model_notes(profile: ModelProfile, cluster: Cluster) -> tuple[str, ...]:
     """What the model itself rules out, said once."""
     _, no_tp = tp_degrees(profile, cluster.devices_per_node)
-    return (f"No tensor-parallel plans: {no_tp}.",) if no_tp else ()
+    notes = (f"No tensor-parallel plans: {no_tp}.",) if no_tp else ()
+    if profile.pp_unavailable and cluster.world_size > 1:
+        notes += (f"No pipeline plans: {profile.pp_unavailable}.",)
+    return notes
 
 
 def _no_candidates(cluster: Cluster, workload: Workload, excluded: Counter) -> UsageError:
@@ -181,8 +213,15 @@ def _no_candidates(cluster: Cluster, workload: Workload, excluded: Counter) -> U
         f"{cluster.world_size}, with enough micro-batches per replica to fill a pipeline")
 
 
-def _rank(estimates: list) -> list:
-    """Fastest first; among plans within NEAR_TIE of the fastest, the simplest leads."""
+def _objective_note(objective: str) -> tuple[str, ...]:
+    return () if objective == "throughput" else (f"Ranked by {OBJECTIVES[objective]} (objective {objective}).",)
+
+
+def _rank(estimates: list, objective: str = "throughput") -> list:
+    """Fastest first (objective ``throughput``; among plans within NEAR_TIE of the fastest, the
+    simplest leads), or least memory per device first (``memory``; the faster of equals first)."""
+    if objective == "memory":
+        return sorted(estimates, key=lambda e: (e.memory.total, -e.throughput))
     ranked = sorted(estimates, key=lambda e: -e.throughput)
     if not ranked:
         return ranked
@@ -210,11 +249,14 @@ def _check_constraints(constraints: dict) -> dict[str, tuple]:
     unknown = sorted(set(constraints) - fields)
     if unknown:
         raise UsageError(f"unknown constraint(s) {', '.join(unknown)}; valid: {', '.join(sorted(fields))}")
-    return {k: tuple(v) if isinstance(v, (tuple, list, set)) else (v,) for k, v in constraints.items()}
+    pinned = {k: tuple(v) if isinstance(v, (tuple, list, set)) else (v,) for k, v in constraints.items()}
+    if constraints.get("stage_blocks") is not None:  # one partition, not a set of choices
+        pinned["stage_blocks"] = (tuple(constraints["stage_blocks"]),)
+    return pinned
 
 
-def _excluded_by(plan: Plan, target: str, pinned: dict[str, tuple]) -> str | None:
-    reason = target_excludes(target, plan)
+def _excluded_by(plan: Plan, target: str, pinned: dict[str, tuple], *, on_gpu: bool) -> str | None:
+    reason = target_excludes(target, plan, on_gpu=on_gpu)
     if reason:
         return f"not runnable by {target}: {reason}"
     for name, allowed in pinned.items():

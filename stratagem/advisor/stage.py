@@ -1,26 +1,29 @@
 """Pipeline stages of a profile, with the sums the cost models read, computed once per stage.
 
-The search costs tens of thousands of plans for one profile and a handful of pipeline degrees;
+The search costs tens of thousands of plans for one profile and a handful of partitions;
 summing 80 blocks for every plan would dominate it. A :class:`Stage` holds one rank's segments,
 their per-field sums, and its blocks folded into kinds (identical blocks with a count), so a
-cost term is a few multiplications.
+cost term is a few multiplications. The stages are exactly the plan's partition
+(:meth:`~stratagem.advisor.plan.Plan.blocks_per_stage`): pipeline rank ``r`` holds stages
+``r, r + pp, …`` (one per virtual stage), the embedding with stage 0, the head with the last.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
 
 from stratagem.advisor.memo import by_identity
 from stratagem.advisor.model_profile import ModelProfile, SegmentProfile
+from stratagem.advisor.plan import Plan
 
 _SUMMED = tuple(f.name for f in fields(SegmentProfile) if f.type in ("int", int))
 
 
 @dataclass(frozen=True, slots=True)
 class Stage:
-    """The segments one pipeline rank holds: ⌈blocks/pp⌉ blocks plus the embedding (first
-    stage) or the head (last stage); every segment when pp = 1."""
+    """The segments one pipeline rank holds: the blocks of its stages, plus the embedding (on
+    the rank of the first stage) and the head (on the rank of the last); every segment when
+    pp = 1."""
 
     segments: tuple[SegmentProfile, ...]
     blocks: tuple[SegmentProfile, ...]
@@ -35,36 +38,75 @@ class Stage:
         return self.sums["num_params"]
 
 
-def first_stage(profile: ModelProfile, pp: int) -> Stage:
-    """The first pipeline rank's stage (it keeps the most micro-batches in flight)."""
-    return _stage_of(profile, pp, "first")
-
-
-def busiest_stage(profile: ModelProfile, pp: int) -> Stage:
-    """The stage with the most FLOPs: the first (with the embedding) or the last (with the head)."""
-    return _stage_of(profile, pp, "busiest")
+def busiest_stage(profile: ModelProfile, plan: Plan) -> Stage:
+    """The pipeline rank with the most FLOPs, all its stages together."""
+    return max(rank_stages(profile, plan), key=lambda s: s.sums["fwd_flops"] + s.sums["bwd_flops"])
 
 
 def whole_model(profile: ModelProfile) -> Stage:
     """Every segment, as one stage: the model's totals without summing them again."""
-    return _stage_of(profile, 1, "first")
+    return _ranks(profile, 1, (len(profile.blocks),))[0]
+
+
+def rank_stages(profile: ModelProfile, plan: Plan) -> tuple[Stage, ...]:
+    """One :class:`Stage` per pipeline rank, for the partition ``plan`` carries."""
+    return _ranks(profile, plan.pp, plan.blocks_per_stage(len(profile.blocks)))
+
+
+def candidate_ranks(profile: ModelProfile, plan: Plan) -> tuple[int, ...]:
+    """The pipeline ranks that may be the most loaded in memory: those no lower rank dominates.
+    A lower rank keeps at least as many micro-batches in flight under every schedule, so one
+    that also holds at least as much of everything (each block kind, every summed field, the
+    activations outside the blocks, the largest FSDP unit) needs at least as much memory."""
+    return _candidates(profile, plan.pp, plan.blocks_per_stage(len(profile.blocks)))
 
 
 @by_identity
-def _stage_of(profile: ModelProfile, pp: int, which: str) -> Stage:
-    return _build(profile, pp, which)
+def _candidates(profile: ModelProfile, pp: int, stage_blocks: tuple[int, ...]) -> tuple[int, ...]:
+    kinds = sorted({b.measured_as or b.name for b in profile.blocks})
+
+    def load(stage: Stage) -> tuple[int, ...]:
+        counts = {b.measured_as or b.name: n for b, n in stage.kinds}
+        outside = stage.sums["saved_bytes"] - stage.block_sums["saved_bytes"]
+        return (*stage.sums.values(), outside, stage.largest_unit_params, *(counts.get(k, 0) for k in kinds))
+
+    # virtual stage by virtual stage: a lower rank keeps at least as many in flight on each
+    parts = _parts(profile, stage_blocks)
+    loads = [tuple(x for part in parts[rank::pp] for x in load(part)) for rank in range(pp)]
+    return tuple(r for r, mine in enumerate(loads)
+                 if not any(all(a >= b for a, b in zip(loads[lower], mine)) for lower in range(r)))
 
 
-def _build(profile: ModelProfile, pp: int, which: str) -> Stage:
-    if pp == 1:
-        return _stage(profile.segments, profile.blocks)
-    per_stage = math.ceil(len(profile.blocks) / pp)
-    first_blocks, last_blocks = profile.blocks[:per_stage], profile.blocks[-per_stage:]
-    first = _stage((profile.embed, *first_blocks), first_blocks)
-    if which == "first":
-        return first
-    last = _stage((*last_blocks, profile.head), last_blocks)
-    return max((first, last), key=lambda s: s.sums["fwd_flops"] + s.sums["bwd_flops"])
+def virtual_stages(profile: ModelProfile, plan: Plan, *, rank: int) -> tuple[Stage, ...]:
+    """Pipeline rank ``rank``'s stages one by one (``pp_virtual`` of them), in schedule order."""
+    return _parts(profile, plan.blocks_per_stage(len(profile.blocks)))[rank::plan.pp]
+
+
+@by_identity
+def _parts(profile: ModelProfile, stage_blocks: tuple[int, ...]) -> tuple[Stage, ...]:
+    parts, start = [], 0
+    for index, count in enumerate(stage_blocks):
+        blocks = profile.blocks[start:start + count]
+        segments = ((profile.embed,) if index == 0 else ()) + blocks + \
+            ((profile.head,) if index == len(stage_blocks) - 1 else ())
+        parts.append(_stage(segments, blocks))
+        start += count
+    return tuple(parts)
+
+
+@by_identity
+def _ranks(profile: ModelProfile, pp: int, stage_blocks: tuple[int, ...]) -> tuple[Stage, ...]:
+    bounds = [0]
+    for count in stage_blocks:
+        bounds.append(bounds[-1] + count)
+    last = len(stage_blocks) - 1
+    ranks = []
+    for rank in range(pp):
+        stages = range(rank, len(stage_blocks), pp)
+        blocks = tuple(b for s in stages for b in profile.blocks[bounds[s]:bounds[s + 1]])
+        segments = ((profile.embed,) if rank == 0 else ()) + blocks + ((profile.head,) if last in stages else ())
+        ranks.append(_stage(segments, blocks))
+    return tuple(ranks)
 
 
 def _stage(segments: tuple[SegmentProfile, ...], blocks: tuple[SegmentProfile, ...]) -> Stage:

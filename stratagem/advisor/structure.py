@@ -50,6 +50,25 @@ def find_blocks(model: nn.Module) -> ModelStructure:
     return ModelStructure(container=fqn, blocks=tuple(f"{prefix}{name}" for name, _ in container.named_children()))
 
 
+def pp_unavailable(model: nn.Module, structure: ModelStructure) -> str | None:
+    """Why the blocks cannot become pipeline stages, or None: there are no blocks, or a
+    parameter is shared between places that may land on different stages (tied embedding and
+    output weights), which stages holding separate copies would let drift apart."""
+    if structure.container is None:
+        return "no repeated blocks to split into stages"
+    prefixes = tuple(f"{b}." for b in structure.blocks)
+    places: dict[int, set[str]] = {}
+    names: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        place = next((p for p in prefixes if name.startswith(p)), name)
+        places.setdefault(id(param), set()).add(place)
+        names.setdefault(id(param), []).append(name)
+    shared = next((names[key] for key, where in places.items() if len(where) > 1), None)
+    if shared:
+        return f"{' and '.join(shared)} are one shared parameter (tied weights) that stages would split"
+    return None
+
+
 def linear_layers(block: nn.Module) -> tuple[LinearLayer, ...]:
     """Every ``nn.Linear`` inside ``block``, in registration order."""
     return tuple(

@@ -13,6 +13,7 @@ from stratagem.advisor.model_profile import ModelProfile
 from stratagem.errors import UsageError
 
 TARGETS = ("any", "lightning", "accelerate", "deepspeed")
+OPTIMIZER_OFFLOAD = "optimizer-only CPU offload (FSDP2 offloads parameters too; DeepSpeed's ZeRO-Offload can)"
 
 
 def check_target(target: str) -> str:
@@ -27,24 +28,54 @@ def runtime_for(target: str) -> str:
     return "deepspeed" if target == "deepspeed" else "torch"
 
 
-def target_excludes(target: str, plan: Plan) -> str | None:
-    """Why ``target`` cannot run ``plan``, or None when it can."""
+def target_excludes(target: str, plan: Plan, *, on_gpu: bool = True) -> str | None:
+    """Why ``target`` cannot run ``plan`` (on GPUs, or on CPU ranks when not ``on_gpu``), or None
+    when it can."""
     if plan.tp > 1 and plan.zero < 2 and plan.dp > 1:
         return "DDP over tensor-parallel weights (DDP takes no DTensor parameters; FSDP/HSDP does)"
     if plan.offload == "optimizer" and target != "deepspeed":
-        return "optimizer-only CPU offload (FSDP2 offloads parameters too; DeepSpeed's ZeRO-Offload can)"
+        return OPTIMIZER_OFFLOAD
     if target == "accelerate":
-        if plan.pp > 1:
-            return "pipeline parallelism (Accelerate trains none)"
         if plan.tp > 1:
             return "tensor parallelism (Accelerate needs a model carrying a TP plan)"
+        if not on_gpu and plan.zero >= 2:
+            return "FSDP on CPU ranks (Accelerate runs only DDP there)"
+        return accelerate_excludes(plan)
+    if target == "lightning" and plan.pp_virtual > 1:
+        return "interleaved pipeline stages (the auto-parallel strategy runs one stage per rank)"
+    if target == "lightning" and plan.pp > 1 and plan.zero < 2 and plan.dp > 1:
+        return "pipeline stages under DDP (the auto-parallel strategy runs pipelines with FSDP or alone)"
     if target == "deepspeed":
-        if plan.tp > 1:
-            return "tensor parallelism (not in DeepSpeed training configs)"
-        if plan.pp > 1 and plan.zero >= 2:
-            return "ZeRO-2/3 with pipeline parallelism (DeepSpeed allows ZeRO-1 only)"
-        if plan.pp > 1 and plan.pp_schedule != "1f1b":
-            return f"{plan.pp_schedule} schedule (DeepSpeed pipelines run 1F1B)"
+        return deepspeed_excludes(plan)
+    return None
+
+
+def accelerate_excludes(plan: Plan) -> str | None:
+    """Why Accelerate's own config (DDP, FSDP2, ParallelismConfig; no DeepSpeed) cannot express
+    ``plan``, or None. Shared with the Accelerate exporter; tensor parallelism is left to the
+    caller, as only a model carrying a TP plan allows it."""
+    if plan.offload == "optimizer":
+        return OPTIMIZER_OFFLOAD
+    if plan.pp > 1:
+        return "pipeline parallelism (Accelerate trains none)"
+    if plan.zero == 1:
+        return "ZeRO-1 (Accelerate shards optimizer states alone only through DeepSpeed)"
+    if plan.activation_checkpointing == "selective":
+        return "selective activation checkpointing (Accelerate's FSDP checkpoints whole blocks)"
+    if plan.activation_checkpointing != "none" and plan.zero < 2:
+        return "activation checkpointing without FSDP (Accelerate's config sets it through FSDP only)"
+    return None
+
+
+def deepspeed_excludes(plan: Plan) -> str | None:
+    """Why a DeepSpeed training config cannot express ``plan``, or None (shared with the
+    DeepSpeed exporters)."""
+    if plan.tp > 1:
+        return "tensor parallelism (not in DeepSpeed training configs)"
+    if plan.pp > 1 and plan.zero >= 2:
+        return "ZeRO-2/3 with pipeline parallelism (DeepSpeed allows ZeRO-1 only)"
+    if plan.pp > 1 and plan.pp_schedule != "1f1b":
+        return f"{plan.pp_schedule} schedule (DeepSpeed pipelines run 1F1B)"
     return None
 
 
@@ -70,9 +101,13 @@ def _split_widths(profile: ModelProfile) -> set[int]:
 
 
 def pp_degrees(profile: ModelProfile, world: int) -> tuple[int, ...]:
-    """Pipeline degrees dividing both the world and the number of blocks."""
+    """Pipeline degrees dividing the world, with at least one block per stage (the partition
+    balances uneven stages); only 1 when the profile found the model cannot be split
+    (``profile.pp_unavailable``)."""
     blocks = len(profile.blocks)
-    return tuple(p for p in divisors(world) if p == 1 or (blocks >= p and blocks % p == 0))
+    if profile.pp_unavailable:
+        return (1,)
+    return tuple(p for p in divisors(world) if p == 1 or blocks >= p)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -1,7 +1,8 @@
 """Step time of one Plan: a visible sum of named terms, each with its source.
 
-:func:`estimate_time` scores the most loaded rank: a rank of the pipeline stage with the most
-FLOPs (blocks split evenly over ``pp``, the embedding on the first stage, the head on the last).
+:func:`estimate_time` scores the most loaded rank: the pipeline rank whose stages have the most
+FLOPs, under the partition the plan carries (``Plan.stage_blocks``; the embedding on the first
+stage, the head on the last).
 It first describes that rank's work once (:class:`RankStep`), then adds the terms of
 :class:`~stratagem.advisor.estimate.TimeBreakdown`: compute, recompute, data-, tensor- and
 pipeline-parallel communication (exposed part and total), pipeline bubble, optimizer step and
@@ -162,7 +163,7 @@ def rank_step(profile: ModelProfile, *, cluster: Cluster, workload: Workload,
     fraction = ACHIEVABLE_FLOPS_FRACTION["gpu" if cluster.is_gpu else "cpu"]
     peak = estimate_peak_flops(cluster, precision=plan.precision)
     return RankStep(profile=profile, cluster=cluster, plan=plan, optimizer=workload.optimizer,
-                    precision=get_precision(plan.precision), stage=busiest_stage(profile, plan.pp),
+                    precision=get_precision(plan.precision), stage=busiest_stage(profile, plan),
                     links=mesh_links(cluster, plan),
                     flops_per_second=fraction * peak)
 

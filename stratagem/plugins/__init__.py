@@ -12,7 +12,13 @@ Typical use, on every rank once the process group is up::
 applied in. Applied today: DDP, ZeRO-1 (``ZeroRedundancyOptimizer``), FSDP2 (ZeRO-2/3, HSDP),
 CPU offload, activation checkpointing (full and selective), precision, and tensor and sequence
 parallelism from the Plan's ``tp_layout`` (alone or under FSDP/HSDP; DDP with TP is refused).
-Pipeline parallelism raises ``UsageError`` until it lands.
+Pipeline parallelism (``pp > 1``): ``apply_plan`` returns this rank's
+:class:`~stratagem.plugins.pipeline.Pipeline` (stages and schedule)::
+
+    pipe = apply_plan(model, plan, mesh, loss_fn=loss_fn, example_inputs=one_micro_batch)
+    optimizer = build_optimizer(pipe.modules, plan, torch.optim.AdamW, lr=1e-3)
+    loss = pipe.step(*inputs, target=targets)  # forward + backward of all micro-batches
+    optimizer.step(); optimizer.zero_grad()
 
 This package imports ``stratagem.advisor.plan`` (and the precision table it uses) and nothing
 else from the advisor.
@@ -22,10 +28,12 @@ from stratagem.plugins.apply import apply_plan, check_applicable
 from stratagem.plugins.checkpointing import apply_activation_checkpointing
 from stratagem.plugins.data_parallel import apply_data_parallel, build_optimizer
 from stratagem.plugins.mesh import build_mesh
+from stratagem.plugins.pipeline import Pipeline
 from stratagem.plugins.precision import apply_param_dtype, autocast_context
 from stratagem.plugins.tensor_parallel import apply_tensor_parallel
 
 __all__ = [
+    "Pipeline",
     "apply_activation_checkpointing",
     "apply_data_parallel",
     "apply_param_dtype",

@@ -3,7 +3,9 @@
 The order (STYLE §2, torchtitan's ``parallelize_llama``):
 
 1. build on ``meta`` — the caller's job (only FSDP, ``zero >= 2``, accepts a meta module);
-2. split into pipeline stages — not applied yet: ``pp > 1`` raises;
+2. split into pipeline stages: this rank's stage modules, as ``plan.stage_blocks`` says
+   (:func:`~stratagem.plugins.pipeline.split_stages`); steps 3–6 then apply to each stage,
+   and the stages go into a schedule (:class:`~stratagem.plugins.pipeline.Pipeline`);
 3. tensor / sequence parallel over the ``tp`` axis, as ``plan.tp_layout`` says
    (``apply_tensor_parallel``);
 4. activation checkpointing, per block (``apply_activation_checkpointing``);
@@ -22,8 +24,11 @@ final dtypes. ``*-mixed`` plans with ``zero`` 0/1 run forward under ``autocast_c
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from stratagem.advisor.plan import MeshAxis, Plan
@@ -31,6 +36,13 @@ from stratagem.errors import UsageError
 from stratagem.plugins.checkpointing import apply_activation_checkpointing
 from stratagem.plugins.data_parallel import apply_data_parallel, build_optimizer
 from stratagem.plugins.mesh import check_world_size, submesh
+from stratagem.plugins.pipeline import (
+    Pipeline,
+    build_schedule,
+    check_traced_stage_plan,
+    removal_convention,
+    split_stages,
+)
 from stratagem.plugins.precision import apply_param_dtype
 from stratagem.plugins.tensor_parallel import apply_tensor_parallel, check_tp_layout_given, match_tp_layout
 
@@ -39,24 +51,59 @@ __all__ = ["apply_plan", "build_optimizer", "check_applicable"]
 log = logging.getLogger(__name__)
 
 
-def apply_plan(module: nn.Module, plan: Plan, mesh: DeviceMesh) -> nn.Module:
+def apply_plan(module: nn.Module, plan: Plan, mesh: DeviceMesh, *,
+               loss_fn: Callable[[Any, Tensor], Tensor] | None = None,
+               example_inputs: tuple[Tensor, ...] | None = None) -> nn.Module | Pipeline:
     """Parallelize ``module`` as ``plan`` says on ``mesh`` (from ``build_mesh``), in the module
     docstring's order; returns the module to train (a DDP wrapper for ``zero`` 0/1, otherwise
-    ``module`` itself, changed in place).
+    ``module`` itself, changed in place) or, for ``pp > 1``, this rank's :class:`Pipeline`.
 
-    Raises :class:`UsageError` for what cannot be applied (yet), for a ``tp_layout`` that does not
-    fit the model and for a mesh whose size does not match the plan, before changing anything.
+    A pipeline needs ``loss_fn(output, target) -> scalar`` (the schedule runs it on the last
+    stage) and ``example_inputs``, one micro-batch of the model's positional inputs (for a
+    model whose stages are traced). Raises :class:`UsageError` for what cannot be applied, for
+    a ``tp_layout`` that does not fit the model and for a mesh whose size does not match the
+    plan, before changing anything.
     """
     check_applicable(plan)
+    if plan.pp > 1:
+        _check_pipeline_inputs(module, plan, loss_fn=loss_fn, example_inputs=example_inputs)
     check_world_size(plan, world_size=mesh.size())
     if plan.tp > 1:
         match_tp_layout(module, plan)
     log.info("applying plan %s", plan.name)
     apply_param_dtype(module, plan)
-    log.info("pipeline parallel: degree 1, nothing to split")
+    if plan.pp == 1:
+        log.info("pipeline parallel: degree 1, nothing to split")
+        return _apply_per_stage(module, plan, mesh)
+    pp_mesh = mesh[str(MeshAxis.PP)]
+    pp_rank = pp_mesh.get_local_rank()
+    traced = removal_convention(module, plan) is None
+    stage_plan = replace(plan, block_container=None) if traced else plan  # no per-block FSDP units
+    stages = nn.ModuleList(_apply_per_stage(stage, stage_plan, mesh)
+                           for stage in split_stages(module, plan, pp_rank=pp_rank, example_inputs=example_inputs))
+    return Pipeline(plan=plan, modules=stages, schedule=build_schedule(list(stages), plan, mesh, loss_fn=loss_fn),
+                    pp_group=pp_mesh.get_group(), device_type=mesh.device_type, is_first=pp_rank == 0,
+                    is_last=pp_rank == plan.pp - 1)
+
+
+def _apply_per_stage(module: nn.Module, plan: Plan, mesh: DeviceMesh) -> nn.Module:
+    """Steps 3–6 on one stage (the whole model without pipelining)."""
     apply_tensor_parallel(module, plan, submesh(mesh, (MeshAxis.TP,)) if plan.tp > 1 else None)
     apply_activation_checkpointing(module, plan)
     return apply_data_parallel(module, plan, mesh)
+
+
+def _check_pipeline_inputs(module: nn.Module, plan: Plan, *, loss_fn: Callable | None,
+                           example_inputs: tuple[Tensor, ...] | None) -> None:
+    if loss_fn is None:
+        raise UsageError(f"plan {plan.name} is a pipeline: its schedule computes the loss on the last "
+                         "stage, so apply_plan needs loss_fn\nHINT: pass loss_fn=lambda output, target: ...")
+    if removal_convention(module, plan) is None:
+        check_traced_stage_plan(plan)
+        if example_inputs is None:
+            raise UsageError(f"{type(module).__name__}'s pipeline stages are traced, which needs one "
+                             "micro-batch of its inputs\nHINT: pass example_inputs=(tensor, ...) of "
+                             f"micro_batch_size={plan.micro_batch_size} samples")
 
 
 def check_applicable(plan: Plan) -> None:
@@ -69,9 +116,6 @@ def check_applicable(plan: Plan) -> None:
         raise UsageError(f"plan {plan.name}: DDP (zero {plan.zero}) does not compose with tensor "
                          f"parallelism here (DDP cannot hold TP's DTensor parameters)\nHINT: use zero=2 or "
                          "zero=3 (FSDP over dp_shard, or HSDP with dp_replicate), which shards DTensors")
-    if plan.pp > 1:
-        raise UsageError(f"pipeline parallelism is not applied yet (plan {plan.name} has pp={plan.pp})\n"
-                         "HINT: pick a plan with pp=1")
     if plan.activation_checkpointing != "none" and plan.block_container is None:
         raise UsageError(f"activation_checkpointing={plan.activation_checkpointing!r} checkpoints each "
                          "block, but the plan names no block_container\n"

@@ -95,13 +95,16 @@ def offload_policy(plan: Plan) -> OffloadPolicy:
 
 def build_optimizer(module: nn.Module, plan: Plan, optimizer_cls: type[torch.optim.Optimizer],
                     **optimizer_kwargs: Any) -> torch.optim.Optimizer:
-    """The optimizer for ``module`` as :func:`apply_data_parallel` returned it:
-    ``optimizer_cls(params, **optimizer_kwargs)``, wrapped in ``ZeroRedundancyOptimizer`` on the
-    DDP group for ``zero = 1``. FSDP's parameters are already sharded (``zero >= 2``)."""
+    """The optimizer for ``module`` as :func:`apply_data_parallel` returned it (or a pipeline's
+    ``modules``, this rank's stages): ``optimizer_cls(params, **optimizer_kwargs)``, wrapped in
+    ``ZeroRedundancyOptimizer`` on the DDP group for ``zero = 1``. FSDP's parameters are already
+    sharded (``zero >= 2``)."""
     if plan.zero != 1:
         return optimizer_cls(module.parameters(), **optimizer_kwargs)
-    if not isinstance(module, DistributedDataParallel):
+    wrapped = list(module) if isinstance(module, nn.ModuleList) else [module]
+    if not all(isinstance(m, DistributedDataParallel) for m in wrapped):
         raise UsageError(f"zero=1 shards the optimizer over DDP's group, but the module is a "
-                         f"{type(module).__name__}\nHINT: pass the module apply_plan returned")
+                         f"{type(module).__name__}\nHINT: pass the module apply_plan returned "
+                         "(a pipeline's .modules)")
     return ZeroRedundancyOptimizer(module.parameters(), optimizer_class=optimizer_cls,
-                                   process_group=module.process_group, **optimizer_kwargs)
+                                   process_group=wrapped[0].process_group, **optimizer_kwargs)

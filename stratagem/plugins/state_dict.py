@@ -37,7 +37,11 @@ META_FILE = "meta.pt"
 def _options(*, full: bool, strict: bool = True) -> Any:
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    return StateDictOptions(full_state_dict=full, cpu_offload=full, strict=strict)
+    # Sharded optimizer states are flattened to one key per parameter ("state.<fqn>.exp_avg",
+    # "param_groups.<fqn>.lr"): ranks holding different parameters (pipeline stages) then write
+    # different keys, where a nested param_groups list would be one key every rank overwrites.
+    return StateDictOptions(full_state_dict=full, cpu_offload=full, strict=strict,
+                            flatten_optimizer_state_dict=not full)
 
 
 def model_state_dict(module: nn.Module, *, full: bool) -> dict[str, Any]:

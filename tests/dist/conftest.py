@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 import test_data_parallel
+import test_pipeline
 import test_tensor_parallel
 from spawn import run_on_ranks
 from training import Run, train_plans
 
-_MODULES = (test_data_parallel, test_tensor_parallel)
+_MODULES = (test_data_parallel, test_tensor_parallel, test_pipeline)
 
 
 @pytest.fixture(scope="session")

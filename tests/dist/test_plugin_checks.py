@@ -26,7 +26,7 @@ def tiny_model() -> torch.nn.Module:
 
 @pytest.mark.parametrize(("plan", "message"), [
     (Plan(tp=2), "empty tp_layout"),
-    (Plan(pp=2, microbatches=2), "pipeline parallelism is not applied yet"),
+    (Plan(pp=2, microbatches=2), "pipeline: its schedule computes the loss on the last stage"),
     (Plan(activation_checkpointing="full"), "names no block_container"),
     (Plan(activation_checkpointing="selective"), "names no block_container"),
 ])

@@ -10,7 +10,8 @@ differ only in where gradients are summed: across ranks, or in one process.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -18,11 +19,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.func import functional_call
 from torch.nn.parallel import DistributedDataParallel
 
 from stratagem.advisor.plan import Plan
-from stratagem.models import get_preset
+from stratagem.models import Preset, get_preset
 from stratagem.plugins import apply_plan, autocast_context, build_mesh, build_optimizer
 
 STEPS = 5
@@ -46,9 +48,14 @@ class Case:
 
     name: str
     plan: Plan
-    preset: str = "llama-tiny"
+    preset: str | Preset = "llama-tiny"
     reference: Reference = "fp32"
     optimizer: Literal["adamw", "sgd"] = "adamw"
+
+    @property
+    def model(self) -> Preset:
+        """The preset, by name, or given as one (a variant of a named preset)."""
+        return self.preset if isinstance(self.preset, Preset) else get_preset(self.preset)
 
     def build_optimizer(self, module: nn.Module) -> torch.optim.Optimizer:
         """The single-process optimizer for ``module``."""
@@ -70,14 +77,14 @@ class Run:
 def global_batches(case: Case) -> list[tuple[tuple[Tensor, ...], Tensor]]:
     """The ``STEPS`` global batches every run of ``case`` sees."""
     generator = torch.Generator().manual_seed(SEED)
-    preset = get_preset(case.preset)
+    preset = case.model
     return [preset.make_batch(case.plan.global_batch_size, SEQ_LEN, generator=generator) for _ in range(STEPS)]
 
 
 def train_single(case: Case) -> Run:
     """Train ``case``'s preset in this process on the same global batches, taken as the same
     micro-batches the plan's ranks take, one after another, gradients accumulated."""
-    plan, preset = case.plan, get_preset(case.preset)
+    plan, preset = case.plan, case.model
     torch.manual_seed(SEED)
     model = preset.build()
     optimizer = case.build_optimizer(model)
@@ -87,7 +94,7 @@ def train_single(case: Case) -> Run:
         for rank in range(plan.dp):
             for micro_inputs, micro_targets in micro_batches(inputs, targets, plan, rank=rank):
                 output = _reference_forward(model, micro_inputs, case.reference)
-                loss = preset.loss(output, micro_targets) / (plan.grad_accum * plan.dp)
+                loss = preset.loss(output, micro_targets) / (plan.microbatches * plan.grad_accum * plan.dp)
                 loss.backward()
                 step_loss += loss.detach()
         optimizer.step()
@@ -112,7 +119,9 @@ def train_plans(rank: int, world_size: int, cases: list[Case]) -> dict[str, Run]
 
 
 def _train_plan(case: Case, *, rank: int, world_size: int) -> Run:
-    plan, preset = case.plan, get_preset(case.preset)
+    plan, preset = case.plan, case.model
+    if plan.pp > 1:
+        return _train_pipeline(case, rank=rank, world_size=world_size)
     torch.manual_seed(SEED)
     model = apply_plan(preset.build(), plan, build_mesh(plan, device_type="cpu"))
     cls, options = OPTIMIZERS[case.optimizer]
@@ -121,7 +130,7 @@ def _train_plan(case: Case, *, rank: int, world_size: int) -> Run:
     losses = []
     for inputs, targets in global_batches(case):
         step_loss = torch.zeros(())
-        for micro_inputs, micro_targets in micro_batches(inputs, targets, plan, rank=rank // plan.tp):
+        for micro_inputs, micro_targets in micro_batches(inputs, targets, plan, rank=dp_rank(plan, rank)):
             with autocast_context(plan, "cpu"):
                 output = model(*micro_inputs)
                 loss = preset.loss(output, micro_targets) / plan.grad_accum
@@ -136,6 +145,96 @@ def _train_plan(case: Case, *, rank: int, world_size: int) -> Run:
     return Run(losses, _full_weights(model), facts)
 
 
+def _train_pipeline(case: Case, *, rank: int, world_size: int) -> Run:
+    """Train ``case`` as a pipeline: each step runs the data-parallel rank's slice of the global
+    batch through the schedule (its micro-batches); every rank's stage weights are gathered."""
+    plan, preset = case.plan, case.model
+    torch.manual_seed(SEED)
+    size = plan.micro_batch_size * plan.microbatches
+    mine = slice(dp_rank(plan, rank) * size, (dp_rank(plan, rank) + 1) * size)
+    local = [(tuple(t[mine] for t in inputs), targets[mine]) for inputs, targets in global_batches(case)]
+    example = tuple(t[:plan.micro_batch_size] for t in local[0][0])
+    pipe = apply_plan(preset.build(), plan, build_mesh(plan, device_type="cpu"), loss_fn=preset.loss,
+                      example_inputs=example)
+    cls, options = OPTIMIZERS[case.optimizer]
+    optimizer = build_optimizer(pipe.modules, plan, cls, **options)
+    facts: dict[str, object] = {"wrapper": [type(m).__name__ for m in pipe.modules],
+                                "optimizer": type(optimizer).__name__}
+    losses = []
+    for step, (inputs, targets) in enumerate(local):
+        with SavedBytes(pipe.parameters()) as saved:
+            loss = pipe.step(*inputs, target=targets)
+        if step == 1:  # the first step also infers the stages' shapes
+            facts["peak_saved_bytes"] = _gather_objects(saved.peak)  # per rank
+        optimizer.step()
+        optimizer.zero_grad()
+        dist.all_reduce(loss)  # every rank holds its replica's loss: sum, then divide
+        losses.append(loss.item() / world_size)
+    facts["state_dict_keys"] = _gather_objects(sorted(pipe.state_dict()))  # per rank
+    inputs, targets = local[0]
+    facts["eval_loss"] = _gather_objects(pipe.evaluate(*inputs, target=targets).item())  # trained weights
+    weights: dict[str, Tensor] = {}
+    for part in _gather_objects({name: w for m in pipe.modules for name, w in _full_weights(m).items()}):
+        weights.update(part)
+    return Run(losses, weights, facts)
+
+
+class SavedBytes:
+    """While active: the bytes autograd keeps for backward, each storage once, parameters
+    excluded (what the profiler counts as ``saved_bytes``), live (released as backward frees
+    them) and at their ``peak``."""
+
+    def __init__(self, params: Iterable[Tensor]) -> None:
+        self._params = {StorageWeakRef(p.untyped_storage()) for p in params}
+        self._holders: dict[StorageWeakRef, int] = {}
+        self.live = self.peak = 0
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda held: held.tensor)
+
+    def __enter__(self) -> SavedBytes:
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._hooks.__exit__(*exc)
+
+    def _pack(self, tensor: Tensor) -> object:
+        ref = StorageWeakRef(tensor.untyped_storage())
+        if ref in self._params:
+            return _Held(tensor, None)
+        if not self._holders.get(ref):
+            self.live += tensor.untyped_storage().nbytes()
+            self.peak = max(self.peak, self.live)
+        self._holders[ref] = self._holders.get(ref, 0) + 1
+        return _Held(tensor, partial(self._release, ref, tensor.untyped_storage().nbytes()))
+
+    def _release(self, ref: StorageWeakRef, num_bytes: int) -> None:
+        self._holders[ref] -= 1
+        if not self._holders[ref]:
+            self.live -= num_bytes
+
+
+class _Held:
+    """A saved tensor as autograd keeps it; dropping it (backward done) tells the counter."""
+
+    def __init__(self, tensor: Tensor, release: Callable[[], None] | None) -> None:
+        self.tensor, self._release = tensor, release
+
+    def __del__(self) -> None:
+        if self._release is not None:
+            self._release()
+
+
+def _gather_objects(obj: object) -> list:
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def dp_rank(plan: Plan, rank: int) -> int:
+    """The data-parallel rank of global rank ``rank`` (mesh pp × dp_replicate × dp_shard × tp)."""
+    return (rank // plan.tp) % plan.dp
+
+
 def _block_is_sharded(model: nn.Module) -> bool:
     """Whether the first block's parameters are DTensor shards right now (FSDP registers the
     unsharded tensors while parameters are gathered)."""
@@ -146,14 +245,14 @@ def _block_is_sharded(model: nn.Module) -> bool:
 def initial_weights(case: Case) -> dict[str, Tensor]:
     """The weights every run of ``case`` starts from."""
     torch.manual_seed(SEED)
-    return {name: p.detach() for name, p in get_preset(case.preset).build().named_parameters()}
+    return {name: p.detach() for name, p in case.model.build().named_parameters()}
 
 
 def micro_batches(inputs: tuple[Tensor, ...], targets: Tensor, plan: Plan,
                   *, rank: int) -> Iterator[tuple[tuple[Tensor, ...], Tensor]]:
-    """Data-parallel rank ``rank``'s slice of the global batch, as ``grad_accum`` micro-batches
-    (with pp = 1 and tp innermost, a global rank's data-parallel rank is ``rank // tp``)."""
-    local = plan.micro_batch_size * plan.grad_accum
+    """Data-parallel rank ``rank``'s slice of the global batch, as ``microbatches × grad_accum``
+    micro-batches (:func:`dp_rank` gives a global rank's data-parallel rank)."""
+    local = plan.micro_batch_size * plan.microbatches * plan.grad_accum
     mine = slice(rank * local, (rank + 1) * local)
     split = [t[mine].split(plan.micro_batch_size) for t in (*inputs, targets)]
     for *micro_inputs, micro_targets in zip(*split):

@@ -78,10 +78,11 @@ def test_one_gpu_may_offload_what_it_cannot_hold(llama7b):
 def test_targets_leave_out_what_their_runtime_cannot_run(gpt2):
     cluster = Cluster.parse("2x8xA100-SXM4-80GB:ib-hdr")
     workload = Workload(global_batch_size=64, seq_len=1024)
-    accelerate = advise(gpt2, cluster, workload, target="accelerate")
+    untied = dataclasses.replace(gpt2, pp_unavailable=None)  # GPT-2's tied head keeps it off pipelines
+    accelerate = advise(untied, cluster, workload, target="accelerate")
     assert all(e.plan.pp == 1 and e.plan.tp == 1 for e in accelerate.plans)
     assert any("pipeline" in reason for reason in accelerate.excluded)
-    deepspeed = advise(gpt2, cluster, workload, target="deepspeed", top=50)
+    deepspeed = advise(untied, cluster, workload, target="deepspeed", top=50)
     assert not any(e.plan.pp > 1 and e.plan.zero >= 2 for e in deepspeed.plans)
     with pytest.raises(UsageError, match="unknown target"):
         advise(gpt2, cluster, workload, target="megatron")
@@ -131,3 +132,25 @@ def test_tensor_parallel_plans_shard_data_parallelism_with_fsdp(llama7b):
     advice = advise(llama7b, Cluster.parse("2x8xH100:ib-ndr"), Workload(global_batch_size=64, seq_len=2048), top=50)
     assert all(e.plan.zero >= 2 or e.plan.dp == 1 for e in advice.plans if e.plan.tp > 1)
     assert any("DDP over tensor-parallel" in reason for reason in advice.excluded)
+
+
+def test_lightning_target_leaves_out_what_the_strategy_refuses():
+    from stratagem.advisor.targets import target_excludes
+
+    common = {"micro_batch_size": 1, "microbatches": 4, "block_container": "layers"}
+    assert "interleaved" in target_excludes("lightning", Plan(pp=2, pp_virtual=2, pp_schedule="interleaved-1f1b",
+                                                             **common))
+    assert "under DDP" in target_excludes("lightning", Plan(pp=2, dp_replicate=2, **common))
+    assert target_excludes("lightning", Plan(pp=2, dp_shard=2, zero=3, **common)) is None
+    assert target_excludes("lightning", Plan(pp=2, pp_schedule="gpipe", **common)) is None
+
+
+def test_objective_memory_ranks_the_leanest_plan_first():
+    profile = profile_spec("llama-2-7b", seq_len=4096)
+    cluster, workload = Cluster.parse("8xH100"), Workload(global_batch_size=64, seq_len=4096)
+    lean = advise(profile, cluster, workload, objective="memory", top=50)
+    assert lean.best.memory.total == min(e.memory.total for e in lean.plans)
+    assert any("objective memory" in note for note in lean.notes)
+    assert advise(profile, cluster, workload).best.throughput >= lean.best.throughput
+    with pytest.raises(UsageError, match="unknown objective 'speed'; valid: throughput, memory"):
+        advise(profile, cluster, workload, objective="speed")

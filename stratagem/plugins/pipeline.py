@@ -1,0 +1,299 @@
+"""Pipeline parallelism: split a model into the Plan's stages and run a schedule over them.
+
+Stages follow ``plan.blocks_per_stage`` (the partition the advisor costed): stage ``s`` runs a
+contiguous run of the blocks (children of ``plan.block_container``), stage 0 also what runs
+before the blocks (embedding), the last stage what runs after them (norm, head); pipeline rank
+``r`` holds stages ``r, r + pp, …`` (``pp_virtual`` of them). The user's model is not
+restructured; a stage module keeps the original parameter FQNs, so a stage's state dict loads
+into the unsplit model. Two ways to build a stage:
+
+* by removal (:func:`removal_convention`), for models whose forward passes hidden states
+  through what a stage does not hold: ``nn.Sequential`` (whose blocks are its own children), the
+  reference :class:`~stratagem.models.Transformer` (``tok_embeddings``/``pos_embeddings`` set
+  to None: the input is hidden states; ``norm`` and ``output`` set to None: it returns them) and
+  Hugging Face Llama-family decoders (:data:`HF_DECODERS`: ``embed_tokens``, ``norm`` and
+  ``lm_head`` replaced by ``nn.Identity``). The stage is a shallow copy of the model with the
+  other blocks dropped (kept blocks keep their indices), so tensor parallelism, activation
+  checkpointing and per-block FSDP apply to it unchanged;
+* by tracing, for any other model whose forward runs its blocks in order (ViT, ResNet):
+  ``torch.distributed.pipelining.pipeline`` exports the forward and splits the graph before
+  each stage's first block; a model that does not export gets a :class:`UsageError`. A traced stage calls no submodule ``forward``, so it
+  takes neither tensor parallelism nor per-block checkpointing or FSDP units (FSDP shards the
+  stage as one unit).
+
+Schedules (``plan.pp_schedule``): ``gpipe`` → ``ScheduleGPipe``, ``1f1b`` → ``Schedule1F1B``,
+``interleaved-1f1b`` → ``ScheduleInterleaved1F1B``; ``plan.microbatches`` micro-batches per step,
+gradients scaled by the schedule to the mean over micro-batches (``scale_grads``).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    SplitPoint,
+    pipeline,
+)
+from torch.nn.parallel import DistributedDataParallel
+
+from stratagem.advisor.plan import MeshAxis, Plan
+from stratagem.errors import UsageError
+from stratagem.plugins.blocks import find_blocks
+from stratagem.plugins.precision import autocast_context
+
+__all__ = ["HF_DECODERS", "Pipeline", "RemovalConvention", "build_schedule", "removal_convention", "split_stages",
+           "stage_indices"]
+
+log = logging.getLogger(__name__)
+
+_SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved-1f1b": ScheduleInterleaved1F1B}
+
+
+def stage_indices(plan: Plan, pp_rank: int) -> tuple[int, ...]:
+    """The stages pipeline rank ``pp_rank`` runs: ``pp_rank, pp_rank + pp, …``."""
+    return tuple(range(pp_rank, plan.num_stages, plan.pp))
+
+
+@dataclass(frozen=True)
+class RemovalConvention:
+    """How a model's stages are built by removal: the modules that run before the blocks
+    (``embed``) and after them (``head``), by FQN, and what replaces them on a stage that does
+    not run them: None (the model's forward skips a None module) or ``nn.Identity`` (the
+    forward calls it unconditionally, and identity is what the stage needs). ``hf_output``: the
+    forward returns a Hugging Face ``ModelOutput``; the stage returns its ``logits`` (hidden
+    states on stages without the head) and runs without a KV cache."""
+
+    embed: tuple[str, ...]
+    head: tuple[str, ...]
+    identity: bool = False
+    hf_output: bool = False
+
+
+_TRANSFORMER = RemovalConvention(embed=("tok_embeddings", "pos_embeddings"), head=("norm", "output"))
+_SEQUENTIAL = RemovalConvention(embed=(), head=())
+# Hugging Face decoders whose forward (read for transformers 5.x) is embed_tokens → layers →
+# norm → lm_head with nothing else on the hidden states between them; others (Gemma scales the
+# embeddings, GPT-2 adds position embeddings) would be split wrongly, so they are traced.
+HF_DECODERS = ("llama", "mistral", "qwen2", "qwen3")
+_HF_DECODER = RemovalConvention(embed=("model.embed_tokens",), head=("model.norm", "lm_head"),
+                                identity=True, hf_output=True)
+
+
+def removal_convention(module: nn.Module, plan: Plan) -> RemovalConvention | None:
+    """How ``module``'s stages are built by removal, or None when they are traced."""
+    from stratagem.models.transformer import Transformer  # its documented stage convention
+
+    if isinstance(module, Transformer):
+        return _TRANSFORMER
+    if isinstance(module, nn.Sequential) and plan.block_container == "":
+        return _SEQUENTIAL
+    model_type = getattr(getattr(module, "config", None), "model_type", None)
+    if model_type in HF_DECODERS and plan.block_container == "model.layers" and hasattr(module, "lm_head"):
+        return _HF_DECODER
+    return None
+
+
+def split_stages(module: nn.Module, plan: Plan, *, pp_rank: int,
+                 example_inputs: tuple[Tensor, ...]) -> list[nn.Module]:
+    """This pipeline rank's stage modules, in stage order (see the module docstring).
+
+    ``example_inputs``: one micro-batch of the model's positional inputs (tracing specializes
+    the graph to its shapes). Raises :class:`UsageError` when the plan's partition does not fit
+    the model's blocks.
+    """
+    blocks = find_blocks(module, plan)
+    plan.check(world_size=plan.world_size, num_blocks=len(blocks))
+    bounds = _bounds(plan.blocks_per_stage(len(blocks)))
+    mine = stage_indices(plan, pp_rank)
+    convention = removal_convention(module, plan)
+    if convention is not None:
+        stages = [_removal_stage(module, plan, convention, bounds, s) for s in mine]
+        how = "removal"
+    else:
+        stages = _traced_stages(module, plan, bounds, mine, example_inputs)
+        how = "tracing"
+    log.info("pipeline: rank %d runs stages %s (blocks %s) built by %s", pp_rank, mine,
+             [f"{bounds[s]}-{bounds[s + 1] - 1}" for s in mine], how)
+    return stages
+
+
+def _bounds(stage_blocks: tuple[int, ...]) -> list[int]:
+    bounds = [0]
+    for count in stage_blocks:
+        bounds.append(bounds[-1] + count)
+    return bounds
+
+
+def _removal_stage(module: nn.Module, plan: Plan, convention: RemovalConvention, bounds: list[int],
+                   stage: int) -> nn.Module:
+    """A shallow copy of ``module`` holding stage ``stage``'s blocks, under their original indices,
+    and the outer modules only where the stage runs them (shared with ``module``, never between
+    stages)."""
+    shell = _shallow_copy(module)
+    kept = nn.ModuleList()
+    container = module.get_submodule(plan.block_container)
+    for index in range(bounds[stage], bounds[stage + 1]):
+        kept.add_module(str(index), container[index])
+    if plan.block_container == "":  # nn.Sequential: the blocks are the model's own children
+        shell._modules = dict(kept._modules)
+        return shell
+    _set_submodule(shell, plan.block_container, kept)
+    removed = (convention.embed if stage > 0 else ()) + (convention.head if stage < len(bounds) - 2 else ())
+    for fqn in removed:
+        _set_submodule(shell, fqn, nn.Identity() if convention.identity else None)
+    if convention.hf_output:
+        shell.register_forward_pre_hook(_without_cache, with_kwargs=True)
+        shell.register_forward_hook(_logits)
+    return shell
+
+
+def _without_cache(_: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    return args, {**kwargs, "use_cache": False}
+
+
+def _logits(_: nn.Module, __: tuple, output: Any) -> Tensor:
+    return output.logits
+
+
+def _shallow_copy(module: nn.Module) -> nn.Module:
+    """A new module object sharing ``module``'s children and tensors but with its own child,
+    parameter, buffer and hook tables, so a stage can drop children and take hooks alone."""
+    shell = copy.copy(module)
+    shell.__dict__ = {k: copy.copy(v) if isinstance(v, dict) else v for k, v in module.__dict__.items()}
+    return shell
+
+
+def _set_submodule(root: nn.Module, fqn: str, child: nn.Module | None) -> None:
+    parent_name, _, name = fqn.rpartition(".")
+    if parent_name:  # copy the path down so the original model keeps its container
+        parent = _shallow_copy(root.get_submodule(parent_name))
+        _set_submodule(root, parent_name, parent)
+        root = parent
+    root._modules[name] = child
+
+
+def _traced_stages(module: nn.Module, plan: Plan, bounds: list[int], mine: tuple[int, ...],
+                   example_inputs: tuple[Tensor, ...]) -> list[nn.Module]:
+    split = {f"{plan.block_container}.{bounds[s]}": SplitPoint.BEGINNING for s in range(1, plan.num_stages)}
+    own_forward = {fqn: module.get_submodule(fqn).__dict__.get("forward") for fqn in split}
+    try:
+        pipe = pipeline(module, mb_args=tuple(example_inputs), split_spec=split)
+    except Exception as err:  # export failures carry pages of graph; the first line says it
+        first = (str(err).strip().splitlines() or [""])[0]
+        raise UsageError(f"{type(module).__name__} could not be traced into pipeline stages: "
+                         f"{type(err).__name__}: {first}\nHINT: pick a plan with pp=1 (the model's "
+                         "forward must run its blocks in order and be exportable with torch.export)") from err
+    finally:
+        for fqn, forward in own_forward.items():  # pipeline() marks split points by replacing forward
+            block = module.get_submodule(fqn)
+            block.__dict__.pop("_orig_forward", None)
+            block.__dict__.pop("forward", None)
+            if forward is not None:
+                block.forward = forward
+    if pipe.num_stages != plan.num_stages:
+        raise UsageError(f"tracing {type(module).__name__} gave {pipe.num_stages} stages, the plan has "
+                         f"{plan.num_stages}: its forward does not run {plan.block_container!r} in order\n"
+                         "HINT: pick a plan with pp=1")
+    return [pipe.get_stage_module(s) for s in mine]
+
+
+def check_traced_stage_plan(plan: Plan) -> None:
+    """Raise :class:`UsageError` for what a traced stage cannot take (see the module docstring)."""
+    if plan.tp > 1 or plan.activation_checkpointing != "none":
+        raise UsageError(f"plan {plan.name}: this model's pipeline stages are traced graphs, which take "
+                         "neither tensor parallelism nor per-block activation checkpointing\n"
+                         "HINT: use tp=1 and activation_checkpointing='none' with pp>1 for this model")
+
+
+def build_schedule(stage_modules: list[nn.Module], plan: Plan, mesh: DeviceMesh, *,
+                   loss_fn: Callable[[Any, Tensor], Tensor]) -> Any:
+    """The ``torch.distributed.pipelining`` schedule running ``stage_modules`` (this rank's, as
+    parallelized) over the mesh's ``pp`` axis, ``plan.microbatches`` micro-batches per step."""
+    pp_mesh = mesh[str(MeshAxis.PP)]
+    pp_rank = pp_mesh.get_local_rank()
+    device = torch.device(mesh.device_type)
+    stages = [PipelineStage(m, index, plan.num_stages, device, group=pp_mesh.get_group())
+              for m, index in zip(stage_modules, stage_indices(plan, pp_rank))]
+    cls = _SCHEDULES[plan.pp_schedule]
+    first = stages if plan.pp_schedule == "interleaved-1f1b" else stages[0]
+    return cls(first, plan.microbatches, loss_fn=loss_fn, scale_grads=True)
+
+
+@dataclass(eq=False)
+class Pipeline:
+    """This rank's part of a pipeline-parallel model and the schedule that trains it
+    (:func:`~stratagem.plugins.apply.apply_plan` builds it).
+
+    ``modules``: this rank's stage modules as parallelized (DDP wrappers or FSDP modules), in
+    stage order: give their parameters to the optimizer (``build_optimizer(pipeline.modules,
+    plan, …)``). ``is_first``/``is_last``: whether this rank runs the first / last stage.
+    """
+
+    plan: Plan
+    modules: nn.ModuleList
+    schedule: Any
+    pp_group: dist.ProcessGroup
+    device_type: str
+    is_first: bool
+    is_last: bool
+
+    def step(self, *inputs: Tensor, target: Tensor) -> Tensor:
+        """Forward and backward of one batch (``plan.microbatches`` × micro-batch size samples),
+        gradients accumulated in the stage parameters; the mean loss over micro-batches, on
+        every rank (sent from the last stage)."""
+        return self._run(self.schedule.step, inputs, target)
+
+    def evaluate(self, *inputs: Tensor, target: Tensor) -> Tensor:
+        """Forward only (no gradients): the mean loss over micro-batches, on every rank."""
+        with torch.no_grad():
+            return self._run(self.schedule.eval, inputs, target)
+
+    def _run(self, run: Callable[..., Any], inputs: tuple[Tensor, ...], target: Tensor) -> Tensor:
+        losses: list[Tensor] = []
+        args = inputs if self.is_first else ()
+        with autocast_context(self.plan, self.device_type):  # *-mixed with DDP: forward and loss
+            run(*args, target=target if self.is_last else None, losses=losses if self.is_last else None)
+        loss = torch.stack([x.detach().float() for x in losses]).mean() if self.is_last else torch.zeros(())
+        dist.broadcast(loss, group_src=self.plan.pp - 1, group=self.pp_group)
+        return loss
+
+    def parameters(self) -> Iterator[nn.Parameter]:
+        """Parameters of this rank's stages."""
+        return self.modules.parameters()
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's stages' state under the original model's FQNs (DTensor shards under
+        FSDP/TP), loadable into the unsplit model."""
+        state: dict[str, Any] = {}
+        for module in self.modules:
+            state.update(unwrap(module).state_dict())
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load the entries of ``state`` (original FQNs, e.g. a whole model's) this rank's stages
+        hold; :class:`UsageError` when one is missing."""
+        for module in self.modules:
+            inner = unwrap(module)
+            missing = [k for k in inner.state_dict() if k not in state]
+            if missing:
+                raise UsageError(f"the state has no {', '.join(missing[:3])}{' …' if len(missing) > 3 else ''} "
+                                 "for this rank's pipeline stages\nHINT: load a state dict of the whole model "
+                                 "(or of this rank's stages) under the model's own parameter names")
+            inner.load_state_dict({k: state[k] for k in inner.state_dict()})
+
+
+def unwrap(module: nn.Module) -> nn.Module:
+    """The stage module inside a DDP wrapper (FSDP2 and TP change modules in place)."""
+    return module.module if isinstance(module, DistributedDataParallel) else module

@@ -1,0 +1,124 @@
+"""The pipeline partition: balanced stages by hand-worked costs, carried by the Plan, costed as carried."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from stratagem.advisor.hardware import Cluster
+from stratagem.advisor.model_profile import ModelProfile, SegmentProfile
+from stratagem.advisor.partition import balanced_stage_blocks, stage_costs
+from stratagem.advisor.plan import Plan, Workload, even_stage_blocks
+from stratagem.advisor.search import advise, search_plans
+from stratagem.advisor.stage import busiest_stage, rank_stages
+from stratagem.advisor.targets import pp_degrees
+from stratagem.errors import UsageError
+
+
+def _segment(name: str, flops: int, params: int = 0) -> SegmentProfile:
+    return SegmentProfile(name=name, kind="Block" if name.startswith("layers") else name, num_params=params,
+                          param_bytes=4 * params, buffer_bytes=0, fwd_flops=flops, bwd_flops=2 * flops,
+                          saved_bytes=0, saved_param_copy_bytes=0, attention_fwd_flops=0,
+                          attention_saved_bytes=0, input_bytes=8, output_bytes=8)
+
+
+def _profile(blocks: int, *, embed: int = 0, head: int = 0, pp_unavailable: str | None = None) -> ModelProfile:
+    """``blocks`` blocks of 1 forward FLOP and 10 parameters each; ``embed``/``head`` in block units."""
+    return ModelProfile(
+        name="toy", precision="fp32", batch_size=1, seq_len=None,
+        embed=_segment("embed", embed, params=100), blocks=tuple(_segment(f"layers.{i}", 1, 10) for i in range(blocks)),
+        head=_segment("head", head, params=100), block_container="layers", pp_unavailable=pp_unavailable)
+
+
+def test_equal_blocks_split_evenly():
+    assert balanced_stage_blocks(_profile(8), 4) == (2, 2, 2, 2)
+    assert balanced_stage_blocks(_profile(8), 1) == (8,)
+
+
+def test_heavy_head_gets_fewer_blocks():
+    """Head = 3 blocks of work: [4, 1] gives stages of 4 and 1 + 3 = 4 block-times; [3, 2] 3 and 5."""
+    assert balanced_stage_blocks(_profile(5, head=3), 2) == (4, 1)
+    costs = stage_costs(_profile(5, head=3), (4, 1))
+    assert [flops for flops, _ in costs] == [12, 12]  # forward + backward = 3 × forward
+
+
+def test_embedding_and_head_both_counted():
+    """14 forward units (2 + 10 blocks + 2) over 3 stages: the slowest stage takes at least 5."""
+    profile = _profile(10, embed=2, head=2)
+    partition = balanced_stage_blocks(profile, 3)
+    assert sum(partition) == 10
+    assert max(flops for flops, _ in stage_costs(profile, partition)) == 3 * 5
+
+
+def test_memory_breaks_ties_between_equally_fast_partitions():
+    """4 equal blocks in 3 stages: [1, 1, 2], [1, 2, 1] and [2, 1, 1] are equally slow; the
+    embedding and head (100 parameters each) make the middle stage the one to take two blocks."""
+    assert balanced_stage_blocks(_profile(4), 3) == (1, 2, 1)
+
+
+def test_too_many_stages_is_a_usage_error():
+    with pytest.raises(UsageError, match="(?s)5 pipeline stages.*4 blocks.*HINT"):
+        balanced_stage_blocks(_profile(4), 5)
+
+
+def test_even_split_puts_the_remainder_first():
+    assert even_stage_blocks(10, 4) == (3, 3, 2, 2)
+
+
+def test_plan_carries_and_checks_the_partition():
+    plan = Plan(pp=2, microbatches=2, stage_blocks=(3, 1))
+    assert Plan.from_json(plan.to_json()) == plan
+    assert plan.blocks_per_stage(4) == (3, 1)
+    assert Plan(pp=2, microbatches=2).blocks_per_stage(5) == (3, 2)
+    with pytest.raises(UsageError, match="(?s)2 positive block counts.*HINT"):
+        Plan(pp=2, microbatches=2, stage_blocks=(4,))
+    with pytest.raises(UsageError, match="pp=1"):
+        Plan(stage_blocks=(4,))
+    with pytest.raises(UsageError, match="(?s)covers 4 blocks, but the model has 6.*HINT"):
+        plan.check(world_size=2, num_blocks=6)
+
+
+def test_stages_are_costed_as_the_plan_partitions():
+    profile = _profile(6, head=4)
+    uneven = Plan(pp=2, microbatches=2, stage_blocks=(5, 1))
+    first, last = rank_stages(profile, uneven)
+    assert (len(first.blocks), len(last.blocks)) == (5, 1)
+    assert first.segments[0] is profile.embed and last.segments[-1] is profile.head
+    assert busiest_stage(profile, uneven) is first  # 5 blocks against 1 + a 4-block head
+    even = Plan(pp=2, microbatches=2)
+    assert len(rank_stages(profile, even)[0].blocks) == 3
+
+
+def test_interleaved_rank_holds_every_pp_th_stage():
+    profile = _profile(8)
+    plan = Plan(pp=2, pp_schedule="interleaved-1f1b", pp_virtual=2, microbatches=2, stage_blocks=(1, 2, 3, 2))
+    first, second = rank_stages(profile, plan)
+    assert [b.name for b in first.blocks] == ["layers.0", "layers.3", "layers.4", "layers.5"]
+    assert [b.name for b in second.blocks] == ["layers.1", "layers.2", "layers.6", "layers.7"]
+    assert second.segments[-1] is profile.head
+
+
+def test_pp_degrees_need_no_divisibility_but_a_splittable_model():
+    assert pp_degrees(_profile(6), 8) == (1, 2, 4)
+    assert pp_degrees(_profile(6, pp_unavailable="tied"), 8) == (1,)
+
+
+def test_search_fills_the_balanced_partition_and_honours_a_pinned_one():
+    profile, cluster = _profile(6, head=3), Cluster.parse("2xA100")
+    workload = Workload(global_batch_size=4, precision="fp32")
+    plans = [p for group in search_plans(profile, cluster, workload) for p in group if p.pp == 2 and p.pp_virtual == 1]
+    assert plans and {p.stage_blocks for p in plans} == {balanced_stage_blocks(profile, 2)}
+    advice = advise(profile, cluster, workload, constraints={"pp": 2, "pp_virtual": 1, "stage_blocks": [3, 3]})
+    assert advice.plans and all(e.plan.stage_blocks == (3, 3) for e in advice.plans)
+    with pytest.raises(UsageError, match="(?s)cover 5 blocks, but toy has 6.*HINT"):
+        advise(profile, cluster, workload, constraints={"stage_blocks": (3, 2)})
+
+
+def test_unsplittable_model_gets_no_pipeline_plans_and_a_note():
+    profile, cluster = _profile(4, pp_unavailable="tied weights"), Cluster.parse("2xA100")
+    excluded: Counter = Counter()
+    plans = [p for group in search_plans(profile, cluster, Workload(global_batch_size=4), excluded=excluded) for p in group]
+    assert all(p.pp == 1 for p in plans)
+    assert any("No pipeline plans: tied weights" in note
+               for note in advise(profile, cluster, Workload(global_batch_size=4)).notes)
