@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stratagem.advisor.estimate import Estimate
@@ -18,7 +18,8 @@ class Advice:
     ``plans`` are the top fitting plans, best first (empty when nothing fits; then
     ``suggestions`` say what would make the model fit). ``reasons`` explain the winner and why
     the runner-up loses; ``excluded`` counts the plans the target runtime cannot run, by reason;
-    ``notes`` carry caveats from the profile and the cluster.
+    ``notes`` carry caveats from the profile and the cluster. ``overall`` is the best plan with
+    no target restriction, when a target restricted the search (see :meth:`against`).
     """
 
     profile: ModelProfile
@@ -32,11 +33,17 @@ class Advice:
     notes: tuple[str, ...] = ()
     num_evaluated: int = 0
     search_seconds: float = 0.0
+    overall: Estimate | None = None
 
     @property
     def best(self) -> Estimate | None:
         """The recommended plan, or None when nothing fits."""
         return self.plans[0] if self.plans else None
+
+    def against(self, overall: Estimate | None) -> Advice:
+        """This advice with ``overall``, the best plan of the unrestricted search, to say what
+        the target's restriction costs."""
+        return replace(self, overall=overall)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document of ``advise --format json``."""
@@ -55,4 +62,5 @@ class Advice:
             "notes": list(self.notes),
             "num_evaluated": self.num_evaluated,
             "search_seconds": self.search_seconds,
+            "overall": self.overall.to_dict() if self.overall else None,
         }

@@ -83,6 +83,22 @@ def explain_ranking(ranked: Sequence[Estimate]) -> tuple[str, ...]:
     return tuple(reasons)
 
 
+def explain_target_cost(target: str, best: Estimate | None, overall: Estimate | None) -> str | None:
+    """What restricting the search to ``target`` costs: ``best`` (the target's) against
+    ``overall`` (the best plan of the unrestricted search); None when there is nothing to compare."""
+    if overall is None:
+        return None
+    if best is None:
+        return (f"Nothing {target} can run fits, but {overall.plan.name} does "
+                f"({format_seconds(overall.time.step_seconds)} per step).")
+    slower = overall.throughput / best.throughput - 1
+    if overall.plan == best.plan or slower <= NEAR_TIE:
+        return f"What {target} leaves out costs nothing here: its best plan is as fast as the best overall."
+    return (f"What {target} leaves out costs {slower:.0%} throughput: the best plan overall, {overall.plan.name}, "
+            f"takes {format_seconds(overall.time.step_seconds)} per step against "
+            f"{format_seconds(best.time.step_seconds)} for {best.plan.name}.")
+
+
 Candidates = Callable[[ModelProfile, Cluster, Workload], Iterator[Iterator[Plan]]]
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from stratagem.advisor.advice import Advice
 from stratagem.advisor.estimate import Estimate
+from stratagem.advisor.explain import explain_target_cost
 from stratagem.advisor.memory import usable_bytes
 from stratagem.units import format_bytes, format_count, format_params, format_seconds
 
@@ -124,9 +125,11 @@ def offload_note(estimate: Estimate) -> str:
 
 
 def excluded_lines(advice: Advice) -> list[str]:
-    """One line per reason plans were left out before costing, most plans first."""
+    """One line per reason plans were left out before costing, most plans first; then what
+    the target's restriction costs against the best plan overall."""
     ranked = sorted(advice.excluded.items(), key=lambda item: -item[1])
-    return [f"{count:,} {_plans(count)} — {reason}" for reason, count in ranked]
+    cost = explain_target_cost(advice.target, advice.best, advice.overall)
+    return [f"{count:,} {_plans(count)} — {reason}" for reason, count in ranked] + ([cost] if cost else [])
 
 
 def nothing_fits_line(advice: Advice) -> str:

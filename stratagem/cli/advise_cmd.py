@@ -13,10 +13,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stratagem.advisor.plan import OPTIMIZERS  # light: the planning modules import no torch
+from stratagem.advisor.search import OBJECTIVES
 from stratagem.advisor.targets import TARGETS
+from stratagem.cli.emit import EMIT_FILES, export_config, search_target
 
 if TYPE_CHECKING:
     from stratagem.advisor.advice import Advice
+    from stratagem.advisor.hardware import Cluster
+    from stratagem.advisor.model_profile import ModelProfile
+    from stratagem.advisor.plan import Workload
 
 FORMATS = ("table", "json", "markdown", "html")
 EXIT_NOTHING_FITS = 1
@@ -31,11 +36,39 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "checkpointing and micro-batching for MODEL on the cluster; print the best plans with "
         "their memory per GPU and time per step, and why they win.",
     )
-    parser.add_argument("--model", required=True, metavar="MODEL",
-                        help="a preset (e.g. llama-2-7b), 'pkg.module:factory' or 'hf:PATH/config.json'")
+    add_model_arguments(parser)
     parser.add_argument("--cluster", metavar="SPEC", default="local",
                         help="cluster spec such as '8xA100', '4x8xH100:ib-ndr', or 'local' to probe "
                         "this machine (default: local)")
+    parser.add_argument("--top", type=_positive_int, metavar="K", default=5, help="plans to show (default: 5)")
+    parser.add_argument("--target", choices=TARGETS, default=None,
+                        help="keep only plans this runtime can run; the report says what that costs against "
+                        "the best plan overall (default: the --emit runtime, else any)")
+    parser.add_argument("--format", choices=FORMATS, default="table", help="report format (default: table)")
+    parser.add_argument("--json", dest="format", action="store_const", const="json", help="same as --format json")
+    parser.add_argument("--output", metavar="FILE", type=Path, default=None,
+                        help="write the report to FILE instead of standard output; with --emit, FILE is "
+                        "the config file and the report goes to standard output")
+    parser.add_argument("--emit", choices=tuple(EMIT_FILES), default=None,
+                        help="also write the best plan as this runtime's config: an `accelerate launch` "
+                        "YAML (with --target deepspeed: DeepSpeed through Accelerate), a DeepSpeed JSON, or "
+                        "Lightning Trainer arguments as a LightningCLI YAML; to --output, default "
+                        + ", ".join(f"{name} for {runtime}" for runtime, name in EMIT_FILES.items()))
+    parser.add_argument("--no-calibration", dest="calibration", action="store_false",
+                        help="use catalog figures even when `stratagem calibrate` measured this cluster")
+    parser.add_argument("--verify", type=_positive_int, metavar="K", default=None,
+                        help="then run the K best plans for a few steps on this host and compare "
+                        "(the cluster must be this host: 'local' or 'Nxcpu'; see `stratagem verify`)")
+    parser.set_defaults(handler=run)
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model, workload and ranking arguments ``advise`` and ``verify`` share."""
+    parser.add_argument("--objective", choices=tuple(OBJECTIVES), default="throughput",
+                        help="rank plans by the fastest step (throughput, the default) or the least memory per "
+                        "device (memory)")
+    parser.add_argument("--model", required=True, metavar="MODEL",
+                        help="a preset (e.g. llama-2-7b), 'pkg.module:factory' or 'hf:PATH/config.json'")
     parser.add_argument("--global-batch-size", type=_positive_int, metavar="N", default=None,
                         help="samples per optimizer step (default: one per device)")
     parser.add_argument("--seq-len", type=_positive_int, metavar="S", default=None,
@@ -44,38 +77,48 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="fp32, bf16-mixed, fp16-mixed or bf16-true (default: bf16-mixed)")
     parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw",
                         help="the optimizer whose states count in memory (default: adamw)")
-    parser.add_argument("--top", type=_positive_int, metavar="K", default=5, help="plans to show (default: 5)")
-    parser.add_argument("--target", choices=TARGETS, default="any",
-                        help="keep only plans this runtime can run (default: any)")
-    parser.add_argument("--format", choices=FORMATS, default="table", help="report format (default: table)")
-    parser.add_argument("--json", dest="format", action="store_const", const="json", help="same as --format json")
-    parser.add_argument("--output", metavar="FILE", type=Path, default=None,
-                        help="write the report to FILE instead of standard output")
-    parser.add_argument("--no-calibration", dest="calibration", action="store_false",
-                        help="use catalog figures even when `stratagem calibrate` measured this cluster")
     parser.add_argument("--no-cache", dest="cache", action="store_false",
                         help="profile the model again instead of reading a cached profile")
-    parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Profile, search and report; returns the exit status."""
     from stratagem.advisor.calibrate import calibrated
     from stratagem.advisor.hardware import Cluster
-    from stratagem.advisor.profiles import profile_spec
-    from stratagem.advisor.plan import Workload
     from stratagem.advisor.search import advise
 
     cluster = Cluster.parse(args.cluster)
+    if args.verify:
+        from stratagem.cli.verify_cmd import check_this_host
+
+        check_this_host(cluster)
     if args.calibration:
         cluster = calibrated(cluster)
+    profile, workload = model_workload(args, cluster)
+    target = search_target(emit=args.emit, target=args.target)
+    advice = advise(profile, cluster, workload, top=args.top, target=target, objective=args.objective)
+    if target != "any":  # what the target's restriction costs
+        advice = advice.against(advise(profile, cluster, workload, top=1, target="any").best)
+    _write(advice, args.format, None if args.emit else args.output)
+    if args.emit and advice.best:
+        export_config(args.emit, advice, args.output)
+    if args.verify and advice.best:
+        from stratagem.cli.verify_cmd import verify_advice
+
+        return verify_advice(advice, args, top=args.verify, output=None)
+    return 0 if advice.best else EXIT_NOTHING_FITS
+
+
+def model_workload(args: argparse.Namespace, cluster: Cluster) -> tuple[ModelProfile, Workload]:
+    """The profile of ``--model`` and the workload the model arguments describe on ``cluster``."""
+    from stratagem.advisor.plan import Workload
+    from stratagem.advisor.profiles import profile_spec
+
     profile = profile_spec(args.model, batch_size=1, seq_len=args.seq_len, precision=args.precision,
                            cache=args.cache)
     workload = Workload(global_batch_size=args.global_batch_size or cluster.world_size, seq_len=profile.seq_len,
                         precision=args.precision, optimizer=args.optimizer)
-    advice = advise(profile, cluster, workload, top=args.top, target=args.target)
-    _write(advice, args.format, args.output)
-    return 0 if advice.best else EXIT_NOTHING_FITS
+    return profile, workload
 
 
 def _write(advice: Advice, fmt: str, output: Path | None) -> None:

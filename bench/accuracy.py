@@ -1,0 +1,133 @@
+"""How well the advisor predicts: predicted against measured memory and step time, on this host.
+
+    .venv/bin/python bench/accuracy.py [--nproc 4] [--steps 3] [--quick]
+
+1. Calibrates this host in the same run (``nproc`` gloo ranks) and applies it to the cluster
+   the advisor plans for (``{nproc}xcpu``).
+2. For every (model × plan) case — a decoder (llama-tiny), a ViT (vit-tiny) and an MoE
+   (mixtral-tiny) under DDP, ZeRO-1/2/3, HSDP, TP, TP×FSDP, pipelines and checkpointing — costs
+   the plan with ``evaluate`` and runs it for a few steps with ``stratagem.verify``.
+3. Prints each case, then the mean absolute percentage errors, Kendall's τ between the
+   predicted and measured step-time rankings of each model's plans, and the regret of the
+   advisor's first choice (the plan it predicts fastest) against the measured fastest.
+Targets (issue 7): memory within 10 %, step time within 15 %, τ ≥ 0.8, regret ≤ 5 %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import time
+from dataclasses import dataclass
+
+from stratagem.advisor.calibrate.run import calibrate
+from stratagem.advisor.estimate import Estimate
+from stratagem.advisor.evaluate import evaluate
+from stratagem.advisor.hardware import Cluster
+from stratagem.advisor.plan import Plan, Workload
+from stratagem.advisor.profiles import profile_spec
+from stratagem.units import format_bytes, format_seconds
+from stratagem.verify import Verified, verify_plan
+
+SEQ_LEN = 32
+MICRO_BATCH = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    model: str
+    plan: Plan
+
+
+def cases(nproc: int) -> list[Case]:
+    """At least twelve cases over three model shapes; plans for ``nproc`` ranks (4 by default)."""
+    half = nproc // 2
+    common = {"micro_batch_size": MICRO_BATCH, "precision": "fp32"}
+    out = []
+    for model in ("llama-tiny", "vit-tiny", "mixtral-tiny"):
+        profile = profile_spec(model, seq_len=SEQ_LEN if model != "vit-tiny" else None, precision="fp32")
+        blocks = {"block_container": profile.block_container}
+        plans = [
+            Plan(dp_replicate=nproc, **common),
+            Plan(dp_shard=nproc, zero=3, **common, **blocks),
+            Plan(dp_shard=nproc, zero=3, activation_checkpointing="full", **common, **blocks),
+        ]
+        if model == "llama-tiny":
+            plans += [
+                Plan(dp_shard=nproc, zero=1, **common),
+                Plan(dp_shard=nproc, zero=2, **common, **blocks),
+                Plan(dp_replicate=2, dp_shard=half, zero=3, **common, **blocks),
+                Plan(pp=2, dp_replicate=half, microbatches=2, pp_schedule="1f1b", **common, **blocks),
+            ]
+        if profile.tp_layout:
+            plans.append(Plan(tp=2, dp_shard=half, zero=3, tp_layout=profile.tp_layout, **common, **blocks))
+        out += [Case(model, plan) for plan in plans]
+    return out
+
+
+def kendall_tau(xs: list[float], ys: list[float]) -> float:
+    """Kendall's τ-a between two orderings of the same items."""
+    pairs = list(itertools.combinations(range(len(xs)), 2))
+    if not pairs:
+        return 1.0
+    score = sum((1 if (xs[i] - xs[j]) * (ys[i] - ys[j]) > 0 else -1) for i, j in pairs
+                if xs[i] != xs[j] and ys[i] != ys[j])
+    return score / len(pairs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nproc", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="quick calibration (for a smoke run)")
+    args = parser.parse_args()
+
+    started = time.perf_counter()
+    calibration = calibrate(nproc=args.nproc, quick=args.quick)
+    cluster = calibration.apply(Cluster.parse(f"{args.nproc}xcpu"))
+    print(f"calibrated {calibration.hardware} in {calibration.seconds:.1f} s: fp32 matmul "
+          f"{calibration.matmul_rate('fp32') / 1e9:.1f} GFLOP/s per rank, all-reduce α "
+          f"{format_seconds(calibration.link('intra').latency)}, β {format_bytes(calibration.link('intra').bandwidth)}/s")
+
+    results: list[tuple[Case, Verified]] = []
+    print(f"{'model':<13} {'plan':<46} {'step pred':>10} {'meas':>10} {'err':>6} {'mem pred':>10} {'meas':>10} "
+          f"{'err':>6}")
+    for case in cases(args.nproc):
+        seq_len = None if case.model == "vit-tiny" else SEQ_LEN
+        profile = profile_spec(case.model, seq_len=seq_len, precision="fp32")
+        workload = Workload(global_batch_size=case.plan.global_batch_size, seq_len=profile.seq_len,
+                            precision="fp32")
+        estimate: Estimate = evaluate(profile, cluster, workload, case.plan)
+        try:
+            measured, error = verify_plan(case.model, case.plan, seq_len=seq_len, optimizer="adamw",
+                                          steps=args.steps), None
+        except RuntimeError as err:
+            measured, error = None, str(err)
+        result = Verified(estimate, measured, error)
+        results.append((case, result))
+        if measured is None:
+            print(f"{case.model:<13} {case.plan.name:<46} failed: {error}")
+            continue
+        print(f"{case.model:<13} {case.plan.name:<46} {format_seconds(estimate.time.step_seconds):>10} "
+              f"{format_seconds(measured.step_seconds):>10} {result.time_error:>+6.0%} "
+              f"{format_bytes(estimate.memory.total):>10} {format_bytes(measured.peak_bytes):>10} "
+              f"{result.memory_error:>+6.0%}", flush=True)
+
+    ran = [(c, r) for c, r in results if r.measured is not None]
+    print(f"\n{len(ran)} of {len(results)} cases ran ({time.perf_counter() - started:.0f} s in all)")
+    print(f"step time MAPE {statistics.mean(abs(r.time_error) for _, r in ran):.0%} (target 15 %)")
+    print(f"memory MAPE    {statistics.mean(abs(r.memory_error) for _, r in ran if r.memory_error is not None):.0%}"
+          " (target 10 %)")
+    for model in dict.fromkeys(c.model for c, _ in ran):
+        mine = [r for c, r in ran if c.model == model]
+        predicted = [r.estimate.time.step_seconds for r in mine]
+        measured = [r.measured.step_seconds for r in mine]
+        choice = mine[predicted.index(min(predicted))]
+        regret = choice.measured.step_seconds / min(measured) - 1
+        print(f"{model:<13} Kendall τ {kendall_tau(predicted, measured):+.2f} (target ≥ 0.8) · regret of the "
+              f"first choice {choice.plan.name}: {regret:.0%} (target ≤ 5 %)")
+
+
+if __name__ == "__main__":
+    main()

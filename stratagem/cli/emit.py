@@ -1,0 +1,48 @@
+"""``advise --emit RUNTIME``: write the recommended plan as the config that RUNTIME runs.
+
+With ``--emit``, ``--output`` names the config file (default: :data:`EMIT_FILES`) and the report
+goes to standard output. The search serves ``--target`` when given, else the emitted runtime, so
+``--emit accelerate`` recommends only what Accelerate can train; ``--target deepspeed --emit
+accelerate`` writes a DeepSpeed-through-Accelerate config.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from stratagem.advisor.advice import Advice
+
+EMIT_FILES = {"accelerate": "accelerate.yaml", "deepspeed": "ds_config.json", "lightning": "trainer.yaml"}
+"""Runtime → the file ``--emit`` writes when ``--output`` is not given."""
+
+
+def search_target(*, emit: str | None, target: str | None) -> str:
+    """The target the search serves: ``--target``, else the ``--emit`` runtime, else ``any``."""
+    return target or emit or "any"
+
+
+def export_config(runtime: str, advice: Advice, output: Path | None) -> Path:
+    """Write the best plan of ``advice`` as ``runtime``'s config to ``output`` (or the default
+    file); returns the path written."""
+    assert advice.best is not None, "export_config needs a recommended plan"
+    plan, path = advice.best.plan, output or Path(EMIT_FILES[runtime])
+    if runtime == "accelerate":
+        from stratagem.integrations.accelerate import export_accelerate_config
+
+        export_accelerate_config(plan, advice.cluster, path, block_classes=advice.profile.block_classes,
+                                 deepspeed=advice.target == "deepspeed")
+    elif runtime == "deepspeed":
+        from stratagem.integrations.deepspeed import deepspeed_notes, export_deepspeed_config
+
+        export_deepspeed_config(plan, path)
+        for note in deepspeed_notes(plan):
+            print(f"advise: note: {note}", file=sys.stderr)
+    else:
+        from stratagem.integrations.lightning_config import export_lightning_config
+
+        export_lightning_config(plan, advice.cluster, path, block_classes=advice.profile.block_classes)
+    print(f"advise: wrote the {runtime} config for {plan.name} to {path}", file=sys.stderr)
+    return path

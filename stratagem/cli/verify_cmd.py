@@ -1,0 +1,143 @@
+"""``stratagem verify``: run the advisor's best plans for a few steps here and compare."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from stratagem.advisor.targets import TARGETS
+from stratagem.cli.advise_cmd import EXIT_NOTHING_FITS, add_model_arguments, model_workload
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from stratagem.advisor.advice import Advice
+    from stratagem.advisor.hardware import Cluster
+    from stratagem.verify import Verified
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``verify`` subcommand."""
+    parser = subparsers.add_parser(
+        "verify",
+        help="run the advisor's best plans for a few steps on this host: predicted vs measured",
+        description="Advise for this host (its GPUs, or --nproc CPU ranks on gloo), then train each of "
+        "the K best plans for a few steps in its own processes, measuring the step time and the peak "
+        "memory per rank (CUDA: max allocated; CPU: peak resident memory above the process's size "
+        "before the model). Prints predicted against measured and writes the measured winner as a "
+        "plan file that auto-parallel and the exporters accept. A plan that fails is reported; "
+        "the others go on. Runs the reference presets.",
+    )
+    add_model_arguments(parser)
+    parser.add_argument("--nproc", type=int, default=None, metavar="N",
+                        help="CPU ranks when there is no GPU (default: 2); with GPUs, all of them")
+    parser.add_argument("--top", type=int, default=3, metavar="K", help="plans to run (default: 3)")
+    parser.add_argument("--target", choices=TARGETS, default="any", help="runtime the plans must suit (default: any)")
+    parser.add_argument("--steps", type=int, default=3, help="measured steps per plan (default: 3)")
+    parser.add_argument("--warmup", type=int, default=1, help="steps run before measuring (default: 1)")
+    parser.add_argument("--timeout", type=float, default=300.0, metavar="S",
+                        help="seconds one plan may run (default: 300)")
+    parser.add_argument("--output", type=Path, default=None, metavar="FILE",
+                        help="write the measured winner's plan here (JSON)")
+    parser.add_argument("--no-calibration", dest="calibration", action="store_false",
+                        help="use catalog figures even when `stratagem calibrate` measured this host")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Advise for this host, run the top plans, report; returns the exit status."""
+    import torch
+
+    from stratagem.advisor.calibrate import calibrated
+    from stratagem.advisor.hardware import Cluster, probe_local
+    from stratagem.advisor.search import advise
+    from stratagem.errors import UsageError
+
+    for name in ("top", "steps"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name} must be at least 1")
+    if torch.cuda.is_available():
+        if args.nproc is not None:
+            raise UsageError("--nproc applies to CPU ranks; with GPUs every GPU runs\nHINT: set CUDA_VISIBLE_DEVICES")
+        cluster = probe_local()
+    else:
+        if args.nproc is not None and args.nproc < 1:
+            raise UsageError(f"--nproc must be at least 1, got {args.nproc}")
+        cluster = Cluster.parse(f"{args.nproc or 2}xcpu")
+    if args.calibration:
+        cluster = calibrated(cluster)
+    profile, workload = model_workload(args, cluster)
+    advice = advise(profile, cluster, workload, top=args.top, target=args.target, objective=args.objective)
+    if advice.best is None:
+        from stratagem.advisor.report import render_table
+        from rich.console import Console
+
+        Console().print(render_table(advice))
+        return EXIT_NOTHING_FITS
+    return verify_advice(advice, args, top=args.top, output=args.output)
+
+
+def verify_advice(advice: Advice, args: argparse.Namespace, *, top: int, output: Path | None) -> int:
+    """Run the ``top`` plans of ``advice`` on this host and print predicted against measured;
+    exit status 0 when one ran, 1 when none did. ``args`` carries the model arguments."""
+    from rich.console import Console
+
+    from stratagem.verify import measured_winner, verify_estimates
+
+    check_this_host(advice.cluster)
+    console = Console(stderr=True)
+    estimates = advice.plans[:top]
+
+    def progress(index: int, result: Verified) -> None:
+        state = "failed: " + result.error if result.error else f"{result.measured.step_seconds:.3g} s/step"
+        console.print(f"verify [{index + 1}/{len(estimates)}] {result.plan.name}: {state}")
+
+    results = verify_estimates(args.model, estimates, seq_len=advice.workload.seq_len,
+                               optimizer=advice.workload.optimizer, steps=getattr(args, "steps", 3),
+                               warmup=getattr(args, "warmup", 1), timeout=getattr(args, "timeout", 300.0),
+                               progress=progress)
+    Console().print(verification_table(results))
+    winner = measured_winner(results)
+    if winner is None:
+        return EXIT_NOTHING_FITS
+    print(f"measured winner: {winner.plan.name}" + ("" if winner is results[0] else
+                                                    f" (the advisor ranked it #{results.index(winner) + 1})"))
+    if output is not None:
+        output.write_text(winner.plan.to_json(indent=1) + "\n")
+        print(f"wrote the plan to {output} (Trainer(strategy=AutoParallelStrategy(plan=...)), advise --emit)",
+              file=sys.stderr)
+    return 0
+
+
+def check_this_host(cluster: Cluster) -> None:
+    """:class:`UsageError` unless ``cluster`` can be this host (one node; GPUs only with CUDA)."""
+    import torch
+
+    from stratagem.errors import UsageError
+
+    if cluster.num_nodes > 1 or (cluster.is_gpu and not torch.cuda.is_available()):
+        raise UsageError(f"verify runs plans on this host; {cluster.spec} is not it\n"
+                         "HINT: --cluster local, or Nxcpu for N CPU ranks")
+
+
+def verification_table(results: list[Verified]) -> Table:
+    """Predicted against measured, one row per plan."""
+    from rich.table import Table
+
+    from stratagem.units import format_bytes, format_seconds
+
+    table = Table(title="predicted vs measured (step time: slowest rank; memory: fullest rank)")
+    for column in ("#", "plan", "step pred.", "step meas.", "err", "memory pred.", "memory meas.", "err"):
+        table.add_column(column, justify="left" if column == "plan" else "right")
+    for index, result in enumerate(results, 1):
+        predicted = (format_seconds(result.estimate.time.step_seconds), format_bytes(result.estimate.memory.total))
+        if result.measured is None:
+            table.add_row(str(index), result.plan.name, predicted[0], "[red]failed[/]", "", predicted[1],
+                          result.error or "", "")
+            continue
+        table.add_row(str(index), result.plan.name, predicted[0], format_seconds(result.measured.step_seconds),
+                      f"{result.time_error:+.0%}", predicted[1], format_bytes(result.measured.peak_bytes),
+                      "" if result.memory_error is None else f"{result.memory_error:+.0%}")
+    return table

@@ -1,0 +1,146 @@
+"""One rank of a verification run: build the real model, apply the plan, train a few steps and
+measure the step time and this rank's peak memory.
+
+Step time is the median over the measured steps (after warm-up steps) of the time from the
+first forward to the optimizer step's end, devices synchronised. Peak memory is what the cost
+model predicts: on CUDA ``max_memory_allocated`` (and ``max_memory_reserved`` beside it); on CPU
+the process's peak resident set above its size just before the model was built (the torch
+runtime itself is not part of a plan's memory).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from stratagem.advisor.plan import Plan
+from stratagem.errors import UsageError
+from stratagem.plugins import apply_plan, autocast_context, build_mesh, build_optimizer
+
+__all__ = ["Measured", "RealModel", "measure_plan", "real_model"]
+
+OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """What one plan measured: seconds per step (median, slowest rank) and peak bytes per rank
+    (the largest over ranks); ``reserved_bytes`` on CUDA only."""
+
+    step_seconds: float
+    peak_bytes: int
+    reserved_bytes: int | None
+    steps: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class RealModel:
+    """A model built for real, a batch maker and its loss."""
+
+    build: Callable[[], nn.Module]
+    make_batch: Callable[[int], tuple[tuple[Tensor, ...], Tensor]]  # micro-batch size → (inputs, targets)
+    loss: Callable[[Any, Tensor], Tensor]
+
+
+def real_model(spec: str, *, seq_len: int | None) -> RealModel:
+    """The preset ``spec`` built for real (verification runs presets; other model forms are
+    profiled and advised, but not run yet)."""
+    from stratagem.models import PRESETS
+
+    if spec not in PRESETS:
+        raise UsageError(f"verify runs the reference presets; {spec!r} is not one\n"
+                         f"HINT: one of {', '.join(PRESETS)}, or advise without --verify")
+    preset = PRESETS[spec]
+    seq = seq_len or preset.default_seq_len
+    return RealModel(build=preset.build, make_batch=lambda size: preset.make_batch(size, seq), loss=preset.loss)
+
+
+def measure_plan(model: RealModel, plan: Plan, *, optimizer: str, steps: int, warmup: int) -> Measured:
+    """On every rank of the default process group (``plan.world_size`` of them): train ``steps +
+    warmup`` steps of ``plan`` on synthetic batches and measure (module docstring)."""
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    torch.manual_seed(0)
+    inputs, targets = model.make_batch(plan.micro_batch_size * plan.microbatches)
+    inputs, targets = tuple(t.to(device) for t in inputs), targets.to(device)
+    baseline = _rss_bytes()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    with torch.device(device):
+        module = model.build()
+    mesh = build_mesh(plan, device_type=device.type)
+    step = _pipeline_step if plan.pp > 1 else _data_parallel_step
+    run, parameters = step(module, plan, mesh, model, inputs, targets)
+    opt = build_optimizer(parameters, plan, OPTIMIZERS[optimizer], lr=1e-4)
+    times = []
+    for index in range(warmup + steps):
+        _sync(device)
+        start = time.perf_counter()
+        for _ in range(plan.grad_accum):
+            run()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        _sync(device)
+        if index >= warmup:
+            times.append(time.perf_counter() - start)
+    seconds = _across_ranks(statistics.median(times), device)
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device)
+        reserved: int | None = int(_across_ranks(torch.cuda.max_memory_reserved(device), device))
+    else:
+        peak, reserved = max(0, _peak_rss_bytes() - baseline), None
+    return Measured(step_seconds=seconds, peak_bytes=int(_across_ranks(peak, device)), reserved_bytes=reserved,
+                    steps=steps)
+
+
+def _data_parallel_step(module: nn.Module, plan: Plan, mesh: Any, model: RealModel, inputs: tuple[Tensor, ...],
+                        targets: Tensor) -> tuple[Callable[[], None], nn.Module]:
+    parallel = apply_plan(module, plan, mesh)
+
+    def run() -> None:
+        with autocast_context(plan, targets.device.type):
+            loss = model.loss(parallel(*inputs), targets) / plan.grad_accum
+        loss.backward()
+
+    return run, parallel
+
+
+def _pipeline_step(module: nn.Module, plan: Plan, mesh: Any, model: RealModel, inputs: tuple[Tensor, ...],
+                   targets: Tensor) -> tuple[Callable[[], None], Any]:
+    example = tuple(t[:plan.micro_batch_size] for t in inputs)
+    pipe = apply_plan(module, plan, mesh, loss_fn=model.loss, example_inputs=example)
+    return (lambda: pipe.step(*inputs, target=targets)), pipe.modules
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _across_ranks(value: float, device: torch.device) -> float:
+    """The largest ``value`` over ranks (the slowest step, the fullest rank)."""
+    tensor = torch.tensor([float(value)], dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return float(tensor.item())
+
+
+def _rss_bytes() -> int:
+    import psutil
+
+    return psutil.Process(os.getpid()).memory_info().rss
+
+
+def _peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux

@@ -1,0 +1,147 @@
+"""Run plans for real and set what they measured beside what the advisor predicted.
+
+Each plan runs in its own set of spawned processes on this host (gloo on CPU, NCCL on GPUs), so
+a plan that fails or runs out of memory is reported and the others go on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from stratagem.advisor.estimate import Estimate
+from stratagem.advisor.plan import Plan
+from stratagem.verify.runner import Measured, measure_plan, real_model
+
+__all__ = ["Verified", "measured_winner", "verify_estimates", "verify_plan"]
+
+
+@dataclass(frozen=True, slots=True)
+class Verified:
+    """One plan: the advisor's estimate and what the run measured (or why it failed)."""
+
+    estimate: Estimate
+    measured: Measured | None
+    error: str | None = None
+
+    @property
+    def plan(self) -> Plan:
+        return self.estimate.plan
+
+    @property
+    def time_error(self) -> float | None:
+        """(predicted − measured) / measured step time."""
+        if self.measured is None:
+            return None
+        return self.estimate.time.step_seconds / self.measured.step_seconds - 1
+
+    @property
+    def memory_error(self) -> float | None:
+        """(predicted − measured) / measured peak memory per rank."""
+        if self.measured is None or self.measured.peak_bytes == 0:
+            return None
+        return self.estimate.memory.total / self.measured.peak_bytes - 1
+
+
+def verify_estimates(model: str, estimates: Sequence[Estimate], *, seq_len: int | None, optimizer: str,
+                     steps: int = 3, warmup: int = 1, timeout: float = 300.0,
+                     progress: Callable[[int, Verified], None] | None = None) -> list[Verified]:
+    """Run every estimate's plan (``verify_plan``); ``progress(index, result)`` after each."""
+    results = []
+    for index, estimate in enumerate(estimates):
+        try:
+            measured, error = verify_plan(model, estimate.plan, seq_len=seq_len, optimizer=optimizer, steps=steps,
+                                          warmup=warmup, timeout=timeout), None
+        except RuntimeError as err:
+            measured, error = None, str(err)
+        results.append(Verified(estimate, measured, error))
+        if progress is not None:
+            progress(index, results[-1])
+    return results
+
+
+def measured_winner(results: Sequence[Verified]) -> Verified | None:
+    """The plan that ran fastest (None when none ran)."""
+    ran = [r for r in results if r.measured is not None]
+    return min(ran, key=lambda r: r.measured.step_seconds) if ran else None
+
+
+def verify_plan(model: str, plan: Plan, *, seq_len: int | None, optimizer: str, steps: int = 3, warmup: int = 1,
+                timeout: float = 300.0) -> Measured:
+    """Spawn ``plan.world_size`` processes that train ``plan`` on the preset ``model`` and
+    measure it (:func:`~stratagem.verify.runner.measure_plan`). Raises RuntimeError with the
+    first failing rank's error, or when the run exceeds ``timeout`` seconds."""
+    import torch.multiprocessing as mp
+
+    real_model(model, seq_len=seq_len)  # a model verify cannot run fails here, before spawning
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        context = mp.start_processes(
+            _worker, args=(plan.world_size, _free_port(), model, plan.to_json(), seq_len, optimizer, steps, warmup,
+                           out), nprocs=plan.world_size, join=False, start_method="spawn")
+        deadline = time.monotonic() + timeout
+        try:
+            while not context.join(timeout=0.5):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"timed out after {timeout:.0f} s")
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as err:
+            raise RuntimeError(_first_error(out) or f"a rank died ({err})") from None
+        finally:
+            for process in context.processes:
+                if process.is_alive():
+                    process.terminate()
+        return Measured(**json.loads((out / "measured.json").read_text()))
+
+
+def _worker(rank: int, world_size: int, port: int, model: str, plan_json: str, seq_len: int | None, optimizer: str,
+            steps: int, warmup: int, out: Path) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_RANK=str(rank))
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    else:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world_size)
+    try:
+        measured = measure_plan(real_model(model, seq_len=seq_len), Plan.from_json(plan_json), optimizer=optimizer,
+                                steps=steps, warmup=warmup)
+        if rank == 0:
+            (out / "measured.json").write_text(json.dumps(measured.to_dict()))
+        dist.barrier()
+    except BaseException as err:
+        oom = isinstance(err, torch.OutOfMemoryError)
+        (out / f"error-{rank}.txt").write_text("out of memory" if oom else _summary(err))
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _summary(err: BaseException) -> str:
+    last = traceback.extract_tb(err.__traceback__)[-1:] if err.__traceback__ else []
+    where = f" (at {Path(last[0].filename).name}:{last[0].lineno})" if last else ""
+    return f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}{where}"
+
+
+def _first_error(out: Path) -> str | None:
+    errors = sorted(out.glob("error-*.txt"))
+    return errors[0].read_text() if errors else None
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

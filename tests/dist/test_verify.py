@@ -1,0 +1,55 @@
+"""``stratagem verify`` and ``advise --verify`` run plans on real gloo processes and report."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from stratagem.advisor.plan import Plan
+from stratagem.advisor.estimate import Estimate
+from stratagem.verify import verify_estimates
+
+_TINY = ["--model", "llama-tiny", "--global-batch-size", "4", "--seq-len", "16", "--precision", "fp32"]
+
+
+def _stratagem(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "stratagem", *args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "STRATAGEM_CACHE_DIR": str(tmp_path)}, cwd=tmp_path)
+
+
+def test_verify_runs_the_best_plan_and_writes_it(tmp_path: Path) -> None:
+    done = _stratagem("verify", *_TINY, "--nproc", "2", "--top", "1", "--steps", "2",
+                      "--output", str(tmp_path / "plan.json"), tmp_path=tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert "predicted vs measured" in done.stdout and "verify [1/1]" in done.stderr
+    plan = Plan.from_json((tmp_path / "plan.json").read_text())
+    assert plan.world_size == 2 and f"measured winner: {plan.name}" in done.stdout
+
+
+def test_a_failing_plan_is_reported_and_the_others_go_on(tmp_path: Path) -> None:
+    good = Plan(dp_replicate=2, micro_batch_size=2, precision="fp32")
+    bad = Plan(dp_shard=2, zero=3, micro_batch_size=2, precision="fp32", tp=1,
+               activation_checkpointing="full", block_container="no.such.blocks")
+    estimates = [_estimate(bad), _estimate(good)]
+    results = verify_estimates("llama-tiny", estimates, seq_len=16, optimizer="adamw", steps=1, timeout=120)
+    assert results[0].measured is None and "no.such.blocks" in results[0].error
+    assert results[1].measured is not None and results[1].measured.step_seconds > 0
+    assert results[1].measured.peak_bytes > 0
+
+
+def test_advise_verify_needs_this_host(tmp_path: Path) -> None:
+    done = _stratagem("advise", *_TINY, "--cluster", "2x8xH100:ib-ndr", "--verify", "1", tmp_path=tmp_path)
+    assert done.returncode == 2 and "verify runs plans on this host" in done.stderr
+
+
+def _estimate(plan: Plan) -> Estimate:
+    from stratagem.advisor.evaluate import evaluate
+    from stratagem.advisor.hardware import Cluster
+    from stratagem.advisor.plan import Workload
+    from stratagem.advisor.profiles import profile_spec
+
+    profile = profile_spec("llama-tiny", seq_len=16, precision="fp32")
+    workload = Workload(global_batch_size=plan.global_batch_size, seq_len=16, precision="fp32")
+    return evaluate(profile, Cluster.parse("2xcpu"), workload, plan)
