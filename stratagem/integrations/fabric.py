@@ -43,6 +43,7 @@ from stratagem.advisor.plan import Plan
 from stratagem.errors import UsageError
 from stratagem.integrations.planning import (
     PlanPrecision,
+    check_choice,
     check_plan_precision,
     choose_plan,
     constructor_options,
@@ -93,6 +94,8 @@ class AutoParallelFabricStrategy(ModelParallelStrategy):
             world size (``micro_batch_size`` at that batch, ``grad_accum`` 1), and broadcasts it.
         example_inputs: inputs to profile on when no plan is given (see ``plan``).
         target: the runtime the advisor's plans must run on.
+        objective, constraints: what ranks the plans and the Plan fields pinned in the search, as
+            for :class:`~stratagem.integrations.lightning.AutoParallelStrategy`.
         verbose: print the advisor's table and the chosen plan on rank 0.
         save_distributed_checkpoint: save checkpoints sharded (a directory written by every rank
             through ``torch.distributed.checkpoint``) rather than as one file gathered on rank 0.
@@ -116,7 +119,8 @@ class AutoParallelFabricStrategy(ModelParallelStrategy):
     strategy_name = "auto-parallel"
 
     def __init__(self, plan: Plan | Mapping[str, Any] | str | Path | None = None, *,
-                 example_inputs: Any = None, target: str = "lightning", verbose: bool = True,
+                 example_inputs: Any = None, target: str = "lightning", objective: str = "throughput",
+                 constraints: Mapping[str, Any] | None = None, verbose: bool = True,
                  save_distributed_checkpoint: bool = True, process_group_backend: str | None = None,
                  timeout: timedelta | None = default_pg_timeout) -> None:
         super().__init__(self._apply_plan, save_distributed_checkpoint=save_distributed_checkpoint,
@@ -124,6 +128,8 @@ class AutoParallelFabricStrategy(ModelParallelStrategy):
         self._plan = None if plan is None else load_plan(plan)
         self._example_inputs = example_inputs
         self._target = target
+        self._objective = objective
+        self._constraints = check_choice(target=target, objective=objective, constraints=constraints)
         self._verbose = verbose
         self._backward_sync_control = _PlanBackwardSyncControl()
         self._module: nn.Module | None = None
@@ -160,7 +166,9 @@ class AutoParallelFabricStrategy(ModelParallelStrategy):
             inputs = self._profiled_inputs(module)  # on every rank: choose_plan profiles on rank 0 only
             self._plan = choose_plan(module, lambda: inputs,
                                      precision=stratagem_precision(self.precision.precision),
-                                     target=self._target, verbose=self._verbose, node_key=f"node {self.node_rank}")
+                                     target=self._target, objective=self._objective,
+                                     constraints=self._constraints, verbose=self._verbose,
+                                     node_key=f"node {self.node_rank}")
         if self.plan.pp > 1:
             raise UsageError(f"plan {self.plan.name} is a pipeline, which the Fabric strategy does not run yet\n"
                              "HINT: pin a plan with pp=1")

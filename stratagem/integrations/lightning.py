@@ -14,6 +14,7 @@ import must sit in that script. Passing ``strategy=AutoParallelStrategy(...)`` a
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import weakref
 from collections.abc import Callable, Generator, Mapping
@@ -50,9 +51,11 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from stratagem.advisor.plan import Plan
+from stratagem.advisor.targets import target_excludes
 from stratagem.errors import UsageError
 from stratagem.integrations.planning import (
     PlanPrecision,
+    check_choice,
     check_plan_precision,
     choose_plan,
     constructor_options,
@@ -65,6 +68,8 @@ from stratagem.integrations.planning import (
 )
 from stratagem.plugins import apply_plan, build_mesh, build_optimizer
 from stratagem.plugins.materialize import has_meta_tensors, materialize
+from stratagem.plugins.pipeline import Pipeline
+from stratagem.plugins.pipeline import unwrap as unwrap_stage
 from stratagem.plugins.state_dict import (
     load_checkpoint,
     model_state_dict,
@@ -94,6 +99,9 @@ class AutoParallelStrategy(ParallelStrategy):
             broadcasts it. The search keeps ``micro_batch_size`` at that batch and ``grad_accum`` at 1,
             since the dataloader's batches reach the model unchanged.
         target: the runtime the advisor's plans must run on.
+        objective: what ranks the plans: ``"throughput"`` (the fastest step) or ``"memory"`` (the
+            least memory per device).
+        constraints: Plan fields to pin in the search, e.g. ``{"zero": 3}`` or ``{"tp": (1, 2)}``.
         verbose: print the advisor's table and the chosen plan on rank 0.
         save_distributed_checkpoint: save checkpoints sharded (a directory written by every rank
             through ``torch.distributed.checkpoint``) rather than as one file gathered on rank 0.
@@ -110,6 +118,14 @@ class AutoParallelStrategy(ParallelStrategy):
     ``trainer.init_module(empty_init=True)`` lives on ``meta`` until the plan is applied and is then
     initialised by its ``init_weights()`` or its layers' ``reset_parameters()``.
 
+    Pipeline plans (``pp > 1``, one stage per rank: gpipe or 1f1b, alone or with FSDP) split the
+    child module that holds the blocks (``block_container``'s first part, e.g. ``self.model``) and
+    put this rank's stage in its place, so ``self.parameters()``, ``configure_optimizers`` and
+    checkpoints (sharded) see the stage. The LightningModule must then define
+    ``loss_fn(output, target)``, and batches must be ``(inputs..., target)``: the strategy runs
+    the schedule (forward and backward) instead of ``training_step``/``validation_step`` and logs
+    the last stage's loss as ``train_loss``/``val_loss`` on every rank.
+
     The process group lives until the process exits (so ``fit`` can be followed by ``validate``
     on the same Trainer); it is then released the way gloo survives.
     """
@@ -117,17 +133,22 @@ class AutoParallelStrategy(ParallelStrategy):
     strategy_name = "auto-parallel"
 
     def __init__(self, plan: Plan | Mapping[str, Any] | str | Path | None = None, *, target: str = "lightning",
+                 objective: str = "throughput", constraints: Mapping[str, Any] | None = None,
                  verbose: bool = True, save_distributed_checkpoint: bool = True,
                  process_group_backend: str | None = None,
                  timeout: timedelta | None = default_pg_timeout) -> None:
         super().__init__()
         self._plan = None if plan is None else load_plan(plan)
         self._target = target
+        self._objective = objective
+        self._constraints = check_choice(target=target, objective=objective, constraints=constraints)
         self._verbose = verbose
         self._save_distributed_checkpoint = save_distributed_checkpoint
         self._process_group_backend = process_group_backend
         self._timeout = timeout
         self._applied: tuple[LightningModule, torch.nn.Module] | None = None
+        self._pipeline: Pipeline | None = None
+        self._set_aside: list[tuple[torch.nn.Parameter, Tensor | None]] = []
         self.num_nodes = 1
 
     @property
@@ -227,18 +248,45 @@ class AutoParallelStrategy(ParallelStrategy):
         precision = stratagem_precision(self.precision_plugin.precision)
         if self._plan is None:
             self._plan = choose_plan(module, lambda: self._example_inputs(trainer, module), precision=precision,
-                                     target=self._target, verbose=self._verbose, node_key=f"node {self.node_rank}")
+                                     target=self._target, objective=self._objective, constraints=self._constraints,
+                                     verbose=self._verbose, node_key=f"node {self.node_rank}")
         else:
             check_plan_precision(self._plan, self.precision_plugin.precision)
+            if (reason := target_excludes("lightning", self._plan)) is not None:
+                raise UsageError(f"the auto-parallel strategy cannot run plan {self._plan.name}: {reason}\n"
+                                 "HINT: advise with --target lightning for plans it runs")
         self.precision_plugin = _PlanPrecision(self.plan, self.precision_plugin.precision, self.root_device.type)
         if self.plan.zero < 2:
             materialize(module, self.root_device)  # DDP broadcasts rank 0's values
         self.model_to_device()
         mesh = build_mesh(self.plan, device_type=self.root_device.type)
-        self.model = apply_plan(module, self.plan, mesh)
+        if self.plan.pp > 1:
+            self._pipeline = self._apply_pipeline(trainer, module, mesh)
+            self.model = module
+        else:
+            self.model = apply_plan(module, self.plan, mesh)
         materialize(module, self.root_device)
         self._applied = (module, self.model)
         log.info("auto-parallel: rank %d applied plan %s", self.global_rank, self.plan.name)
+
+    def _apply_pipeline(self, trainer: Trainer, module: LightningModule, mesh: Any) -> Pipeline:
+        """Split the child module holding the blocks into this rank's stage and put the stage in
+        its place, so the LightningModule's parameters, state dict and optimizers are the stage's."""
+        plan = self.plan
+        loss_fn = getattr(module, "loss_fn", None)
+        if not callable(loss_fn):
+            raise UsageError(f"plan {plan.name} is a pipeline: the schedule computes the loss on the last stage, "
+                             f"so {type(module).__name__} must define loss_fn(output, target)\nHINT: add the "
+                             "method, and give batches as (inputs..., target); see AutoParallelStrategy")
+        name, child_plan = _pipelined_child(module, plan)
+        child = module.get_submodule(name)
+        example = forward_inputs(child, lambda: module(*_as_args(self._example_inputs(trainer, module))))
+        if not isinstance(example, tuple):
+            raise UsageError(f"pipeline stages take positional inputs; {name}.forward was given keyword ones")
+        example = tuple(t[:plan.micro_batch_size] for t in example)
+        pipeline = apply_plan(child, child_plan, mesh, loss_fn=loss_fn, example_inputs=example)
+        module.set_submodule(name, unwrap_stage(pipeline.modules[0]))
+        return pipeline
 
     @staticmethod
     def _example_inputs(trainer: Trainer, module: LightningModule) -> Any:
@@ -276,11 +324,54 @@ class AutoParallelStrategy(ParallelStrategy):
 
     @override
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        if self._pipeline is not None:
+            return self._pipeline_training_step(self._pipeline, args)
         return self._step("training_step", self.precision_plugin.train_step_context, args, kwargs)
+
+    def _pipeline_training_step(self, pipeline: Pipeline, args: tuple) -> Tensor:
+        """The schedule runs backward with forward, inside ``training_step``; Lightning zeroes
+        gradients after ``training_step`` and before ``backward``. So the gradients are set
+        aside here and put back in :meth:`backward` (and cleared first when this batch opens a
+        gradient-accumulation window, where Lightning would have zeroed them)."""
+        trainer = self.lightning_module.trainer if self.lightning_module is not None else None
+        accumulate = trainer.accumulate_grad_batches if trainer is not None else 1
+        params = [p for p in pipeline.parameters() if p.requires_grad]
+        if len(args) < 2 or args[1] % accumulate == 0:
+            for param in params:
+                param.grad = None
+        loss = self._pipeline_step(pipeline.step, "train_loss", args)
+        self._set_aside = [(param, param.grad) for param in params]
+        for param in params:
+            param.grad = None
+        return loss
 
     @override
     def validation_step(self, *args: Any, **kwargs: Any) -> Any:
+        if self._pipeline is not None:
+            return self._pipeline_step(self._pipeline.evaluate, "val_loss", args)
         return self._step("validation_step", self.precision_plugin.val_step_context, args, kwargs)
+
+    def _pipeline_step(self, run: Callable[..., Tensor], name: str, args: tuple) -> Tensor:
+        """One batch ``(inputs..., target)`` through the schedule (forward and, training, backward);
+        the loss, from the last stage on every rank, is logged as ``name`` averaged over replicas."""
+        batch = args[0]
+        if not isinstance(batch, (tuple, list)) or len(batch) < 2:
+            raise UsageError("a pipeline plan takes batches (inputs..., target): a tuple or list whose last item "
+                             f"is the target, got {type(batch).__name__}")
+        *inputs, target = batch
+        loss = run(*inputs, target=target)
+        assert self.lightning_module is not None
+        self.lightning_module.log(name, loss, sync_dist=True, prog_bar=True)
+        return loss
+
+    @override
+    def backward(self, closure_loss: Tensor, optimizer: Optimizer | None, *args: Any, **kwargs: Any) -> Tensor:
+        if self._pipeline is not None:  # the schedule ran backward with forward: its gradients come back
+            for param, grad in self._set_aside:
+                param.grad = grad
+            self._set_aside = []
+            return closure_loss
+        return super().backward(closure_loss, optimizer, *args, **kwargs)
 
     @override
     def test_step(self, *args: Any, **kwargs: Any) -> Any:
@@ -338,6 +429,9 @@ class AutoParallelStrategy(ParallelStrategy):
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Any | None = None) -> None:
         path = Path(self.broadcast(filepath))  # rank 0's path, for every rank
+        if not self._save_distributed_checkpoint and self._pipeline is not None:
+            raise UsageError(f"plan {self.plan.name}: each pipeline rank holds its own stage, so its checkpoints "
+                             "are sharded\nHINT: AutoParallelStrategy(save_distributed_checkpoint=True)")
         if not self._save_distributed_checkpoint:
             super().save_checkpoint(checkpoint, path, storage_options)
             return
@@ -392,6 +486,23 @@ _STAGE_LOOPS = {
     TrainerFn.PREDICTING: ("predict_loop", "predict_step"),
 }
 """Per Trainer stage: the loop whose dataloader gives the profiled batch, and the step it runs."""
+
+
+def _pipelined_child(module: LightningModule, plan: Plan) -> tuple[str, Plan]:
+    """The child of ``module`` that holds the blocks (the first part of ``plan.block_container``),
+    and the plan with its FQNs relative to that child."""
+    name, _, container = (plan.block_container or "").partition(".")
+    if not container:
+        raise UsageError(f"a pipeline plan splits a child module of {type(module).__name__} holding the blocks, but "
+                         f"block_container={plan.block_container!r} names none\nHINT: keep the model in an attribute "
+                         "(self.model = ...) and set block_container='model.layers' (as the advisor does)")
+    prefix = f"{name}."
+    layout = tuple((pattern.removeprefix(prefix), style) for pattern, style in plan.tp_layout)
+    return name, dataclasses.replace(plan, block_container=container, tp_layout=layout)
+
+
+def _as_args(inputs: Any) -> tuple[Any, ...]:
+    return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
 
 
 def _unwrap(optimizer: Optimizer) -> Optimizer:

@@ -26,8 +26,8 @@ from stratagem.errors import UsageError
 if TYPE_CHECKING:
     from torch.optim import Optimizer
 
-__all__ = ["LIGHTNING_PRECISIONS", "PlanPrecision", "check_plan_precision", "choose_plan", "constructor_options",
-           "forward_inputs", "load_plan", "plan_hyperparams", "release_at_exit", "sampler_kwargs",
+__all__ = ["LIGHTNING_PRECISIONS", "PlanPrecision", "check_choice", "check_plan_precision", "choose_plan",
+           "constructor_options", "forward_inputs", "load_plan", "plan_hyperparams", "release_at_exit", "sampler_kwargs",
            "stratagem_precision"]
 
 LIGHTNING_PRECISIONS = {"32-true": "fp32", "bf16-mixed": "bf16-mixed", "bf16-true": "bf16-true"}
@@ -104,30 +104,54 @@ def constructor_options(optimizer: Optimizer) -> dict[str, Any]:
     return {key: value for key, value in optimizer.defaults.items() if key in accepted}
 
 
+def check_choice(*, target: str, objective: str, constraints: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Validate what a strategy was asked to choose by (before any process starts); returns the
+    constraints as a dict. ``micro_batch_size`` and ``grad_accum`` are the dataloader's to set."""
+    from stratagem.advisor.search import OBJECTIVES
+    from stratagem.advisor.targets import check_target
+
+    check_target(target)
+    if objective not in OBJECTIVES:
+        raise UsageError(f"unknown objective {objective!r}; valid: {', '.join(OBJECTIVES)}")
+    constraints = dict(constraints or {})
+    fixed = sorted({"micro_batch_size", "grad_accum"} & set(constraints))
+    if fixed:
+        raise UsageError(f"constraints on {', '.join(fixed)}: the dataloader's batches reach the model unchanged, so "
+                         "its batch size is the micro-batch and nothing accumulates\nHINT: change the batch size "
+                         "of the dataloader (and example_input_array) instead")
+    unknown = sorted(set(constraints) - set(Plan.__dataclass_fields__))
+    if unknown:
+        raise UsageError(f"unknown constraint(s) {', '.join(unknown)}; they pin Plan fields such as tp or zero")
+    return constraints
+
+
 def choose_plan(module: nn.Module, example_inputs: Callable[[], Any], *, precision: str, target: str,
-                verbose: bool, node_key: str | None = None) -> Plan:
+                verbose: bool, objective: str = "throughput", constraints: Mapping[str, Any] | None = None,
+                node_key: str | None = None) -> Plan:
     """Every rank probes its hardware; rank 0 profiles ``module`` on ``example_inputs()`` (one
     rank's batch of forward's inputs: a tensor, a tuple of positional or a dict of keyword
     arguments; called on rank 0 only), advises for the gathered cluster and a global batch of that batch ×
     world size, and broadcasts the best plan. A collective: call it on every rank.
 
     The search keeps ``micro_batch_size`` at the profiled batch and ``grad_accum`` at 1, since the
-    dataloader's batches reach the model unchanged. Ranks with the same ``node_key`` (default: the
-    host name) count as one node."""
+    dataloader's batches reach the model unchanged; ``objective`` and ``constraints`` (Plan fields
+    pinned, as :func:`~stratagem.advisor.search.advise` takes them) steer the search. Ranks with
+    the same ``node_key`` (default: the host name) count as one node."""
     from stratagem.advisor.calibrate import calibrated
     from stratagem.advisor.hardware import gather_cluster, probe_local
 
     cluster = calibrated(gather_cluster(probe_local(), node_key=node_key))
     chosen: list[str | None] = [None]
     if dist.get_rank() == 0:
-        chosen[0] = _advise(module, example_inputs(), cluster, precision, target, verbose).to_json()
+        chosen[0] = _advise(module, example_inputs(), cluster, precision=precision, target=target,
+                            objective=objective, constraints=dict(constraints or {}), verbose=verbose).to_json()
     dist.broadcast_object_list(chosen, src=0)
     assert chosen[0] is not None
     return Plan.from_json(chosen[0])
 
 
-def _advise(module: nn.Module, example_inputs: Any, cluster: Any, precision: str, target: str,
-            verbose: bool) -> Plan:
+def _advise(module: nn.Module, example_inputs: Any, cluster: Any, *, precision: str, target: str, objective: str,
+            constraints: dict[str, Any], verbose: bool) -> Plan:
     from stratagem.advisor.profile import profile_model
     from stratagem.advisor.report import render_table
     from stratagem.advisor.search import advise
@@ -136,8 +160,8 @@ def _advise(module: nn.Module, example_inputs: Any, cluster: Any, precision: str
     profile = profile_model(module, inputs, precision=precision)
     workload = Workload(global_batch_size=profile.batch_size * dist.get_world_size(), seq_len=profile.seq_len,
                         precision=precision)
-    advice = advise(profile, cluster, workload, target=target,
-                    constraints={"micro_batch_size": profile.batch_size, "grad_accum": 1})
+    advice = advise(profile, cluster, workload, target=target, objective=objective,
+                    constraints={**constraints, "micro_batch_size": profile.batch_size, "grad_accum": 1})
     if verbose:
         from rich.console import Console
 

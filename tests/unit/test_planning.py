@@ -12,7 +12,13 @@ from torch import nn
 
 from stratagem.advisor.plan import Plan
 from stratagem.errors import UsageError
-from stratagem.integrations.planning import check_plan_precision, forward_inputs, load_plan, stratagem_precision
+from stratagem.integrations.planning import (
+    check_choice,
+    check_plan_precision,
+    forward_inputs,
+    load_plan,
+    stratagem_precision,
+)
 from stratagem.models import get_preset
 from stratagem.plugins.materialize import has_meta_tensors, materialize
 
@@ -97,3 +103,15 @@ def test_materialize_without_an_initialiser_is_a_usage_error() -> None:
 
     with pytest.raises(UsageError, match="Bare define neither init_weights"):
         materialize(nn.Sequential(Bare()), torch.device("cpu"))
+
+
+def test_choice_is_checked_before_any_process_starts() -> None:
+    assert check_choice(target="lightning", objective="memory", constraints={"zero": 3}) == {"zero": 3}
+    with pytest.raises(UsageError, match="unknown objective 'fast'"):
+        check_choice(target="lightning", objective="fast", constraints=None)
+    with pytest.raises(UsageError, match="constraints on micro_batch_size: the dataloader"):
+        check_choice(target="lightning", objective="throughput", constraints={"micro_batch_size": 4})
+    with pytest.raises(UsageError, match="unknown constraint"):
+        check_choice(target="lightning", objective="throughput", constraints={"zer0": 3})
+    with pytest.raises(UsageError, match="unknown target"):
+        check_choice(target="megatron", objective="throughput", constraints=None)
