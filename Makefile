@@ -32,6 +32,8 @@ demo: install
 	-$(VENV)/bin/advise --model llama-2-70b --cluster 1xL4 --global-batch-size 8 --seq-len 4096
 	# train with the plan the advisor picks: Trainer(strategy="auto-parallel") on 2 CPU processes
 	$(PY) examples/lightning_gpt.py
+	# a pinned pipeline plan (1F1B over two stages) through the same strategy
+	$(PY) examples/lightning_pipeline.py
 
 test: install-dev
 	$(PY) -m pytest tests -q

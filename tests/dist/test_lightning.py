@@ -161,9 +161,13 @@ def test_tp_fsdp_plan_matches_single_process(tmp_path: Path) -> None:
 
 
 def test_pipeline_plans_match_single_process(tmp_path: Path) -> None:
-    """gpipe with an uneven partition, resumed from a sharded checkpoint; 1f1b, then validation."""
+    """gpipe with an uneven partition, resumed from a sharded checkpoint (and that checkpoint
+    resumed by one process without a pipeline); 1f1b, then validation."""
     losses, out = _resumed(tmp_path / "gpipe", GPIPE)
     assert_matches_single_process(losses, out, dp=1, tolerance=PIPE_FP32)
+    alone, _ = run_script(tmp_path / "alone", "--resume", str(tmp_path / "gpipe" / "three.ckpt"), "--devices", "1",
+                          plan=Plan(**{**_PINNED, "micro_batch_size": BATCH}))
+    assert_matches_single_process(losses[:3] + alone["losses"], tmp_path / "alone", dp=1, tolerance=PIPE_FP32)
     results, _ = run_script(tmp_path / "1f1b", "--validate", plan=ONE_F_ONE_B)
     assert results["plan"] == ONE_F_ONE_B.name
     assert_matches_single_process(results["losses"], tmp_path / "1f1b", dp=1, tolerance=PIPE_FP32)
