@@ -123,8 +123,9 @@ class AutoParallelStrategy(ParallelStrategy):
     put this rank's stage in its place, so ``self.parameters()``, ``configure_optimizers`` and
     checkpoints (sharded) see the stage. The LightningModule must then define
     ``loss_fn(output, target)``, and batches must be ``(inputs..., target)``: the strategy runs
-    the schedule (forward and backward) instead of ``training_step``/``validation_step`` and logs
-    the last stage's loss as ``train_loss``/``val_loss`` on every rank.
+    the schedule (forward and backward) instead of ``training_step``/``validation_step``/
+    ``test_step`` and logs the last stage's loss as ``train_loss``/``val_loss``/``test_loss`` on
+    every rank; prediction under a pipeline is refused.
 
     The process group lives until the process exits (so ``fit`` can be followed by ``validate``
     on the same Trainer); it is then released the way gloo survives.
@@ -375,10 +376,15 @@ class AutoParallelStrategy(ParallelStrategy):
 
     @override
     def test_step(self, *args: Any, **kwargs: Any) -> Any:
+        if self._pipeline is not None:
+            return self._pipeline_step(self._pipeline.evaluate, "test_loss", args)
         return self._step("test_step", self.precision_plugin.test_step_context, args, kwargs)
 
     @override
     def predict_step(self, *args: Any, **kwargs: Any) -> Any:
+        if self._pipeline is not None:
+            raise UsageError(f"plan {self.plan.name} is a pipeline: its schedule returns losses, not predictions\n"
+                             "HINT: predict with a plan without pipelining (its checkpoints load under any plan)")
         return self._step("predict_step", self.precision_plugin.predict_step_context, args, kwargs)
 
     def _step(self, method: str, context: Callable[[], AbstractContextManager], args: tuple, kwargs: dict) -> Any:

@@ -25,6 +25,7 @@ from test_tensor_parallel import LLAMA_LAYOUT, TP_FP32
 from torch.utils.data import DataLoader, TensorDataset
 
 from stratagem.advisor.plan import Plan
+from stratagem.errors import UsageError
 from stratagem.integrations.lightning import AutoParallelStrategy
 from stratagem.models import get_preset
 from stratagem.plugins.state_dict import model_state_dict
@@ -76,6 +77,10 @@ class TinyLlama(pl.LightningModule):
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         tokens, targets = batch
         self.log("val_loss", self.preset.loss(self(tokens), targets), sync_dist=True)
+
+    def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        tokens, targets = batch
+        self.log("test_loss", self.preset.loss(self(tokens), targets), sync_dist=True)
 
     def loss_fn(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """For pipeline plans: the schedule computes the loss on the last stage."""
@@ -168,10 +173,11 @@ def test_pipeline_plans_match_single_process(tmp_path: Path) -> None:
     alone, _ = run_script(tmp_path / "alone", "--resume", str(tmp_path / "gpipe" / "three.ckpt"), "--devices", "1",
                           plan=Plan(**{**_PINNED, "micro_batch_size": BATCH}))
     assert_matches_single_process(losses[:3] + alone["losses"], tmp_path / "alone", dp=1, tolerance=PIPE_FP32)
-    results, _ = run_script(tmp_path / "1f1b", "--validate", plan=ONE_F_ONE_B)
+    results, _ = run_script(tmp_path / "1f1b", "--validate", "--test", plan=ONE_F_ONE_B)
     assert results["plan"] == ONE_F_ONE_B.name
     assert_matches_single_process(results["losses"], tmp_path / "1f1b", dp=1, tolerance=PIPE_FP32)
-    assert results["val_loss"] > 0
+    assert results["val_loss"] == results["test_loss"] > 0  # the same data, forward only
+    assert "its schedule returns losses, not predictions" in results["predict"]
 
 
 def _resumed(tmp_path: Path, plan: Plan, *options: str) -> tuple[list[float], Path]:
@@ -248,6 +254,7 @@ def main() -> None:
     parser.add_argument("--resume", type=Path, help="trainer.fit(ckpt_path=...)")
     parser.add_argument("--full-checkpoint", action="store_true")
     parser.add_argument("--validate", action="store_true", help="trainer.validate after fit")
+    parser.add_argument("--test", action="store_true", help="trainer.test and trainer.predict after fit")
     parser.add_argument("--no-example", action="store_true", help="leave example_input_array unset")
     parser.add_argument("--empty-init", action="store_true", help="build the model on meta")
     args = parser.parse_args()
@@ -274,6 +281,13 @@ def main() -> None:
     if args.validate:
         results["val_loss"] = trainer.validate(module, DataLoader(dataset(dp), batch_size=BATCH),
                                                verbose=False)[0]["val_loss"]
+    if args.test:
+        results["test_loss"] = trainer.test(module, DataLoader(dataset(dp), batch_size=BATCH),
+                                            verbose=False)[0]["test_loss"]
+        try:
+            trainer.predict(module, DataLoader(dataset(dp), batch_size=BATCH))
+        except UsageError as err:
+            results["predict"] = str(err)
     # A collective gathering DTensor shards to rank 0; a pipeline rank holds its stage's tensors whole.
     weights = module.state_dict() if plan and plan.pp > 1 else model_state_dict(module, full=True)
     every: list[dict[str, torch.Tensor]] = [{} for _ in range(trainer.world_size)]
