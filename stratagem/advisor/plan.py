@@ -12,6 +12,7 @@ dp_shard`` samples.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import asdict, dataclass, fields
 from enum import StrEnum
@@ -29,6 +30,8 @@ OPTIMIZERS = ("adamw", "sgd")
 TP_STYLES = ("colwise", "rowwise", "sequence_parallel")
 
 
+_PRECISION_NAMES = tuple(PRECISIONS)
+
 _COUNT_FIELDS = ("pp", "dp_replicate", "dp_shard", "tp", "pp_virtual", "microbatches",
                  "micro_batch_size", "grad_accum")
 
@@ -45,6 +48,13 @@ class MeshAxis(StrEnum):
 def _choice(field: str, value: Any, valid: tuple) -> None:
     if value not in valid:
         raise UsageError(f"{field}={value!r} is not one of {', '.join(map(repr, valid))}")
+
+
+@functools.lru_cache(maxsize=64)
+def _check_tp_layout(layout: tuple[tuple[str, str], ...]) -> None:
+    """Every style in ``layout`` is known (once per layout: the search shares one across plans)."""
+    for pattern, style in layout:
+        _choice(f"Plan.tp_layout style of {pattern!r}", style, TP_STYLES)
 
 
 def _positive(field: str, value: Any) -> None:
@@ -101,14 +111,16 @@ class Plan:
         _choice("Plan.pp_schedule", self.pp_schedule, PP_SCHEDULES)
         _choice("Plan.activation_checkpointing", self.activation_checkpointing, CHECKPOINTING)
         _choice("Plan.offload", self.offload, OFFLOAD)
-        _choice("Plan.precision", self.precision, tuple(PRECISIONS))
+        _choice("Plan.precision", self.precision, _PRECISION_NAMES)
         self._check_data_parallel()
         self._check_pipeline()
         self._check_stage_blocks()
         if self.sequence_parallel and self.tp == 1:
             raise UsageError("Plan.sequence_parallel needs tp > 1: it splits activations over the TP group")
-        for pattern, style in self.tp_layout:
-            _choice(f"Plan.tp_layout style of {pattern!r}", style, TP_STYLES)
+        try:
+            _check_tp_layout(self.tp_layout)
+        except TypeError:  # lists, not hashable: checked without the cache
+            _check_tp_layout.__wrapped__(self.tp_layout)
 
     def _check_data_parallel(self) -> None:
         if self.zero == 0 and self.dp_shard > 1:
@@ -316,7 +328,7 @@ class Workload:
         _positive("Workload.global_batch_size", self.global_batch_size)
         if self.seq_len is not None:
             _positive("Workload.seq_len", self.seq_len)
-        _choice("Workload.precision", self.precision, tuple(PRECISIONS))
+        _choice("Workload.precision", self.precision, _PRECISION_NAMES)
         _choice("Workload.optimizer", self.optimizer, OPTIMIZERS)
 
     def to_dict(self) -> dict[str, Any]:
