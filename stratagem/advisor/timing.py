@@ -44,7 +44,8 @@ ACHIEVABLE_FLOPS_FRACTION = {"gpu": 0.6, "cpu": 1.0}
 FP32_MATMUL_USES_TF32 = False
 
 # Fraction of the overlappable compute that really hides DP communication: NCCL kernels take
-# SMs and HBM bandwidth from the compute they run beside. Estimate; calibrate to replace.
+# SMs and HBM bandwidth from the compute they run beside. Estimate; a calibration's measured
+# overlap (NodeSpec.comm_overlap, `stratagem calibrate`) replaces it.
 DP_OVERLAP_EFFICIENCY = 0.8
 
 # DDP's gradient bucket (torch DistributedDataParallel bucket_cap_mb=25): the last bucket's
@@ -324,14 +325,17 @@ def estimate_dp_comm_exposed_seconds(step: RankStep, *, grads: float, gathers: f
     """The part of DP communication no compute hides, seconds.
 
     DDP and FSDP overlap reductions with backward, FSDP its gathers with forward too: exposed
-    = ``max(0, comm − window × DP_OVERLAP_EFFICIENCY)`` plus the last bucket or unit, which
+    = ``max(0, comm − window × efficiency)`` (:data:`DP_OVERLAP_EFFICIENCY`, or the calibrated
+    overlap) plus the last bucket or unit, which
     starts when compute ends. zero 1's post-step parameter sync has nothing to hide behind.
     ``grads`` and ``gathers``: the reductions' and gathers' full seconds; ``compute`` and
     ``recompute``: the step's."""
     fixed, hideable = (gathers, grads) if step.plan.zero == 1 else (0.0, grads + gathers)
     if hideable == 0.0:
         return fixed
-    window = _dp_overlap_window_seconds(step, compute=compute, recompute=recompute) * DP_OVERLAP_EFFICIENCY
+    overlap = step.cluster.node.comm_overlap
+    efficiency = DP_OVERLAP_EFFICIENCY if overlap is None else overlap
+    window = _dp_overlap_window_seconds(step, compute=compute, recompute=recompute) * efficiency
     tail = hideable / _num_comm_units(step)
     return fixed + min(hideable, max(0.0, hideable - window) + tail)
 

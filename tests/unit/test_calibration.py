@@ -3,6 +3,7 @@ applies only to the hardware it was taken on and replaces the catalog's figures 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -55,7 +56,22 @@ def test_apply_replaces_catalog_figures() -> None:
     assert (result.node.link.bandwidth, result.node.link.latency, result.node.link.efficiency) == (300e9, 5e-6, 1.0)
     assert result.network.node_bandwidth * result.network.efficiency == pytest.approx(8 * 40e9)
     assert result.network.latency == 15e-6
+    assert result.node.comm_overlap == 0.7 and Cluster.from_dict(result.to_dict()) == result
     assert result.spec.startswith("2x8xH100") and any(n.startswith("calibrated:") for n in result.notes)
+
+
+def test_measured_overlap_replaces_the_constant_in_the_time_model() -> None:
+    from stratagem.advisor.evaluate import evaluate
+    from stratagem.advisor.plan import Plan, Workload
+    from stratagem.advisor.profiles import profile_spec
+
+    cluster = Cluster.parse("2x8xH100-SXM-80GB:ib-ndr")
+    profile = profile_spec("llama-2-7b", seq_len=4096)
+    plan, workload = Plan(dp_shard=16, zero=3, micro_batch_size=1), Workload(global_batch_size=16, seq_len=4096)
+    exposed = [evaluate(profile, dataclasses.replace(cluster, node=dataclasses.replace(cluster.node, comm_overlap=o)),
+                        workload, plan).time.dp_comm for o in (None, 0.0, 1.0)]
+    assert exposed[2] <= exposed[0] <= exposed[1]  # the 0.8 default sits between none and all hidden
+    assert exposed[1] > exposed[2]
 
 
 def test_round_trip_and_lookup_by_hardware(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -108,7 +108,8 @@ class Calibration:
     def apply(self, cluster: Cluster) -> Cluster:
         """``cluster`` with measured figures in place of catalog ones: device peaks (the dtypes
         measured), memory bandwidth, the in-node link and the network (α, β, efficiency 1: the
-        fit already is what collectives reach). A note says so."""
+        fit already is what collectives reach), and how much communication hides under compute.
+        A note says so."""
         node = cluster.node
         measured = {f"peak_{dtype}": rate for dtype in ("fp32", "tf32", "bf16", "fp16")
                     if (rate := self.matmul_rate(dtype)) is not None}
@@ -125,8 +126,9 @@ class Calibration:
             network = NetworkSpec(name=network.name, kind=network.kind, nics_per_node=1, efficiency=1.0,
                                   bandwidth=inter.bandwidth * node.num_devices, latency=inter.latency)
         note = f"calibrated: measured on this cluster {self.created} ({self.backend}, {self.seconds:.0f} s)"
+        overlap = node.comm_overlap if self.overlap is None else self.overlap
         return dataclasses.replace(
-            cluster, node=dataclasses.replace(node, device=device, link=link, network=network),
+            cluster, node=dataclasses.replace(node, device=device, link=link, network=network, comm_overlap=overlap),
             notes=(*cluster.notes, note))
 
     def to_dict(self) -> dict[str, Any]:

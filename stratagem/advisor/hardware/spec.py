@@ -158,6 +158,7 @@ class NodeSpec:
     host_link: LinkSpec | None  # device <-> host memory (PCIe, C2C); None for CPU ranks
     network: NetworkSpec | None  # node <-> node; None for a lone node or when unknown
     host: HostSpec | None = None
+    comm_overlap: float | None = None  # measured fraction of communication hidden under compute
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
@@ -173,6 +174,7 @@ class NodeSpec:
             host_link=_maybe(LinkSpec.from_dict, data.get("host_link")),
             network=_maybe(NetworkSpec.from_dict, data.get("network")),
             host=_maybe(HostSpec.from_dict, data.get("host")),
+            comm_overlap=data.get("comm_overlap"),
         )
 
 
