@@ -43,8 +43,6 @@ def target_excludes(target: str, plan: Plan, *, on_gpu: bool = True) -> str | No
         return accelerate_excludes(plan)
     if target == "lightning" and plan.pp_virtual > 1:
         return "interleaved pipeline stages (the auto-parallel strategy runs one stage per rank)"
-    if target == "lightning" and plan.pp > 1 and plan.zero < 2 and plan.dp > 1:
-        return "pipeline stages under DDP (the auto-parallel strategy runs pipelines with FSDP or alone)"
     if target == "deepspeed":
         return deepspeed_excludes(plan)
     return None

@@ -118,7 +118,7 @@ class AutoParallelStrategy(ParallelStrategy):
     ``trainer.init_module(empty_init=True)`` lives on ``meta`` until the plan is applied and is then
     initialised by its ``init_weights()`` or its layers' ``reset_parameters()``.
 
-    Pipeline plans (``pp > 1``, one stage per rank: gpipe or 1f1b, alone or with FSDP) split the
+    Pipeline plans (``pp > 1``, one stage per rank: gpipe or 1f1b, alone or with DDP/FSDP) split the
     child module that holds the blocks (``block_container``'s first part, e.g. ``self.model``) and
     put this rank's stage in its place, so ``self.parameters()``, ``configure_optimizers`` and
     checkpoints (sharded) see the stage. The LightningModule must then define

@@ -224,6 +224,13 @@ def build_schedule(stage_modules: list[nn.Module], plan: Plan, mesh: DeviceMesh,
     pp_mesh = mesh[str(MeshAxis.PP)]
     pp_rank = pp_mesh.get_local_rank()
     device = torch.device(mesh.device_type)
+    for module in stage_modules:
+        if isinstance(module, DistributedDataParallel):
+            # PipelineStage prepares DDP's reducer itself for a step's last backward. DDP's own
+            # per-forward preparation, armed by the schedule's metadata-inference forward (run
+            # outside no_sync), would make the reducer count every parameter twice and fail its
+            # bucket rebuild (GPipe, or 1F1B with as many micro-batches as stages).
+            module.require_backward_grad_sync = False
     stages = [PipelineStage(m, index, plan.num_stages, device, group=pp_mesh.get_group())
               for m, index in zip(stage_modules, stage_indices(plan, pp_rank))]
     cls = _SCHEDULES[plan.pp_schedule]

@@ -45,7 +45,7 @@ ZERO3 = Plan(dp_shard=2, zero=3, **_PINNED)
 TP_FSDP = Plan(dp_shard=2, zero=3, tp=2, tp_layout=tuple((f"model.{p}", s) for p, s in LLAMA_LAYOUT), **_PINNED)
 # A pipeline takes the data-parallel rank's batch (BATCH samples) as micro-batches of one.
 _PIPE = {**_PINNED, "micro_batch_size": 1, "microbatches": BATCH}
-GPIPE = Plan(pp=2, pp_schedule="gpipe", stage_blocks=(1, 3), **_PIPE)
+GPIPE_DDP = Plan(pp=2, dp_replicate=2, pp_schedule="gpipe", stage_blocks=(1, 3), **_PIPE)
 ONE_F_ONE_B = Plan(pp=2, pp_schedule="1f1b", **_PIPE)
 
 
@@ -166,13 +166,12 @@ def test_tp_fsdp_plan_matches_single_process(tmp_path: Path) -> None:
 
 
 def test_pipeline_plans_match_single_process(tmp_path: Path) -> None:
-    """gpipe with an uneven partition, resumed from a sharded checkpoint (and that checkpoint
-    resumed by one process without a pipeline); 1f1b, then validation."""
-    losses, out = _resumed(tmp_path / "gpipe", GPIPE)
-    assert_matches_single_process(losses, out, dp=1, tolerance=PIPE_FP32)
-    alone, _ = run_script(tmp_path / "alone", "--resume", str(tmp_path / "gpipe" / "three.ckpt"), "--devices", "1",
-                          plan=Plan(**{**_PINNED, "micro_batch_size": BATCH}))
-    assert_matches_single_process(losses[:3] + alone["losses"], tmp_path / "alone", dp=1, tolerance=PIPE_FP32)
+    """gpipe × DDP on 4 ranks with an uneven partition, resumed from a sharded checkpoint (and that
+    checkpoint resumed by two DDP ranks without a pipeline); 1f1b alone, then validate and test."""
+    losses, out = _resumed(tmp_path / "gpipe", GPIPE_DDP, "--devices", "4")
+    assert_matches_single_process(losses, out, tolerance=PIPE_FP32)
+    ddp, _ = run_script(tmp_path / "ddp", "--resume", str(tmp_path / "gpipe" / "three.ckpt"), plan=DDP)
+    assert_matches_single_process(losses[:3] + ddp["losses"], tmp_path / "ddp", tolerance=PIPE_FP32)
     results, _ = run_script(tmp_path / "1f1b", "--validate", "--test", plan=ONE_F_ONE_B)
     assert results["plan"] == ONE_F_ONE_B.name
     assert_matches_single_process(results["losses"], tmp_path / "1f1b", dp=1, tolerance=PIPE_FP32)

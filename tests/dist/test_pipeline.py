@@ -8,8 +8,8 @@ number of micro-batches, which is what the schedules' ``scale_grads`` does to th
 Tolerance: fp32 as the data-parallel tests (``rtol=1e-5, atol=1e-6``), as the tensor-parallel
 tests with TP. ``atol=1e-5`` where a weight's true gradient is about zero, so its rounding noise
 becomes an AdamW update of ~1e-6 (observed): ViT's key bias (softmax ignores a constant added to
-every score; 6.0e-6 after 5 steps) and single elements under pipeline × FSDP (1.3e-6; 5.2e-6 with
-full checkpointing). Stages of the reference Transformer are built by removal; ViT and ResNet stages
+every score; 6.0e-6 after 5 steps) and single elements under pipeline × FSDP or DDP (1.3e-6;
+5.2e-6 with full checkpointing). Stages of the reference Transformer are built by removal; ViT and ResNet stages
 by tracing. Uneven pinned partitions (``stage_blocks``) and the even default are both run.
 """
 
@@ -57,13 +57,14 @@ FOUR_RANKS = {case.name: case for case in [
     Case("pp4_interleaved", Plan(**{**_PP2, "pp": 4}, pp_schedule="interleaved-1f1b", pp_virtual=2),
          preset=LLAMA_8),
     Case("pp2_ddp2", Plan(dp_replicate=2, **_PP2)),
+    Case("pp2_gpipe_ddp2", Plan(dp_replicate=2, **{**_PP2, "pp_schedule": "gpipe", "microbatches": 2})),
     Case("pp2_fsdp2", Plan(dp_shard=2, zero=3, pp_schedule="gpipe", **_PP2)),
     Case("pp2_zero2_full_ckpt", Plan(dp_shard=2, zero=2, activation_checkpointing="full", **_PP2)),
     Case("pp2_tp2", Plan(tp=2, tp_layout=LLAMA_LAYOUT, **_PP2)),
 ]}
 
 
-NEAR_ZERO_GRADIENTS = {"pp2_vit_traced", "pp2_fsdp2", "pp2_zero2_full_ckpt"}
+NEAR_ZERO_GRADIENTS = {"pp2_vit_traced", "pp2_fsdp2", "pp2_zero2_full_ckpt", "pp2_ddp2", "pp2_gpipe_ddp2"}
 
 
 @pytest.mark.parametrize("name", list(TWO_RANKS))
@@ -72,7 +73,8 @@ def test_two_rank_pipeline_matches_single_process(two_ranks, name):
     assert_matches_single_process(TWO_RANKS[name], two_ranks[name], tolerance)
 
 
-@pytest.mark.parametrize("name", ["pp4_1f1b", "pp4_interleaved", "pp2_ddp2", "pp2_fsdp2", "pp2_zero2_full_ckpt"])
+@pytest.mark.parametrize("name", ["pp4_1f1b", "pp4_interleaved", "pp2_ddp2", "pp2_gpipe_ddp2", "pp2_fsdp2",
+                                  "pp2_zero2_full_ckpt"])
 def test_four_rank_pipeline_matches_single_process(four_ranks, name):
     tolerance = TIED_FP32 if name in NEAR_ZERO_GRADIENTS else FP32
     assert_matches_single_process(FOUR_RANKS[name], four_ranks[name], tolerance)
