@@ -22,6 +22,7 @@ import lightning.pytorch as pl
 import torch
 from spawn import free_port
 from test_tensor_parallel import LLAMA_LAYOUT, TP_FP32
+from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader, TensorDataset
 
 from stratagem.advisor.plan import Plan
@@ -47,6 +48,7 @@ TP_FSDP = Plan(dp_shard=2, zero=3, tp=2, tp_layout=tuple((f"model.{p}", s) for p
 _PIPE = {**_PINNED, "micro_batch_size": 1, "microbatches": BATCH}
 GPIPE_DDP = Plan(pp=2, dp_replicate=2, pp_schedule="gpipe", stage_blocks=(1, 3), **_PIPE)
 ONE_F_ONE_B = Plan(pp=2, pp_schedule="1f1b", **_PIPE)
+PP_TP = Plan(pp=2, tp=2, tp_layout=TP_FSDP.tp_layout, **_PIPE)
 
 
 class TinyLlama(pl.LightningModule):
@@ -167,7 +169,8 @@ def test_tp_fsdp_plan_matches_single_process(tmp_path: Path) -> None:
 
 def test_pipeline_plans_match_single_process(tmp_path: Path) -> None:
     """gpipe × DDP on 4 ranks with an uneven partition, resumed from a sharded checkpoint (and that
-    checkpoint resumed by two DDP ranks without a pipeline); 1f1b alone, then validate and test."""
+    checkpoint resumed by two DDP ranks without a pipeline); 1f1b alone, then validate and test;
+    1f1b × TP on 4 ranks."""
     losses, out = _resumed(tmp_path / "gpipe", GPIPE_DDP, "--devices", "4")
     assert_matches_single_process(losses, out, tolerance=PIPE_FP32)
     ddp, _ = run_script(tmp_path / "ddp", "--resume", str(tmp_path / "gpipe" / "three.ckpt"), plan=DDP)
@@ -177,6 +180,8 @@ def test_pipeline_plans_match_single_process(tmp_path: Path) -> None:
     assert_matches_single_process(results["losses"], tmp_path / "1f1b", dp=1, tolerance=PIPE_FP32)
     assert results["val_loss"] == results["test_loss"] > 0  # the same data, forward only
     assert "its schedule returns losses, not predictions" in results["predict"]
+    results, _ = run_script(tmp_path / "tp", "--devices", "4", plan=PP_TP)
+    assert_matches_single_process(results["losses"], tmp_path / "tp", dp=1, tolerance=TP_FP32)
 
 
 def _resumed(tmp_path: Path, plan: Plan, *options: str) -> tuple[list[float], Path]:
@@ -287,8 +292,11 @@ def main() -> None:
             trainer.predict(module, DataLoader(dataset(dp), batch_size=BATCH))
         except UsageError as err:
             results["predict"] = str(err)
-    # A collective gathering DTensor shards to rank 0; a pipeline rank holds its stage's tensors whole.
-    weights = module.state_dict() if plan and plan.pp > 1 else model_state_dict(module, full=True)
+    # A collective gathering DTensor shards to rank 0; a pipeline rank holds its stage (TP shards gathered).
+    if plan and plan.pp > 1:
+        weights = {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in module.state_dict().items()}
+    else:
+        weights = model_state_dict(module, full=True)
     every: list[dict[str, torch.Tensor]] = [{} for _ in range(trainer.world_size)]
     torch.distributed.all_gather_object(every, weights)
     weights = {name: tensor for part in every for name, tensor in part.items()}
