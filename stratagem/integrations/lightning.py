@@ -81,6 +81,7 @@ __all__ = ["AutoParallelStrategy", "register_strategies"]
 
 log = logging.getLogger(__name__)
 
+
 class _PlanPrecision(PlanPrecision, Precision):
     """Lightning's fp32 plugin with the Plan's compute precision (see :class:`PlanPrecision`)."""
 
