@@ -41,8 +41,8 @@ def target_excludes(target: str, plan: Plan, *, on_gpu: bool = True) -> str | No
         if not on_gpu and plan.zero >= 2:
             return "FSDP on CPU ranks (Accelerate runs only DDP there)"
         return accelerate_excludes(plan)
-    if target == "lightning" and plan.pp_virtual > 1:
-        return "interleaved pipeline stages (the auto-parallel strategy runs one stage per rank)"
+    if target == "lightning" and plan.pp_virtual > 1 and plan.zero >= 2:
+        return "interleaved stages under FSDP (the auto-parallel strategy holds a rank's stages in one module)"
     if target == "deepspeed":
         return deepspeed_excludes(plan)
     return None

@@ -68,8 +68,7 @@ from stratagem.integrations.planning import (
 )
 from stratagem.plugins import apply_plan, build_mesh, build_optimizer
 from stratagem.plugins.materialize import has_meta_tensors, materialize
-from stratagem.plugins.pipeline import Pipeline
-from stratagem.plugins.pipeline import unwrap as unwrap_stage
+from stratagem.plugins.pipeline import Pipeline, rank_module
 from stratagem.plugins.state_dict import (
     load_checkpoint,
     model_state_dict,
@@ -119,14 +118,14 @@ class AutoParallelStrategy(ParallelStrategy):
     ``trainer.init_module(empty_init=True)`` lives on ``meta`` until the plan is applied and is then
     initialised by its ``init_weights()`` or its layers' ``reset_parameters()``.
 
-    Pipeline plans (``pp > 1``, one stage per rank: gpipe or 1f1b, alone or with DDP/FSDP) split the
-    child module that holds the blocks (``block_container``'s first part, e.g. ``self.model``) and
-    put this rank's stage in its place, so ``self.parameters()``, ``configure_optimizers`` and
-    checkpoints (sharded) see the stage. The LightningModule must then define
-    ``loss_fn(output, target)``, and batches must be ``(inputs..., target)``: the strategy runs
-    the schedule (forward and backward) instead of ``training_step``/``validation_step``/
-    ``test_step`` and logs the last stage's loss as ``train_loss``/``val_loss``/``test_loss`` on
-    every rank; prediction under a pipeline is refused.
+    Pipeline plans (``pp > 1``: gpipe, 1f1b, interleaved 1f1b; alone or with DDP, FSDP or TP,
+    interleaved stages not under FSDP) split the child module that holds the blocks
+    (``block_container``'s first part, e.g. ``self.model``) and put this rank's stages in its
+    place, so ``self.parameters()``, ``configure_optimizers`` and checkpoints (sharded) see them.
+    The LightningModule must then define ``loss_fn(output, target)``, and batches must be
+    ``(inputs..., target)``: the strategy runs the schedule (forward and backward) instead of
+    ``training_step``/``validation_step``/``test_step`` and logs the last stage's loss as
+    ``train_loss``/``val_loss``/``test_loss`` on every rank; prediction under a pipeline is refused.
 
     The process group lives until the process exits (so ``fit`` can be followed by ``validate``
     on the same Trainer); it is then released the way gloo survives.
@@ -287,7 +286,7 @@ class AutoParallelStrategy(ParallelStrategy):
             raise UsageError(f"pipeline stages take positional inputs; {name}.forward was given keyword ones")
         example = tuple(t[:plan.micro_batch_size] for t in example)
         pipeline = apply_plan(child, child_plan, mesh, loss_fn=loss_fn, example_inputs=example)
-        module.set_submodule(name, unwrap_stage(pipeline.modules[0]))
+        module.set_submodule(name, rank_module(pipeline))
         return pipeline
 
     @staticmethod

@@ -53,8 +53,8 @@ from stratagem.errors import UsageError
 from stratagem.plugins.blocks import find_blocks
 from stratagem.plugins.precision import autocast_context
 
-__all__ = ["HF_DECODERS", "Pipeline", "RemovalConvention", "build_schedule", "removal_convention", "split_stages",
-           "stage_indices"]
+__all__ = ["HF_DECODERS", "Pipeline", "RemovalConvention", "build_schedule", "rank_module", "removal_convention",
+           "split_stages", "stage_indices"]
 
 log = logging.getLogger(__name__)
 
@@ -299,6 +299,33 @@ class Pipeline:
                                  "for this rank's pipeline stages\nHINT: load a state dict of the whole model "
                                  "(or of this rank's stages) under the model's own parameter names")
             inner.load_state_dict({k: state[k] for k in inner.state_dict()})
+
+
+def rank_module(pipeline: Pipeline) -> nn.Module:
+    """One module holding all of this rank's stages under the model's own names — the stage
+    itself, or, for interleaved stages built by removal, a shallow copy of the model with the
+    blocks (and embedding or head) of every stage of the rank — for parameters, state dicts and
+    optimizers; it is never run."""
+    stages = [unwrap(m) for m in pipeline.modules]
+    merged = stages[0]
+    for stage in stages[1:]:
+        merged = _union(merged, stage)
+    return merged
+
+
+def _union(mine: nn.Module, other: nn.Module) -> nn.Module:
+    """``mine`` with the children ``other`` holds and ``mine`` lacks (None or an Identity in
+    place of a removed module), merging the containers both hold."""
+    merged = _shallow_copy(mine)
+    for name, child in other._modules.items():
+        own = merged._modules.get(name)
+        if child is None or child is own or isinstance(child, nn.Identity) and own is not None:
+            continue
+        if own is None or isinstance(own, nn.Identity):
+            merged._modules[name] = child
+        else:
+            merged._modules[name] = _union(own, child)
+    return merged
 
 
 def unwrap(module: nn.Module) -> nn.Module:

@@ -47,7 +47,7 @@ TP_FSDP = Plan(dp_shard=2, zero=3, tp=2, tp_layout=tuple((f"model.{p}", s) for p
 # A pipeline takes the data-parallel rank's batch (BATCH samples) as micro-batches of one.
 _PIPE = {**_PINNED, "micro_batch_size": 1, "microbatches": BATCH}
 GPIPE_DDP = Plan(pp=2, dp_replicate=2, pp_schedule="gpipe", stage_blocks=(1, 3), **_PIPE)
-ONE_F_ONE_B = Plan(pp=2, pp_schedule="1f1b", **_PIPE)
+INTERLEAVED = Plan(pp=2, pp_virtual=2, pp_schedule="interleaved-1f1b", **_PIPE)
 PP_TP = Plan(pp=2, tp=2, tp_layout=TP_FSDP.tp_layout, **_PIPE)
 
 
@@ -169,15 +169,15 @@ def test_tp_fsdp_plan_matches_single_process(tmp_path: Path) -> None:
 
 def test_pipeline_plans_match_single_process(tmp_path: Path) -> None:
     """gpipe × DDP on 4 ranks with an uneven partition, resumed from a sharded checkpoint (and that
-    checkpoint resumed by two DDP ranks without a pipeline); 1f1b alone, then validate and test;
-    1f1b × TP on 4 ranks."""
+    checkpoint resumed by two DDP ranks without a pipeline); interleaved 1F1B (two stages per rank),
+    then validate and test; 1F1B × TP on 4 ranks."""
     losses, out = _resumed(tmp_path / "gpipe", GPIPE_DDP, "--devices", "4")
     assert_matches_single_process(losses, out, tolerance=PIPE_FP32)
     ddp, _ = run_script(tmp_path / "ddp", "--resume", str(tmp_path / "gpipe" / "three.ckpt"), plan=DDP)
     assert_matches_single_process(losses[:3] + ddp["losses"], tmp_path / "ddp", tolerance=PIPE_FP32)
-    results, _ = run_script(tmp_path / "1f1b", "--validate", "--test", plan=ONE_F_ONE_B)
-    assert results["plan"] == ONE_F_ONE_B.name
-    assert_matches_single_process(results["losses"], tmp_path / "1f1b", dp=1, tolerance=PIPE_FP32)
+    results, _ = run_script(tmp_path / "interleaved", "--validate", "--test", plan=INTERLEAVED)
+    assert results["plan"] == INTERLEAVED.name
+    assert_matches_single_process(results["losses"], tmp_path / "interleaved", dp=1, tolerance=PIPE_FP32)
     assert results["val_loss"] == results["test_loss"] > 0  # the same data, forward only
     assert "its schedule returns losses, not predictions" in results["predict"]
     results, _ = run_script(tmp_path / "tp", "--devices", "4", plan=PP_TP)

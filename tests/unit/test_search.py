@@ -138,8 +138,9 @@ def test_lightning_target_leaves_out_what_the_strategy_refuses():
     from stratagem.advisor.targets import target_excludes
 
     common = {"micro_batch_size": 1, "microbatches": 4, "block_container": "layers"}
-    assert "interleaved" in target_excludes("lightning", Plan(pp=2, pp_virtual=2, pp_schedule="interleaved-1f1b",
-                                                             **common))
+    interleaved = {"pp": 2, "pp_virtual": 2, "pp_schedule": "interleaved-1f1b", **common}
+    assert target_excludes("lightning", Plan(**interleaved)) is None
+    assert "under FSDP" in target_excludes("lightning", Plan(dp_shard=2, zero=3, **interleaved))
     assert target_excludes("lightning", Plan(pp=2, dp_replicate=2, **common)) is None
     assert target_excludes("lightning", Plan(pp=2, dp_shard=2, zero=3, **common)) is None
     assert target_excludes("lightning", Plan(pp=2, pp_schedule="gpipe", **common)) is None
