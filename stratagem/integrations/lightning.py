@@ -68,7 +68,7 @@ from stratagem.integrations.planning import (
 )
 from stratagem.plugins import apply_plan, build_mesh, build_optimizer
 from stratagem.plugins.materialize import has_meta_tensors, materialize
-from stratagem.plugins.pipeline import Pipeline, rank_module
+from stratagem.plugins.pipeline import Pipeline, rank_module, removal_convention
 from stratagem.plugins.state_dict import (
     load_checkpoint,
     model_state_dict,
@@ -281,6 +281,9 @@ class AutoParallelStrategy(ParallelStrategy):
                              "method, and give batches as (inputs..., target); see AutoParallelStrategy")
         name, child_plan = _pipelined_child(module, plan)
         child = module.get_submodule(name)
+        if plan.pp_virtual > 1 and removal_convention(child, child_plan) is None:
+            raise UsageError(f"plan {plan.name}: {type(child).__name__}'s stages are traced graphs, and the strategy "
+                             "holds one traced stage per rank\nHINT: pick a gpipe or 1f1b plan")
         example = forward_inputs(child, lambda: module(*_as_args(self._example_inputs(trainer, module))))
         if not isinstance(example, tuple):
             raise UsageError(f"pipeline stages take positional inputs; {name}.forward was given keyword ones")

@@ -303,9 +303,9 @@ class Pipeline:
 
 def rank_module(pipeline: Pipeline) -> nn.Module:
     """One module holding all of this rank's stages under the model's own names — the stage
-    itself, or, for interleaved stages built by removal, a shallow copy of the model with the
-    blocks (and embedding or head) of every stage of the rank — for parameters, state dicts and
-    optimizers; it is never run."""
+    itself, or, for interleaved stages built by removal (not traced ones), a shallow copy of the
+    model with the blocks (and embedding or head) of every stage of the rank — for parameters,
+    state dicts and optimizers; it is never run."""
     stages = [unwrap(m) for m in pipeline.modules]
     merged = stages[0]
     for stage in stages[1:]:
