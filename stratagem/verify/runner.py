@@ -19,9 +19,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 
+from stratagem.advisor.calibrate.processes import across_ranks
 from stratagem.advisor.plan import Plan
 from stratagem.errors import UsageError
 from stratagem.plugins import apply_plan, autocast_context, build_mesh, build_optimizer
@@ -95,13 +95,13 @@ def measure_plan(model: RealModel, plan: Plan, *, optimizer: str, steps: int, wa
         _sync(device)
         if index >= warmup:
             times.append(time.perf_counter() - start)
-    seconds = _across_ranks(statistics.median(times), device)
+    seconds = across_ranks(statistics.median(times))
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(device)
-        reserved: int | None = int(_across_ranks(torch.cuda.max_memory_reserved(device), device))
+        reserved: int | None = int(across_ranks(torch.cuda.max_memory_reserved(device)))
     else:
         peak, reserved = max(0, _peak_rss_bytes() - baseline), None
-    return Measured(step_seconds=seconds, peak_bytes=int(_across_ranks(peak, device)), reserved_bytes=reserved,
+    return Measured(step_seconds=seconds, peak_bytes=int(across_ranks(peak)), reserved_bytes=reserved,
                     steps=steps)
 
 
@@ -127,13 +127,6 @@ def _pipeline_step(module: nn.Module, plan: Plan, mesh: Any, model: RealModel, i
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def _across_ranks(value: float, device: torch.device) -> float:
-    """The largest ``value`` over ranks (the slowest step, the fullest rank)."""
-    tensor = torch.tensor([float(value)], dtype=torch.float64, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return float(tensor.item())
 
 
 def _rss_bytes() -> int:

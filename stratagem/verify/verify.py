@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from stratagem.advisor.calibrate.processes import free_port
 from stratagem.advisor.estimate import Estimate
 from stratagem.advisor.plan import Plan
 from stratagem.verify.runner import Measured, measure_plan, real_model
@@ -85,7 +86,7 @@ def verify_plan(model: str, plan: Plan, *, seq_len: int | None, optimizer: str, 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         context = mp.start_processes(
-            _worker, args=(plan.world_size, _free_port(), model, plan.to_json(), seq_len, optimizer, steps, warmup,
+            _worker, args=(plan.world_size, free_port(), model, plan.to_json(), seq_len, optimizer, steps, warmup,
                            out), nprocs=plan.world_size, join=False, start_method="spawn")
         deadline = time.monotonic() + timeout
         try:
@@ -137,11 +138,3 @@ def _summary(err: BaseException) -> str:
 def _first_error(out: Path) -> str | None:
     errors = sorted(out.glob("error-*.txt"))
     return errors[0].read_text() if errors else None
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

@@ -27,6 +27,7 @@ from stratagem.advisor.calibrate.benchmarks import (
     overlap_fraction,
 )
 from stratagem.advisor.calibrate.calibration import COLLECTIVES, Calibration, LinkFit, fit_link, hardware_key
+from stratagem.advisor.calibrate.processes import across_ranks, free_port
 from stratagem.advisor.hardware.spec import Cluster
 from stratagem.errors import UsageError
 
@@ -79,7 +80,7 @@ def _spawn(nproc: int, *, quick: bool, progress: bool) -> Calibration:
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "calibration.json"
-        port = _free_port()
+        port = free_port()
         mp.start_processes(_worker, args=(nproc, port, quick, progress, out), nprocs=nproc, start_method="spawn")
         return Calibration.load(out)
 
@@ -102,12 +103,6 @@ def _worker(rank: int, nproc: int, port: int, quick: bool, progress: bool, out: 
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def calibrate_on_group(*, quick: bool = False, progress: bool = False) -> Calibration:
@@ -120,7 +115,8 @@ def calibrate_on_group(*, quick: bool = False, progress: bool = False) -> Calibr
     settings = Settings.for_device(device, quick=quick)
     groups = _groups(cluster.num_nodes, cluster.devices_per_node)
     dtypes = ["fp32", "bf16"] if device.type == "cpu" or torch.cuda.is_bf16_supported() else ["fp32"]
-    work = len(dtypes) * len(settings.matmul_sizes) + 1 + len(groups) * len(COLLECTIVES) * len(settings.message_bytes) + 1
+    measurements = len(dtypes) * len(settings.matmul_sizes) + len(groups) * len(COLLECTIVES) * len(settings.message_bytes)
+    work = measurements + 2  # and memory bandwidth, overlap
     with _progress_bar(work, enabled=progress and dist.get_rank() == 0) as step:
         return _measure(cluster, device, settings, dtypes, groups, step, started)
 
@@ -134,16 +130,17 @@ def _measure(cluster: Cluster, device: torch.device, settings: Settings, dtypes:
             if points and 2 * n**3 / points[-1][1] > BUDGET_SECONDS:
                 step(f"matmul {dtype} {n}: skipped, slower than {BUDGET_SECONDS:g} s")  # same on every rank
                 continue
-            points.append((n, _across_ranks(min, matmul_rate(n, dtype, device, repeats=settings.repeats))))
+            points.append((n, across_ranks(matmul_rate(n, dtype, device, repeats=settings.repeats), smallest=True)))
             step(f"matmul {dtype} {n}")
-    bandwidth = _across_ranks(min, memory_bandwidth(settings.copy_bytes, device, repeats=settings.repeats))
+    bandwidth = across_ranks(memory_bandwidth(settings.copy_bytes, device, repeats=settings.repeats),
+                             smallest=True)
     step("memory bandwidth")
     links: dict[str, dict[str, dict[int, LinkFit]]] = {}
     for scope, size, group in groups:
         for op in COLLECTIVES:
             points = []
             for num_bytes in settings.message_bytes:
-                points.append((num_bytes, _across_ranks(max, collective_seconds(op, num_bytes, device, group=group,
+                points.append((num_bytes, across_ranks(collective_seconds(op, num_bytes, device, group=group,
                                                                       repeats=settings.repeats))))
                 step(f"{op} {scope} ×{size} {num_bytes} B")
             links.setdefault(scope, {}).setdefault(op, {})[size] = fit_link(op, size, points)
@@ -153,7 +150,7 @@ def _measure(cluster: Cluster, device: torch.device, settings: Settings, dtypes:
     return Calibration(
         hardware=hardware_key(cluster), backend=dist.get_backend(), world_size=dist.get_world_size(),
         matmul={dtype: tuple(points) for dtype, points in matmul.items()}, memory_bandwidth=bandwidth,
-        links=links, overlap=_across_ranks(min, overlap), seconds=time.perf_counter() - started,
+        links=links, overlap=across_ranks(overlap, smallest=True), seconds=time.perf_counter() - started,
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
 
 
@@ -174,16 +171,6 @@ def _groups(num_nodes: int, per_node: int) -> list[_Group]:
     if num_nodes > 1:
         groups.append(("inter", num_nodes * per_node, None))
     return groups
-
-
-def _across_ranks(which: type[min] | type[max], value: float) -> float:
-    """The ``min`` or ``max`` of ``value`` over every rank (a slowest rank sets the pace), the
-    same on every rank."""
-    tensor = torch.tensor([value], dtype=torch.float64)
-    if torch.cuda.is_available():
-        tensor = tensor.cuda()
-    dist.all_reduce(tensor, op=dist.ReduceOp.MIN if which is min else dist.ReduceOp.MAX)
-    return float(tensor.item())
 
 
 @contextmanager
