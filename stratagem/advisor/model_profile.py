@@ -42,6 +42,9 @@ class SegmentProfile:
     attention_saved_bytes: int  # of saved_bytes, the s×s score-shaped tensors (what it drops)
     input_bytes: int
     output_bytes: int  # what a pipeline stage ending here sends; what full checkpointing keeps
+    num_tensors: int = 0  # parameter tensors (what a per-tensor optimizer loops over)
+    fwd_ops: int = 0  # operators dispatched in forward
+    bwd_ops: int = 0  # operators dispatched in backward
     linears: tuple[LinearLayer, ...] = ()
     measured_as: str | None = None  # identical block whose measurement this one reuses
 
@@ -82,6 +85,7 @@ class ModelProfile:
     tp_layout: tuple[tuple[str, str], ...] = ()  # how TP splits it (Plan.tp_layout); () if it cannot
     tp_unavailable: str | None = None  # why there is no TP layout
     pp_unavailable: str | None = None  # why the blocks cannot become pipeline stages
+    pp_traced: bool = False  # its pipeline stages are traced graphs (stratagem.stages), not built by removal
     notes: tuple[str, ...] = ()
     profile_seconds: float = 0.0
 
@@ -144,6 +148,7 @@ class ModelProfile:
             "tp_layout": [list(pair) for pair in self.tp_layout],
             "tp_unavailable": self.tp_unavailable,
             "pp_unavailable": self.pp_unavailable,
+            "pp_traced": self.pp_traced,
             "embed": self.embed.to_dict(),
             "blocks": [b.to_dict() for b in self.blocks],
             "head": self.head.to_dict(),

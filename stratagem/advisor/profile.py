@@ -27,6 +27,7 @@ from stratagem.advisor.model_profile import ModelProfile, SegmentProfile
 from stratagem.advisor.structure import attention_heads, find_blocks, linear_layers, pp_unavailable
 from stratagem.advisor.tp_layout import LinearCallRecorder, find_tp_layout
 from stratagem.errors import UsageError
+from stratagem.stages import removal_convention
 
 __all__ = ["ModelProfile", "SegmentProfile", "profile_model"]
 
@@ -87,6 +88,7 @@ def profile_model(
         tp_layout=tp_layout,
         tp_unavailable=tp_unavailable,
         pp_unavailable=pp_unavailable(model, structure),
+        pp_traced=removal_convention(model, block_container=structure.container) is None,
         notes=tuple(notes),
         profile_seconds=time.perf_counter() - started,
         **_assemble(model, structure.blocks, record, prec, notes),
@@ -187,13 +189,14 @@ def _assemble(model: nn.Module, blocks: tuple[str, ...], record: RunRecord, prec
         buffers = [sizes[n] for n in names if not sizes[n][2]]
         return SegmentProfile(
             name=seg, kind=kind,
-            num_params=sum(n for n, _, _ in params),
+            num_params=sum(n for n, _, _ in params), num_tensors=len(params),
             param_bytes=sum(b for _, b, _ in params),
             buffer_bytes=sum(b for _, b, _ in buffers),
             fwd_flops=counts.fwd_flops, bwd_flops=counts.bwd_flops,
             saved_bytes=counts.saved_bytes, saved_param_copy_bytes=counts.saved_param_copy_bytes,
             attention_fwd_flops=counts.attention_fwd_flops, attention_saved_bytes=counts.attention_saved_bytes,
             input_bytes=counts.input_bytes, output_bytes=counts.output_bytes,
+            fwd_ops=counts.fwd_ops, bwd_ops=counts.bwd_ops,
             **extra,
         )
 

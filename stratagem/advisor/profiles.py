@@ -27,7 +27,7 @@ CACHE_ENV = "STRATAGEM_CACHE_DIR"
 _PACKAGE = Path(__file__).resolve().parent.parent
 # The code a profile's numbers depend on: when it changes, cached profiles no longer apply.
 _PROFILER_SOURCES = ("advisor/measure.py", "advisor/profile.py", "advisor/structure.py", "advisor/tp_layout.py",
-                     "advisor/model_source.py", "advisor/model_profile.py", "models/*.py")
+                     "advisor/model_source.py", "advisor/model_profile.py", "models/*.py", "stages.py")
 
 
 def cache_dir() -> Path:

@@ -21,7 +21,7 @@ from stratagem.advisor.advice import Advice
 from stratagem.advisor.evaluate import evaluate
 from stratagem.advisor.explain import NEAR_TIE, explain_ranking, suggest_fixes
 from stratagem.advisor.hardware import Cluster
-from stratagem.advisor.memory import estimate_memory, overflow
+from stratagem.advisor.memory import estimate_memory, framework_bytes, overflow
 from stratagem.advisor.plan import CHECKPOINTING, Plan, Workload
 from stratagem.advisor.model_profile import ModelProfile
 from stratagem.advisor.partition import balanced_stage_blocks
@@ -34,6 +34,7 @@ from stratagem.advisor.targets import (
     tp_degrees,
 )
 from stratagem.errors import UsageError
+from stratagem.stages import TRACED_STAGE_LIMITS, traced_stages_allow
 
 VIRTUAL_STAGES = (2, 4)
 
@@ -117,7 +118,8 @@ def search_plans(profile: ModelProfile, cluster: Cluster, workload: Workload, *,
     """Candidate plans in groups that differ only by micro-batch size (ascending), so that a
     caller can stop a group at its first plan that does not fit; a group builds its plans
     lazily, so the rest of a stopped group costs nothing. Pipeline plans carry the balanced
-    partition, or ``stage_blocks`` (a user's) where its length fits."""
+    partition, or ``stage_blocks`` (a user's) where its length fits. A model whose stages are
+    traced (``profile.pp_traced``) gets pipeline plans only without TP or checkpointing."""
     excluded = Counter() if excluded is None else excluded
     for layout in _layouts(profile, cluster):
         dp = layout.dp_replicate * layout.dp_shard
@@ -129,6 +131,10 @@ def search_plans(profile: ModelProfile, cluster: Cluster, workload: Workload, *,
             for schedule, v in _schedules(layout.pp, len(profile.blocks)):
                 partition = _partition(profile, layout.pp, v, stage_blocks)
                 for ckpt in CHECKPOINTING:
+                    if (layout.pp > 1 and profile.pp_traced
+                            and not traced_stages_allow(tp=layout.tp, activation_checkpointing=ckpt)):
+                        excluded[TRACED_STAGE_LIMITS] += 1
+                        continue
                     for offload in _offloads(layout, cluster):
                         yield (
                             Plan(tp=layout.tp, pp=layout.pp, dp_replicate=layout.dp_replicate,
@@ -162,17 +168,17 @@ def advise(profile: ModelProfile, cluster: Cluster, workload: Workload, *, top: 
         raise UsageError(f"the pinned stage_blocks {list(pinned_stages)} cover {sum(pinned_stages)} blocks, but "
                          f"{profile.name} has {len(profile.blocks)}\nHINT: give one block count per pipeline "
                          "stage, adding up to the model's blocks")
-    runtime = runtime_for(target)
+    runtime, framework = runtime_for(target), framework_bytes(cluster)
     excluded: Counter = Counter()
     fitting, smallest, evaluated = [], None, 0
     for group in search_plans(profile, cluster, workload, excluded=excluded, stage_blocks=pinned_stages):
         for plan in group:
-            reason = _excluded_by(plan, target, pinned, on_gpu=cluster.is_gpu)
+            reason = _excluded_by(plan, target, pinned, on_gpu=cluster.is_gpu, traced=profile.pp_traced)
             if reason:
                 excluded[reason] += 1
                 continue
             evaluated += 1
-            memory = estimate_memory(profile, workload, plan, runtime=runtime)
+            memory = estimate_memory(profile, workload, plan, runtime=runtime, framework=framework)
             fullness = overflow(memory, cluster)
             if smallest is None or fullness < smallest[0]:
                 smallest = (fullness, plan, memory)
@@ -181,7 +187,7 @@ def advise(profile: ModelProfile, cluster: Cluster, workload: Workload, *, top: 
             fitting.append(evaluate(profile, cluster, workload, plan, runtime=runtime, memory=memory))
     if evaluated == 0:
         raise _no_candidates(cluster, workload, excluded)
-    ranked = _distinct_layouts(_rank(fitting, objective))
+    ranked = _distinct_layouts(rank_estimates(fitting, objective))
     reasons = explain_ranking(ranked) if ranked else ()
     suggestions = () if ranked else suggest_fixes(profile, cluster, workload, smallest and smallest[1:], runtime=runtime,
                                                        candidates=search_plans)
@@ -200,6 +206,9 @@ def _model_notes(profile: ModelProfile, cluster: Cluster) -> tuple[str, ...]:
     notes = (f"No tensor-parallel plans: {no_tp}.",) if no_tp else ()
     if profile.pp_unavailable and cluster.world_size > 1:
         notes += (f"No pipeline plans: {profile.pp_unavailable}.",)
+    elif profile.pp_traced and cluster.world_size > 1:
+        notes += (f"Pipeline plans only with tp=1 and no activation checkpointing: {profile.name}'s stages are "
+                  f"built by tracing, and {TRACED_STAGE_LIMITS}.",)
     return notes
 
 
@@ -217,7 +226,7 @@ def _objective_note(objective: str) -> tuple[str, ...]:
     return () if objective == "throughput" else (f"Ranked by {OBJECTIVES[objective]} (objective {objective}).",)
 
 
-def _rank(estimates: list, objective: str = "throughput") -> list:
+def rank_estimates(estimates: list, objective: str = "throughput") -> list:
     """Fastest first (objective ``throughput``; among plans within NEAR_TIE of the fastest, the
     simplest leads), or least memory per device first (``memory``; the faster of equals first)."""
     if objective == "memory":
@@ -255,8 +264,8 @@ def _check_constraints(constraints: dict) -> dict[str, tuple]:
     return pinned
 
 
-def _excluded_by(plan: Plan, target: str, pinned: dict[str, tuple], *, on_gpu: bool) -> str | None:
-    reason = target_excludes(target, plan, on_gpu=on_gpu)
+def _excluded_by(plan: Plan, target: str, pinned: dict[str, tuple], *, on_gpu: bool, traced: bool) -> str | None:
+    reason = target_excludes(target, plan, on_gpu=on_gpu, traced=traced)
     if reason:
         return f"not runnable by {target}: {reason}"
     for name, allowed in pinned.items():

@@ -28,9 +28,10 @@ def runtime_for(target: str) -> str:
     return "deepspeed" if target == "deepspeed" else "torch"
 
 
-def target_excludes(target: str, plan: Plan, *, on_gpu: bool = True) -> str | None:
-    """Why ``target`` cannot run ``plan`` (on GPUs, or on CPU ranks when not ``on_gpu``), or None
-    when it can."""
+def target_excludes(target: str, plan: Plan, *, on_gpu: bool = True, traced: bool = False) -> str | None:
+    """Why ``target`` cannot run ``plan`` (on GPUs, or on CPU ranks when not ``on_gpu``; for a
+    model whose pipeline stages are ``traced``, see ``ModelProfile.pp_traced``), or None when it
+    can."""
     if plan.tp > 1 and plan.zero < 2 and plan.dp > 1:
         return "DDP over tensor-parallel weights (DDP takes no DTensor parameters; FSDP/HSDP does)"
     if plan.offload == "optimizer" and target != "deepspeed":
@@ -43,6 +44,8 @@ def target_excludes(target: str, plan: Plan, *, on_gpu: bool = True) -> str | No
         return accelerate_excludes(plan)
     if target == "lightning" and plan.pp_virtual > 1 and plan.zero >= 2:
         return "interleaved stages under FSDP (the auto-parallel strategy holds a rank's stages in one module)"
+    if target == "lightning" and plan.pp_virtual > 1 and traced:
+        return "interleaved traced stages (the auto-parallel strategy holds one traced stage per rank)"
     if target == "deepspeed":
         return deepspeed_excludes(plan)
     return None

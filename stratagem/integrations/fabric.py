@@ -15,6 +15,7 @@ Fabric re-runs the script for the other ranks, so the import must sit in that sc
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import weakref
 from collections.abc import Callable, Mapping
@@ -39,6 +40,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from stratagem.advisor.model_profile import ModelProfile
 from stratagem.advisor.plan import Plan
 from stratagem.errors import UsageError
 from stratagem.integrations.planning import (
@@ -168,7 +170,7 @@ class AutoParallelFabricStrategy(ModelParallelStrategy):
                                      precision=stratagem_precision(self.precision.precision),
                                      target=self._target, objective=self._objective,
                                      constraints=self._constraints, verbose=self._verbose,
-                                     node_key=f"node {self.node_rank}")
+                                     node_key=f"node {self.node_rank}", pipelined=_without_pipelines)
         if self.plan.pp > 1:
             raise UsageError(f"plan {self.plan.name} is a pipeline, which the Fabric strategy does not run yet\n"
                              "HINT: pin a plan with pp=1")
@@ -328,3 +330,8 @@ def register_strategies() -> None:
 
 
 register_strategies()
+
+
+def _without_pipelines(profile: ModelProfile) -> ModelProfile:
+    """``profile`` offering no pipeline plans: the Fabric strategy does not run them yet."""
+    return dataclasses.replace(profile, pp_unavailable="the Fabric strategy does not run pipelines yet")

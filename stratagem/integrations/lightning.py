@@ -50,6 +50,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from stratagem.advisor.model_profile import ModelProfile
 from stratagem.advisor.plan import Plan
 from stratagem.advisor.targets import target_excludes
 from stratagem.errors import UsageError
@@ -68,13 +69,14 @@ from stratagem.integrations.planning import (
 )
 from stratagem.plugins import apply_plan, build_mesh, build_optimizer
 from stratagem.plugins.materialize import has_meta_tensors, materialize
-from stratagem.plugins.pipeline import Pipeline, rank_module, removal_convention
+from stratagem.plugins.pipeline import Pipeline, rank_module
 from stratagem.plugins.state_dict import (
     load_checkpoint,
     model_state_dict,
     optimizer_state_dict,
     save_sharded_checkpoint,
 )
+from stratagem.stages import removal_convention
 
 __all__ = ["AutoParallelStrategy", "register_strategies"]
 
@@ -125,7 +127,12 @@ class AutoParallelStrategy(ParallelStrategy):
     The LightningModule must then define ``loss_fn(output, target)``, and batches must be
     ``(inputs..., target)``: the strategy runs the schedule (forward and backward) instead of
     ``training_step``/``validation_step``/``test_step`` and logs the last stage's loss as
-    ``train_loss``/``val_loss``/``test_loss`` on every rank; prediction under a pipeline is refused.
+    ``train_loss``/``val_loss``/``test_loss`` on every rank. ``trainer.predict`` runs the schedule
+    forward only, without the loss, instead of ``predict_step``: a predict batch is the pipelined
+    child's positional inputs (a tensor, or a tuple or list starting with them; a target after
+    them is ignored), and each rank's prediction for it is the child's output (e.g. the logits),
+    sent from the last stage to every rank of the pipeline. Every batch must split into the plan's
+    ``microbatches`` equal micro-batches (a :class:`UsageError` says otherwise).
 
     The process group lives until the process exits (so ``fit`` can be followed by ``validate``
     on the same Trainer); it is then released the way gloo survives.
@@ -149,6 +156,7 @@ class AutoParallelStrategy(ParallelStrategy):
         self._timeout = timeout
         self._applied: tuple[LightningModule, torch.nn.Module] | None = None
         self._pipeline: Pipeline | None = None
+        self._num_inputs = 0  # positional inputs of the pipelined child's forward
         self._set_aside: list[tuple[torch.nn.Parameter, Tensor | None]] = []
         self.num_nodes = 1
 
@@ -250,7 +258,8 @@ class AutoParallelStrategy(ParallelStrategy):
         if self._plan is None:
             self._plan = choose_plan(module, lambda: self._example_inputs(trainer, module), precision=precision,
                                      target=self._target, objective=self._objective, constraints=self._constraints,
-                                     verbose=self._verbose, node_key=f"node {self.node_rank}")
+                                     verbose=self._verbose, node_key=f"node {self.node_rank}",
+                                     pipelined=lambda profile: _as_pipelined(module, profile))
         else:
             check_plan_precision(self._plan, self.precision_plugin.precision)
             if (reason := target_excludes("lightning", self._plan)) is not None:
@@ -281,13 +290,15 @@ class AutoParallelStrategy(ParallelStrategy):
                              "method, and give batches as (inputs..., target); see AutoParallelStrategy")
         name, child_plan = _pipelined_child(module, plan)
         child = module.get_submodule(name)
-        if plan.pp_virtual > 1 and removal_convention(child, child_plan) is None:
-            raise UsageError(f"plan {plan.name}: {type(child).__name__}'s stages are traced graphs, and the strategy "
-                             "holds one traced stage per rank\nHINT: pick a gpipe or 1f1b plan")
+        traced = removal_convention(child, block_container=child_plan.block_container) is None
+        if traced and (reason := target_excludes("lightning", plan, traced=True)) is not None:
+            raise UsageError(f"the auto-parallel strategy cannot run plan {plan.name} on {type(child).__name__}, whose "
+                             f"pipeline stages are traced: {reason}\nHINT: pick a gpipe or 1f1b plan")
         example = forward_inputs(child, lambda: module(*_as_args(self._example_inputs(trainer, module))))
         if not isinstance(example, tuple):
             raise UsageError(f"pipeline stages take positional inputs; {name}.forward was given keyword ones")
         example = tuple(t[:plan.micro_batch_size] for t in example)
+        self._num_inputs = len(example)
         pipeline = apply_plan(child, child_plan, mesh, loss_fn=loss_fn, example_inputs=example)
         module.set_submodule(name, rank_module(pipeline))
         return pipeline
@@ -386,8 +397,9 @@ class AutoParallelStrategy(ParallelStrategy):
     @override
     def predict_step(self, *args: Any, **kwargs: Any) -> Any:
         if self._pipeline is not None:
-            raise UsageError(f"plan {self.plan.name} is a pipeline: its schedule returns losses, not predictions\n"
-                             "HINT: predict with a plan without pipelining (its checkpoints load under any plan)")
+            batch = args[0]
+            inputs = tuple(batch[:self._num_inputs]) if isinstance(batch, (tuple, list)) else (batch,)
+            return self._pipeline.predict(*inputs)
         return self._step("predict_step", self.precision_plugin.predict_step_context, args, kwargs)
 
     def _step(self, method: str, context: Callable[[], AbstractContextManager], args: tuple, kwargs: dict) -> Any:
@@ -500,7 +512,7 @@ _STAGE_LOOPS = {
 def _pipelined_child(module: LightningModule, plan: Plan) -> tuple[str, Plan]:
     """The child of ``module`` that holds the blocks (the first part of ``plan.block_container``),
     and the plan with its FQNs relative to that child."""
-    name, _, container = (plan.block_container or "").partition(".")
+    name, container = _child_path(plan.block_container)
     if not container:
         raise UsageError(f"a pipeline plan splits a child module of {type(module).__name__} holding the blocks, but "
                          f"block_container={plan.block_container!r} names none\nHINT: keep the model in an attribute "
@@ -508,6 +520,24 @@ def _pipelined_child(module: LightningModule, plan: Plan) -> tuple[str, Plan]:
     prefix = f"{name}."
     layout = tuple((pattern.removeprefix(prefix), style) for pattern, style in plan.tp_layout)
     return name, dataclasses.replace(plan, block_container=container, tp_layout=layout)
+
+
+def _as_pipelined(module: LightningModule, profile: ModelProfile) -> ModelProfile:
+    """``profile`` (of ``module``) with the pipeline facts of what pipeline plans split: the
+    child holding the blocks (see :func:`_pipelined_child`)."""
+    name, container = _child_path(profile.block_container)
+    if not container:
+        return dataclasses.replace(profile, pp_unavailable=profile.pp_unavailable or "the auto-parallel strategy "
+                                   "splits a child module holding the blocks, and they are not in one")
+    traced = removal_convention(module.get_submodule(name), block_container=container) is None
+    return dataclasses.replace(profile, pp_traced=traced)
+
+
+def _child_path(block_container: str | None) -> tuple[str, str]:
+    """The child of the LightningModule holding the blocks and the container's FQN inside it
+    (``"model.layers"`` → ``("model", "layers")``); the second is empty when there is no child."""
+    name, _, container = (block_container or "").partition(".")
+    return name, container
 
 
 def _as_args(inputs: Any) -> tuple[Any, ...]:

@@ -26,6 +26,8 @@ from stratagem.errors import UsageError
 if TYPE_CHECKING:
     from torch.optim import Optimizer
 
+    from stratagem.advisor.model_profile import ModelProfile
+
 __all__ = ["LIGHTNING_PRECISIONS", "PlanPrecision", "check_choice", "check_plan_precision", "choose_plan",
            "constructor_options", "forward_inputs", "load_plan", "plan_hyperparams", "release_at_exit", "sampler_kwargs",
            "stratagem_precision"]
@@ -127,16 +129,22 @@ def check_choice(*, target: str, objective: str, constraints: Mapping[str, Any] 
 
 def choose_plan(module: nn.Module, example_inputs: Callable[[], Any], *, precision: str, target: str,
                 verbose: bool, objective: str = "throughput", constraints: Mapping[str, Any] | None = None,
-                node_key: str | None = None) -> Plan:
+                node_key: str | None = None,
+                pipelined: Callable[[ModelProfile], ModelProfile] | None = None) -> Plan:
     """Every rank probes its hardware; rank 0 profiles ``module`` on ``example_inputs()`` (one
     rank's batch of forward's inputs: a tensor, a tuple of positional or a dict of keyword
     arguments; called on rank 0 only), advises for the gathered cluster and a global batch of that batch ×
     world size, and broadcasts the best plan. A collective: call it on every rank.
 
-    The search keeps ``micro_batch_size`` at the profiled batch and ``grad_accum`` at 1, since the
-    dataloader's batches reach the model unchanged; ``objective`` and ``constraints`` (Plan fields
+    The dataloader's batches reach the model unchanged, so nothing accumulates (``grad_accum``
+    1) and one batch is one rank's step: without a pipeline it is the micro-batch; a pipeline
+    splits it into ``microbatches`` and its ranks share it (the global batch is the batch × the
+    data-parallel degree). Each pipeline shape is searched on its own and the best plan over all
+    is taken (:func:`_advise`). ``objective`` and ``constraints`` (Plan fields
     pinned, as :func:`~stratagem.advisor.search.advise` takes them) steer the search. Ranks with
-    the same ``node_key`` (default: the host name) count as one node."""
+    the same ``node_key`` (default: the host name) count as one node. ``pipelined`` gives the
+    profile the pipeline facts (``pp_unavailable``, ``pp_traced``) of what pipeline plans split,
+    where that is not ``module`` itself."""
     from stratagem.advisor.calibrate import calibrated
     from stratagem.advisor.hardware import gather_cluster, probe_local
 
@@ -144,24 +152,45 @@ def choose_plan(module: nn.Module, example_inputs: Callable[[], Any], *, precisi
     chosen: list[str | None] = [None]
     if dist.get_rank() == 0:
         chosen[0] = _advise(module, example_inputs(), cluster, precision=precision, target=target,
-                            objective=objective, constraints=dict(constraints or {}), verbose=verbose).to_json()
+                            objective=objective, constraints=dict(constraints or {}), verbose=verbose,
+                            pipelined=pipelined).to_json()
     dist.broadcast_object_list(chosen, src=0)
     assert chosen[0] is not None
     return Plan.from_json(chosen[0])
 
 
 def _advise(module: nn.Module, example_inputs: Any, cluster: Any, *, precision: str, target: str, objective: str,
-            constraints: dict[str, Any], verbose: bool) -> Plan:
+            constraints: dict[str, Any], verbose: bool,
+            pipelined: Callable[[ModelProfile], ModelProfile] | None) -> Plan:
     from stratagem.advisor.profile import profile_model
     from stratagem.advisor.report import render_table
-    from stratagem.advisor.search import advise
+    from stratagem.advisor.search import advise, rank_estimates
 
     inputs = example_inputs if isinstance(example_inputs, (tuple, list, Mapping)) else (example_inputs,)
     profile = profile_model(module, inputs, precision=precision)
-    workload = Workload(global_batch_size=profile.batch_size * dist.get_world_size(), seq_len=profile.seq_len,
-                        precision=precision)
-    advice = advise(profile, cluster, workload, target=target, objective=objective,
-                    constraints={**constraints, "micro_batch_size": profile.batch_size, "grad_accum": 1})
+    if pipelined is not None:
+        profile = pipelined(profile)
+    shapes = _pipeline_shapes(profile, dist.get_world_size(), constraints)
+    if not shapes:
+        raise UsageError(f"the constraints pp={constraints.get('pp', 1)}, microbatches={constraints.get('microbatches', 1)} "
+                         f"cannot run one dataloader batch of {profile.batch_size}: a pipeline splits the batch into its "
+                         "micro-batches, at least one per stage\nHINT: pick microbatches dividing the batch size and "
+                         "at least pp, or change the batch size")
+    advices, errors = [], []
+    for pp, microbatches in shapes:
+        workload = Workload(global_batch_size=profile.batch_size * dist.get_world_size() // pp,
+                            seq_len=profile.seq_len, precision=precision)
+        shape = {"pp": pp, "microbatches": microbatches, "micro_batch_size": profile.batch_size // microbatches,
+                 "grad_accum": 1}
+        try:
+            advices.append(advise(profile, cluster, workload, target=target, objective=objective,
+                                  constraints={**constraints, **shape}))
+        except UsageError as err:  # this shape has no candidates (said when no shape has)
+            errors.append(err)
+    if not advices:
+        raise errors[0]
+    best = rank_estimates([a.best for a in advices if a.best is not None], objective)
+    advice = next((a for a in advices if best and a.best is best[0]), advices[0])
     if verbose:
         from rich.console import Console
 
@@ -173,6 +202,21 @@ def _advise(module: nn.Module, example_inputs: Any, cluster: Any, *, precision: 
     if verbose:
         print(f"auto-parallel: chose plan {plan.name}", flush=True)
     return plan
+
+
+def _pipeline_shapes(profile: ModelProfile, world: int, constraints: Mapping[str, Any]) -> list[tuple[int, int]]:
+    """(pp, microbatches) pairs a dataloader batch of ``profile.batch_size`` can run as: no
+    pipeline, and each pipeline degree dividing the world with each number of micro-batches
+    dividing the batch, at least one per stage (fewer leave stages idle for the whole step), as
+    far as ``constraints`` pin them."""
+    from stratagem.advisor.targets import divisors
+
+    shapes = [(1, 1)]
+    if profile.pp_unavailable is None:
+        shapes += [(pp, m) for pp in divisors(world)[1:] if pp <= len(profile.blocks)
+                   for m in divisors(profile.batch_size) if m >= pp]
+    return [(pp, m) for pp, m in shapes
+            if constraints.get("pp", pp) == pp and constraints.get("microbatches", m) == m]
 
 
 def plan_hyperparams(plan: Plan) -> dict[str, Any]:

@@ -40,11 +40,11 @@ from stratagem.plugins.pipeline import (
     Pipeline,
     build_schedule,
     check_traced_stage_plan,
-    removal_convention,
     split_stages,
 )
 from stratagem.plugins.precision import apply_param_dtype
 from stratagem.plugins.tensor_parallel import apply_tensor_parallel, check_tp_layout_given, match_tp_layout
+from stratagem.stages import removal_convention
 
 __all__ = ["apply_plan", "build_optimizer", "check_applicable"]
 
@@ -77,7 +77,7 @@ def apply_plan(module: nn.Module, plan: Plan, mesh: DeviceMesh, *,
         return _apply_per_stage(module, plan, mesh)
     pp_mesh = mesh[str(MeshAxis.PP)]
     pp_rank = pp_mesh.get_local_rank()
-    traced = removal_convention(module, plan) is None
+    traced = removal_convention(module, block_container=plan.block_container) is None
     stage_plan = replace(plan, block_container=None) if traced else plan  # no per-block FSDP units
     stages = nn.ModuleList(_apply_per_stage(stage, stage_plan, mesh)
                            for stage in split_stages(module, plan, pp_rank=pp_rank, example_inputs=example_inputs))
@@ -98,7 +98,7 @@ def _check_pipeline_inputs(module: nn.Module, plan: Plan, *, loss_fn: Callable |
     if loss_fn is None:
         raise UsageError(f"plan {plan.name} is a pipeline: its schedule computes the loss on the last "
                          "stage, so apply_plan needs loss_fn\nHINT: pass loss_fn=lambda output, target: ...")
-    if removal_convention(module, plan) is None:
+    if removal_convention(module, block_container=plan.block_container) is None:
         check_traced_stage_plan(plan)
         if example_inputs is None:
             raise UsageError(f"{type(module).__name__}'s pipeline stages are traced, which needs one "

@@ -7,14 +7,15 @@ before the blocks (embedding), the last stage what runs after them (norm, head);
 restructured; a stage module keeps the original parameter FQNs, so a stage's state dict loads
 into the unsplit model. Two ways to build a stage:
 
-* by removal (:func:`removal_convention`), for models whose forward passes hidden states
-  through what a stage does not hold: ``nn.Sequential`` (whose blocks are its own children), the
-  reference :class:`~stratagem.models.Transformer` (``tok_embeddings``/``pos_embeddings`` set
-  to None: the input is hidden states; ``norm`` and ``output`` set to None: it returns them) and
-  Hugging Face Llama-family decoders (:data:`HF_DECODERS`: ``embed_tokens``, ``norm`` and
-  ``lm_head`` replaced by ``nn.Identity``). The stage is a shallow copy of the model with the
-  other blocks dropped (kept blocks keep their indices), so tensor parallelism, activation
-  checkpointing and per-block FSDP apply to it unchanged;
+* by removal (:func:`stratagem.stages.removal_convention` recognizes the models), for models
+  whose forward passes hidden states through what a stage does not hold: ``nn.Sequential``
+  (whose blocks are its own children), the reference :class:`~stratagem.models.Transformer`
+  (``tok_embeddings``/``pos_embeddings`` set to None: the input is hidden states; ``norm`` and
+  ``output`` set to None: it returns them) and Hugging Face Llama-family decoders
+  (:data:`~stratagem.stages.HF_DECODERS`: ``embed_tokens``, ``norm`` and ``lm_head`` replaced by
+  ``nn.Identity``). The stage is a shallow copy of the model with the other blocks dropped
+  (kept blocks keep their indices), so tensor parallelism, activation checkpointing and
+  per-block FSDP apply to it unchanged;
 * by tracing, for any other model whose forward runs its blocks in order (ViT, ResNet):
   ``torch.distributed.pipelining.pipeline`` exports the forward and splits the graph before
   each stage's first block; a model that does not export gets a :class:`UsageError`. A traced stage calls no submodule ``forward``, so it
@@ -47,14 +48,15 @@ from torch.distributed.pipelining import (
     pipeline,
 )
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils._pytree import tree_leaves, tree_map_only
 
 from stratagem.advisor.plan import MeshAxis, Plan
 from stratagem.errors import UsageError
 from stratagem.plugins.blocks import find_blocks
 from stratagem.plugins.precision import autocast_context
+from stratagem.stages import TRACED_STAGE_LIMITS, RemovalConvention, removal_convention, traced_stages_allow
 
-__all__ = ["HF_DECODERS", "Pipeline", "RemovalConvention", "build_schedule", "rank_module", "removal_convention",
-           "split_stages", "stage_indices"]
+__all__ = ["Pipeline", "build_schedule", "rank_module", "split_stages", "stage_indices"]
 
 log = logging.getLogger(__name__)
 
@@ -64,45 +66,6 @@ _SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved-1f1b": 
 def stage_indices(plan: Plan, pp_rank: int) -> tuple[int, ...]:
     """The stages pipeline rank ``pp_rank`` runs: ``pp_rank, pp_rank + pp, …``."""
     return tuple(range(pp_rank, plan.num_stages, plan.pp))
-
-
-@dataclass(frozen=True)
-class RemovalConvention:
-    """How a model's stages are built by removal: the modules that run before the blocks
-    (``embed``) and after them (``head``), by FQN, and what replaces them on a stage that does
-    not run them: None (the model's forward skips a None module) or ``nn.Identity`` (the
-    forward calls it unconditionally, and identity is what the stage needs). ``hf_output``: the
-    forward returns a Hugging Face ``ModelOutput``; the stage returns its ``logits`` (hidden
-    states on stages without the head) and runs without a KV cache."""
-
-    embed: tuple[str, ...]
-    head: tuple[str, ...]
-    identity: bool = False
-    hf_output: bool = False
-
-
-_TRANSFORMER = RemovalConvention(embed=("tok_embeddings", "pos_embeddings"), head=("norm", "output"))
-_SEQUENTIAL = RemovalConvention(embed=(), head=())
-# Hugging Face decoders whose forward (read for transformers 5.x) is embed_tokens → layers →
-# norm → lm_head with nothing else on the hidden states between them; others (Gemma scales the
-# embeddings, GPT-2 adds position embeddings) would be split wrongly, so they are traced.
-HF_DECODERS = ("llama", "mistral", "qwen2", "qwen3")
-_HF_DECODER = RemovalConvention(embed=("model.embed_tokens",), head=("model.norm", "lm_head"),
-                                identity=True, hf_output=True)
-
-
-def removal_convention(module: nn.Module, plan: Plan) -> RemovalConvention | None:
-    """How ``module``'s stages are built by removal, or None when they are traced."""
-    from stratagem.models.transformer import Transformer  # its documented stage convention
-
-    if isinstance(module, Transformer):
-        return _TRANSFORMER
-    if isinstance(module, nn.Sequential) and plan.block_container == "":
-        return _SEQUENTIAL
-    model_type = getattr(getattr(module, "config", None), "model_type", None)
-    if model_type in HF_DECODERS and plan.block_container == "model.layers" and hasattr(module, "lm_head"):
-        return _HF_DECODER
-    return None
 
 
 def split_stages(module: nn.Module, plan: Plan, *, pp_rank: int,
@@ -117,7 +80,7 @@ def split_stages(module: nn.Module, plan: Plan, *, pp_rank: int,
     plan.check(world_size=plan.world_size, num_blocks=len(blocks))
     bounds = _bounds(plan.blocks_per_stage(len(blocks)))
     mine = stage_indices(plan, pp_rank)
-    convention = removal_convention(module, plan)
+    convention = removal_convention(module, block_container=plan.block_container)
     if convention is not None:
         stages = [_removal_stage(module, plan, convention, bounds, s) for s in mine]
         how = "removal"
@@ -211,10 +174,10 @@ def _traced_stages(module: nn.Module, plan: Plan, bounds: list[int], mine: tuple
 
 def check_traced_stage_plan(plan: Plan) -> None:
     """Raise :class:`UsageError` for what a traced stage cannot take (see the module docstring)."""
-    if plan.tp > 1 or plan.activation_checkpointing != "none":
-        raise UsageError(f"plan {plan.name}: this model's pipeline stages are traced graphs, which take "
-                         "neither tensor parallelism nor per-block activation checkpointing\n"
-                         "HINT: use tp=1 and activation_checkpointing='none' with pp>1 for this model")
+    if not traced_stages_allow(tp=plan.tp, activation_checkpointing=plan.activation_checkpointing):
+        raise UsageError(f"plan {plan.name}: this model's pipeline stages are traced graphs, and "
+                         f"{TRACED_STAGE_LIMITS}\nHINT: use tp=1 and activation_checkpointing='none' with pp>1 "
+                         "for this model")
 
 
 def build_schedule(stage_modules: list[nn.Module], plan: Plan, mesh: DeviceMesh, *,
@@ -240,8 +203,10 @@ def build_schedule(stage_modules: list[nn.Module], plan: Plan, mesh: DeviceMesh,
 
 @dataclass(eq=False)
 class Pipeline:
-    """This rank's part of a pipeline-parallel model and the schedule that trains it
-    (:func:`~stratagem.plugins.apply.apply_plan` builds it).
+    """This rank's part of a pipeline-parallel model and the schedule that trains it, evaluates
+    it and predicts with it (:func:`~stratagem.plugins.apply.apply_plan` builds it). Every call
+    splits its batch into ``plan.microbatches`` equal micro-batches (of ``plan.micro_batch_size``
+    samples, as the plan was costed).
 
     ``modules``: this rank's stage modules as parallelized (DDP wrappers or FSDP modules), in
     stage order: give their parameters to the optimizer (``build_optimizer(pipeline.modules,
@@ -267,12 +232,51 @@ class Pipeline:
         with torch.no_grad():
             return self._run(self.schedule.eval, inputs, target)
 
+    def predict(self, *inputs: Tensor) -> Any:
+        """Forward only, without the loss: the model's output for the batch (the last stage's
+        micro-batch outputs concatenated on dim 0, e.g. logits), on every rank (sent from the
+        last stage)."""
+        self._check_batch(inputs)
+        loss_fn, self.schedule._loss_fn = self.schedule._loss_fn, None  # with a loss, eval needs a target
+        try:
+            with torch.no_grad(), autocast_context(self.plan, self.device_type):
+                outputs = self.schedule.eval(*(inputs if self.is_first else ()))
+        finally:
+            self.schedule._loss_fn = loss_fn
+        return self._from_last_stage(outputs)
+
+    def _from_last_stage(self, outputs: Any) -> Any:
+        """``outputs`` (tensors in any pytree) of the last pipeline rank on every rank: their
+        shapes and dtypes first (as meta tensors), then the tensors."""
+        box = [tree_map_only(Tensor, lambda t: t.to("meta"), outputs) if self.is_last else None]
+        dist.broadcast_object_list(box, group_src=self.plan.pp - 1, group=self.pp_group)
+        if not self.is_last:
+            device = torch.device(self.device_type)
+            outputs = tree_map_only(Tensor, lambda t: torch.empty_like(t, device=device), box[0])
+        for tensor in tree_leaves(outputs):
+            if isinstance(tensor, Tensor):
+                dist.broadcast(tensor, group_src=self.plan.pp - 1, group=self.pp_group)
+        return outputs
+
+    def _check_batch(self, tensors: tuple[Tensor, ...]) -> None:
+        """:class:`UsageError` unless every tensor splits on dim 0 into ``plan.microbatches``
+        equal, non-empty micro-batches (the schedule would split it unevenly or run empty ones)."""
+        m = self.plan.microbatches
+        wrong = [tuple(t.shape) for t in tensors if t.dim() == 0 or t.size(0) < m or t.size(0) % m]
+        if wrong:
+            raise UsageError(f"plan {self.plan.name} splits each batch into {m} micro-batches on dim 0, but got "
+                             f"shapes {wrong}\nHINT: give batches of a multiple of {m} samples, "
+                             f"{m * self.plan.micro_batch_size} as the plan was costed (e.g. "
+                             f"DataLoader(batch_size={m * self.plan.micro_batch_size}, drop_last=True))")
+
     def _run(self, run: Callable[..., Any], inputs: tuple[Tensor, ...], target: Tensor) -> Tensor:
+        self._check_batch((*inputs, target))
         losses: list[Tensor] = []
         args = inputs if self.is_first else ()
         with autocast_context(self.plan, self.device_type):  # *-mixed with DDP: forward and loss
             run(*args, target=target if self.is_last else None, losses=losses if self.is_last else None)
-        loss = torch.stack([x.detach().float() for x in losses]).mean() if self.is_last else torch.zeros(())
+        loss = torch.stack([x.detach().float() for x in losses]).mean() if self.is_last else \
+            torch.zeros((), device=self.device_type)  # NCCL broadcasts device tensors only
         dist.broadcast(loss, group_src=self.plan.pp - 1, group=self.pp_group)
         return loss
 

@@ -84,6 +84,11 @@ class TinyLlama(pl.LightningModule):
         tokens, targets = batch
         self.log("test_loss", self.preset.loss(self(tokens), targets), sync_dist=True)
 
+    def predict_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        """What a pipeline plan's predictions equal: forward's output for the batch's tokens."""
+        tokens, _ = batch
+        return self(tokens)
+
     def loss_fn(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """For pipeline plans: the schedule computes the loss on the last stage."""
         return self.preset.loss(output, targets)
@@ -169,19 +174,34 @@ def test_tp_fsdp_plan_matches_single_process(tmp_path: Path) -> None:
 
 def test_pipeline_plans_match_single_process(tmp_path: Path) -> None:
     """gpipe × DDP on 4 ranks with an uneven partition, resumed from a sharded checkpoint (and that
-    checkpoint resumed by two DDP ranks without a pipeline); interleaved 1F1B (two stages per rank),
-    then validate and test; 1F1B × TP on 4 ranks."""
-    losses, out = _resumed(tmp_path / "gpipe", GPIPE_DDP, "--devices", "4")
+    checkpoint resumed by two DDP ranks without a pipeline), then test and predict; interleaved
+    1F1B (two stages per rank), then validate, test and predict; 1F1B × TP on 4 ranks."""
+    losses, out = _resumed(tmp_path / "gpipe", GPIPE_DDP, "--devices", "4", "--test")
     assert_matches_single_process(losses, out, tolerance=PIPE_FP32)
+    assert_predicts_trained_model(out, dp=2)
     ddp, _ = run_script(tmp_path / "ddp", "--resume", str(tmp_path / "gpipe" / "three.ckpt"), plan=DDP)
     assert_matches_single_process(losses[:3] + ddp["losses"], tmp_path / "ddp", tolerance=PIPE_FP32)
     results, _ = run_script(tmp_path / "interleaved", "--validate", "--test", plan=INTERLEAVED)
     assert results["plan"] == INTERLEAVED.name
     assert_matches_single_process(results["losses"], tmp_path / "interleaved", dp=1, tolerance=PIPE_FP32)
     assert results["val_loss"] == results["test_loss"] > 0  # the same data, forward only
-    assert "its schedule returns losses, not predictions" in results["predict"]
+    assert_predicts_trained_model(tmp_path / "interleaved", dp=1)
+    assert "splits each batch into 2 micro-batches on dim 0, but got shapes [(3, 16)]" in results["predict"]
     results, _ = run_script(tmp_path / "tp", "--devices", "4", plan=PP_TP)
     assert_matches_single_process(results["losses"], tmp_path / "tp", dp=1, tolerance=TP_FP32)
+
+
+def assert_predicts_trained_model(out: Path, dp: int) -> None:
+    """Rank 0's predictions (pipeline rank 0: sent from the last stage) are one process's outputs
+    under the weights the run ended with, for the samples of data-parallel rank 0 (Lightning's
+    predict sampler gives rank ``r`` every ``dp``-th sample from ``r``, in order)."""
+    module = TinyLlama()
+    module.configure_model()
+    module.load_state_dict(torch.load(out / "weights.pt", weights_only=True))
+    tokens = dataset(dp).tensors[0][::dp]
+    with torch.no_grad():
+        expected = module.eval()(tokens)
+    torch.testing.assert_close(torch.load(out / "predictions.pt", weights_only=True), expected, **FP32)
 
 
 def _resumed(tmp_path: Path, plan: Plan, *options: str) -> tuple[list[float], Path]:
@@ -258,7 +278,8 @@ def main() -> None:
     parser.add_argument("--resume", type=Path, help="trainer.fit(ckpt_path=...)")
     parser.add_argument("--full-checkpoint", action="store_true")
     parser.add_argument("--validate", action="store_true", help="trainer.validate after fit")
-    parser.add_argument("--test", action="store_true", help="trainer.test and trainer.predict after fit")
+    parser.add_argument("--test", action="store_true", help="trainer.test and trainer.predict after fit, "
+                        "then trainer.predict on batches of the wrong size")
     parser.add_argument("--no-example", action="store_true", help="leave example_input_array unset")
     parser.add_argument("--empty-init", action="store_true", help="build the model on meta")
     args = parser.parse_args()
@@ -288,8 +309,11 @@ def main() -> None:
     if args.test:
         results["test_loss"] = trainer.test(module, DataLoader(dataset(dp), batch_size=BATCH),
                                             verbose=False)[0]["test_loss"]
+        predictions = trainer.predict(module, DataLoader(dataset(dp), batch_size=BATCH))
+        if trainer.is_global_zero:
+            torch.save(torch.cat(predictions), args.out / "predictions.pt")
         try:
-            trainer.predict(module, DataLoader(dataset(dp), batch_size=BATCH))
+            trainer.predict(module, DataLoader(dataset(dp), batch_size=BATCH + 1))
         except UsageError as err:
             results["predict"] = str(err)
     # A collective gathering DTensor shards to rank 0; a pipeline rank holds its stage (TP shards gathered).

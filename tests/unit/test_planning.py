@@ -115,3 +115,37 @@ def test_choice_is_checked_before_any_process_starts() -> None:
         check_choice(target="lightning", objective="throughput", constraints={"zer0": 3})
     with pytest.raises(UsageError, match="unknown target"):
         check_choice(target="megatron", objective="throughput", constraints=None)
+
+
+def test_lightning_advises_pipelines_for_the_child_it_splits() -> None:
+    """The strategy splits the LightningModule's child holding the blocks, so the profile (of the
+    LightningModule, whose stages would be traced) takes that child's pipeline facts."""
+    import dataclasses
+
+    import lightning.pytorch as pl
+
+    from stratagem.advisor.profiles import profile_spec
+    from stratagem.integrations.lightning import _as_pipelined
+
+    profile = dataclasses.replace(profile_spec("llama-tiny"), block_container="model.layers", pp_traced=True)
+    module = pl.LightningModule()
+    for preset, traced in (("llama-tiny", False), ("vit-tiny", True)):
+        module.model = get_preset(preset).build()
+        assert _as_pipelined(module, profile).pp_traced is traced
+    top_level = _as_pipelined(module, dataclasses.replace(profile, block_container="layers"))
+    assert "splits a child module holding the blocks" in top_level.pp_unavailable
+
+
+def test_a_dataloader_batch_runs_unpiped_or_split_into_micro_batches() -> None:
+    """One batch is one rank's step: no pipeline, or a pipeline splitting it into at least one
+    micro-batch per stage; constraints narrow the shapes, and a model without stages gets none."""
+    import dataclasses
+
+    from stratagem.advisor.profiles import profile_spec
+    from stratagem.integrations.planning import _pipeline_shapes
+
+    profile = dataclasses.replace(profile_spec("llama-tiny"), batch_size=4)
+    assert _pipeline_shapes(profile, 4, {}) == [(1, 1), (2, 2), (2, 4), (4, 4)]
+    assert _pipeline_shapes(profile, 4, {"pp": 2}) == [(2, 2), (2, 4)]
+    assert _pipeline_shapes(profile, 4, {"microbatches": 3}) == []
+    assert _pipeline_shapes(dataclasses.replace(profile, pp_unavailable="tied"), 4, {}) == [(1, 1)]

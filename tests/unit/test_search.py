@@ -9,7 +9,7 @@ import pytest
 from stratagem.advisor.hardware import Cluster
 from stratagem.advisor.profiles import profile_spec
 from stratagem.advisor.plan import Plan, Workload
-from stratagem.advisor.search import _rank, advise, search_plans
+from stratagem.advisor.search import advise, rank_estimates, search_plans
 from stratagem.errors import UsageError
 
 
@@ -110,9 +110,9 @@ def test_near_ties_go_to_the_simpler_plan(gpt2):
     simple = advise(gpt2, cluster, workload, constraints={"zero": 0, "activation_checkpointing": "none"}).best
     fancy = dataclasses.replace(simple, plan=Plan(dp_shard=8, zero=3, micro_batch_size=8),
                                 throughput=simple.throughput * 1.005)
-    assert _rank([fancy, simple]) == [simple, fancy]
+    assert rank_estimates([fancy, simple]) == [simple, fancy]
     faster = dataclasses.replace(fancy, throughput=simple.throughput * 1.05)
-    assert _rank([simple, faster]) == [faster, simple]
+    assert rank_estimates([simple, faster]) == [faster, simple]
 
 
 def test_an_impossible_workload_is_a_usage_error(gpt2):
@@ -134,6 +134,25 @@ def test_tensor_parallel_plans_shard_data_parallelism_with_fsdp(llama7b):
     assert any("DDP over tensor-parallel" in reason for reason in advice.excluded)
 
 
+@pytest.mark.parametrize("name, traced", [("vit-tiny", True), ("llama-tiny", False)])
+def test_traced_pipeline_stages_get_neither_tp_nor_checkpointing(name, traced):
+    """ViT's pipeline stages are traced graphs, which the engine refuses to give tensor
+    parallelism or checkpointing; the reference Transformer's are built by removal and take both."""
+    profile = profile_spec(name)
+    assert profile.pp_traced is traced
+    cluster, workload = Cluster.parse("8xA100"), Workload(global_batch_size=64, seq_len=profile.seq_len)
+    pipelines = [p for group in search_plans(profile, cluster, workload) for p in group if p.pp > 1]
+    limited = [p for p in pipelines if p.tp > 1 or p.activation_checkpointing != "none"]
+    assert pipelines and bool(limited) is not traced
+    advice = advise(profile, cluster, workload, top=50, constraints={"pp": (2, 4)})
+    ranked_limited = [e.plan for e in advice.plans if e.plan.tp > 1 or e.plan.activation_checkpointing != "none"]
+    assert advice.plans and not (traced and ranked_limited)
+    noted = [n for n in advice.notes if "stages are built by tracing" in n]
+    assert noted == ([f"Pipeline plans only with tp=1 and no activation checkpointing: {name}'s stages are built by "
+                      "tracing, and traced pipeline stages take neither tensor parallelism nor per-block activation "
+                      "checkpointing."] if traced else [])
+
+
 def test_lightning_target_leaves_out_what_the_strategy_refuses():
     from stratagem.advisor.targets import target_excludes
 
@@ -141,6 +160,8 @@ def test_lightning_target_leaves_out_what_the_strategy_refuses():
     interleaved = {"pp": 2, "pp_virtual": 2, "pp_schedule": "interleaved-1f1b", **common}
     assert target_excludes("lightning", Plan(**interleaved)) is None
     assert "under FSDP" in target_excludes("lightning", Plan(dp_shard=2, zero=3, **interleaved))
+    assert "interleaved traced stages" in target_excludes("lightning", Plan(**interleaved), traced=True)
+    assert target_excludes("any", Plan(**interleaved), traced=True) is None
     assert target_excludes("lightning", Plan(pp=2, dp_replicate=2, **common)) is None
     assert target_excludes("lightning", Plan(pp=2, dp_shard=2, zero=3, **common)) is None
     assert target_excludes("lightning", Plan(pp=2, pp_schedule="gpipe", **common)) is None
