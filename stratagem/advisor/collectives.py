@@ -99,20 +99,24 @@ def group_link(cluster: Cluster, plan: Plan, axis: MeshAxis | str) -> tuple[floa
     return mesh_links(cluster, plan)[MeshAxis(axis)]
 
 
-def mesh_links(cluster: Cluster, plan: Plan) -> dict[MeshAxis, tuple[float, float]]:
+def mesh_links(cluster: Cluster, plan: Plan, op: str | None = None) -> dict[MeshAxis, tuple[float, float]]:
     """:func:`group_link` for every mesh axis of ``plan`` at once (memoized per cluster and
-    mesh shape: the search asks for the same few meshes thousands of times)."""
-    return _mesh_links(cluster, plan.pp, plan.dp_replicate, plan.dp_shard, plan.tp)
+    mesh shape: the search asks for the same few meshes thousands of times). With ``op``
+    (``all_reduce``, ``all_gather``, ``reduce_scatter``, ``p2p``), a group inside one node uses
+    that collective's own calibrated α and β where the node has them
+    (``NodeSpec.collectives``, the fit for the group's size or the nearest measured): backends
+    reach different rates for each."""
+    return _mesh_links(cluster, plan.pp, plan.dp_replicate, plan.dp_shard, plan.tp, op)
 
 
 @by_identity
 def _mesh_links(cluster: Cluster, pp: int, dp_replicate: int, dp_shard: int,
-                tp: int) -> dict[MeshAxis, tuple[float, float]]:
-    return {axis: _group_link(cluster, pp, dp_replicate, dp_shard, tp, axis) for axis in MeshAxis}
+                tp: int, op: str | None) -> dict[MeshAxis, tuple[float, float]]:
+    return {axis: _group_link(cluster, pp, dp_replicate, dp_shard, tp, axis, op) for axis in MeshAxis}
 
 
 def _group_link(cluster: Cluster, pp: int, dp_replicate: int, dp_shard: int, tp: int,
-                axis: MeshAxis) -> tuple[float, float]:
+                axis: MeshAxis, op: str | None = None) -> tuple[float, float]:
     size = {MeshAxis.PP: pp, MeshAxis.DP_REPLICATE: dp_replicate, MeshAxis.DP_SHARD: dp_shard,
             MeshAxis.TP: tp}[axis]
     if size == 1:
@@ -122,6 +126,11 @@ def _group_link(cluster: Cluster, pp: int, dp_replicate: int, dp_shard: int, tp:
     members_per_node = max(1, min(size, per_node // stride))
     intra = _in_node_link(cluster, span=stride * (members_per_node - 1) + 1)
     if members_per_node == size:
+        fits = [(abs(n - size), bandwidth, latency) for name, n, bandwidth, latency in cluster.node.collectives
+                if name == op]
+        if fits:
+            _, bandwidth, latency = min(fits)
+            return bandwidth, latency
         return intra.effective_bandwidth, intra.latency
     network = _network(cluster, axis, size)
     per_rank = members_per_node * network.node_bandwidth * network.efficiency / per_node

@@ -17,12 +17,13 @@ class MemoryBreakdown:
     optimizer: float
     activations: float
     buffers: float  # transient: gathered FSDP units, prefetch, DDP buckets, logits, allocator slack
+    framework: float = 0.0  # what the training framework itself takes beyond the plan's tensors
     host: float = 0.0  # offloaded model states in host memory, bytes per rank (not in ``total``)
 
     @property
     def total(self) -> float:
         """Device bytes per rank: the sum of the terms except ``host``."""
-        return self.parameters + self.gradients + self.optimizer + self.activations + self.buffers
+        return self.parameters + self.gradients + self.optimizer + self.activations + self.buffers + self.framework
 
     def to_dict(self) -> dict[str, float]:
         return {**asdict(self), "total": self.total}
@@ -41,6 +42,7 @@ class TimeBreakdown:
     bubble: float
     optimizer: float
     offload: float
+    dispatch: float = 0.0  # host time launching operators that the device work does not hide
     dp_comm_total: float = 0.0
     tp_comm_total: float = 0.0
     pp_comm_total: float = 0.0
@@ -49,7 +51,7 @@ class TimeBreakdown:
     def step_seconds(self) -> float:
         """Predicted wall time of one optimizer step, seconds."""
         return (self.compute + self.recompute + self.dp_comm + self.tp_comm + self.pp_comm
-                + self.bubble + self.optimizer + self.offload)
+                + self.bubble + self.optimizer + self.offload + self.dispatch)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "step_seconds": self.step_seconds}

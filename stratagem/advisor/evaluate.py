@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from stratagem.advisor.estimate import Estimate, MemoryBreakdown
 from stratagem.advisor.hardware import Cluster
-from stratagem.advisor.memory import estimate_memory, usable_bytes, usable_host_bytes_per_rank
+from stratagem.advisor.memory import estimate_memory, framework_bytes, usable_bytes, usable_host_bytes_per_rank
 from stratagem.advisor.plan import Plan, Workload
 from stratagem.advisor.model_profile import ModelProfile
 from stratagem.advisor.timing import estimate_time, mfu, tokens_per_second
@@ -19,7 +19,7 @@ def evaluate(profile: ModelProfile, cluster: Cluster, workload: Workload, plan: 
     computed for this plan."""
     plan.check(world_size=cluster.world_size, num_heads=profile.num_heads,
                num_kv_heads=profile.num_kv_heads, num_blocks=len(profile.blocks))
-    memory = memory or estimate_memory(profile, workload, plan, runtime=runtime)
+    memory = memory or estimate_memory(profile, workload, plan, runtime=runtime, framework=framework_bytes(cluster))
     time = estimate_time(profile, cluster=cluster, workload=workload, plan=plan)
     return Estimate(
         plan=plan, memory=memory, time=time,

@@ -14,6 +14,7 @@ from stratagem.advisor.hardware.lookup import device_from_entry, find_gpu, gpu_n
 from stratagem.advisor.memory import (
     HOST_MEMORY_PER_DEVICE_MEMORY,
     estimate_memory,
+    framework_bytes,
     overflow,
     usable_bytes,
     usable_host_bytes_per_rank,
@@ -31,6 +32,7 @@ TERM_LABELS = {
     "bubble": "pipeline bubbles",
     "optimizer": "optimizer steps",
     "offload": "CPU offload transfers",
+    "dispatch": "launching operators (host-bound)",
 }
 # Step times within this fraction count as tied; the simpler plan ranks first.
 NEAR_TIE = 0.01
@@ -144,7 +146,8 @@ def _more_devices(profile: ModelProfile, cluster: Cluster, workload: Workload, *
     for bigger in (*fuller, *more):
         for group in candidates(profile, bigger, workload):
             plan = next(group, None)  # the group's smallest micro-batch
-            if plan and overflow(estimate_memory(profile, workload, plan, runtime=runtime), bigger) <= 1:
+            if plan and overflow(estimate_memory(profile, workload, plan, runtime=runtime,
+                                                 framework=framework_bytes(bigger)), bigger) <= 1:
                 where = (f"one node of {bigger.devices_per_node}" if bigger.num_nodes == 1
                          else f"{bigger.num_nodes} nodes of {bigger.devices_per_node}")
                 return f"It would fit on {where} {cluster.device.name} ({bigger.world_size} GPUs), e.g. as {plan.name}."

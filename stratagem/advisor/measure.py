@@ -10,6 +10,8 @@ The segments are the model's blocks plus ``embed`` (whatever runs before the fir
   parameters themselves excluded and the compute-dtype copies that autocast makes of them kept
   apart (they scale with parameters, not with the batch);
 * which non-block parameters it is the first to use;
+* the operators it dispatches in forward and in backward (each costs host time to launch,
+  whatever its size: what a step of small kernels spends);
 * the attention core, for selective checkpointing (Korthikanti et al. 2022, §4.2): the forward
   FLOPs of ops that read or write an s×s tensor (QKᵀ, AV) or are fused attention kernels, and
   the saved tensors shaped s×s in their last two dimensions (softmax output, dropout mask and
@@ -47,6 +49,10 @@ HEAD = "head"
 
 # Ops whose output becomes a dropout mask (CPU dropout: empty_like, bernoulli_, div_, mul).
 _MASK_OPS = {aten.bernoulli_, aten.bernoulli}
+# Ops not counted as operators: fake tensors dispatch ``prim.device`` where eager mode answers
+# without dispatching, and saved-tensor hooks add a ``detach`` per saved tensor unpacked (eager
+# mode's own detaches are views that launch nothing either).
+UNCOUNTED_OPS = {torch.ops.prim.device, aten.detach}
 # Ops that make a dtype copy of a tensor (autocast's weight casts).
 _CAST_OPS = {aten._to_copy}
 
@@ -86,6 +92,8 @@ class SegmentCounts:
     attention_saved_bytes: int = 0
     input_bytes: int = 0
     output_bytes: int = 0
+    fwd_ops: int = 0
+    bwd_ops: int = 0
 
 
 @dataclass
@@ -136,6 +144,11 @@ class _CostCounter(FlopCounterMode):
     def _count_flops(self, func_packet, out, args, kwargs):
         seg = self.segment()
         counts = self._record.segments[seg]
+        if func_packet not in UNCOUNTED_OPS:
+            if self.mod_tracker.is_bw:
+                counts.bwd_ops += 1
+            else:
+                counts.fwd_ops += 1
         formula = self.flop_registry.get(func_packet)
         if formula is not None:
             flops = formula(*args, **kwargs, out_val=out)

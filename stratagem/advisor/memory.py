@@ -227,17 +227,28 @@ def estimate_buffers(profile: ModelProfile, plan: Plan, params: float, *, rank: 
     return min(DDP_BUCKET_BYTES, params * prec.param_bytes) + copies  # buckets hold gradients: never more than all of them
 
 
-def estimate_memory(profile: ModelProfile, workload: Workload, plan: Plan, *, runtime: str = "torch") -> MemoryBreakdown:
+def estimate_memory(profile: ModelProfile, workload: Workload, plan: Plan, *, runtime: str = "torch",
+                    framework: float = 0.0) -> MemoryBreakdown:
     """Peak bytes per rank on the most loaded rank, term by term: every pipeline rank that may
     be the most loaded is costed (:func:`~stratagem.advisor.stage.candidate_ranks`), the
-    fullest reported."""
+    fullest reported. ``framework``: :func:`framework_bytes` of the cluster."""
     layout = state_layout(plan.precision, workload.optimizer, runtime=runtime)
-    ranks = (estimate_rank_memory(profile, plan, layout, rank=r) for r in candidate_ranks(profile, plan))
+    ranks = (estimate_rank_memory(profile, plan, layout, rank=r, framework=framework)
+             for r in candidate_ranks(profile, plan))
     return max(ranks, key=lambda m: (m.total, m.host))
 
 
-def estimate_rank_memory(profile: ModelProfile, plan: Plan, layout: StateLayout, *, rank: int) -> MemoryBreakdown:
-    """Peak bytes of pipeline rank ``rank``, term by term."""
+def framework_bytes(cluster: Cluster) -> float:
+    """Memory each rank's training process takes beyond the tensors of its plan (kernel
+    libraries' workspaces and caches, the autograd engine, allocator bookkeeping), bytes: as
+    ``stratagem calibrate`` measured it on the cluster (``NodeSpec.framework_bytes``); 0
+    uncalibrated, where the device reserve (:data:`RESERVED_BYTES`) stands for it."""
+    return cluster.node.framework_bytes or 0.0
+
+
+def estimate_rank_memory(profile: ModelProfile, plan: Plan, layout: StateLayout, *, rank: int,
+                         framework: float = 0.0) -> MemoryBreakdown:
+    """Peak bytes of pipeline rank ``rank``, term by term (``framework``: :func:`framework_bytes`)."""
     params = estimate_params_per_rank(profile, plan, rank=rank)
     return MemoryBreakdown(
         parameters=estimate_parameters(params, plan, layout),
@@ -245,5 +256,6 @@ def estimate_rank_memory(profile: ModelProfile, plan: Plan, layout: StateLayout,
         optimizer=estimate_optimizer(params, plan, layout),
         activations=estimate_activations(profile, plan, rank=rank),
         buffers=estimate_buffers(profile, plan, params, rank=rank),
+        framework=framework,
         host=estimate_offloaded(params, plan, layout),
     )

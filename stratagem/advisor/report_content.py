@@ -19,6 +19,7 @@ MEMORY_TERMS: dict[str, tuple[str, str]] = {
     "optimizer": ("optimizer states", "#59a14f"),
     "activations": ("activations", "#e15759"),
     "buffers": ("buffers", "#b07aa1"),
+    "framework": ("framework", "#9d7660"),
 }
 TIME_TERMS: dict[str, tuple[str, str]] = {
     "compute": ("compute", "#4e79a7"),
@@ -29,6 +30,7 @@ TIME_TERMS: dict[str, tuple[str, str]] = {
     "bubble": ("pipeline bubble", "#bab0ac"),
     "optimizer": ("optimizer step", "#59a14f"),
     "offload": ("offload", "#edc948"),
+    "dispatch": ("op dispatch", "#79706e"),
 }
 PLAN_COLUMNS = ("#", "plan", "memory / GPU", "step", "{unit}", "MFU")
 OVERLAP_NOTE = "comm: exposed part (of: before overlap)"

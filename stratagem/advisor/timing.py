@@ -5,8 +5,8 @@ FLOPs, under the partition the plan carries (``Plan.stage_blocks``; the embeddin
 stage, the head on the last).
 It first describes that rank's work once (:class:`RankStep`), then adds the terms of
 :class:`~stratagem.advisor.estimate.TimeBreakdown`: compute, recompute, data-, tensor- and
-pipeline-parallel communication (exposed part and total), pipeline bubble, optimizer step and
-offload transfers. Collectives cost what :mod:`~stratagem.advisor.collectives` says on the link
+pipeline-parallel communication (exposed part and total), pipeline bubble, optimizer step,
+offload transfers and operator dispatch. Collectives cost what :mod:`~stratagem.advisor.collectives` says on the link
 :func:`~stratagem.advisor.collectives.group_link` picks.
 
 The constants below are first guesses with a stated source; calibration replaces them.
@@ -66,6 +66,28 @@ OPTIMIZER_TENSOR_PASSES = {"adamw": 7, "sgd": 3}
 # torch's CPU foreach kernels reach a fraction. Estimate; calibrate to replace.
 HOST_OPTIMIZER_BANDWIDTH_PER_NODE = 50e9
 
+# Host seconds to dispatch one operator in eager PyTorch (Python, dispatcher, autograd graph, kernel
+# launch), whatever its size. He 2022 ("Making Deep Learning Go Brrrr") measures ≈ 3 µs per op
+# without autograd; autograd and module hooks add several µs. Estimate; a calibration's measured
+# figure (NodeSpec.op_seconds, `stratagem calibrate`) replaces it.
+OP_DISPATCH_SECONDS = 10e-6
+
+# Host seconds per operator on a DTensor (FSDP2 and TP parameters): DTensor's Python
+# __torch_dispatch__ and sharding propagation, about 20× a plain operator (measured ≈ 0.2 ms on
+# one busy CPU core with torch 2.13's profiler). Estimate; calibration measures it
+# (NodeSpec.dtensor_op_seconds).
+DTENSOR_OP_SECONDS = 100e-6
+
+# Operators a tensor-parallel Linear runs on DTensors per micro-batch: the forward's matmul and
+# the layout changes around it, the backward's two matmuls and theirs. Estimate.
+DTENSOR_OPS_PER_TP_LINEAR = 6
+
+# Operators one optimizer step dispatches per parameter tensor (torch.optim's single-tensor
+# update, its CPU default; counted with a dispatch-mode counter on torch 2.13, zero_grad
+# included). On GPUs torch.optim defaults to the foreach update: about as many per dtype group,
+# not per tensor.
+OPTIMIZER_OPS_PER_TENSOR = {"adamw": 10, "sgd": 3}
+
 # Activation-checkpointing policy -> the forward FLOPs each block runs again in backward
 # (Korthikanti et al. 2022, §5: full recomputes the block, selective the attention core).
 RECOMPUTED_FLOPS = {"none": None, "selective": "attention_fwd_flops", "full": "fwd_flops"}
@@ -86,6 +108,12 @@ class RankStep:
     stage: Stage
     links: dict[MeshAxis, tuple[float, float]]  # (bytes/s, seconds) per mesh axis: group_link
     flops_per_second: float
+
+    def link(self, axis: MeshAxis, op: str) -> dict[str, float]:
+        """``bandwidth`` and ``latency`` of ``op`` on the ``axis`` group (the collective's own
+        calibrated fit inside a node, when measured), as keyword arguments."""
+        bandwidth, latency = mesh_links(self.cluster, self.plan, op)[axis]
+        return {"bandwidth": bandwidth, "latency": latency}
 
     @property
     def num_microbatches(self) -> int:
@@ -133,6 +161,7 @@ def estimate_time(profile: ModelProfile, *, cluster: Cluster, workload: Workload
     tp_comm = estimate_tp_comm_seconds(step)
     grads, gathers = estimate_grad_sync_seconds(step), estimate_param_gather_seconds(step)
     pp_comm = estimate_pp_comm_seconds(step)
+    optimizer = estimate_optimizer_seconds(step)
     return TimeBreakdown(
         compute=compute,
         recompute=recompute,
@@ -141,8 +170,9 @@ def estimate_time(profile: ModelProfile, *, cluster: Cluster, workload: Workload
         tp_comm=tp_comm,  # on the critical path: nothing overlaps it
         pp_comm=estimate_pp_comm_exposed_seconds(step, total=pp_comm, compute=compute + recompute),
         bubble=estimate_bubble_seconds(step, ideal=compute + recompute + tp_comm),
-        optimizer=estimate_optimizer_seconds(step),
+        optimizer=optimizer,
         offload=estimate_offload_seconds(step),
+        dispatch=estimate_dispatch_seconds(step, device_busy=compute + recompute + tp_comm + optimizer),
         dp_comm_total=grads + gathers,
         tp_comm_total=tp_comm,
         pp_comm_total=pp_comm,
@@ -221,17 +251,18 @@ def estimate_tp_comm_seconds(step: RankStep) -> float:
     plan = step.plan
     if plan.tp == 1:
         return 0.0
-    bandwidth, latency = step.links[MeshAxis.TP]
     passes = 3 if plan.activation_checkpointing == "full" else 2
-    link = {"group_size": plan.tp, "bandwidth": bandwidth, "latency": latency}
     per_microbatch = 0.0
     for block, count in step.stage.kinds:
         num_bytes = tp_message_bytes(step, block)
         if plan.sequence_parallel:
-            collective = (estimate_all_gather_seconds(num_bytes, **link)
-                          + estimate_reduce_scatter_seconds(num_bytes, **link))
+            collective = (estimate_all_gather_seconds(num_bytes, group_size=plan.tp,
+                                                      **step.link(MeshAxis.TP, "all_gather"))
+                          + estimate_reduce_scatter_seconds(num_bytes, group_size=plan.tp,
+                                                            **step.link(MeshAxis.TP, "reduce_scatter")))
         else:
-            collective = estimate_all_reduce_seconds(num_bytes, **link)
+            collective = estimate_all_reduce_seconds(num_bytes, group_size=plan.tp,
+                                                     **step.link(MeshAxis.TP, "all_reduce"))
         per_microbatch += count * passes * 2 * collective
     return step.num_microbatches * per_microbatch
 
@@ -273,51 +304,50 @@ def _pp_message_seconds(step: RankStep) -> float:
     plan = step.plan
     num_bytes = step.stage.max_block_output_bytes * step.batch_scale
     num_bytes /= plan.tp if plan.sequence_parallel else 1
-    bandwidth, latency = step.links[MeshAxis.PP]
-    return estimate_p2p_seconds(num_bytes, bandwidth=bandwidth, latency=latency)
+    return estimate_p2p_seconds(num_bytes, **step.link(MeshAxis.PP, "p2p"))
 
 
 # -- data-parallel communication -------------------------------------------------------------
 
 
 def estimate_grad_sync_seconds(step: RankStep) -> float:
-    """Gradient reductions per step, seconds. Gradients reduce in the parameter dtype (DDP
-    reduces ``param.grad``: fp32 for ``*-mixed``, bf16 for ``bf16-true``; FSDP2 as applied here
-    keeps ``reduce_dtype`` fp32 like torchtitan). zero 0/1: all-reduce (DDP); zero 2/3:
-    reduce-scatter over ``dp_shard``, then HSDP all-reduces the shard over ``dp_replicate``
-    (ZeRO, Rajbhandari et al. 2020, §7.2)."""
+    """Gradient reductions per step, seconds, one collective per communication unit (DDP
+    bucket, FSDP unit: :func:`_num_comm_units`), each paying its latency. Gradients reduce in
+    the parameter dtype (DDP reduces ``param.grad``: fp32 for ``*-mixed``, bf16 for
+    ``bf16-true``; FSDP2 as applied here keeps ``reduce_dtype`` fp32 like torchtitan). zero 0/1:
+    all-reduce (DDP); zero 2/3: reduce-scatter over ``dp_shard``, then HSDP all-reduces the shard
+    over ``dp_replicate`` (ZeRO, Rajbhandari et al. 2020, §7.2)."""
     plan = step.plan
-    grad_bytes = step.params_per_rank * step.precision.param_bytes
+    units = _num_comm_units(step)
+    unit_bytes = step.params_per_rank * step.precision.param_bytes / units
     if plan.zero <= 1:
         axis = MeshAxis.DP_REPLICATE if plan.zero == 0 else MeshAxis.DP_SHARD
-        bandwidth, latency = step.links[axis]
-        return estimate_all_reduce_seconds(grad_bytes, group_size=plan.dp, bandwidth=bandwidth,
-                                           latency=latency)
-    bandwidth, latency = step.links[MeshAxis.DP_SHARD]
-    shard = estimate_reduce_scatter_seconds(grad_bytes, group_size=plan.dp_shard,
-                                            bandwidth=bandwidth, latency=latency)
-    bandwidth, latency = step.links[MeshAxis.DP_REPLICATE]
-    shard += estimate_all_reduce_seconds(grad_bytes / plan.dp_shard, group_size=plan.dp_replicate,
-                                         bandwidth=bandwidth, latency=latency)
-    return step.num_reductions * shard
+        return units * estimate_all_reduce_seconds(unit_bytes, group_size=plan.dp,
+                                                   **step.link(axis, "all_reduce"))
+    shard = estimate_reduce_scatter_seconds(unit_bytes, group_size=plan.dp_shard,
+                                            **step.link(MeshAxis.DP_SHARD, "reduce_scatter"))
+    shard += estimate_all_reduce_seconds(unit_bytes / plan.dp_shard, group_size=plan.dp_replicate,
+                                         **step.link(MeshAxis.DP_REPLICATE, "all_reduce"))
+    return step.num_reductions * units * shard
 
 
 def estimate_param_gather_seconds(step: RankStep) -> float:
-    """Parameter all-gathers over ``dp_shard`` per step, seconds. zero 1: the optimizer re-syncs
-    updated parameters (param dtype) once after its step (ZeroRedundancyOptimizer); zero 2: one
-    gather per step, in the compute dtype; zero 3: a gather before forward and again before
+    """Parameter all-gathers over ``dp_shard`` per step, seconds, one per piece, each paying
+    its latency. zero 1: the optimizer re-syncs updated parameters (param dtype) after its step,
+    ZeroRedundancyOptimizer broadcasting each parameter tensor from the rank that updated it
+    (``parameters_as_bucket_view=False``; costed as a gather of its share); zero 2: each FSDP
+    unit gathered once per step, in the compute dtype; zero 3: before forward and again before
     backward of every micro-batch (FSDP reshard-after-forward; ZeRO, Rajbhandari et al. 2020,
     §7.2.2: 1.5× DDP's volume)."""
     plan = step.plan
     if plan.zero == 0:
         return 0.0
     dtype_bytes = step.precision.param_bytes if plan.zero == 1 else step.precision.compute_bytes
+    pieces = max(1, step.stage.sums["num_tensors"]) if plan.zero == 1 else _num_comm_units(step)
     count = 2 * step.num_microbatches if plan.zero == 3 else 1
-    bandwidth, latency = step.links[MeshAxis.DP_SHARD]
-    gather = estimate_all_gather_seconds(step.params_per_rank * dtype_bytes,
-                                         group_size=plan.dp_shard, bandwidth=bandwidth,
-                                         latency=latency)
-    return count * gather
+    gather = estimate_all_gather_seconds(step.params_per_rank * dtype_bytes / pieces, group_size=plan.dp_shard,
+                                         **step.link(MeshAxis.DP_SHARD, "all_gather"))
+    return count * pieces * gather
 
 
 def estimate_dp_comm_exposed_seconds(step: RankStep, *, grads: float, gathers: float,
@@ -388,6 +418,34 @@ def estimate_offload_seconds(step: RankStep) -> float:
     copy = estimate_p2p_seconds(shard_bytes, bandwidth=host_link.effective_bandwidth,
                                 latency=host_link.latency)
     return (step.num_reductions + uploads) * copy
+
+
+# -- operator dispatch ------------------------------------------------------------------------
+
+
+def estimate_dispatch_seconds(step: RankStep, *, device_busy: float) -> float:
+    """Host time launching the step's operators that the device's own work does not hide,
+    seconds: every operator the profile counted in forward and backward of each micro-batch
+    (the checkpointed blocks' forward again under full recomputation) and the optimizer's
+    (:data:`OPTIMIZER_OPS_PER_TENSOR`), at the node's seconds per operator (calibrated, else
+    :data:`OP_DISPATCH_SECONDS`). TP does not divide them: every rank runs every operator. A CPU
+    rank runs each operator as it launches it, so all of it adds; a GPU runs behind the host, which
+    binds only when it launches slower than the GPU computes (``device_busy``: the step's compute,
+    recompute, TP collectives and optimizer). Operators on DTensors — the optimizer's over FSDP2
+    or TP parameters, a TP block's Linears (:data:`DTENSOR_OPS_PER_TP_LINEAR`) — cost DTensor's
+    dispatch instead (calibrated, else :data:`DTENSOR_OP_SECONDS`)."""
+    sums, plan, node = step.stage.sums, step.plan, step.cluster.node
+    per_microbatch = sums["fwd_ops"] + sums["bwd_ops"]
+    if plan.activation_checkpointing == "full":
+        per_microbatch += step.stage.block_sums["fwd_ops"]
+    tensors = sums["num_tensors"] / (plan.dp_shard if plan.zero == 1 else 1)
+    optimizer = OPTIMIZER_OPS_PER_TENSOR[step.optimizer] * (1 if step.cluster.is_gpu else tensors)
+    plain, dtensor = node.op_seconds or OP_DISPATCH_SECONDS, node.dtensor_op_seconds or DTENSOR_OP_SECONDS
+    tp_linear_ops = sum(n * len(b.linears) for b, n in step.stage.kinds) * DTENSOR_OPS_PER_TP_LINEAR \
+        if plan.tp > 1 else 0
+    host = step.num_microbatches * (plain * per_microbatch + (dtensor - plain) * tp_linear_ops) \
+        + (dtensor if plan.zero >= 2 or plan.tp > 1 else plain) * optimizer
+    return max(0.0, host - device_busy) if step.cluster.is_gpu else host
 
 
 # -- throughput ---------------------------------------------------------------------------------

@@ -3,15 +3,14 @@ measure the step time and this rank's peak memory.
 
 Step time is the median over the measured steps (after warm-up steps) of the time from the
 first forward to the optimizer step's end, devices synchronised. Peak memory is what the cost
-model predicts: on CUDA ``max_memory_allocated`` (and ``max_memory_reserved`` beside it); on CPU
-the process's peak resident set above its size just before the model was built (the torch
-runtime itself is not part of a plan's memory).
+model predicts, above the process as it stands with its process groups just before the model is
+built (:class:`~stratagem.advisor.calibrate.processes.PeakMemory`): on CUDA ``max_memory_allocated``
+(and ``max_memory_reserved`` beside it); on CPU the peak resident set. What the framework takes
+beyond the plan's tensors is in it, as the calibrated cost model's ``framework`` term.
 """
 
 from __future__ import annotations
 
-import os
-import resource
 import statistics
 import time
 from collections.abc import Callable
@@ -21,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from stratagem.advisor.calibrate.processes import across_ranks
+from stratagem.advisor.calibrate.processes import PeakMemory, across_ranks
 from stratagem.advisor.plan import Plan
 from stratagem.errors import UsageError
 from stratagem.plugins import apply_plan, autocast_context, build_mesh, build_optimizer
@@ -75,12 +74,10 @@ def measure_plan(model: RealModel, plan: Plan, *, optimizer: str, steps: int, wa
     torch.manual_seed(0)
     inputs, targets = model.make_batch(plan.micro_batch_size * plan.microbatches)
     inputs, targets = tuple(t.to(device) for t in inputs), targets.to(device)
-    baseline = _rss_bytes()
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    mesh = build_mesh(plan, device_type=device.type)
+    memory = PeakMemory(device)
     with torch.device(device):
         module = model.build()
-    mesh = build_mesh(plan, device_type=device.type)
     step = _pipeline_step if plan.pp > 1 else _data_parallel_step
     run, parameters = step(module, plan, mesh, model, inputs, targets)
     opt = build_optimizer(parameters, plan, OPTIMIZERS[optimizer], lr=1e-4)
@@ -96,12 +93,8 @@ def measure_plan(model: RealModel, plan: Plan, *, optimizer: str, steps: int, wa
         if index >= warmup:
             times.append(time.perf_counter() - start)
     seconds = across_ranks(statistics.median(times))
-    if device.type == "cuda":
-        peak = torch.cuda.max_memory_allocated(device)
-        reserved: int | None = int(across_ranks(torch.cuda.max_memory_reserved(device)))
-    else:
-        peak, reserved = max(0, _peak_rss_bytes() - baseline), None
-    return Measured(step_seconds=seconds, peak_bytes=int(across_ranks(peak)), reserved_bytes=reserved,
+    reserved = int(across_ranks(torch.cuda.max_memory_reserved(device))) if device.type == "cuda" else None
+    return Measured(step_seconds=seconds, peak_bytes=int(across_ranks(memory.grown())), reserved_bytes=reserved,
                     steps=steps)
 
 
@@ -128,12 +121,3 @@ def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
-
-def _rss_bytes() -> int:
-    import psutil
-
-    return psutil.Process(os.getpid()).memory_info().rss
-
-
-def _peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux

@@ -44,7 +44,8 @@ def _calibration(cluster: Cluster, **links: LinkFit) -> Calibration:
         matmul={"bf16": ((4096, 650e12), (8192, 700e12)), "fp32": ((4096, 50e12),)}, memory_bandwidth=3.0e12,
         links={scope: {"all_reduce": {cluster.devices_per_node if scope == "intra" else cluster.world_size: fit}}
                for scope, fit in links.items()},
-        overlap=0.7, seconds=42.0, created="2026-11-22T00:00:00+00:00")
+        overlap=0.7, op_seconds=4e-6, dtensor_op_seconds=1e-4, framework_bytes=300 * 2**20, seconds=42.0,
+        created="2026-11-22T00:00:00+00:00")
 
 
 def test_apply_replaces_catalog_figures() -> None:
@@ -57,6 +58,8 @@ def test_apply_replaces_catalog_figures() -> None:
     assert result.network.node_bandwidth * result.network.efficiency == pytest.approx(8 * 40e9)
     assert result.network.latency == 15e-6
     assert result.node.comm_overlap == 0.7 and Cluster.from_dict(result.to_dict()) == result
+    assert result.node.collectives == (("all_reduce", 8, 300e9, 5e-6),)  # in-node fits only
+    assert (result.node.op_seconds, result.node.framework_bytes) == (4e-6, 300 * 2**20)
     assert result.spec.startswith("2x8xH100") and any(n.startswith("calibrated:") for n in result.notes)
 
 
@@ -72,6 +75,31 @@ def test_measured_overlap_replaces_the_constant_in_the_time_model() -> None:
                         workload, plan).time.dp_comm for o in (None, 0.0, 1.0)]
     assert exposed[2] <= exposed[0] <= exposed[1]  # the 0.8 default sits between none and all hidden
     assert exposed[1] > exposed[2]
+
+
+def test_each_collective_costs_its_own_fit_and_the_measured_overheads_apply() -> None:
+    """A backend whose all-gathers are slower than its all-reduces makes FSDP slower, not DDP; the
+    measured seconds per operator and framework memory reach the time and memory models."""
+    from stratagem.advisor.evaluate import evaluate
+    from stratagem.advisor.plan import Plan, Workload
+    from stratagem.advisor.profiles import profile_spec
+
+    cluster = Cluster.parse("4xcpu")
+    profile = profile_spec("llama-tiny", seq_len=32, precision="fp32")
+    workload = Workload(global_batch_size=8, seq_len=32, precision="fp32")
+    ddp, fsdp = Plan(dp_replicate=4, micro_batch_size=2, precision="fp32"), \
+        Plan(dp_shard=4, zero=3, micro_batch_size=2, precision="fp32", block_container="layers")
+    base = _calibration(cluster, intra=LinkFit(1e-3, 1e9, ()))
+    slow_gather = dataclasses.replace(base, links={"intra": {**base.links["intra"],
+                                                             "all_gather": {4: LinkFit(5e-3, 1e9, ())}}})
+    times = {(name, plan.name): evaluate(profile, c.apply(cluster), workload, plan).time
+             for name, c in (("base", base), ("slow", slow_gather)) for plan in (ddp, fsdp)}
+    assert times["slow", ddp.name].dp_comm_total == times["base", ddp.name].dp_comm_total
+    assert times["slow", fsdp.name].dp_comm_total > times["base", fsdp.name].dp_comm_total
+    ops = sum(s.fwd_ops + s.bwd_ops for s in profile.segments)
+    assert ops > 0 and times["base", ddp.name].dispatch >= ops * 4e-6  # CPU ranks: all of it adds
+    memory = evaluate(profile, base.apply(cluster), workload, ddp).memory
+    assert memory.framework == 300 * 2**20 and memory.total > memory.framework
 
 
 def test_round_trip_and_lookup_by_hardware(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

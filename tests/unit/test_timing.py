@@ -133,27 +133,39 @@ def test_pp_comm_sends_every_microbatch_both_ways_and_exposes_fill_and_drain():
     assert time.pp_comm == pytest.approx(2 * 1 * one)
 
 
-def test_ddp_all_reduces_fp32_gradients_once_per_step():
+def test_ddp_all_reduces_fp32_gradients_once_per_step_bucket_by_bucket():
     plan = Plan(dp_replicate=8, grad_accum=4)
-    expected = estimate_all_reduce_seconds(10 * 10**6 * 4, group_size=8, bandwidth=450e9 * 0.75,
-                                           latency=3e-6)
+    buckets = 2  # 40 MB of fp32 gradients in 25 MiB buckets
+    expected = buckets * estimate_all_reduce_seconds(10 * 10**6 * 4 / buckets, group_size=8,
+                                                     bandwidth=450e9 * 0.75, latency=3e-6)
     assert _time(plan).dp_comm_total == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("precision", ["bf16-true", "fp32"])
 def test_zero2_moves_ddp_volume_and_zero3_half_again(precision):
-    """ZeRO (Rajbhandari et al. 2020) §7.2: in one dtype, zero 2 = DDP, zero 3 = 1.5 × DDP."""
-    ddp = _time(Plan(dp_replicate=8, precision=precision)).dp_comm_total
-    zero2 = _time(Plan(dp_shard=8, zero=2, precision=precision)).dp_comm_total
-    zero3 = _time(Plan(dp_shard=8, zero=3, precision=precision)).dp_comm_total
+    """ZeRO (Rajbhandari et al. 2020) §7.2: in one dtype, zero 2 = DDP, zero 3 = 1.5 × DDP, in
+    volume; each collective (a DDP bucket's all-reduce: 14 ring steps on 8 ranks; an FSDP unit's
+    gather or reduce-scatter: 7) adds its latency."""
+    buckets = 2 if precision == "fp32" else 1
+    ddp = _dp_volume_seconds(Plan(dp_replicate=8, precision=precision), buckets * 14)
+    zero2 = _dp_volume_seconds(Plan(dp_shard=8, zero=2, precision=precision), 2 * UNITS * 7)
+    zero3 = _dp_volume_seconds(Plan(dp_shard=8, zero=3, precision=precision), 3 * UNITS * 7)
     assert zero2 == pytest.approx(ddp)
     assert zero3 == pytest.approx(1.5 * ddp)
 
 
+UNITS = len(TOY.blocks) + 1  # FSDP units: the blocks and the root
+
+
+def _dp_volume_seconds(plan: Plan, latency_steps: int) -> float:
+    """Data-parallel communication less its latency (3 µs per ring step on H100s): the volume."""
+    return _time(plan).dp_comm_total - latency_steps * 3e-6
+
+
 def test_mixed_precision_gathers_in_bf16_and_zero3_gathers_every_microbatch():
-    ddp = _time(Plan(dp_replicate=8, grad_accum=4)).dp_comm_total
-    zero2 = _time(Plan(dp_shard=8, zero=2, grad_accum=4)).dp_comm_total
-    zero3 = _time(Plan(dp_shard=8, zero=3, grad_accum=4)).dp_comm_total
+    ddp = _dp_volume_seconds(Plan(dp_replicate=8, grad_accum=4), 2 * 14)
+    zero2 = _dp_volume_seconds(Plan(dp_shard=8, zero=2, grad_accum=4), 2 * UNITS * 7)
+    zero3 = _dp_volume_seconds(Plan(dp_shard=8, zero=3, grad_accum=4), (4 + 2 * 4) * UNITS * 7)
     assert zero3 > ddp > zero2  # fp32 reductions, bf16 gathers
 
 

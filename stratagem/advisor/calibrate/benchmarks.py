@@ -15,8 +15,14 @@ from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["collective_seconds", "matmul_rate", "memory_bandwidth", "overlap_fraction", "timed"]
+from stratagem.advisor.calibrate.processes import PeakMemory
+from stratagem.advisor.measure import UNCOUNTED_OPS
+
+__all__ = ["collective_seconds", "dtensor_op_seconds", "framework_bytes", "matmul_rate", "memory_bandwidth",
+           "op_seconds", "overlap_fraction", "timed"]
 
 BUDGET_SECONDS = 1.0
 """Time one measurement may take after its warm-up (the calibration aims at a minute per node)."""
@@ -115,3 +121,73 @@ def overlap_fraction(n: int, num_bytes: int, device: torch.device, *, repeats: i
 
     together = timed(both, device, repeats=repeats)
     return min(1.0, max(0.0, (compute + comm - together) / min(compute, comm)))
+
+
+class _OperatorCount(TorchDispatchMode):
+    """Counts the operators dispatched while active, as the profile counts them
+    (:data:`~stratagem.advisor.measure.UNCOUNTED_OPS` left out)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        self.count += func.overloadpacket not in UNCOUNTED_OPS
+        return func(*args, **(kwargs or {}))
+
+
+def op_seconds(device: torch.device, *, repeats: int) -> float:
+    """Host seconds per operator of training steps made of operators too small to compute
+    anything: forward and backward of 32 width-8 Linear + Tanh layers on 4 samples, ten times,
+    over the operators they dispatch."""
+    model = nn.Sequential(*(m for _ in range(32) for m in (nn.Linear(8, 8), nn.Tanh()))).to(device)
+    x = torch.randn(4, 8, device=device)
+
+    def step() -> None:
+        model(x).sum().backward()
+        model.zero_grad(set_to_none=True)
+
+    with _OperatorCount() as counter:
+        step()
+    return timed(lambda: [step() for _ in range(10)], device, repeats=repeats) / (10 * counter.count)
+
+
+def dtensor_op_seconds(device: torch.device, *, repeats: int) -> float:
+    """Host seconds per in-place pointwise operator on a DTensor sharded over every rank — what
+    each operator of an optimizer step over FSDP2 or TP parameters pays for DTensor's dispatch."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    x = distribute_tensor(torch.ones(64 * mesh.size(), device=device), mesh, [Shard(0)])
+    y = distribute_tensor(torch.ones(64 * mesh.size(), device=device), mesh, [Shard(0)])
+
+    def ops() -> None:
+        for _ in range(20):
+            x.mul_(0.5).add_(y)
+
+    return timed(ops, device, repeats=repeats) / 40
+
+
+def framework_bytes(device: torch.device) -> float:
+    """Memory a training process takes beyond its tensors, bytes: how far two AdamW steps of the
+    tiny reference Llama (``llama-tiny``, one sequence of 8 tokens) raise the process's peak
+    (:class:`~stratagem.advisor.calibrate.processes.PeakMemory`), less its parameters, gradients
+    and optimizer states (its activations are a few KiB). Kernel libraries' workspaces, the
+    autograd engine and allocator bookkeeping are what remains. Run it first in a fresh process:
+    it measures what a process's first training steps pull in."""
+    from stratagem.models import PRESETS
+
+    preset = PRESETS["llama-tiny"]
+    inputs, targets = preset.make_batch(1, 8)
+    inputs, targets = tuple(t.to(device) for t in inputs), targets.to(device)
+    memory = PeakMemory(device)
+    with torch.device(device):
+        model = preset.build()
+    optimizer = torch.optim.AdamW(model.parameters())
+    for _ in range(2):
+        preset.loss(model(*inputs), targets).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    states = 4 * sum(p.numel() * p.element_size() for p in model.parameters())  # weights, grads, 2 AdamW states
+    return max(0.0, memory.grown() - states)

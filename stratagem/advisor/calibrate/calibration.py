@@ -29,7 +29,7 @@ __all__ = ["COLLECTIVES", "Calibration", "LinkFit", "calibrated", "calibration_p
            "fit_link", "hardware_key", "ring_steps"]
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "p2p")
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 def ring_steps(op: str, group_size: int) -> int:
@@ -81,6 +81,9 @@ class Calibration:
     largest n is the rate the cost model uses). ``memory_bandwidth``: bytes/s of a large copy.
     ``links``: per scope (``"intra"`` inside a node, ``"inter"`` across nodes) per collective per
     group size, the fit. ``overlap``: the fraction of an all-reduce hidden under concurrent matmuls.
+    ``op_seconds``: host seconds per operator of a step of tiny operators; ``dtensor_op_seconds``:
+    per pointwise operator on a sharded DTensor. ``framework_bytes``: the
+    memory a fresh process's first training steps take beyond their tensors.
     """
 
     hardware: str
@@ -90,6 +93,9 @@ class Calibration:
     memory_bandwidth: float
     links: dict[str, dict[str, dict[int, LinkFit]]]
     overlap: float | None
+    op_seconds: float | None
+    dtensor_op_seconds: float | None
+    framework_bytes: float | None
     seconds: float
     created: str
     version: int = FORMAT_VERSION
@@ -107,9 +113,10 @@ class Calibration:
 
     def apply(self, cluster: Cluster) -> Cluster:
         """``cluster`` with measured figures in place of catalog ones: device peaks (the dtypes
-        measured), memory bandwidth, the in-node link and the network (α, β, efficiency 1: the
-        fit already is what collectives reach), and how much communication hides under compute.
-        A note says so."""
+        measured), memory bandwidth, the in-node link (the all-reduce fit) and each collective's
+        own fit per group size inside a node, the network (α, β, efficiency 1: the fit already is
+        what collectives reach), how much communication hides under compute, the host seconds per
+        operator and the framework's memory. A note says so."""
         node = cluster.node
         measured = {f"peak_{dtype}": rate for dtype in ("fp32", "tf32", "bf16", "fp16")
                     if (rate := self.matmul_rate(dtype)) is not None}
@@ -127,9 +134,13 @@ class Calibration:
                                   bandwidth=inter.bandwidth * node.num_devices, latency=inter.latency)
         note = f"calibrated: measured on this cluster {self.created} ({self.backend}, {self.seconds:.0f} s)"
         overlap = node.comm_overlap if self.overlap is None else self.overlap
-        return dataclasses.replace(
-            cluster, node=dataclasses.replace(node, device=device, link=link, network=network, comm_overlap=overlap),
-            notes=(*cluster.notes, note))
+        collectives = tuple((op, n, fit.bandwidth, fit.latency)
+                            for op, fits in self.links.get("intra", {}).items() for n, fit in fits.items())
+        node = dataclasses.replace(node, device=device, link=link, network=network, comm_overlap=overlap,
+                                   collectives=collectives, op_seconds=self.op_seconds,
+                                   dtensor_op_seconds=self.dtensor_op_seconds,
+                                   framework_bytes=self.framework_bytes)
+        return dataclasses.replace(cluster, node=node, notes=(*cluster.notes, note))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (group sizes as strings)."""

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import resource
 import socket
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["across_ranks", "free_port"]
+__all__ = ["PeakMemory", "across_ranks", "free_port"]
 
 
 def free_port() -> int:
@@ -24,3 +26,46 @@ def across_ranks(value: float, *, smallest: bool = False) -> float:
     tensor = torch.tensor([float(value)], dtype=torch.float64, device=device)
     dist.all_reduce(tensor, op=dist.ReduceOp.MIN if smallest else dist.ReduceOp.MAX)
     return float(tensor.item())
+
+
+class PeakMemory:
+    """How far this process's memory peaks above where it is now, on ``device``: CUDA's max
+    allocated bytes (its counter reset now), or on CPU the peak resident set — the kernel's
+    high-water mark, reset now through ``/proc/self/clear_refs`` where Linux allows it, else the
+    lifetime peak."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+            self.baseline = torch.cuda.memory_allocated(device)
+        else:
+            _reset_resident_peak()
+            self.baseline = _resident("VmRSS")
+
+    def grown(self) -> int:
+        """Bytes the peak since construction lies above the baseline (never negative)."""
+        if self.device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(self.device)
+        else:
+            peak = _resident("VmHWM")
+        return max(0, peak - self.baseline)
+
+
+def _reset_resident_peak() -> None:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass  # not Linux, or not allowed: the lifetime peak stands
+
+
+def _resident(field: str) -> int:
+    """``VmRSS`` (now) or ``VmHWM`` (peak) from /proc/self/status, bytes; ``getrusage`` where
+    there is no /proc."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux

@@ -22,8 +22,11 @@ import torch.distributed as dist
 from stratagem.advisor.calibrate.benchmarks import (
     BUDGET_SECONDS,
     collective_seconds,
+    dtensor_op_seconds,
+    framework_bytes,
     matmul_rate,
     memory_bandwidth,
+    op_seconds,
     overlap_fraction,
 )
 from stratagem.advisor.calibrate.calibration import COLLECTIVES, Calibration, LinkFit, fit_link, hardware_key
@@ -116,13 +119,15 @@ def calibrate_on_group(*, quick: bool = False, progress: bool = False) -> Calibr
     groups = _groups(cluster.num_nodes, cluster.devices_per_node)
     dtypes = ["fp32", "bf16"] if device.type == "cpu" or torch.cuda.is_bf16_supported() else ["fp32"]
     measurements = len(dtypes) * len(settings.matmul_sizes) + len(groups) * len(COLLECTIVES) * len(settings.message_bytes)
-    work = measurements + 2  # and memory bandwidth, overlap
+    work = measurements + 5  # the framework's memory, memory bandwidth, operator dispatch (2), overlap
     with _progress_bar(work, enabled=progress and dist.get_rank() == 0) as step:
         return _measure(cluster, device, settings, dtypes, groups, step, started)
 
 
 def _measure(cluster: Cluster, device: torch.device, settings: Settings, dtypes: list[str], groups: list[_Group],
              step: Callable[[str], None], started: float) -> Calibration:
+    framework = across_ranks(framework_bytes(device))  # first: what a fresh process's first steps take
+    step("framework memory")
     matmul: dict[str, list[tuple[int, float]]] = {}
     for dtype in dtypes:
         for n in settings.matmul_sizes:
@@ -135,6 +140,10 @@ def _measure(cluster: Cluster, device: torch.device, settings: Settings, dtypes:
     bandwidth = across_ranks(memory_bandwidth(settings.copy_bytes, device, repeats=settings.repeats),
                              smallest=True)
     step("memory bandwidth")
+    per_op = across_ranks(op_seconds(device, repeats=settings.repeats))
+    step("operator dispatch")
+    per_dtensor_op = across_ranks(dtensor_op_seconds(device, repeats=settings.repeats))
+    step("DTensor operator dispatch")
     links: dict[str, dict[str, dict[int, LinkFit]]] = {}
     for scope, size, group in groups:
         for op in COLLECTIVES:
@@ -150,7 +159,9 @@ def _measure(cluster: Cluster, device: torch.device, settings: Settings, dtypes:
     return Calibration(
         hardware=hardware_key(cluster), backend=dist.get_backend(), world_size=dist.get_world_size(),
         matmul={dtype: tuple(points) for dtype, points in matmul.items()}, memory_bandwidth=bandwidth,
-        links=links, overlap=across_ranks(overlap, smallest=True), seconds=time.perf_counter() - started,
+        links=links, overlap=across_ranks(overlap, smallest=True), op_seconds=per_op,
+        dtensor_op_seconds=per_dtensor_op, framework_bytes=framework,
+        seconds=time.perf_counter() - started,
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
 
 

@@ -159,6 +159,12 @@ class NodeSpec:
     network: NetworkSpec | None  # node <-> node; None for a lone node or when unknown
     host: HostSpec | None = None
     comm_overlap: float | None = None  # measured fraction of communication hidden under compute
+    # Measured (collective, group size, bytes/s, seconds per step) for groups inside the node: a
+    # backend reaches different rates for each collective (``stratagem calibrate``); () uses ``link``.
+    collectives: tuple[tuple[str, int, float, float], ...] = ()
+    op_seconds: float | None = None  # measured host seconds to run one small operator
+    dtensor_op_seconds: float | None = None  # the same on a sharded DTensor (DTensor's dispatch)
+    framework_bytes: float | None = None  # measured memory a training process takes beyond its tensors
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
@@ -175,6 +181,10 @@ class NodeSpec:
             network=_maybe(NetworkSpec.from_dict, data.get("network")),
             host=_maybe(HostSpec.from_dict, data.get("host")),
             comm_overlap=data.get("comm_overlap"),
+            collectives=tuple(tuple(c) for c in data.get("collectives", ())),
+            op_seconds=data.get("op_seconds"),
+            dtensor_op_seconds=data.get("dtensor_op_seconds"),
+            framework_bytes=data.get("framework_bytes"),
         )
 
 
