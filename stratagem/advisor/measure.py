@@ -52,7 +52,7 @@ _MASK_OPS = {aten.bernoulli_, aten.bernoulli}
 # Ops not counted as operators: fake tensors dispatch ``prim.device`` where eager mode answers
 # without dispatching, and saved-tensor hooks add a ``detach`` per saved tensor unpacked (eager
 # mode's own detaches are views that launch nothing either).
-UNCOUNTED_OPS = {torch.ops.prim.device, aten.detach}
+_UNCOUNTED_OPS = {torch.ops.prim.device, aten.detach}
 # Ops that make a dtype copy of a tensor (autocast's weight casts).
 _CAST_OPS = {aten._to_copy}
 
@@ -144,7 +144,7 @@ class _CostCounter(FlopCounterMode):
     def _count_flops(self, func_packet, out, args, kwargs):
         seg = self.segment()
         counts = self._record.segments[seg]
-        if func_packet not in UNCOUNTED_OPS:
+        if func_packet not in _UNCOUNTED_OPS:
             if self.mod_tracker.is_bw:
                 counts.bwd_ops += 1
             else:

@@ -72,10 +72,10 @@ HOST_OPTIMIZER_BANDWIDTH_PER_NODE = 50e9
 # figure (NodeSpec.op_seconds, `stratagem calibrate`) replaces it.
 OP_DISPATCH_SECONDS = 10e-6
 
-# Host seconds per operator on a DTensor (FSDP2 and TP parameters): DTensor's Python
-# __torch_dispatch__ and sharding propagation, about 20× a plain operator (measured ≈ 0.2 ms on
-# one busy CPU core with torch 2.13's profiler). Estimate; calibration measures it
-# (NodeSpec.dtensor_op_seconds).
+# Host seconds per operator on DTensors (FSDP2 and TP parameters): DTensor's Python
+# __torch_dispatch__ and sharding propagation, several times a plain operator (torch 2.13's
+# profiler: ≈ 0.2 ms per AdamW operator on FSDP2 parameters, one busy CPU core). Estimate;
+# calibration measures it (NodeSpec.dtensor_op_seconds).
 DTENSOR_OP_SECONDS = 100e-6
 
 # Operators a tensor-parallel Linear runs on DTensors per micro-batch: the forward's matmul and
@@ -332,18 +332,20 @@ def estimate_grad_sync_seconds(step: RankStep) -> float:
 
 
 def estimate_param_gather_seconds(step: RankStep) -> float:
-    """Parameter all-gathers over ``dp_shard`` per step, seconds, one per piece, each paying
+    """Parameter all-gathers over ``dp_shard`` per step, seconds, one per FSDP unit, each paying
     its latency. zero 1: the optimizer re-syncs updated parameters (param dtype) after its step,
-    ZeroRedundancyOptimizer broadcasting each parameter tensor from the rank that updated it
-    (``parameters_as_bucket_view=False``; costed as a gather of its share); zero 2: each FSDP
-    unit gathered once per step, in the compute dtype; zero 3: before forward and again before
-    backward of every micro-batch (FSDP reshard-after-forward; ZeRO, Rajbhandari et al. 2020,
-    §7.2.2: 1.5× DDP's volume)."""
+    costed as one gather: ZeroRedundancyOptimizer issues a broadcast per parameter tensor, all at
+    once and asynchronously, and their latencies overlap in the backend's queue (how far depends
+    on the backend: gloo's two worker threads measured ≈ 0.6 ms per broadcast on 4 CPU ranks
+    here, half a one-at-a-time latency, so this undercounts). zero 2: each FSDP unit gathered
+    once per step, in the compute dtype; zero 3: before forward and again before backward of
+    every micro-batch (FSDP reshard-after-forward; ZeRO, Rajbhandari et al. 2020, §7.2.2: 1.5×
+    DDP's volume)."""
     plan = step.plan
     if plan.zero == 0:
         return 0.0
     dtype_bytes = step.precision.param_bytes if plan.zero == 1 else step.precision.compute_bytes
-    pieces = max(1, step.stage.sums["num_tensors"]) if plan.zero == 1 else _num_comm_units(step)
+    pieces = 1 if plan.zero == 1 else _num_comm_units(step)
     count = 2 * step.num_microbatches if plan.zero == 3 else 1
     gather = estimate_all_gather_seconds(step.params_per_rank * dtype_bytes / pieces, group_size=plan.dp_shard,
                                          **step.link(MeshAxis.DP_SHARD, "all_gather"))

@@ -81,4 +81,10 @@ def calibration_table(calibration: Calibration) -> Table:
                               f"{format_seconds(fit.latency)}, {format_bytes(fit.bandwidth)}/s")
     if calibration.overlap is not None:
         table.add_row("comm hidden under compute", f"{calibration.overlap:.0%}")
+    if calibration.op_seconds is not None:
+        table.add_row("host time per operator", format_seconds(calibration.op_seconds))
+    if calibration.dtensor_op_seconds is not None:
+        table.add_row("… per optimizer operator on DTensors", format_seconds(calibration.dtensor_op_seconds))
+    if calibration.framework_bytes is not None:
+        table.add_row("framework memory per rank", format_bytes(calibration.framework_bytes))
     return table

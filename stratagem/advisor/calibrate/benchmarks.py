@@ -15,11 +15,8 @@ from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
-from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from stratagem.advisor.calibrate.processes import PeakMemory
-from stratagem.advisor.measure import UNCOUNTED_OPS
 
 __all__ = ["collective_seconds", "dtensor_op_seconds", "framework_bytes", "matmul_rate", "memory_bandwidth",
            "op_seconds", "overlap_fraction", "timed"]
@@ -123,50 +120,52 @@ def overlap_fraction(n: int, num_bytes: int, device: torch.device, *, repeats: i
     return min(1.0, max(0.0, (compute + comm - together) / min(compute, comm)))
 
 
-class _OperatorCount(TorchDispatchMode):
-    """Counts the operators dispatched while active, as the profile counts them
-    (:data:`~stratagem.advisor.measure.UNCOUNTED_OPS` left out)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-        self.count += func.overloadpacket not in UNCOUNTED_OPS
-        return func(*args, **(kwargs or {}))
+REFERENCE_MODEL = "gpt2-tiny"
+"""The small reference model whose training step measures the per-operator cost (a GPT-2 of
+width 64: layer norms, GELU, attention and embeddings at tensor sizes where launching an
+operator costs more than its arithmetic)."""
 
 
-def op_seconds(device: torch.device, *, repeats: int) -> float:
-    """Host seconds per operator of training steps made of operators too small to compute
-    anything: forward and backward of 32 width-8 Linear + Tanh layers on 4 samples, ten times,
-    over the operators they dispatch."""
-    model = nn.Sequential(*(m for _ in range(32) for m in (nn.Linear(8, 8), nn.Tanh()))).to(device)
-    x = torch.randn(4, 8, device=device)
+def op_seconds(device: torch.device, flops_per_second: float, *, repeats: int) -> float:
+    """Host seconds per operator: the time of forward and backward of :data:`REFERENCE_MODEL` on
+    one 32-token sequence beyond its matmul FLOPs at ``flops_per_second``, over the operators its
+    profile counts (the same count the cost model multiplies by)."""
+    from stratagem.advisor.profiles import profile_spec
+    from stratagem.models import PRESETS
+
+    profile = profile_spec(REFERENCE_MODEL, seq_len=32, precision="fp32")
+    preset = PRESETS[REFERENCE_MODEL]
+    inputs, targets = preset.make_batch(profile.batch_size, 32)
+    inputs, targets = tuple(t.to(device) for t in inputs), targets.to(device)
+    with torch.device(device):
+        model = preset.build()
 
     def step() -> None:
-        model(x).sum().backward()
+        preset.loss(model(*inputs), targets).backward()
         model.zero_grad(set_to_none=True)
 
-    with _OperatorCount() as counter:
-        step()
-    return timed(lambda: [step() for _ in range(10)], device, repeats=repeats) / (10 * counter.count)
+    seconds = timed(lambda: [step() for _ in range(10)], device, repeats=repeats) / 10
+    flops = sum(s.fwd_flops + s.bwd_flops for s in profile.segments)
+    ops = sum(s.fwd_ops + s.bwd_ops for s in profile.segments)
+    return max(seconds - flops / flops_per_second, 0.0) / ops
 
 
 def dtensor_op_seconds(device: torch.device, *, repeats: int) -> float:
-    """Host seconds per in-place pointwise operator on a DTensor sharded over every rank — what
-    each operator of an optimizer step over FSDP2 or TP parameters pays for DTensor's dispatch."""
+    """Host seconds per operator of an AdamW step over parameters that are DTensors sharded over
+    every rank (what FSDP2 and TP parameters are): the step's time over eight small parameters,
+    over the operators it runs per tensor (:data:`~stratagem.advisor.timing.OPTIMIZER_OPS_PER_TENSOR`)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
+    from stratagem.advisor.timing import OPTIMIZER_OPS_PER_TENSOR
+
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    x = distribute_tensor(torch.ones(64 * mesh.size(), device=device), mesh, [Shard(0)])
-    y = distribute_tensor(torch.ones(64 * mesh.size(), device=device), mesh, [Shard(0)])
-
-    def ops() -> None:
-        for _ in range(20):
-            x.mul_(0.5).add_(y)
-
-    return timed(ops, device, repeats=repeats) / 40
+    params = [torch.nn.Parameter(distribute_tensor(torch.ones(64 * mesh.size(), device=device), mesh, [Shard(0)]))
+              for _ in range(8)]
+    for param in params:
+        param.grad = torch.ones_like(param)
+    optimizer = torch.optim.AdamW(params)
+    return timed(optimizer.step, device, repeats=repeats) / (len(params) * OPTIMIZER_OPS_PER_TENSOR["adamw"])
 
 
 def framework_bytes(device: torch.device) -> float:
@@ -175,7 +174,12 @@ def framework_bytes(device: torch.device) -> float:
     (:class:`~stratagem.advisor.calibrate.processes.PeakMemory`), less its parameters, gradients
     and optimizer states (its activations are a few KiB). Kernel libraries' workspaces, the
     autograd engine and allocator bookkeeping are what remains. Run it first in a fresh process:
-    it measures what a process's first training steps pull in."""
+    it measures what a process's first training steps pull in, with the training stack imported
+    beforehand as a training script has it (imports are the program's, not the plan's)."""
+    import torch.distributed.fsdp  # noqa: F401  (FSDP2, DTensor, pipelining and the optimizers'
+    import torch.distributed.pipelining  # noqa: F401  compile hooks: what a training run imports)
+    import torch.distributed.tensor  # noqa: F401
+
     from stratagem.models import PRESETS
 
     preset = PRESETS["llama-tiny"]

@@ -81,8 +81,8 @@ class Calibration:
     largest n is the rate the cost model uses). ``memory_bandwidth``: bytes/s of a large copy.
     ``links``: per scope (``"intra"`` inside a node, ``"inter"`` across nodes) per collective per
     group size, the fit. ``overlap``: the fraction of an all-reduce hidden under concurrent matmuls.
-    ``op_seconds``: host seconds per operator of a step of tiny operators; ``dtensor_op_seconds``:
-    per pointwise operator on a sharded DTensor. ``framework_bytes``: the
+    ``op_seconds``: host seconds per operator of a small model's training step beyond its matmul
+    FLOPs; ``dtensor_op_seconds``: per operator of an optimizer step over DTensor parameters. ``framework_bytes``: the
     memory a fresh process's first training steps take beyond their tensors.
     """
 

@@ -140,7 +140,7 @@ def _measure(cluster: Cluster, device: torch.device, settings: Settings, dtypes:
     bandwidth = across_ranks(memory_bandwidth(settings.copy_bytes, device, repeats=settings.repeats),
                              smallest=True)
     step("memory bandwidth")
-    per_op = across_ranks(op_seconds(device, repeats=settings.repeats))
+    per_op = across_ranks(op_seconds(device, max(matmul["fp32"])[1], repeats=settings.repeats))
     step("operator dispatch")
     per_dtensor_op = across_ranks(dtensor_op_seconds(device, repeats=settings.repeats))
     step("DTensor operator dispatch")

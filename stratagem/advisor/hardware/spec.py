@@ -162,8 +162,8 @@ class NodeSpec:
     # Measured (collective, group size, bytes/s, seconds per step) for groups inside the node: a
     # backend reaches different rates for each collective (``stratagem calibrate``); () uses ``link``.
     collectives: tuple[tuple[str, int, float, float], ...] = ()
-    op_seconds: float | None = None  # measured host seconds to run one small operator
-    dtensor_op_seconds: float | None = None  # the same on a sharded DTensor (DTensor's dispatch)
+    op_seconds: float | None = None  # measured host seconds per operator of a small model's step
+    dtensor_op_seconds: float | None = None  # per optimizer operator on DTensor parameters
     framework_bytes: float | None = None  # measured memory a training process takes beyond its tensors
 
     def to_dict(self) -> dict[str, Any]:
