@@ -22,11 +22,19 @@ class MemoryBreakdown:
 
     @property
     def total(self) -> float:
-        """Device bytes per rank: the sum of the terms except ``host``."""
-        return self.parameters + self.gradients + self.optimizer + self.activations + self.buffers + self.framework
+        """Device bytes per rank: the sum of the terms except ``host`` (:func:`device_bytes`)."""
+        return device_bytes(self.parameters, self.gradients, self.optimizer, self.activations, self.buffers,
+                            self.framework)
 
     def to_dict(self) -> dict[str, float]:
         return {**asdict(self), "total": self.total}
+
+
+def device_bytes(parameters: float, gradients: float, optimizer: float, activations: float, buffers: float,
+                 framework: float) -> float:
+    """Bytes per rank on the device of a :class:`MemoryBreakdown` with these terms (its ``total``),
+    for comparing breakdowns without building them."""
+    return parameters + gradients + optimizer + activations + buffers + framework
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -5,7 +5,10 @@ Pipeline ranks differ: the first keeps the most micro-batches in flight, and the
 head. :func:`estimate_memory` costs every rank that may be the most loaded
 (:func:`~stratagem.advisor.stage.candidate_ranks`) and reports the fullest. Every term is a
 named ``estimate_*`` function returning bytes for one pipeline rank (``rank``, 0 by default);
-:func:`estimate_rank_memory` is their visible sum.
+:func:`estimate_rank_memory` is their visible sum. The search costs thousands of plans that share
+most of them: :func:`estimate_memory` costs the model states once per layout (plans that differ
+only in micro-batching) and activations once per what they depend on, both exactly as
+:func:`estimate_rank_memory` would.
 
 Sources: model states — Rajbhandari et al. 2020 (ZeRO), §3 and Table 1; activations —
 Korthikanti et al. 2022, §4 (eq. 1–5) and §4.2.3 (in-flight micro-batches per schedule).
@@ -16,13 +19,13 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from stratagem.advisor.estimate import MemoryBreakdown
+from stratagem.advisor.estimate import MemoryBreakdown, device_bytes
 from stratagem.advisor.hardware import Cluster
 from stratagem.advisor.plan import Plan, Workload
 from stratagem.advisor.precision import get_precision
 from stratagem.advisor.model_profile import ModelProfile, SegmentProfile
-from stratagem.advisor.memo import by_identity
-from stratagem.advisor.stage import Stage, candidate_ranks, rank_stages, virtual_stages
+from stratagem.advisor.memo import by_identity, by_identity_and_fields
+from stratagem.advisor.stage import PARTITION_FIELDS, Stage, candidate_ranks, rank_stages, virtual_stages
 
 # Kept free on every device: CUDA context, NCCL buffers and allocator fragmentation. The
 # context takes ~0.5 GiB on H100 (CUDA 12); NCCL reserves up to ~1 GiB per communicator set.
@@ -152,6 +155,8 @@ def in_flight_per_stage(plan: Plan, *, rank: int) -> tuple[int, ...]:
     backward: it holds ``min(pp − rank, m)``. Interleaved 1F1B runs ``(v − 1)·pp + 2·(pp −
     rank − 1)`` warm-up forwards and one more before the first backward (of ``m·v`` at most),
     forward ``k`` on virtual stage ``(k // pp) mod v``: the first virtual stages hold more.
+    Interleaved zero-bubble warms up the same way and is costed so (its deferred weight passes
+    keep their gradients' inputs a little longer; not counted).
     """
     return _in_flight(plan.pp, plan.pp_schedule, plan.pp_virtual, plan.microbatches, rank)
 
@@ -232,10 +237,10 @@ def estimate_memory(profile: ModelProfile, workload: Workload, plan: Plan, *, ru
     """Peak bytes per rank on the most loaded rank, term by term: every pipeline rank that may
     be the most loaded is costed (:func:`~stratagem.advisor.stage.candidate_ranks`), the
     fullest reported. ``framework``: :func:`framework_bytes` of the cluster."""
-    layout = state_layout(plan.precision, workload.optimizer, runtime=runtime)
-    ranks = (estimate_rank_memory(profile, plan, layout, rank=r, framework=framework)
-             for r in candidate_ranks(profile, plan))
-    return max(ranks, key=lambda m: (m.total, m.host))
+    ranks = zip(_candidates_states(profile, plan, workload.optimizer, runtime),
+                _candidates_activations(profile, plan))
+    states, activations = max(ranks, key=lambda rank: _fullness(*rank, framework))
+    return _with_activations(states, activations, framework)
 
 
 def framework_bytes(cluster: Cluster) -> float:
@@ -249,13 +254,50 @@ def framework_bytes(cluster: Cluster) -> float:
 def estimate_rank_memory(profile: ModelProfile, plan: Plan, layout: StateLayout, *, rank: int,
                          framework: float = 0.0) -> MemoryBreakdown:
     """Peak bytes of pipeline rank ``rank``, term by term (``framework``: :func:`framework_bytes`)."""
+    return _with_activations(_model_states(profile, plan, layout, rank),
+                             estimate_activations(profile, plan, rank=rank), framework)
+
+
+def _model_states(profile: ModelProfile, plan: Plan, layout: StateLayout, rank: int) -> MemoryBreakdown:
+    """Every term of rank ``rank`` but activations and framework: what micro-batching leaves alone."""
     params = estimate_params_per_rank(profile, plan, rank=rank)
     return MemoryBreakdown(
         parameters=estimate_parameters(params, plan, layout),
         gradients=estimate_gradients(params, plan, layout),
         optimizer=estimate_optimizer(params, plan, layout),
-        activations=estimate_activations(profile, plan, rank=rank),
+        activations=0.0,
         buffers=estimate_buffers(profile, plan, params, rank=rank),
-        framework=framework,
         host=estimate_offloaded(params, plan, layout),
     )
+
+
+def _with_activations(states: MemoryBreakdown, activations: float, framework: float) -> MemoryBreakdown:
+    """:func:`_model_states`' breakdown with the rank's activations and the framework's bytes."""
+    return MemoryBreakdown(parameters=states.parameters, gradients=states.gradients, optimizer=states.optimizer,
+                           activations=activations, buffers=states.buffers, framework=framework, host=states.host)
+
+
+def _fullness(states: MemoryBreakdown, activations: float, framework: float) -> tuple[float, float]:
+    """The device and host bytes of :func:`_with_activations`' breakdown, without building it:
+    the fuller rank has the larger total, then the larger host share."""
+    return device_bytes(states.parameters, states.gradients, states.optimizer, activations, states.buffers,
+                        framework), states.host
+
+
+@by_identity_and_fields(*PARTITION_FIELDS, "tp", "zero", "dp_shard", "offload", "precision")
+def _candidates_states(profile: ModelProfile, plan: Plan, optimizer: str,
+                       runtime: str) -> tuple[MemoryBreakdown, ...]:
+    """:func:`_model_states` of each of :func:`candidate_ranks` (model states laid out as
+    :func:`state_layout` says), costed once for the plans of a layout: they differ only in
+    micro-batching."""
+    layout = state_layout(plan.precision, optimizer, runtime=runtime)
+    return tuple(_model_states(profile, plan, layout, r) for r in candidate_ranks(profile, plan))
+
+
+@by_identity_and_fields(*PARTITION_FIELDS, "pp_schedule", "microbatches", "micro_batch_size", "tp",
+                        "sequence_parallel", "activation_checkpointing")
+def _candidates_activations(profile: ModelProfile, plan: Plan) -> tuple[float, ...]:
+    """:func:`estimate_activations` of each of :func:`candidate_ranks`, costed once for the plans
+    that differ only in what activations do not depend on (ZeRO stage, data-parallel degrees,
+    offload)."""
+    return tuple(estimate_activations(profile, plan, rank=r) for r in candidate_ranks(profile, plan))

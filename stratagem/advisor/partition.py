@@ -57,34 +57,20 @@ def _sum(segments: list[SegmentProfile]) -> Cost:
 
 @by_identity
 def _balanced(profile: ModelProfile, num_stages: int) -> tuple[int, ...]:
-    n = len(profile.blocks)
-    prefix: list[Cost] = [(0, 0)]
-    for block in profile.blocks:
-        flops, size = _cost(block)
-        prefix.append((prefix[-1][0] + flops, prefix[-1][1] + size))
-    embed, head = _cost(profile.embed), _cost(profile.head)
-
-    def span(i: int, j: int) -> Cost:  # blocks i..j-1, with the embedding/head where they sit
-        flops, size = prefix[j][0] - prefix[i][0], prefix[j][1] - prefix[i][1]
-        if i == 0:
-            flops, size = flops + embed[0], size + embed[1]
-        if j == n:
-            flops, size = flops + head[0], size + head[1]
-        return flops, size
-
+    n, spans = len(profile.blocks), _spans(profile)
     # best[k][j]: the lexicographically smallest (max FLOPs, max bytes) of blocks 0..j-1 in k
     # stages, and where its last stage starts.
     best: list[dict[int, tuple[Cost, int]]] = [{0: ((0, 0), 0)}]
     for k in range(1, num_stages + 1):
-        row: dict[int, tuple[Cost, int]] = {}
-        last = n - (num_stages - k)  # leave a block for each stage still to come
-        for j in range(k, last + 1):
+        prev, row = best[-1], {}
+        reach = max(prev) + 1  # k - 1 stages end before block reach
+        for j in range(k, n - (num_stages - k) + 1):  # leave a block for each stage still to come
             options = []
-            for i in range(k - 1, j):
-                if i not in best[k - 1]:
-                    continue
-                worst, here = best[k - 1][i][0], span(i, j)
-                options.append(((max(worst[0], here[0]), max(worst[1], here[1])), i))
+            for i in range(k - 1, min(j, reach)):  # where the last stage starts
+                (worst_flops, worst_bytes), _ = prev[i]
+                flops, size = spans[j][i]
+                options.append(((worst_flops if worst_flops > flops else flops,
+                                 worst_bytes if worst_bytes > size else size), i))
             row[j] = min(options)
         best.append(row)
     counts, j = [], n
@@ -93,3 +79,27 @@ def _balanced(profile: ModelProfile, num_stages: int) -> tuple[int, ...]:
         counts.append(j - i)
         j = i
     return tuple(reversed(counts))
+
+
+@by_identity
+def _spans(profile: ModelProfile) -> list[list[Cost]]:
+    """``spans[j][i]``: the cost of a stage of blocks ``i..j-1``, with the embedding if it is the
+    first and the head if it is the last."""
+    n = len(profile.blocks)
+    prefix: list[Cost] = [(0, 0)]
+    for block in profile.blocks:
+        flops, size = _cost(block)
+        prefix.append((prefix[-1][0] + flops, prefix[-1][1] + size))
+    embed, head = _cost(profile.embed), _cost(profile.head)
+    spans = []
+    for j in range(n + 1):
+        row = []
+        for i in range(j):
+            flops, size = prefix[j][0] - prefix[i][0], prefix[j][1] - prefix[i][1]
+            if i == 0:
+                flops, size = flops + embed[0], size + embed[1]
+            if j == n:
+                flops, size = flops + head[0], size + head[1]
+            row.append((flops, size))
+        spans.append(row)
+    return spans

@@ -21,7 +21,9 @@ from typing import Any
 from stratagem.advisor.precision import PRECISIONS
 from stratagem.errors import UsageError
 
-PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb")
+# Schedules that run pp_virtual >= 2 stages per rank, looping over the ranks.
+INTERLEAVED_SCHEDULES = ("interleaved-1f1b", "interleaved-zb")
 CHECKPOINTING = ("none", "selective", "full")
 OFFLOAD = ("none", "optimizer", "params")
 OPTIMIZERS = ("adamw", "sgd")
@@ -60,6 +62,21 @@ def _check_tp_layout(layout: tuple[tuple[str, str], ...]) -> None:
 def _positive(field: str, value: Any) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise UsageError(f"{field} must be a positive integer, got {value!r}")
+
+
+def zero_bubble_refuses(*, dp: int, activation_checkpointing: str) -> str | None:
+    """Why the ``interleaved-zb`` schedule (torch's ``ScheduleInterleavedZeroBubble``, which
+    runs each weight-gradient pass apart from its input-gradient pass) cannot train with these
+    settings, or None. Checked on torch 2.13 against one process: equal alone and with TP; with
+    data parallelism (DDP, ZeRO, FSDP) the gradients reduce before the deferred weight passes
+    add theirs (the weights part after the first step); with activation checkpointing the
+    schedule fails."""
+    if dp > 1:
+        return ("defers weight gradients past the data-parallel gradient reduction (DDP, ZeRO, FSDP), "
+                "which would miss them")
+    if activation_checkpointing != "none":
+        return "cannot split the backward of checkpointed blocks into input and weight passes"
+    return None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -102,9 +119,25 @@ class Plan:
     stage_blocks: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
+        self.validate()
+
+    @classmethod
+    def unchecked(cls, *parts: dict[str, Any]) -> Plan:
+        """A plan of the fields in ``parts`` (every field, in one or more dicts) built without
+        the checks of construction, for a caller that builds valid plans and checks them itself:
+        the search validates the first plan of each layout it keeps, and the others differ from
+        it only in a micro-batching that the search builds valid."""
+        plan = object.__new__(cls)
+        for part in parts:
+            for name, value in part.items():
+                _SET_FIELD[name](plan, value)
+        return plan
+
+    def validate(self) -> None:
+        """Raise :class:`UsageError` unless the fields make a plan: what construction checks."""
         counts = (self.pp, self.dp_replicate, self.dp_shard, self.tp, self.pp_virtual,
                   self.microbatches, self.micro_batch_size, self.grad_accum)
-        if not all(type(c) is int and c >= 1 for c in counts):  # the search builds many plans
+        if set(map(type, counts)) != {int} or min(counts) < 1:  # not all(...): the search builds many plans
             for name in _COUNT_FIELDS:
                 _positive(f"Plan.{name}", getattr(self, name))
         _choice("Plan.zero", self.zero, (0, 1, 2, 3))
@@ -145,16 +178,20 @@ class Plan:
                                  f"with pp=1 both must be 1 (got {self.pp_virtual}, {self.microbatches})\n"
                                  "HINT: use grad_accum to split a batch without pipelining")
             return
-        interleaved = self.pp_schedule == "interleaved-1f1b"
+        interleaved = self.pp_schedule in INTERLEAVED_SCHEDULES
         if interleaved and self.pp_virtual < 2:
-            raise UsageError("Plan.pp_schedule='interleaved-1f1b' needs pp_virtual >= 2 stages per rank")
+            raise UsageError(f"Plan.pp_schedule={self.pp_schedule!r} needs pp_virtual >= 2 stages per rank")
         if not interleaved and self.pp_virtual != 1:
-            raise UsageError(f"Plan.pp_virtual={self.pp_virtual} needs pp_schedule='interleaved-1f1b'")
+            raise UsageError(f"Plan.pp_virtual={self.pp_virtual} needs an interleaved pp_schedule "
+                             f"({', '.join(INTERLEAVED_SCHEDULES)})")
+        if self.pp_schedule == "interleaved-zb" and (reason := zero_bubble_refuses(
+                dp=self.dp, activation_checkpointing=self.activation_checkpointing)):
+            raise UsageError(f"Plan.pp_schedule='interleaved-zb' {reason}\nHINT: use interleaved-1f1b")
         if self.microbatches < self.pp and self.pp_schedule != "gpipe":
             raise UsageError(f"Plan.microbatches={self.microbatches} < pp={self.pp}: {self.pp_schedule} "
                              "needs at least one micro-batch per stage")
         if interleaved and self.microbatches % self.pp:
-            raise UsageError(f"interleaved-1f1b needs microbatches ({self.microbatches}) "
+            raise UsageError(f"{self.pp_schedule} needs microbatches ({self.microbatches}) "
                              f"divisible by pp ({self.pp})")
 
     def _check_stage_blocks(self) -> None:
@@ -305,6 +342,10 @@ class Plan:
         if isinstance(data.get("plan"), dict):  # one entry of `advise --format json`
             data = data["plan"]
         return cls.from_dict(data)
+
+
+# Each field's slot setter: what object.__setattr__ calls for a frozen Plan, without its lookups.
+_SET_FIELD = {f.name: Plan.__dict__[f.name].__set__ for f in fields(Plan)}
 
 
 def even_stage_blocks(num_blocks: int, num_stages: int) -> tuple[int, ...]:

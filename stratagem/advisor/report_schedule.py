@@ -10,7 +10,8 @@ Orders: GPipe — all forwards, then all backwards (Huang et al. 2019). 1F1B —
 warm-up forwards, then one forward and one backward alternately, then the remaining backwards
 (Narayanan et al. 2021, PipeDream-Flush). Interleaved 1F1B — Narayanan et al. 2021, §2.2, in
 Megatron-LM's order: micro-batches in groups of ``pp`` per chunk, ``2·(pp - rank - 1) +
-(v - 1)·pp`` warm-up forwards.
+(v - 1)·pp`` warm-up forwards. Interleaved zero-bubble is drawn in interleaved 1F1B's order:
+its weight-gradient passes, which fill the bubble, are not drawn apart from the backward.
 """
 
 from __future__ import annotations

@@ -16,13 +16,16 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import chain
+from typing import Any, NamedTuple
 
 from stratagem.advisor.advice import Advice
+from stratagem.advisor.estimate import MemoryBreakdown, TimeBreakdown
 from stratagem.advisor.evaluate import evaluate
 from stratagem.advisor.explain import NEAR_TIE, explain_ranking, suggest_fixes
 from stratagem.advisor.hardware import Cluster
 from stratagem.advisor.memory import estimate_memory, framework_bytes, overflow
-from stratagem.advisor.plan import CHECKPOINTING, Plan, Workload
+from stratagem.advisor.plan import CHECKPOINTING, INTERLEAVED_SCHEDULES, Plan, Workload, zero_bubble_refuses
 from stratagem.advisor.model_profile import ModelProfile
 from stratagem.advisor.partition import balanced_stage_blocks
 from stratagem.advisor.targets import (
@@ -33,10 +36,14 @@ from stratagem.advisor.targets import (
     target_excludes,
     tp_degrees,
 )
+from stratagem.advisor.timing import estimate_time, tokens_per_second
 from stratagem.errors import UsageError
 from stratagem.stages import TRACED_STAGE_LIMITS, traced_stages_allow
 
 VIRTUAL_STAGES = (2, 4)
+
+Batching = dict[str, int]
+"""A plan's micro-batching: its ``micro_batch_size``, ``microbatches`` and ``grad_accum``."""
 
 OBJECTIVES = {"throughput": "the fastest step", "memory": "the least memory per device"}
 """What ``advise`` can rank plans by, and how the report says it."""
@@ -79,7 +86,7 @@ def _schedules(pp: int, num_blocks: int) -> Iterator[tuple[str, int]]:
     yield "1f1b", 1
     for v in VIRTUAL_STAGES:
         if num_blocks >= pp * v:
-            yield "interleaved-1f1b", v
+            yield from ((schedule, v) for schedule in INTERLEAVED_SCHEDULES)
 
 
 def _offloads(layout: _Layout, cluster: Cluster) -> tuple[str, ...]:
@@ -91,14 +98,14 @@ def _offloads(layout: _Layout, cluster: Cluster) -> tuple[str, ...]:
     return offloads if layout.dp_shard == 1 else ("none", *offloads)
 
 
-def _micro_batching(layout: _Layout, local_batch: int, schedule: str, v: int) -> Iterator[tuple[int, int, int]]:
-    """(micro_batch_size, microbatches, grad_accum) reaching ``local_batch`` per replica."""
+def _micro_batching(layout: _Layout, local_batch: int, schedule: str, v: int) -> Iterator[Batching]:
+    """The micro-batchings reaching ``local_batch`` per replica, smallest micro-batch first."""
     for mbs in divisors(local_batch):
         m = local_batch // mbs
         if layout.pp == 1:
-            yield mbs, 1, m
+            yield {"micro_batch_size": mbs, "microbatches": 1, "grad_accum": m}
         elif m >= layout.pp and (v == 1 or m % layout.pp == 0):  # fewer: some stage always idles
-            yield mbs, m, 1
+            yield {"micro_batch_size": mbs, "microbatches": m, "grad_accum": 1}
 
 
 def _partition(profile: ModelProfile, pp: int, v: int,
@@ -113,14 +120,36 @@ def _partition(profile: ModelProfile, pp: int, v: int,
 
 
 def search_plans(profile: ModelProfile, cluster: Cluster, workload: Workload, *,
-                 excluded: Counter | None = None,
-                 stage_blocks: tuple[int, ...] | None = None) -> Iterator[Iterator[Plan]]:
+                 excluded: Counter | None = None, stage_blocks: tuple[int, ...] | None = None,
+                 target: str | None = None) -> Iterator[Iterator[Plan]]:
     """Candidate plans in groups that differ only by micro-batch size (ascending), so that a
-    caller can stop a group at its first plan that does not fit; a group builds its plans
-    lazily, so the rest of a stopped group costs nothing. Pipeline plans carry the balanced
-    partition, or ``stage_blocks`` (a user's) where its length fits. A model whose stages are
-    traced (``profile.pp_traced``) gets pipeline plans only without TP or checkpointing."""
+    caller can stop a group at its first plan that does not fit; a group builds its plans after
+    the first lazily, so the rest of a stopped group costs nothing. Pipeline plans carry the
+    balanced partition, or ``stage_blocks`` (a user's) where its length fits. A model whose
+    stages are traced (``profile.pp_traced``) gets pipeline plans only without TP or
+    checkpointing. With ``target``, a group that target cannot run is left out whole, counted in
+    ``excluded``: a target's rules read no micro-batching, so a group's first plan answers for
+    all of it. Plan checks run once per group, on its first plan: the others differ from it only
+    in a micro-batching that :func:`_micro_batching` builds valid."""
     excluded = Counter() if excluded is None else excluded
+    for fields, batchings in _layout_groups(profile, cluster, workload, excluded, stage_blocks):
+        plans = (Plan.unchecked(*fields, batching) for batching in batchings)
+        first = next(plans, None)
+        if first is None:
+            continue
+        reason = target and target_excludes(target, first, on_gpu=cluster.is_gpu, traced=profile.pp_traced)
+        if reason:
+            excluded[f"not runnable by {target}: {reason}"] += len(batchings)
+            continue
+        first.validate()
+        yield chain((first,), plans)
+
+
+def _layout_groups(profile: ModelProfile, cluster: Cluster, workload: Workload, excluded: Counter,
+                   stage_blocks: tuple[int, ...] | None) -> Iterator[tuple[tuple[dict[str, Any], ...],
+                                                                           tuple[Batching, ...]]]:
+    """Each group of :func:`search_plans` as the Plan fields its plans share (in dicts, some shared
+    with other groups) and their micro-batchings (smallest micro-batch first)."""
     for layout in _layouts(profile, cluster):
         dp = layout.dp_replicate * layout.dp_shard
         if workload.global_batch_size % dp:
@@ -129,23 +158,32 @@ def search_plans(profile: ModelProfile, cluster: Cluster, workload: Workload, *,
         local = workload.global_batch_size // dp
         for sp in (False, True) if layout.tp > 1 else (False,):
             for schedule, v in _schedules(layout.pp, len(profile.blocks)):
-                partition = _partition(profile, layout.pp, v, stage_blocks)
+                shared = dict(tp=layout.tp, pp=layout.pp, dp_replicate=layout.dp_replicate,
+                              dp_shard=layout.dp_shard, zero=layout.zero, sequence_parallel=sp,
+                              pp_schedule=schedule, pp_virtual=v, precision=workload.precision,
+                              block_container=profile.block_container,
+                              tp_layout=profile.tp_layout if layout.tp > 1 else (),
+                              stage_blocks=_partition(profile, layout.pp, v, stage_blocks))
+                batchings = tuple(_micro_batching(layout, local, schedule, v))
                 for ckpt in CHECKPOINTING:
+                    if schedule == "interleaved-zb" and zero_bubble_refuses(dp=dp, activation_checkpointing=ckpt):
+                        continue  # not a plan (Plan validation says why)
                     if (layout.pp > 1 and profile.pp_traced
                             and not traced_stages_allow(tp=layout.tp, activation_checkpointing=ckpt)):
                         excluded[TRACED_STAGE_LIMITS] += 1
                         continue
                     for offload in _offloads(layout, cluster):
-                        yield (
-                            Plan(tp=layout.tp, pp=layout.pp, dp_replicate=layout.dp_replicate,
-                                 dp_shard=layout.dp_shard, zero=layout.zero, sequence_parallel=sp,
-                                 pp_schedule=schedule, pp_virtual=v, microbatches=m, micro_batch_size=mbs,
-                                 grad_accum=ga, activation_checkpointing=ckpt, offload=offload,
-                                 precision=workload.precision, block_container=profile.block_container,
-                                 tp_layout=profile.tp_layout if layout.tp > 1 else (),
-                                 stage_blocks=partition)
-                            for mbs, m, ga in _micro_batching(layout, local, schedule, v)
-                        )
+                        yield (shared, {"activation_checkpointing": ckpt, "offload": offload}), batchings
+
+
+class _Timed(NamedTuple):
+    """A plan that fits, as the ranking reads it; :func:`evaluate` makes the full
+    :class:`~stratagem.advisor.estimate.Estimate` only of the plans the advice keeps."""
+
+    plan: Plan
+    memory: MemoryBreakdown
+    time: TimeBreakdown
+    throughput: float
 
 
 def advise(profile: ModelProfile, cluster: Cluster, workload: Workload, *, top: int = 5,
@@ -171,9 +209,10 @@ def advise(profile: ModelProfile, cluster: Cluster, workload: Workload, *, top: 
     runtime, framework = runtime_for(target), framework_bytes(cluster)
     excluded: Counter = Counter()
     fitting, smallest, evaluated = [], None, 0
-    for group in search_plans(profile, cluster, workload, excluded=excluded, stage_blocks=pinned_stages):
+    for group in search_plans(profile, cluster, workload, excluded=excluded, stage_blocks=pinned_stages,
+                              target=target):
         for plan in group:
-            reason = _excluded_by(plan, target, pinned, on_gpu=cluster.is_gpu, traced=profile.pp_traced)
+            reason = _pinned_out(plan, pinned)
             if reason:
                 excluded[reason] += 1
                 continue
@@ -184,10 +223,12 @@ def advise(profile: ModelProfile, cluster: Cluster, workload: Workload, *, top: 
                 smallest = (fullness, plan, memory)
             if fullness > 1:
                 break  # a larger micro-batch needs more memory still
-            fitting.append(evaluate(profile, cluster, workload, plan, runtime=runtime, memory=memory))
+            step = estimate_time(profile, cluster=cluster, workload=workload, plan=plan)
+            fitting.append(_Timed(plan, memory, step, tokens_per_second(profile, workload=workload, time=step)))
     if evaluated == 0:
         raise _no_candidates(cluster, workload, excluded)
-    ranked = _distinct_layouts(rank_estimates(fitting, objective))
+    ranked = [evaluate(profile, cluster, workload, t.plan, runtime=runtime, memory=t.memory, time=t.time)
+              for t in _distinct_layouts(rank_estimates(fitting, objective))]
     reasons = explain_ranking(ranked) if ranked else ()
     suggestions = () if ranked else suggest_fixes(profile, cluster, workload, smallest and smallest[1:], runtime=runtime,
                                                        candidates=search_plans)
@@ -228,7 +269,8 @@ def _objective_note(objective: str) -> tuple[str, ...]:
 
 def rank_estimates(estimates: list, objective: str = "throughput") -> list:
     """Fastest first (objective ``throughput``; among plans within NEAR_TIE of the fastest, the
-    simplest leads), or least memory per device first (``memory``; the faster of equals first)."""
+    simplest leads), or least memory per device first (``memory``; the faster of equals first).
+    ``estimates``: Estimates, or anything with their ``plan``, ``memory`` and ``throughput``."""
     if objective == "memory":
         return sorted(estimates, key=lambda e: (e.memory.total, -e.throughput))
     ranked = sorted(estimates, key=lambda e: -e.throughput)
@@ -264,10 +306,7 @@ def _check_constraints(constraints: dict) -> dict[str, tuple]:
     return pinned
 
 
-def _excluded_by(plan: Plan, target: str, pinned: dict[str, tuple], *, on_gpu: bool, traced: bool) -> str | None:
-    reason = target_excludes(target, plan, on_gpu=on_gpu, traced=traced)
-    if reason:
-        return f"not runnable by {target}: {reason}"
+def _pinned_out(plan: Plan, pinned: dict[str, tuple]) -> str | None:
     for name, allowed in pinned.items():
         if getattr(plan, name) not in allowed:
             return f"constraint {name} in {list(allowed)}"

@@ -3,7 +3,8 @@
 The search costs tens of thousands of plans for one profile and a handful of partitions;
 summing 80 blocks for every plan would dominate it. A :class:`Stage` holds one rank's segments,
 their per-field sums, and its blocks folded into kinds (identical blocks with a count), so a
-cost term is a few multiplications. The stages are exactly the plan's partition
+cost term is a few multiplications, and a plan's stages are looked up by the fields they follow
+from (:data:`PARTITION_FIELDS`), not rebuilt per plan. The stages are exactly the plan's partition
 (:meth:`~stratagem.advisor.plan.Plan.blocks_per_stage`): pipeline rank ``r`` holds stages
 ``r, r + pp, …`` (one per virtual stage), the embedding with stage 0, the head with the last.
 """
@@ -12,11 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from stratagem.advisor.memo import by_identity
+from stratagem.advisor.memo import by_identity, by_identity_and_fields
 from stratagem.advisor.model_profile import ModelProfile, SegmentProfile
 from stratagem.advisor.plan import Plan
 
 _SUMMED = tuple(f.name for f in fields(SegmentProfile) if f.type in ("int", int))
+PARTITION_FIELDS = ("pp", "pp_virtual", "stage_blocks")
+"""The Plan fields its stages follow from (:meth:`~stratagem.advisor.plan.Plan.blocks_per_stage`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +41,7 @@ class Stage:
         return self.sums["num_params"]
 
 
+@by_identity_and_fields(*PARTITION_FIELDS)
 def busiest_stage(profile: ModelProfile, plan: Plan) -> Stage:
     """The pipeline rank with the most FLOPs, all its stages together."""
     return max(rank_stages(profile, plan), key=lambda s: s.sums["fwd_flops"] + s.sums["bwd_flops"])
@@ -48,21 +52,18 @@ def whole_model(profile: ModelProfile) -> Stage:
     return _ranks(profile, 1, (len(profile.blocks),))[0]
 
 
+@by_identity_and_fields(*PARTITION_FIELDS)
 def rank_stages(profile: ModelProfile, plan: Plan) -> tuple[Stage, ...]:
     """One :class:`Stage` per pipeline rank, for the partition ``plan`` carries."""
     return _ranks(profile, plan.pp, plan.blocks_per_stage(len(profile.blocks)))
 
 
+@by_identity_and_fields(*PARTITION_FIELDS)
 def candidate_ranks(profile: ModelProfile, plan: Plan) -> tuple[int, ...]:
     """The pipeline ranks that may be the most loaded in memory: those no lower rank dominates.
     A lower rank keeps at least as many micro-batches in flight under every schedule, so one
     that also holds at least as much of everything (each block kind, every summed field, the
     activations outside the blocks, the largest FSDP unit) needs at least as much memory."""
-    return _candidates(profile, plan.pp, plan.blocks_per_stage(len(profile.blocks)))
-
-
-@by_identity
-def _candidates(profile: ModelProfile, pp: int, stage_blocks: tuple[int, ...]) -> tuple[int, ...]:
     kinds = sorted({b.measured_as or b.name for b in profile.blocks})
 
     def load(stage: Stage) -> tuple[int, ...]:
@@ -71,7 +72,7 @@ def _candidates(profile: ModelProfile, pp: int, stage_blocks: tuple[int, ...]) -
         return (*stage.sums.values(), outside, stage.largest_unit_params, *(counts.get(k, 0) for k in kinds))
 
     # virtual stage by virtual stage: a lower rank keeps at least as many in flight on each
-    parts = _parts(profile, stage_blocks)
+    pp, parts = plan.pp, _parts(profile, plan.blocks_per_stage(len(profile.blocks)))
     loads = [tuple(x for part in parts[rank::pp] for x in load(part)) for rank in range(pp)]
     return tuple(r for r, mine in enumerate(loads)
                  if not any(all(a >= b for a, b in zip(loads[lower], mine)) for lower in range(r)))

@@ -44,6 +44,8 @@ def target_excludes(target: str, plan: Plan, *, on_gpu: bool = True, traced: boo
         return accelerate_excludes(plan)
     if target == "lightning" and plan.pp_virtual > 1 and plan.zero >= 2:
         return "interleaved stages under FSDP (the auto-parallel strategy holds a rank's stages in one module)"
+    if target == "lightning" and plan.pp_schedule == "interleaved-zb":
+        return "the zero-bubble schedule (not yet run through the auto-parallel strategy; apply_plan runs it)"
     if target == "lightning" and plan.pp_virtual > 1 and traced:
         return "interleaved traced stages (the auto-parallel strategy holds one traced stage per rank)"
     if target == "deepspeed":

@@ -233,9 +233,16 @@ def estimate_recompute_seconds(step: RankStep) -> float:
 def estimate_bubble_seconds(step: RankStep, *, ideal: float) -> float:
     """Pipeline fill and drain, seconds: ``(pp−1)/(m·v)`` of the ideal time of the stage's
     micro-batches (``ideal``: compute, recompute, TP communication) — Narayanan et al. 2021, §2.2.1 eq. 1
-    (GPipe and 1F1B alike) and §2.2.2 (interleaved: divided by ``v`` virtual stages)."""
+    (GPipe and 1F1B alike) and §2.2.2 (interleaved: divided by ``v`` virtual stages). Zero-bubble
+    (``interleaved-zb``) fills it with weight-gradient passes: Qi et al. 2024 (ZB-H1, §3) leave
+    ``(p−1)(T_F + T_B − T_W)`` of 1F1B's ``(p−1)(T_F + T_B + T_W)``, with the backward split into
+    equal input (``T_B``) and weight (``T_W``) halves: the forward's share of the pass."""
     plan = step.plan
-    return (plan.pp - 1) / (plan.microbatches * plan.pp_virtual) * ideal
+    bubble = (plan.pp - 1) / (plan.microbatches * plan.pp_virtual) * ideal
+    if plan.pp_schedule == "interleaved-zb":
+        forward, backward = step.stage.sums["fwd_flops"], step.stage.sums["bwd_flops"]
+        bubble *= forward / (forward + backward) if forward + backward else 1.0
+    return bubble
 
 
 # -- tensor and pipeline parallel communication ----------------------------------------------

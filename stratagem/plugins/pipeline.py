@@ -23,8 +23,11 @@ into the unsplit model. Two ways to build a stage:
   stage as one unit).
 
 Schedules (``plan.pp_schedule``): ``gpipe`` → ``ScheduleGPipe``, ``1f1b`` → ``Schedule1F1B``,
-``interleaved-1f1b`` → ``ScheduleInterleaved1F1B``; ``plan.microbatches`` micro-batches per step,
-gradients scaled by the schedule to the mean over micro-batches (``scale_grads``).
+``interleaved-1f1b`` → ``ScheduleInterleaved1F1B``, ``interleaved-zb`` →
+``ScheduleInterleavedZeroBubble`` (weight-gradient passes apart from input-gradient passes,
+filling the bubble; not with data parallelism or checkpointing:
+:func:`~stratagem.advisor.plan.zero_bubble_refuses`); ``plan.microbatches`` micro-batches per
+step, gradients scaled by the schedule to the mean over micro-batches (``scale_grads``).
 """
 
 from __future__ import annotations
@@ -44,13 +47,14 @@ from torch.distributed.pipelining import (
     Schedule1F1B,
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
     SplitPoint,
     pipeline,
 )
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils._pytree import tree_leaves, tree_map_only
 
-from stratagem.advisor.plan import MeshAxis, Plan
+from stratagem.advisor.plan import INTERLEAVED_SCHEDULES, MeshAxis, Plan
 from stratagem.errors import UsageError
 from stratagem.plugins.blocks import find_blocks
 from stratagem.plugins.precision import autocast_context
@@ -60,7 +64,8 @@ __all__ = ["Pipeline", "build_schedule", "rank_module", "split_stages", "stage_i
 
 log = logging.getLogger(__name__)
 
-_SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved-1f1b": ScheduleInterleaved1F1B}
+_SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved-1f1b": ScheduleInterleaved1F1B,
+              "interleaved-zb": ScheduleInterleavedZeroBubble}
 
 
 def stage_indices(plan: Plan, pp_rank: int) -> tuple[int, ...]:
@@ -197,7 +202,7 @@ def build_schedule(stage_modules: list[nn.Module], plan: Plan, mesh: DeviceMesh,
     stages = [PipelineStage(m, index, plan.num_stages, device, group=pp_mesh.get_group())
               for m, index in zip(stage_modules, stage_indices(plan, pp_rank))]
     cls = _SCHEDULES[plan.pp_schedule]
-    first = stages if plan.pp_schedule == "interleaved-1f1b" else stages[0]
+    first = stages if plan.pp_schedule in INTERLEAVED_SCHEDULES else stages[0]
     return cls(first, plan.microbatches, loss_fn=loss_fn, scale_grads=True)
 
 

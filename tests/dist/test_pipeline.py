@@ -1,7 +1,7 @@
-"""Pipeline plans match one process: GPipe, 1F1B and interleaved 1F1B on 2 and 4 ranks, and
-pipelines composed with DDP, FSDP and tensor parallelism on 4 ranks, trained on real gloo
-processes (one spawn per world size, shared with the other dist tests: ``conftest.py``), with
-activation checkpointing on the stages of one.
+"""Pipeline plans match one process: GPipe, 1F1B, interleaved 1F1B and interleaved zero-bubble on
+2 and 4 ranks, and pipelines composed with DDP, FSDP and tensor parallelism on 4 ranks, trained
+on real gloo processes (one spawn per world size, shared with the other dist tests:
+``conftest.py``), with activation checkpointing on the stages of one.
 
 The single process runs the same micro-batches one after another, each loss divided by the
 number of micro-batches, which is what the schedules' ``scale_grads`` does to the gradients.
@@ -49,6 +49,7 @@ TWO_RANKS = {case.name: case for case in [
     Case("pp2_gpipe_pinned", Plan(pp_schedule="gpipe", stage_blocks=(1, 3), **_PP2)),
     Case("pp2_1f1b", Plan(pp_schedule="1f1b", **_PP2)),
     Case("pp2_interleaved", Plan(pp_schedule="interleaved-1f1b", pp_virtual=2, **_PP2)),
+    Case("pp2_zero_bubble", Plan(pp_schedule="interleaved-zb", pp_virtual=2, **_PP2)),
     Case("pp2_vit_traced", Plan(**_PP2), preset="vit-tiny"),
     Case("pp2_resnet_traced", Plan(pp_schedule="gpipe", stage_blocks=(3, 1), **_PP2), preset="resnet-tiny"),
 ]}
@@ -61,6 +62,8 @@ FOUR_RANKS = {case.name: case for case in [
     Case("pp2_fsdp2", Plan(dp_shard=2, zero=3, pp_schedule="gpipe", **_PP2)),
     Case("pp2_zero2_full_ckpt", Plan(dp_shard=2, zero=2, activation_checkpointing="full", **_PP2)),
     Case("pp2_tp2", Plan(tp=2, tp_layout=LLAMA_LAYOUT, **_PP2)),
+    Case("pp2_zero_bubble_tp2", Plan(tp=2, tp_layout=LLAMA_LAYOUT, pp_schedule="interleaved-zb", pp_virtual=2,
+                                     **_PP2)),
 ]}
 
 
@@ -80,8 +83,9 @@ def test_four_rank_pipeline_matches_single_process(four_ranks, name):
     assert_matches_single_process(FOUR_RANKS[name], four_ranks[name], tolerance)
 
 
-def test_pipeline_tp_matches_single_process(four_ranks):
-    assert_matches_single_process(FOUR_RANKS["pp2_tp2"], four_ranks["pp2_tp2"], TP_FP32)
+@pytest.mark.parametrize("name", ["pp2_tp2", "pp2_zero_bubble_tp2"])
+def test_pipeline_tp_matches_single_process(four_ranks, name):
+    assert_matches_single_process(FOUR_RANKS[name], four_ranks[name], TP_FP32)
 
 
 @pytest.mark.parametrize("name", ["pp4_interleaved", "pp2_fsdp2", "pp2_tp2"])

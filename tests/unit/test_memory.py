@@ -7,16 +7,21 @@ import dataclasses
 import pytest
 import torch
 
+from stratagem.advisor.hardware import Cluster
 from stratagem.advisor.memory import (
     estimate_activations,
     estimate_block_activations,
     estimate_memory,
+    estimate_rank_memory,
     StateLayout,
     in_flight_microbatches,
     state_layout,
 )
 from stratagem.advisor.plan import Plan, Workload
 from stratagem.advisor.profile import ModelProfile, SegmentProfile, profile_model
+from stratagem.advisor.profiles import profile_spec
+from stratagem.advisor.search import search_plans
+from stratagem.advisor.stage import candidate_ranks
 from stratagem.models import Transformer, get_preset
 
 
@@ -102,3 +107,18 @@ def test_interleaving_keeps_korthikanti_s_share_of_layers():
     plan = Plan(pp=4, microbatches=8, pp_schedule="interleaved-1f1b", pp_virtual=2)
     # §4.2.3: the first stage holds L·(1 + (p−1)/(p·v)) layers' activations, L = 8 layers.
     assert estimate_activations(profile, plan) == pytest.approx(8 * 1000 * (1 + 3 / 8))
+
+
+@pytest.mark.parametrize("runtime, optimizer", [("torch", "adamw"), ("deepspeed", "sgd")])
+def test_memory_costed_once_per_layout_equals_each_plan_costed_afresh(runtime, optimizer):
+    """estimate_memory reuses model states across the plans of a layout and activations across
+    plans that agree on what activations depend on; every searched plan's breakdown equals its
+    candidate ranks costed afresh (estimate_rank_memory caches nothing)."""
+    profile = profile_spec("llama-2-7b", seq_len=2048)
+    workload = Workload(global_batch_size=64, seq_len=2048, optimizer=optimizer)
+    plans = [p for group in search_plans(profile, Cluster.parse("2x4xA100-SXM4-80GB:ib-hdr"), workload) for p in group]
+    layout = state_layout(workload.precision, optimizer, runtime=runtime)
+    assert len(plans) > 1000 and any(len(candidate_ranks(profile, p)) > 1 for p in plans)
+    for plan in plans:
+        afresh = (estimate_rank_memory(profile, plan, layout, rank=r) for r in candidate_ranks(profile, plan))
+        assert estimate_memory(profile, workload, plan, runtime=runtime) == max(afresh, key=lambda m: (m.total, m.host))

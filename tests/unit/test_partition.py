@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+import random
 from collections import Counter
 
 import pytest
@@ -57,6 +60,21 @@ def test_memory_breaks_ties_between_equally_fast_partitions():
     assert balanced_stage_blocks(_profile(4), 3) == (1, 2, 1)
 
 
+def test_the_slowest_stage_is_as_fast_as_any_split_allows():
+    """Against every split of toy models with uneven blocks (and ties among them)."""
+    rng = random.Random(0)
+    for _ in range(40):
+        flops = [rng.choice((1, 2, 3, 7)) for _ in range(rng.randint(1, 9))]
+        profile = dataclasses.replace(_profile(len(flops), embed=rng.randint(0, 3), head=rng.randint(0, 3)),
+                                      blocks=tuple(_segment(f"layers.{i}", f, 10) for i, f in enumerate(flops)))
+        for num_stages in range(1, len(flops) + 1):
+            splits = (tuple(b - a for a, b in zip((0, *cuts), (*cuts, len(flops))))
+                      for cuts in itertools.combinations(range(1, len(flops)), num_stages - 1))
+            slowest = min(max(f for f, _ in stage_costs(profile, split)) for split in splits)
+            partition = balanced_stage_blocks(profile, num_stages)
+            assert max(f for f, _ in stage_costs(profile, partition)) == slowest
+
+
 def test_too_many_stages_is_a_usage_error():
     with pytest.raises(UsageError, match="(?s)5 pipeline stages.*4 blocks.*HINT"):
         balanced_stage_blocks(_profile(4), 5)
@@ -88,6 +106,14 @@ def test_stages_are_costed_as_the_plan_partitions():
     assert busiest_stage(profile, uneven) is first  # 5 blocks against 1 + a 4-block head
     even = Plan(pp=2, microbatches=2)
     assert len(rank_stages(profile, even)[0].blocks) == 3
+
+
+def test_an_even_split_follows_the_virtual_stages():
+    profile = _profile(8)
+    plain, interleaved = Plan(pp=2, microbatches=2), Plan(pp=2, pp_schedule="interleaved-1f1b", pp_virtual=2,
+                                                          microbatches=2)
+    assert [b.name for b in rank_stages(profile, plain)[1].blocks] == [f"layers.{i}" for i in (4, 5, 6, 7)]
+    assert [b.name for b in rank_stages(profile, interleaved)[1].blocks] == [f"layers.{i}" for i in (2, 3, 6, 7)]
 
 
 def test_interleaved_rank_holds_every_pp_th_stage():

@@ -46,6 +46,10 @@ def test_json_round_trip(plan):
     ({"pp": 4, "microbatches": 2}, "needs at least one micro-batch per stage"),
     ({"pp": 2, "microbatches": 4, "pp_schedule": "interleaved-1f1b"}, "pp_virtual >= 2"),
     ({"pp": 2, "microbatches": 3, "pp_schedule": "interleaved-1f1b", "pp_virtual": 2}, "divisible by pp"),
+    ({"pp": 2, "microbatches": 4, "pp_schedule": "interleaved-zb", "pp_virtual": 2, "dp_replicate": 2},
+     "past the data-parallel gradient reduction"),
+    ({"pp": 2, "microbatches": 4, "pp_schedule": "interleaved-zb", "pp_virtual": 2, "activation_checkpointing": "full"},
+     "cannot split the backward of checkpointed blocks"),
     ({"offload": "optimizer", "dp_replicate": 2}, "needs zero>=2"),
     ({"offload": "params", "dp_shard": 2, "zero": 2}, "needs zero=3"),
     ({"activation_checkpointing": "some"}, "'none', 'selective', 'full'"),
@@ -83,3 +87,14 @@ def test_workload_validation():
         Workload(global_batch_size=8, optimizer="lion")
     with pytest.raises(UsageError, match="Workload.global_batch_size"):
         Workload(global_batch_size=0)
+
+
+def test_an_unchecked_plan_equals_the_checked_one_and_validates_on_demand():
+    fields = {"pp": 2, "microbatches": 4, "dp_shard": 2, "zero": 3, "stage_blocks": (3, 1)}
+    checked = Plan(**fields)
+    shared = {name: getattr(checked, name) for name in Plan.__dataclass_fields__ if name != "micro_batch_size"}
+    unchecked = Plan.unchecked(shared, {"micro_batch_size": 1})
+    assert unchecked == checked and hash(unchecked) == hash(checked) and Plan.from_json(unchecked.to_json()) == checked
+    unchecked.validate()
+    with pytest.raises(UsageError, match="Plan.zero=4 is not one of"):
+        Plan.unchecked(shared, {"micro_batch_size": 1, "zero": 4}).validate()

@@ -8,7 +8,7 @@ import pytest
 
 from stratagem.advisor.hardware import Cluster
 from stratagem.advisor.profiles import profile_spec
-from stratagem.advisor.plan import Plan, Workload
+from stratagem.advisor.plan import PP_SCHEDULES, Plan, Workload
 from stratagem.advisor.search import advise, rank_estimates, search_plans
 from stratagem.errors import UsageError
 
@@ -53,11 +53,13 @@ def test_enumeration_covers_the_vocabulary(llama7b):
     seen = lambda field: {getattr(p, field) for p in plans}  # noqa: E731
     assert seen("tp") == {1, 2, 4, 8} and seen("pp") == {1, 2, 4, 8, 16}
     assert seen("zero") == {0, 1, 2, 3} and seen("sequence_parallel") == {False, True}
-    assert seen("pp_schedule") == {"gpipe", "1f1b", "interleaved-1f1b"} and seen("pp_virtual") == {1, 2, 4}
+    assert seen("pp_schedule") == set(PP_SCHEDULES) and seen("pp_virtual") == {1, 2, 4}
     assert seen("activation_checkpointing") == {"none", "selective", "full"}
     assert seen("offload") == {"none", "optimizer", "params"}
     assert any(p.dp_replicate > 1 and p.dp_shard > 1 for p in plans)  # HSDP
     assert all(p.microbatches >= p.pp for p in plans)
+    zero_bubble = [p for p in plans if p.pp_schedule == "interleaved-zb"]
+    assert zero_bubble and all(p.dp == 1 and p.activation_checkpointing == "none" for p in zero_bubble)
 
 
 def test_nothing_fits_says_by_how_much_and_what_would(llama7b):
@@ -162,6 +164,8 @@ def test_lightning_target_leaves_out_what_the_strategy_refuses():
     assert "under FSDP" in target_excludes("lightning", Plan(dp_shard=2, zero=3, **interleaved))
     assert "interleaved traced stages" in target_excludes("lightning", Plan(**interleaved), traced=True)
     assert target_excludes("any", Plan(**interleaved), traced=True) is None
+    zero_bubble = Plan(**{**interleaved, "pp_schedule": "interleaved-zb"})
+    assert "zero-bubble" in target_excludes("lightning", zero_bubble) and target_excludes("any", zero_bubble) is None
     assert target_excludes("lightning", Plan(pp=2, dp_replicate=2, **common)) is None
     assert target_excludes("lightning", Plan(pp=2, dp_shard=2, zero=3, **common)) is None
     assert target_excludes("lightning", Plan(pp=2, pp_schedule="gpipe", **common)) is None
@@ -176,3 +180,21 @@ def test_objective_memory_ranks_the_leanest_plan_first():
     assert advise(profile, cluster, workload).best.throughput >= lean.best.throughput
     with pytest.raises(UsageError, match="unknown objective 'speed'; valid: throughput, memory"):
         advise(profile, cluster, workload, objective="speed")
+
+
+@pytest.mark.parametrize("traced", [False, True])
+def test_a_target_rules_a_group_alike_and_every_searched_plan_is_valid(llama7b, traced):
+    """search_plans asks a target about a group's first plan only, and checks only each kept
+    group's first plan (the others differ in micro-batching alone): every target's rules read no
+    micro-batching, and every plan it yields passes Plan's own checks."""
+    from stratagem.advisor.targets import TARGETS, target_excludes
+
+    cluster = Cluster.parse("2x4xA100-SXM4-80GB:ib-hdr")
+    groups = [list(group) for group in search_plans(dataclasses.replace(llama7b, pp_traced=traced), cluster,
+                                                     Workload(global_batch_size=64, seq_len=2048))]
+    assert sum(len(group) > 1 for group in groups) > 100
+    for group in groups:
+        for target in TARGETS:
+            assert len({target_excludes(target, plan, traced=traced) for plan in group}) == 1
+        for plan in group:
+            assert Plan(**dataclasses.asdict(plan)) == plan

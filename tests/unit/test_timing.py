@@ -245,3 +245,11 @@ def test_llama7b_ddp_on_eight_h100_is_plausible(llama7b):
     assert 0.4 < time.step_seconds < 1.5
     assert 5_000 < tokens_per_second(llama7b, workload=workload, time=time) / 8 < 15_000
 
+
+def test_zero_bubble_leaves_the_forwards_share_of_the_interleaved_bubble():
+    """Qi et al. 2024, ZB-H1: (T_F + T_B − T_W) of 1F1B's (T_F + T_B + T_W), the backward split
+    into equal input and weight passes: with backward = 2 × forward, a third."""
+    fields = dict(pp=2, pp_virtual=2, microbatches=4, block_container="layers")
+    interleaved = _time(Plan(pp_schedule="interleaved-1f1b", **fields)).bubble
+    zero_bubble = _time(Plan(pp_schedule="interleaved-zb", **fields)).bubble
+    assert zero_bubble == pytest.approx(interleaved / 3)
