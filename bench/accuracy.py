@@ -1,12 +1,14 @@
 """How well the advisor predicts: predicted against measured memory and step time, on this host.
 
-    .venv/bin/python bench/accuracy.py [--nproc 4] [--steps 3] [--quick]
+    .venv/bin/python bench/accuracy.py [--nproc 4] [--steps 3] [--scale small|tiny] [--quick]
 
 1. Calibrates this host in the same run (``nproc`` gloo ranks) and applies it to the cluster
    the advisor plans for (``{nproc}xcpu``).
-2. For every (model × plan) case — a decoder (llama-tiny), a ViT (vit-tiny) and an MoE
-   (mixtral-tiny) under DDP, ZeRO-1/2/3, HSDP, TP, TP×FSDP, pipelines and checkpointing — costs
-   the plan with ``evaluate`` and runs it for a few steps with ``stratagem.verify``.
+2. For every (model × plan) case — a decoder (llama-small), a ViT (vit-small) and an MoE
+   (mixtral-small) under DDP, ZeRO-1/2/3, HSDP, TP, TP×FSDP, pipelines and checkpointing — costs
+   the plan with ``evaluate`` and runs it for a few steps with ``stratagem.verify``. The small
+   presets (3–6M parameters) hold tensors that outweigh what the framework takes beyond them;
+   ``--scale tiny`` runs the tiny ones (0.1–0.2M), whose memory is mostly the framework's.
 3. Prints each case, then the mean absolute percentage errors, Kendall's τ between the
    predicted and measured step-time rankings of each model's plans, and the regret of the
    advisor's first choice (the plan it predicts fastest) against the measured fastest.
@@ -30,7 +32,8 @@ from stratagem.advisor.profiles import profile_spec
 from stratagem.units import format_bytes, format_seconds
 from stratagem.verify import Verified, verify_plan
 
-SEQ_LEN = 32
+SEQ_LENS = {"tiny": 32, "small": 128}
+"""Tokens per sequence of the language models at each ``--scale``."""
 MICRO_BATCH = 2
 
 
@@ -40,20 +43,25 @@ class Case:
     plan: Plan
 
 
-def cases(nproc: int) -> list[Case]:
+def seq_len(model: str, scale: str) -> int | None:
+    """The sequence length ``model`` runs at (None: a ViT's is its image's)."""
+    return None if model.startswith("vit") else SEQ_LENS[scale]
+
+
+def cases(nproc: int, scale: str) -> list[Case]:
     """At least twelve cases over three model shapes; plans for ``nproc`` ranks (4 by default)."""
     half = nproc // 2
     common = {"micro_batch_size": MICRO_BATCH, "precision": "fp32"}
     out = []
-    for model in ("llama-tiny", "vit-tiny", "mixtral-tiny"):
-        profile = profile_spec(model, seq_len=SEQ_LEN if model != "vit-tiny" else None, precision="fp32")
+    for model in (f"llama-{scale}", f"vit-{scale}", f"mixtral-{scale}"):
+        profile = profile_spec(model, seq_len=seq_len(model, scale), precision="fp32")
         blocks = {"block_container": profile.block_container}
         plans = [
             Plan(dp_replicate=nproc, **common),
             Plan(dp_shard=nproc, zero=3, **common, **blocks),
             Plan(dp_shard=nproc, zero=3, activation_checkpointing="full", **common, **blocks),
         ]
-        if model == "llama-tiny":
+        if model.startswith("llama"):
             plans += [
                 Plan(dp_shard=nproc, zero=1, **common),
                 Plan(dp_shard=nproc, zero=2, **common, **blocks),
@@ -80,6 +88,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nproc", type=int, default=4)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--scale", choices=sorted(SEQ_LENS), default="small",
+                        help="the model presets' size (default: small)")
     parser.add_argument("--quick", action="store_true", help="quick calibration (for a smoke run)")
     args = parser.parse_args()
 
@@ -91,25 +101,25 @@ def main() -> None:
           f"{format_seconds(calibration.link('intra').latency)}, β {format_bytes(calibration.link('intra').bandwidth)}/s")
 
     results: list[tuple[Case, Verified]] = []
-    print(f"{'model':<13} {'plan':<46} {'step pred':>10} {'meas':>10} {'err':>6} {'mem pred':>10} {'meas':>10} "
+    print(f"{'model':<14} {'plan':<46} {'step pred':>10} {'meas':>10} {'err':>6} {'mem pred':>10} {'meas':>10} "
           f"{'err':>6}")
-    for case in cases(args.nproc):
-        seq_len = None if case.model == "vit-tiny" else SEQ_LEN
-        profile = profile_spec(case.model, seq_len=seq_len, precision="fp32")
+    for case in cases(args.nproc, args.scale):
+        tokens = seq_len(case.model, args.scale)
+        profile = profile_spec(case.model, seq_len=tokens, precision="fp32")
         workload = Workload(global_batch_size=case.plan.global_batch_size, seq_len=profile.seq_len,
                             precision="fp32")
         estimate: Estimate = evaluate(profile, cluster, workload, case.plan)
         try:
-            measured, error = verify_plan(case.model, case.plan, seq_len=seq_len, optimizer="adamw",
+            measured, error = verify_plan(case.model, case.plan, seq_len=tokens, optimizer="adamw",
                                           steps=args.steps), None
         except RuntimeError as err:
             measured, error = None, str(err)
         result = Verified(estimate, measured, error)
         results.append((case, result))
         if measured is None:
-            print(f"{case.model:<13} {case.plan.name:<46} failed: {error}")
+            print(f"{case.model:<14} {case.plan.name:<46} failed: {error}")
             continue
-        print(f"{case.model:<13} {case.plan.name:<46} {format_seconds(estimate.time.step_seconds):>10} "
+        print(f"{case.model:<14} {case.plan.name:<46} {format_seconds(estimate.time.step_seconds):>10} "
               f"{format_seconds(measured.step_seconds):>10} {result.time_error:>+6.0%} "
               f"{format_bytes(estimate.memory.total):>10} {format_bytes(measured.peak_bytes):>10} "
               f"{result.memory_error:>+6.0%}", flush=True)
@@ -125,7 +135,7 @@ def main() -> None:
         measured = [r.measured.step_seconds for r in mine]
         choice = mine[predicted.index(min(predicted))]
         regret = choice.measured.step_seconds / min(measured) - 1
-        print(f"{model:<13} Kendall τ {kendall_tau(predicted, measured):+.2f} (target ≥ 0.8) · regret of the "
+        print(f"{model:<14} Kendall τ {kendall_tau(predicted, measured):+.2f} (target ≥ 0.8) · regret of the "
               f"first choice {choice.plan.name}: {regret:.0%} (target ≤ 5 %)")
 
 

@@ -1,4 +1,5 @@
-"""Named reference models: published shapes (parameter counts exact) and tiny ones that train on a CPU.
+"""Named reference models: published shapes (parameter counts exact), tiny ones that train on a CPU
+in moments, and small ones whose tensors outweigh the framework's own memory (benchmarks).
 
 A :class:`Preset` builds its model lazily (honouring the ambient default device and dtype, so
 ``with torch.device("meta"): get_preset("llama-2-70b").build()`` allocates nothing), makes a
@@ -191,7 +192,15 @@ _ALL = (
          dim=64, n_layers=2, n_heads=4, ffn_dim=128, image_size=32, patch_size=8, num_classes=10),
     _resnet("resnet-tiny", "tiny ResNet for CPU training: 4 bottlenecks, width 8, 64×64 images, 10 classes",
             (1, 1, 1, 1), width=8, image_size=64, num_classes=10),
+    _llama("llama-small", "small Llama for CPU benchmarks, 5.0M: 4 layers × 256, GQA 8/4 heads, 4096 tokens",
+           vocab_size=4096, rope_theta=10_000.0, dim=256, n_layers=4, n_heads=8, n_kv_heads=4, ffn_dim=704,
+           seq_len=128),
+    _llama("mixtral-small", "small Mixtral for CPU benchmarks, 5.6M: 2 layers × 256, 4 experts, top-2",
+           vocab_size=4096, rope_theta=10_000.0, dim=256, n_layers=2, n_heads=8, n_kv_heads=4, ffn_dim=512,
+           n_experts=4, experts_per_token=2, seq_len=128),
+    _vit("vit-small", "small ViT for CPU benchmarks, 3.2M: 64×64 images, 8×8 patches, 4 layers × 256",
+         dim=256, n_layers=4, n_heads=8, ffn_dim=1024, image_size=64, patch_size=8, num_classes=100),
 )
 
 PRESETS: dict[str, Preset] = {preset.name: preset for preset in _ALL}
-"""Every preset by name: published shapes first, then the tiny ones."""
+"""Every preset by name: published shapes first, then the tiny ones, then the small ones."""

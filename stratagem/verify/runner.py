@@ -1,12 +1,14 @@
 """One rank of a verification run: build the real model, apply the plan, train a few steps and
 measure the step time and this rank's peak memory.
 
-Step time is the median over the measured steps (after warm-up steps) of the time from the
-first forward to the optimizer step's end, devices synchronised. Peak memory is what the cost
-model predicts, above the process as it stands with its process groups just before the model is
-built (:class:`~stratagem.advisor.calibrate.processes.PeakMemory`): on CUDA ``max_memory_allocated``
-(and ``max_memory_reserved`` beside it); on CPU the peak resident set. What the framework takes
-beyond the plan's tensors is in it, as the calibrated cost model's ``framework`` term.
+Peak memory is what the cost model predicts, over the model's construction and the warm-up
+steps, above the process as it stands with its process groups just before the model is built
+(:class:`~stratagem.advisor.calibrate.processes.PeakMemory`): on CUDA ``max_memory_allocated``
+(and ``max_memory_reserved`` beside it); on CPU the anonymous resident set, the allocator
+handing freed tensors back. What the framework takes beyond the plan's tensors is in it, as the
+calibrated cost model's ``framework`` term. Step time is the median over the measured steps
+(after the warm-up steps and one more) of the time from the first forward to the optimizer
+step's end, devices synchronised.
 """
 
 from __future__ import annotations
@@ -68,8 +70,8 @@ def real_model(spec: str, *, seq_len: int | None) -> RealModel:
 
 
 def measure_plan(model: RealModel, plan: Plan, *, optimizer: str, steps: int, warmup: int) -> Measured:
-    """On every rank of the default process group (``plan.world_size`` of them): train ``steps +
-    warmup`` steps of ``plan`` on synthetic batches and measure (module docstring)."""
+    """On every rank of the default process group (``plan.world_size`` of them): train ``warmup +
+    1 + steps`` steps of ``plan`` on synthetic batches and measure (module docstring)."""
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     torch.manual_seed(0)
     inputs, targets = model.make_batch(plan.micro_batch_size * plan.microbatches)
@@ -81,8 +83,8 @@ def measure_plan(model: RealModel, plan: Plan, *, optimizer: str, steps: int, wa
     step = _pipeline_step if plan.pp > 1 else _data_parallel_step
     run, parameters = step(module, plan, mesh, model, inputs, targets)
     opt = build_optimizer(parameters, plan, OPTIMIZERS[optimizer], lr=1e-4)
-    times = []
-    for index in range(warmup + steps):
+
+    def train_step() -> float:
         _sync(device)
         start = time.perf_counter()
         for _ in range(plan.grad_accum):
@@ -90,12 +92,15 @@ def measure_plan(model: RealModel, plan: Plan, *, optimizer: str, steps: int, wa
         opt.step()
         opt.zero_grad(set_to_none=True)
         _sync(device)
-        if index >= warmup:
-            times.append(time.perf_counter() - start)
-    seconds = across_ranks(statistics.median(times))
+        return time.perf_counter() - start
+
+    for _ in range(warmup):
+        train_step()
+    peak = across_ranks(memory.stop())
     reserved = int(across_ranks(torch.cuda.max_memory_reserved(device))) if device.type == "cuda" else None
-    return Measured(step_seconds=seconds, peak_bytes=int(across_ranks(memory.grown())), reserved_bytes=reserved,
-                    steps=steps)
+    times = [train_step() for _ in range(steps + 1)][1:]  # one more warm-up step, malloc's policy back
+    return Measured(step_seconds=across_ranks(statistics.median(times)), peak_bytes=int(peak),
+                    reserved_bytes=reserved, steps=steps)
 
 
 def _data_parallel_step(module: nn.Module, plan: Plan, mesh: Any, model: RealModel, inputs: tuple[Tensor, ...],

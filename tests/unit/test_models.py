@@ -41,6 +41,8 @@ PUBLISHED_PARAMETERS = {
     "resnet-101": 44_549_160,
 }
 TINY = ["gpt2-tiny", "llama-tiny", "mixtral-tiny", "vit-tiny", "resnet-tiny"]
+# The small presets (for benchmarks on CPU processes): the counts their descriptions state.
+SMALL_PARAMETERS = {"llama-small": 5_048_576, "mixtral-small": 5_639_424, "vit-small": 3_251_556}
 
 
 def build_on_meta(name: str) -> nn.Module:
@@ -53,13 +55,13 @@ def num_parameters(model: nn.Module) -> int:
 
 
 def test_every_preset_is_tested() -> None:
-    assert set(PRESETS) == set(PUBLISHED_PARAMETERS) | set(TINY)
+    assert set(PRESETS) == set(PUBLISHED_PARAMETERS) | set(TINY) | set(SMALL_PARAMETERS)
 
 
-@pytest.mark.parametrize("name", PUBLISHED_PARAMETERS)
+@pytest.mark.parametrize("name", [*PUBLISHED_PARAMETERS, *SMALL_PARAMETERS])
 def test_parameter_count_equals_published(name: str) -> None:
     model = build_on_meta(name)
-    assert num_parameters(model) == PUBLISHED_PARAMETERS[name]
+    assert num_parameters(model) == {**PUBLISHED_PARAMETERS, **SMALL_PARAMETERS}[name]
     assert all(p.device.type == "meta" for p in model.parameters())
 
 
@@ -107,8 +109,8 @@ def test_mixtral_feed_forward_is_sparse() -> None:
     assert moe.gate.bias is None and moe.experts[0].w3 is not None
 
 
-@pytest.mark.parametrize("name", TINY)
-def test_tiny_forward_shape(name: str) -> None:
+@pytest.mark.parametrize("name", [*TINY, *SMALL_PARAMETERS])
+def test_cpu_preset_forward_shape(name: str) -> None:
     preset = get_preset(name)
     torch.manual_seed(0)
     inputs, targets = preset.make_batch(2)

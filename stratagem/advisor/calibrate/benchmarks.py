@@ -171,11 +171,12 @@ def dtensor_op_seconds(device: torch.device, *, repeats: int) -> float:
 def framework_bytes(device: torch.device) -> float:
     """Memory a training process takes beyond its tensors, bytes: how far two AdamW steps of the
     tiny reference Llama (``llama-tiny``, one sequence of 8 tokens) raise the process's peak
-    (:class:`~stratagem.advisor.calibrate.processes.PeakMemory`), less its parameters, gradients
-    and optimizer states (its activations are a few KiB). Kernel libraries' workspaces, the
-    autograd engine and allocator bookkeeping are what remains. Run it first in a fresh process:
-    it measures what a process's first training steps pull in, with the training stack imported
-    beforehand as a training script has it (imports are the program's, not the plan's)."""
+    (:class:`~stratagem.advisor.calibrate.processes.PeakMemory`, as verification measures), less
+    its parameters, gradients and optimizer states (its activations are a few KiB). Kernel
+    libraries' workspaces, the autograd engine and allocator bookkeeping are what remains. Run it
+    first in a fresh process: it measures what a process's first training steps pull in, with the
+    training stack imported beforehand as a training script has it (imports are the program's,
+    not the plan's)."""
     import torch.distributed.fsdp  # noqa: F401  (FSDP2, DTensor, pipelining and the optimizers'
     import torch.distributed.pipelining  # noqa: F401  compile hooks: what a training run imports)
     import torch.distributed.tensor  # noqa: F401
@@ -194,4 +195,4 @@ def framework_bytes(device: torch.device) -> float:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     states = 4 * sum(p.numel() * p.element_size() for p in model.parameters())  # weights, grads, 2 AdamW states
-    return max(0.0, memory.grown() - states)
+    return max(0.0, memory.stop() - states)

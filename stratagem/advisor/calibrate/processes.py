@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import resource
 import socket
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-__all__ = ["PeakMemory", "across_ranks", "free_port"]
+__all__ = ["PeakMemory", "across_ranks", "free_port", "keep_freed_tensors", "return_freed_tensors"]
 
 
 def free_port() -> int:
@@ -29,27 +30,80 @@ def across_ranks(value: float, *, smallest: bool = False) -> float:
 
 
 class PeakMemory:
-    """How far this process's memory peaks above where it is now, on ``device``: CUDA's max
-    allocated bytes (its counter reset now), or on CPU the peak resident set — the kernel's
-    high-water mark, reset now through ``/proc/self/clear_refs`` where Linux allows it, else the
-    lifetime peak."""
+    """How far this process's memory peaks above where it stands at construction, on ``device``:
+    CUDA's max allocated bytes (its counter reset at construction), or on CPU the peak of the
+    anonymous resident set.
+
+    On CPU that is the kernel's high-water mark of the resident set (reset at construction
+    through ``/proc/self/clear_refs`` where Linux allows it, else the lifetime peak) less the
+    shared libraries' code paged in meanwhile (file-backed pages, shared by every process on the
+    node; a plan that runs new code paths pages in more). From construction glibc's malloc hands
+    each freed tensor back to the system (:func:`return_freed_tensors`): as CUDA's allocated
+    bytes, the peak counts the tensors alive at once, not what the allocator kept of earlier
+    ones. That costs time: measure the peak over the first steps, then :meth:`stop` before the
+    steps that are timed.
+    """
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
+        self.peak: int | None = None
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
             self.baseline = torch.cuda.memory_allocated(device)
         else:
+            return_freed_tensors()
             _reset_resident_peak()
-            self.baseline = _resident("VmRSS")
+            self.baseline, self.code = _resident("VmRSS"), _resident("RssFile")
 
     def grown(self) -> int:
-        """Bytes the peak since construction lies above the baseline (never negative)."""
+        """Bytes the peak lies above the baseline (never negative), up to :meth:`stop` if it ran."""
+        if self.peak is not None:
+            return self.peak
         if self.device.type == "cuda":
-            peak = torch.cuda.max_memory_allocated(self.device)
-        else:
-            peak = _resident("VmHWM")
-        return max(0, peak - self.baseline)
+            return max(0, torch.cuda.max_memory_allocated(self.device) - self.baseline)
+        code_paged_in = max(0, _resident("RssFile") - self.code)
+        return max(0, _resident("VmHWM") - self.baseline - code_paged_in)
+
+    def stop(self) -> int:
+        """End the measurement: the peak so far (:meth:`grown` from now on), and on CPU malloc's
+        own fast policy back (:func:`keep_freed_tensors`)."""
+        self.peak = self.grown()
+        if self.device.type == "cpu":
+            keep_freed_tensors()
+        return self.peak
+
+
+_M_MMAP_THRESHOLD = -3  # mallopt's parameter (malloc.h)
+RETURN_FROM_BYTES = 64 * 1024
+"""What :func:`return_freed_tensors` hands back: allocations of this many bytes or more."""
+KEEP_BELOW_BYTES = 32 * 2**20
+"""What :func:`keep_freed_tensors` keeps: allocations below this many bytes (glibc's most)."""
+
+
+def return_freed_tensors() -> None:
+    """Make glibc's malloc give back the free pages it holds (``malloc_trim``) and map each later
+    allocation of :data:`RETURN_FROM_BYTES` or more apart, so that freeing it returns its pages. By
+    default malloc raises that threshold to the largest mapped block freed so far, after which
+    tensors come from its heap, whose freed pages stay resident: the resident set then holds the
+    allocator's history. A no-op on other C libraries."""
+    _mallopt_threshold(RETURN_FROM_BYTES, trim=True)
+
+
+def keep_freed_tensors() -> None:
+    """Undo :func:`return_freed_tensors` for speed: malloc serves allocations below
+    :data:`KEEP_BELOW_BYTES` from its heap, reusing freed ones without faulting in new pages, as
+    its default policy does once warm."""
+    _mallopt_threshold(KEEP_BELOW_BYTES, trim=False)
+
+
+def _mallopt_threshold(num_bytes: int, *, trim: bool) -> None:
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(_M_MMAP_THRESHOLD, num_bytes)
+        if trim:
+            libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: its allocator's own policy stands
 
 
 def _reset_resident_peak() -> None:
@@ -60,12 +114,14 @@ def _reset_resident_peak() -> None:
 
 
 def _resident(field: str) -> int:
-    """``VmRSS`` (now) or ``VmHWM`` (peak) from /proc/self/status, bytes; ``getrusage`` where
-    there is no /proc."""
+    """``VmRSS`` (now), ``VmHWM`` (peak) or ``RssFile`` (file-backed, now) from /proc/self/status,
+    bytes; without /proc, ``getrusage``'s peak for the first two and 0 for ``RssFile``."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024  # kB
     except OSError:
         pass
+    if field == "RssFile":
+        return 0
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux

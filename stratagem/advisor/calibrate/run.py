@@ -106,8 +106,6 @@ def _worker(rank: int, nproc: int, port: int, quick: bool, progress: bool, out: 
         dist.destroy_process_group()
 
 
-
-
 def calibrate_on_group(*, quick: bool = False, progress: bool = False) -> Calibration:
     """Every rank of the default process group runs this; each returns the same Calibration."""
     from stratagem.advisor.hardware import gather_cluster, probe_local
