@@ -37,8 +37,6 @@ HOST_MEMORY_PER_DEVICE_MEMORY = 2.0
 # Share of host memory offloaded states may take (the OS, data loaders and pinned buffers
 # need the rest). Estimate.
 HOST_USABLE_FRACTION = 0.8
-# DDP's gradient buckets (torch default bucket_cap_mb=25), two in flight.
-DDP_BUCKET_BYTES = 2 * 25 * 2**20
 # Korthikanti et al. 2022, eq. 2: without SP, 10 of a block's 34·sbh bytes stay replicated
 # over the TP group (layer-norm inputs, attention and MLP inputs, dropout masks): five tensors
 # as wide as the block's input. Used until TP-sharded blocks are profiled directly.
@@ -48,11 +46,14 @@ TP_REPLICATED_INPUT_WIDTHS = 5
 @dataclass(frozen=True, slots=True)
 class StateLayout:
     """Bytes per parameter of model states: ``weights`` (what forward reads), ``grads`` and
-    ``optimizer`` (master weights included when the runtime keeps them there)."""
+    ``optimizer`` (master weights included when the runtime keeps them there).
+    ``zero2_shards_weights``: ZeRO-2 keeps the weights sharded between steps and gathers them for
+    the step (FSDP2 with ``reshard_after_forward=False``), rather than replicating them (DeepSpeed)."""
 
     weights: float
     grads: float
     optimizer: float
+    zero2_shards_weights: bool = True
 
 
 @functools.lru_cache(maxsize=None)
@@ -67,7 +68,7 @@ def state_layout(precision: str, optimizer: str, *, runtime: str = "torch") -> S
     prec = get_precision(precision)
     num_states = 2 if optimizer == "adamw" else 1
     if runtime == "deepspeed" and prec.autocast:
-        return StateLayout(weights=2, grads=2, optimizer=4 + 4 * num_states)
+        return StateLayout(weights=2, grads=2, optimizer=4 + 4 * num_states, zero2_shards_weights=False)
     size = prec.param_bytes
     return StateLayout(weights=size, grads=size, optimizer=num_states * size)
 
@@ -100,8 +101,9 @@ def _capacities(cluster: Cluster) -> tuple[float, float]:
 
 
 def estimate_params_per_rank(profile: ModelProfile, plan: Plan, *, rank: int = 0) -> float:
-    """Parameters pipeline rank ``rank`` holds before ZeRO sharding, divided over TP."""
-    return rank_stages(profile, plan)[rank].num_params / plan.tp
+    """Parameters pipeline rank ``rank`` holds before ZeRO sharding: its blocks divided over TP,
+    the embedding and head whole (:meth:`~stratagem.advisor.stage.Stage.per_tp_rank`)."""
+    return rank_stages(profile, plan)[rank].per_tp_rank("num_params", plan.tp)
 
 
 def estimate_offloaded(params: float, plan: Plan, layout: StateLayout) -> float:
@@ -115,9 +117,11 @@ def estimate_offloaded(params: float, plan: Plan, layout: StateLayout) -> float:
 
 
 def estimate_parameters(params: float, plan: Plan, layout: StateLayout) -> float:
-    """Weights, bytes per rank (``params``: the rank's before sharding): sharded over dp_shard
-    by ZeRO-3 (ZeRO §3, P_os+g+p)."""
-    shard = plan.dp_shard if plan.zero == 3 else 1
+    """Weights kept between steps, bytes per rank (``params``: the rank's before sharding):
+    sharded over dp_shard by ZeRO-3 (ZeRO §3, P_os+g+p), and by ZeRO-2 where the runtime
+    gathers them for the step (``layout.zero2_shards_weights``; the gathered copy is a buffer)."""
+    sharded = plan.zero == 3 or (plan.zero == 2 and layout.zero2_shards_weights)
+    shard = plan.dp_shard if sharded else 1
     if plan.offload == "params":
         return 0.0
     return layout.weights * params / shard
@@ -210,26 +214,30 @@ def estimate_activations(profile: ModelProfile, plan: Plan, *, rank: int = 0) ->
 
 def _per_microbatch(stage: Stage, plan: Plan, *, scale: float) -> float:
     """Bytes one micro-batch leaves saved on ``stage``: its blocks', and the embedding's or
-    head's (split over TP)."""
+    head's (whole on every TP rank)."""
     blocks = sum(n * estimate_block_activations(b, plan, scale=scale) for b, n in stage.kinds)
     outside = stage.sums["saved_bytes"] - stage.block_sums["saved_bytes"]
-    return blocks + outside * scale / plan.tp
+    return blocks + outside * scale
 
 
 def estimate_buffers(profile: ModelProfile, plan: Plan, params: float, *, rank: int = 0) -> float:
-    """Transient bytes: gathered FSDP units (current and prefetched), DDP buckets, and
-    autocast's compute-dtype weight copies, which live from forward to backward. ``params``:
-    the rank's parameters before sharding."""
+    """Bytes beyond the model states: gathered FSDP units, DDP's gradient buckets, and
+    autocast's compute-dtype weight copies, which live from forward to backward. ``params``: the
+    rank's parameters before sharding. DDP (data parallelism over more than one rank, zero 0/1)
+    keeps a copy of every gradient in its buckets for the module's life (torch's ``gradient_as_bucket_view=False``, the default, which the plugins
+    keep). FSDP2 (ZeRO-3) holds the root unit (what lies outside the blocks: embedding, head)
+    gathered from its forward to its backward (it does not reshard the root after forward) and
+    a block unit and the next, prefetched; ZeRO-2 keeps every unit gathered until backward; a
+    plan without blocks has the root as its only unit."""
     prec = get_precision(plan.precision)
     stage = rank_stages(profile, plan)[rank]
-    largest_unit = stage.largest_unit_params / plan.tp
     if plan.zero >= 2:
-        gathered = 2 * largest_unit * prec.compute_bytes
-        if plan.zero == 2:  # reshard_after_forward=False keeps every unit gathered until backward
-            gathered = params * prec.compute_bytes
-        return gathered
-    copies = stage.sums["saved_param_copy_bytes"] / plan.tp if prec.autocast else 0.0
-    return min(DDP_BUCKET_BYTES, params * prec.param_bytes) + copies  # buckets hold gradients: never more than all of them
+        if plan.zero == 2 or plan.block_container is None:
+            return params * prec.compute_bytes
+        return (stage.root_params + 2 * stage.largest_block_params / plan.tp) * prec.compute_bytes
+    copies = stage.per_tp_rank("saved_param_copy_bytes", plan.tp) if prec.autocast else 0.0
+    buckets = params * prec.param_bytes if plan.dp > 1 else 0.0  # DDP: a copy of every gradient, kept
+    return buckets + copies
 
 
 def estimate_memory(profile: ModelProfile, workload: Workload, plan: Plan, *, runtime: str = "torch",
@@ -239,8 +247,19 @@ def estimate_memory(profile: ModelProfile, workload: Workload, plan: Plan, *, ru
     fullest reported. ``framework``: :func:`framework_bytes` of the cluster."""
     ranks = zip(_candidates_states(profile, plan, workload.optimizer, runtime),
                 _candidates_activations(profile, plan))
-    states, activations = max(ranks, key=lambda rank: _fullness(*rank, framework))
-    return _with_activations(states, activations, framework)
+    apart = not gradients_meet_activations(plan)
+    states, activations = max(ranks, key=lambda rank: _fullness(*rank, framework, apart))
+    return _with_activations(states, activations, framework, apart)
+
+
+def gradients_meet_activations(plan: Plan) -> bool:
+    """Whether a step's peak holds its gradients and its activations together. They meet where a
+    step runs several forwards into the same gradients: gradient accumulation, and a pipeline's
+    micro-batches. Otherwise the gradients are None through the forward (``zero_grad(set_to_none=
+    True)``, torch's default) and come during backward as the activations they come from are freed:
+    the peak is the end of the forward (activations, no gradients) or of the backward (gradients,
+    activations freed), whichever holds more."""
+    return plan.grad_accum > 1 or plan.pp > 1
 
 
 def framework_bytes(cluster: Cluster) -> float:
@@ -254,8 +273,8 @@ def framework_bytes(cluster: Cluster) -> float:
 def estimate_rank_memory(profile: ModelProfile, plan: Plan, layout: StateLayout, *, rank: int,
                          framework: float = 0.0) -> MemoryBreakdown:
     """Peak bytes of pipeline rank ``rank``, term by term (``framework``: :func:`framework_bytes`)."""
-    return _with_activations(_model_states(profile, plan, layout, rank),
-                             estimate_activations(profile, plan, rank=rank), framework)
+    return _with_activations(_model_states(profile, plan, layout, rank), estimate_activations(profile, plan, rank=rank),
+                             framework, not gradients_meet_activations(plan))
 
 
 def _model_states(profile: ModelProfile, plan: Plan, layout: StateLayout, rank: int) -> MemoryBreakdown:
@@ -271,20 +290,26 @@ def _model_states(profile: ModelProfile, plan: Plan, layout: StateLayout, rank: 
     )
 
 
-def _with_activations(states: MemoryBreakdown, activations: float, framework: float) -> MemoryBreakdown:
-    """:func:`_model_states`' breakdown with the rank's activations and the framework's bytes."""
-    return MemoryBreakdown(parameters=states.parameters, gradients=states.gradients, optimizer=states.optimizer,
+def _with_activations(states: MemoryBreakdown, activations: float, framework: float, apart: bool) -> MemoryBreakdown:
+    """:func:`_model_states`' breakdown with the rank's activations and the framework's bytes; with
+    ``apart`` (not :func:`gradients_meet_activations`), the smaller of gradients and activations
+    left out: not alive at the peak."""
+    gradients = states.gradients
+    if apart:
+        gradients, activations = (0.0, activations) if activations >= gradients else (gradients, 0.0)
+    return MemoryBreakdown(parameters=states.parameters, gradients=gradients, optimizer=states.optimizer,
                            activations=activations, buffers=states.buffers, framework=framework, host=states.host)
 
 
-def _fullness(states: MemoryBreakdown, activations: float, framework: float) -> tuple[float, float]:
+def _fullness(states: MemoryBreakdown, activations: float, framework: float, apart: bool) -> tuple[float, float]:
     """The device and host bytes of :func:`_with_activations`' breakdown, without building it:
     the fuller rank has the larger total, then the larger host share."""
-    return device_bytes(states.parameters, states.gradients, states.optimizer, activations, states.buffers,
-                        framework), states.host
+    both = max(activations, states.gradients) if apart else activations + states.gradients
+    return device_bytes(states.parameters, 0.0, states.optimizer, both, states.buffers, framework), states.host
 
 
-@by_identity_and_fields(*PARTITION_FIELDS, "tp", "zero", "dp_shard", "offload", "precision")
+@by_identity_and_fields(*PARTITION_FIELDS, "tp", "zero", "dp_shard", "dp_replicate", "offload", "precision",
+                        "block_container")
 def _candidates_states(profile: ModelProfile, plan: Plan, optimizer: str,
                        runtime: str) -> tuple[MemoryBreakdown, ...]:
     """:func:`_model_states` of each of :func:`candidate_ranks` (model states laid out as

@@ -33,12 +33,23 @@ class Stage:
     kinds: tuple[tuple[SegmentProfile, int], ...]  # each distinct block once, with its count
     sums: dict[str, int]  # every integer field of SegmentProfile, summed over ``segments``
     block_sums: dict[str, int]  # the same over ``blocks`` only
-    largest_unit_params: int  # the largest FSDP unit: a block, or the embedding/head with the root
+    largest_block_params: int  # the largest block: FSDP's largest unit but the root
     max_block_output_bytes: int  # the largest block output (profiled batch): a pipeline message
 
     @property
     def num_params(self) -> int:
         return self.sums["num_params"]
+
+    @property
+    def root_params(self) -> int:
+        """Parameters outside the blocks (embedding, head, final norm): FSDP's root unit."""
+        return self.sums["num_params"] - self.block_sums["num_params"]
+
+    def per_tp_rank(self, field: str, tp: int) -> float:
+        """``field`` summed over the stage as one of ``tp`` tensor-parallel ranks holds or runs it:
+        TP splits the blocks; the embedding, final norm and head stay whole on every TP rank
+        (:mod:`stratagem.plugins.tensor_parallel`)."""
+        return self.block_sums[field] / tp + (self.sums[field] - self.block_sums[field])
 
 
 @by_identity_and_fields(*PARTITION_FIELDS)
@@ -69,7 +80,7 @@ def candidate_ranks(profile: ModelProfile, plan: Plan) -> tuple[int, ...]:
     def load(stage: Stage) -> tuple[int, ...]:
         counts = {b.measured_as or b.name: n for b, n in stage.kinds}
         outside = stage.sums["saved_bytes"] - stage.block_sums["saved_bytes"]
-        return (*stage.sums.values(), outside, stage.largest_unit_params, *(counts.get(k, 0) for k in kinds))
+        return (*stage.sums.values(), outside, stage.largest_block_params, *(counts.get(k, 0) for k in kinds))
 
     # virtual stage by virtual stage: a lower rank keeps at least as many in flight on each
     pp, parts = plan.pp, _parts(profile, plan.blocks_per_stage(len(profile.blocks)))
@@ -122,6 +133,6 @@ def _stage(segments: tuple[SegmentProfile, ...], blocks: tuple[SegmentProfile, .
         kinds=tuple((first_of[k], n) for k, n in counts.items()),
         sums={f: sum(getattr(s, f) for s in segments) for f in _SUMMED},
         block_sums={f: sum(getattr(b, f) for b in blocks) for f in _SUMMED},
-        largest_unit_params=max(s.num_params for s in segments),
+        largest_block_params=max((b.num_params for b in blocks), default=0),
         max_block_output_bytes=max((b.output_bytes for b in blocks), default=0),
     )

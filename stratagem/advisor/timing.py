@@ -139,7 +139,7 @@ class RankStep:
     @property
     def params_per_rank(self) -> float:
         """Parameters of the stage on one TP rank (before any data-parallel sharding)."""
-        return self.stage.num_params / self.plan.tp
+        return self.stage.per_tp_rank("num_params", self.plan.tp)
 
     @property
     def optimizer_params(self) -> float:
@@ -148,9 +148,13 @@ class RankStep:
 
     def seconds_per_microbatch(self, flops: str, *, blocks_only: bool = False) -> float:
         """Seconds for one micro-batch of the ``flops`` field (``fwd_flops``, ``bwd_flops``, …)
-        summed over the stage (or its blocks only), divided over the TP group."""
-        total = (self.stage.block_sums if blocks_only else self.stage.sums)[flops]
-        return total * self.batch_scale / self.plan.tp / self.flops_per_second
+        summed over the stage (or its blocks only) as one TP rank runs it (the blocks split over
+        the TP group, the embedding and head whole)."""
+        if blocks_only:
+            total = self.stage.block_sums[flops] / self.plan.tp
+        else:
+            total = self.stage.per_tp_rank(flops, self.plan.tp)
+        return total * self.batch_scale / self.flops_per_second
 
 
 def estimate_time(profile: ModelProfile, *, cluster: Cluster, workload: Workload,

@@ -2,7 +2,7 @@
 measure the step time and this rank's peak memory.
 
 Peak memory is what the cost model predicts, over the model's construction and the warm-up
-steps, above the process as it stands with its process groups just before the model is built
+steps (:data:`MEMORY_STEPS` at least), above the process as it stands with its process groups just before the model is built
 (:class:`~stratagem.advisor.calibrate.processes.PeakMemory`): on CUDA ``max_memory_allocated``
 (and ``max_memory_reserved`` beside it); on CPU the anonymous resident set, the allocator
 handing freed tensors back. What the framework takes beyond the plan's tensors is in it, as the
@@ -30,6 +30,9 @@ from stratagem.plugins import apply_plan, autocast_context, build_mesh, build_op
 __all__ = ["Measured", "RealModel", "measure_plan", "real_model"]
 
 OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
+MEMORY_STEPS = 2
+"""Steps the peak memory is measured over, at least: the second is the first to run its forward
+beside the optimizer's states."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +73,9 @@ def real_model(spec: str, *, seq_len: int | None) -> RealModel:
 
 
 def measure_plan(model: RealModel, plan: Plan, *, optimizer: str, steps: int, warmup: int) -> Measured:
-    """On every rank of the default process group (``plan.world_size`` of them): train ``warmup +
-    1 + steps`` steps of ``plan`` on synthetic batches and measure (module docstring)."""
+    """On every rank of the default process group (``plan.world_size`` of them): train
+    ``max(warmup, MEMORY_STEPS) + 1 + steps`` steps of ``plan`` on synthetic batches and measure
+    (module docstring)."""
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     torch.manual_seed(0)
     inputs, targets = model.make_batch(plan.micro_batch_size * plan.microbatches)
@@ -94,7 +98,7 @@ def measure_plan(model: RealModel, plan: Plan, *, optimizer: str, steps: int, wa
         _sync(device)
         return time.perf_counter() - start
 
-    for _ in range(warmup):
+    for _ in range(max(warmup, MEMORY_STEPS)):
         train_step()
     peak = across_ranks(memory.stop())
     reserved = int(across_ranks(torch.cuda.max_memory_reserved(device))) if device.type == "cuda" else None

@@ -52,7 +52,8 @@ def test_torch_layout_keeps_fp32_weights_and_grads_under_autocast():
     assert state_layout("bf16-mixed", "adamw") == StateLayout(weights=4, grads=4, optimizer=8)
     assert state_layout("bf16-true", "adamw") == StateLayout(weights=2, grads=2, optimizer=4)
     assert state_layout("fp32", "sgd") == StateLayout(weights=4, grads=4, optimizer=4)
-    assert state_layout("bf16-mixed", "adamw", runtime="deepspeed") == StateLayout(weights=2, grads=2, optimizer=12)
+    assert state_layout("bf16-mixed", "adamw", runtime="deepspeed") == StateLayout(weights=2, grads=2, optimizer=12,
+                                                                                  zero2_shards_weights=False)
 
 
 @pytest.fixture(scope="module")
@@ -122,3 +123,40 @@ def test_memory_costed_once_per_layout_equals_each_plan_costed_afresh(runtime, o
     for plan in plans:
         afresh = (estimate_rank_memory(profile, plan, layout, rank=r) for r in candidate_ranks(profile, plan))
         assert estimate_memory(profile, workload, plan, runtime=runtime) == max(afresh, key=lambda m: (m.total, m.host))
+
+
+def _with_root(profile: ModelProfile, *, embed: int, head: int) -> ModelProfile:
+    return dataclasses.replace(profile, embed=_segment("embed", embed), head=_segment("head", head))
+
+
+def test_gradients_and_activations_meet_only_when_forwards_run_into_gradients():
+    """Gradients are None through the forward and come as backward frees activations: the peak
+    holds the larger; with accumulation or pipeline micro-batches it holds both."""
+    profile = _states_only(1000, num_blocks=2)
+    profile = dataclasses.replace(profile, batch_size=1, precision="fp32", blocks=tuple(
+        dataclasses.replace(b, saved_bytes=3000) for b in profile.blocks))
+    workload = Workload(global_batch_size=2, precision="fp32")
+    alone = estimate_memory(profile, workload, Plan(precision="fp32"))
+    assert (alone.activations, alone.gradients) == (6000, 0)
+    accumulating = estimate_memory(profile, workload, Plan(precision="fp32", grad_accum=2))
+    assert (accumulating.activations, accumulating.gradients) == (6000, 4000)
+    piped = estimate_memory(profile, workload, Plan(precision="fp32", pp=2, microbatches=2))
+    assert piped.gradients > 0 and piped.activations > 0
+
+
+def test_tp_splits_the_blocks_and_keeps_the_embedding_and_head_whole():
+    profile = _with_root(_states_only(8000, num_blocks=2), embed=1000, head=1000)
+    memory = estimate_memory(profile, Workload(global_batch_size=1), Plan(tp=4))
+    assert memory.parameters == 4 * (8000 / 4 + 2000)
+
+
+def test_fsdp_buffers_hold_the_root_gathered_and_two_blocks_and_ddp_a_copy_of_every_gradient():
+    profile = _with_root(_states_only(8000, num_blocks=4), embed=1000, head=3000)  # blocks of 2000
+    workload = Workload(global_batch_size=4, precision="fp32")
+    zero3 = estimate_memory(profile, workload, Plan(dp_shard=4, zero=3, precision="fp32", block_container="layers"))
+    assert zero3.buffers == 4 * (4000 + 2 * 2000)
+    zero2 = estimate_memory(profile, workload, Plan(dp_shard=4, zero=2, precision="fp32", block_container="layers"))
+    assert (zero2.parameters, zero2.buffers) == (4 * 12000 / 4, 4 * 12000)  # shards kept, every unit gathered
+    ddp = estimate_memory(profile, workload, Plan(dp_replicate=4, precision="fp32"))
+    assert ddp.buffers == 4 * 12000
+    assert estimate_memory(profile, Workload(global_batch_size=1), Plan(precision="fp32")).buffers == 0

@@ -80,8 +80,10 @@ def test_sgd_streams_fewer_bytes_than_adamw():
     assert _time(Plan(), optimizer="sgd").optimizer == pytest.approx(adamw * 3 / 7)
 
 
-def test_doubling_tp_halves_compute():
-    assert _time(Plan(tp=4)).compute == pytest.approx(_time(Plan(tp=2)).compute / 2)
+def test_doubling_tp_halves_the_blocks_compute_and_leaves_the_head_whole():
+    """TOY: blocks 8e12 forward FLOPs, head 2e12; TP splits the blocks only (the plugins keep the
+    embedding and head replicated): 8/2 + 2 against 8/4 + 2."""
+    assert _time(Plan(tp=4)).compute == pytest.approx(_time(Plan(tp=2)).compute * (8 / 4 + 2) / (8 / 2 + 2))
 
 
 def test_full_checkpointing_recomputes_the_block_forwards():

@@ -168,12 +168,18 @@ def dtensor_op_seconds(device: torch.device, *, repeats: int) -> float:
     return timed(optimizer.step, device, repeats=repeats) / (len(params) * OPTIMIZER_OPS_PER_TENSOR["adamw"])
 
 
+WORKSPACE_GEMM = 1024
+"""Rows and columns of the matmul that brings the kernel library's workspace to a layer's size."""
+
+
 def framework_bytes(device: torch.device) -> float:
-    """Memory a training process takes beyond its tensors, bytes: how far two AdamW steps of the
-    tiny reference Llama (``llama-tiny``, one sequence of 8 tokens) raise the process's peak
+    """Memory a training process takes beyond its tensors, bytes: how far a matmul's forward and
+    backward at :data:`WORKSPACE_GEMM` and two AdamW steps of the tiny reference Llama
+    (``llama-tiny``, one sequence of 8 tokens) raise the process's peak
     (:class:`~stratagem.advisor.calibrate.processes.PeakMemory`, as verification measures), less
-    its parameters, gradients and optimizer states (its activations are a few KiB). Kernel
-    libraries' workspaces, the autograd engine and allocator bookkeeping are what remains. Run it
+    the Llama's parameters, gradients and optimizer states (its activations are a few KiB).
+    Kernel libraries' workspaces (which grow with the matrices, to about 3.4 MiB per thread for
+    CPU GEMMs from 256×4096 on), the autograd engine and allocator bookkeeping remain. Run it
     first in a fresh process: it measures what a process's first training steps pull in, with the
     training stack imported beforehand as a training script has it (imports are the program's,
     not the plan's)."""
@@ -188,6 +194,10 @@ def framework_bytes(device: torch.device) -> float:
     inputs, targets = tuple(t.to(device) for t in inputs), targets.to(device)
     memory = PeakMemory(device)
     with torch.device(device):
+        weight = torch.randn(WORKSPACE_GEMM, WORKSPACE_GEMM, requires_grad=True)
+        (torch.randn(WORKSPACE_GEMM, WORKSPACE_GEMM) @ weight).sum().backward()
+        del weight  # the kernel library keeps its workspace for layers this large
+        memory.reset_peak()  # the matmul's own tensors are gone
         model = preset.build()
     optimizer = torch.optim.AdamW(model.parameters())
     for _ in range(2):

@@ -31,11 +31,11 @@ def across_ranks(value: float, *, smallest: bool = False) -> float:
 
 class PeakMemory:
     """How far this process's memory peaks above where it stands at construction, on ``device``:
-    CUDA's max allocated bytes (its counter reset at construction), or on CPU the peak of the
-    anonymous resident set.
+    CUDA's max allocated bytes, or on CPU the peak of the anonymous resident set, since
+    construction or :meth:`reset_peak`.
 
-    On CPU that is the kernel's high-water mark of the resident set (reset at construction
-    through ``/proc/self/clear_refs`` where Linux allows it, else the lifetime peak) less the
+    On CPU that is the kernel's high-water mark of the resident set (reset through
+    ``/proc/self/clear_refs`` where Linux allows it, else the lifetime peak) less the
     shared libraries' code paged in meanwhile (file-backed pages, shared by every process on the
     node; a plan that runs new code paths pages in more). From construction glibc's malloc hands
     each freed tensor back to the system (:func:`return_freed_tensors`): as CUDA's allocated
@@ -48,12 +48,18 @@ class PeakMemory:
         self.device = device
         self.peak: int | None = None
         if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
             self.baseline = torch.cuda.memory_allocated(device)
         else:
             return_freed_tensors()
-            _reset_resident_peak()
             self.baseline, self.code = _resident("VmRSS"), _resident("RssFile")
+        self.reset_peak()
+
+    def reset_peak(self) -> None:
+        """Count the peak from now on (above the same baseline): what was freed no longer counts."""
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            _reset_resident_peak()
 
     def grown(self) -> int:
         """Bytes the peak lies above the baseline (never negative), up to :meth:`stop` if it ran."""
