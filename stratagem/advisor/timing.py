@@ -218,8 +218,9 @@ def estimate_peak_flops(cluster: Cluster, *, precision: str) -> float:
 
 def estimate_compute_seconds(step: RankStep) -> float:
     """Forward and backward of every micro-batch on the rank, seconds: profiled FLOPs (measured:
-    the profile) scaled to the micro-batch and divided over TP (Megatron splits every matmul,
-    the vocabulary projection included; Shoeybi et al. 2019, §3), over achievable FLOP/s."""
+    the profile) scaled to the micro-batch, the blocks' divided over TP, over achievable FLOP/s.
+    Megatron splits the vocabulary projection too (Shoeybi et al. 2019, §3); the TP plugin keeps
+    the embedding and head whole on every TP rank, and this costs what it applies."""
     forward = step.seconds_per_microbatch("fwd_flops")
     backward = step.seconds_per_microbatch("bwd_flops")
     return step.num_microbatches * (forward + backward)
