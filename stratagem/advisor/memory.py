@@ -48,12 +48,15 @@ class StateLayout:
     """Bytes per parameter of model states: ``weights`` (what forward reads), ``grads`` and
     ``optimizer`` (master weights included when the runtime keeps them there).
     ``zero2_shards_weights``: ZeRO-2 keeps the weights sharded between steps and gathers them for
-    the step (FSDP2 with ``reshard_after_forward=False``), rather than replicating them (DeepSpeed)."""
+    the step (FSDP2 with ``reshard_after_forward=False``), rather than replicating them (DeepSpeed).
+    ``frees_gradients``: the gradients are dropped between steps (torch's ``zero_grad(set_to_none=
+    True)``), rather than kept in buffers of their own (DeepSpeed)."""
 
     weights: float
     grads: float
     optimizer: float
     zero2_shards_weights: bool = True
+    frees_gradients: bool = True
 
 
 @functools.lru_cache(maxsize=None)
@@ -62,15 +65,20 @@ def state_layout(precision: str, optimizer: str, *, runtime: str = "torch") -> S
 
     ``runtime="torch"`` (what stratagem applies): parameters and gradients in the precision's
     parameter dtype (fp32 for *-mixed), AdamW keeps two states, SGD one momentum buffer, in that
-    dtype. ``runtime="deepspeed"``: the ZeRO paper's mixed-precision layout — 16-bit weights and
-    gradients, fp32 master weights plus states in the optimizer (K = 12 for Adam, 8 for SGD).
+    dtype. ``runtime="deepspeed"``: under mixed precision the ZeRO paper's layout — 16-bit
+    weights and gradients, fp32 master weights plus states in the optimizer (K = 12 for Adam, 8
+    for SGD); ZeRO-2 weights replicated and gradient buffers kept, whatever the precision.
     """
     prec = get_precision(precision)
     num_states = 2 if optimizer == "adamw" else 1
-    if runtime == "deepspeed" and prec.autocast:
-        return StateLayout(weights=2, grads=2, optimizer=4 + 4 * num_states, zero2_shards_weights=False)
-    size = prec.param_bytes
-    return StateLayout(weights=size, grads=size, optimizer=num_states * size)
+    deepspeed = runtime == "deepspeed"
+    if deepspeed and prec.autocast:
+        weights, grads, states = 2, 2, 4 + 4 * num_states
+    else:
+        weights = grads = prec.param_bytes
+        states = num_states * prec.param_bytes
+    return StateLayout(weights=weights, grads=grads, optimizer=states, zero2_shards_weights=not deepspeed,
+                       frees_gradients=not deepspeed)
 
 
 def usable_bytes(memory_bytes: float) -> float:
@@ -247,19 +255,20 @@ def estimate_memory(profile: ModelProfile, workload: Workload, plan: Plan, *, ru
     fullest reported. ``framework``: :func:`framework_bytes` of the cluster."""
     ranks = zip(_candidates_states(profile, plan, workload.optimizer, runtime),
                 _candidates_activations(profile, plan))
-    apart = not gradients_meet_activations(plan)
+    apart = not gradients_meet_activations(plan, state_layout(plan.precision, workload.optimizer, runtime=runtime))
     states, activations = max(ranks, key=lambda rank: _fullness(*rank, framework, apart))
     return _with_activations(states, activations, framework, apart)
 
 
-def gradients_meet_activations(plan: Plan) -> bool:
-    """Whether a step's peak holds its gradients and its activations together. They meet where a
-    step runs several forwards into the same gradients: gradient accumulation, and a pipeline's
+def gradients_meet_activations(plan: Plan, layout: StateLayout) -> bool:
+    """Whether a step's peak holds its gradients and its activations together. They meet where the
+    runtime keeps gradient buffers (``layout.frees_gradients`` false), and where a step runs
+    several forwards into the same gradients: gradient accumulation, and a pipeline's
     micro-batches. Otherwise the gradients are None through the forward (``zero_grad(set_to_none=
     True)``, torch's default) and come during backward as the activations they come from are freed:
     the peak is the end of the forward (activations, no gradients) or of the backward (gradients,
     activations freed), whichever holds more."""
-    return plan.grad_accum > 1 or plan.pp > 1
+    return not layout.frees_gradients or plan.grad_accum > 1 or plan.pp > 1
 
 
 def framework_bytes(cluster: Cluster) -> float:
@@ -274,7 +283,7 @@ def estimate_rank_memory(profile: ModelProfile, plan: Plan, layout: StateLayout,
                          framework: float = 0.0) -> MemoryBreakdown:
     """Peak bytes of pipeline rank ``rank``, term by term (``framework``: :func:`framework_bytes`)."""
     return _with_activations(_model_states(profile, plan, layout, rank), estimate_activations(profile, plan, rank=rank),
-                             framework, not gradients_meet_activations(plan))
+                             framework, not gradients_meet_activations(plan, layout))
 
 
 def _model_states(profile: ModelProfile, plan: Plan, layout: StateLayout, rank: int) -> MemoryBreakdown:

@@ -52,8 +52,8 @@ def test_torch_layout_keeps_fp32_weights_and_grads_under_autocast():
     assert state_layout("bf16-mixed", "adamw") == StateLayout(weights=4, grads=4, optimizer=8)
     assert state_layout("bf16-true", "adamw") == StateLayout(weights=2, grads=2, optimizer=4)
     assert state_layout("fp32", "sgd") == StateLayout(weights=4, grads=4, optimizer=4)
-    assert state_layout("bf16-mixed", "adamw", runtime="deepspeed") == StateLayout(weights=2, grads=2, optimizer=12,
-                                                                                  zero2_shards_weights=False)
+    assert state_layout("bf16-mixed", "adamw", runtime="deepspeed") == StateLayout(
+        weights=2, grads=2, optimizer=12, zero2_shards_weights=False, frees_gradients=False)
 
 
 @pytest.fixture(scope="module")
@@ -142,6 +142,8 @@ def test_gradients_and_activations_meet_only_when_forwards_run_into_gradients():
     assert (accumulating.activations, accumulating.gradients) == (6000, 4000)
     piped = estimate_memory(profile, workload, Plan(precision="fp32", pp=2, microbatches=2))
     assert piped.gradients > 0 and piped.activations > 0
+    kept = estimate_memory(profile, workload, Plan(precision="fp32"), runtime="deepspeed")  # its own buffers
+    assert kept.gradients > 0 and kept.activations == 6000
 
 
 def test_tp_splits_the_blocks_and_keeps_the_embedding_and_head_whole():

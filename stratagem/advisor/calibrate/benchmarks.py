@@ -178,11 +178,10 @@ def framework_bytes(device: torch.device) -> float:
     (``llama-tiny``, one sequence of 8 tokens) raise the process's peak
     (:class:`~stratagem.advisor.calibrate.processes.PeakMemory`, as verification measures), less
     the Llama's parameters, gradients and optimizer states (its activations are a few KiB).
-    Kernel libraries' workspaces (on CPU they depend on the matrices' shapes: 0.3–4 MiB per
-    thread kept after one GEMM on a 2-core EPYC), the autograd engine and allocator bookkeeping
-    remain. Run it first in a fresh process: it measures what a process's first training steps
-    pull in, with the training stack imported beforehand as a training script has it (imports
-    are the program's, not the plan's)."""
+    Kernel libraries' workspaces (on CPU they depend on the matrices' shapes), the autograd
+    engine and allocator bookkeeping remain. Run it first in a fresh process: it measures what a
+    process's first training steps pull in, with the training stack imported beforehand as a
+    training script has it (imports are the program's, not the plan's)."""
     import torch.distributed.fsdp  # noqa: F401  (FSDP2, DTensor, pipelining and the optimizers'
     import torch.distributed.pipelining  # noqa: F401  compile hooks: what a training run imports)
     import torch.distributed.tensor  # noqa: F401
