@@ -224,16 +224,15 @@ def _per_microbatch(stage: Stage, plan: Plan, *, scale: float) -> float:
     """Bytes one micro-batch leaves saved on ``stage``: its blocks', and the embedding's or
     head's (whole on every TP rank)."""
     blocks = sum(n * estimate_block_activations(b, plan, scale=scale) for b, n in stage.kinds)
-    outside = stage.sums["saved_bytes"] - stage.block_sums["saved_bytes"]
-    return blocks + outside * scale
+    return blocks + stage.outside_blocks("saved_bytes") * scale
 
 
 def estimate_buffers(profile: ModelProfile, plan: Plan, params: float, *, rank: int = 0) -> float:
     """Bytes beyond the model states: gathered FSDP units, DDP's gradient buckets, and
     autocast's compute-dtype weight copies, which live from forward to backward. ``params``: the
     rank's parameters before sharding. DDP (data parallelism over more than one rank, zero 0/1)
-    keeps a copy of every gradient in its buckets for the module's life (torch's ``gradient_as_bucket_view=False``, the default, which the plugins
-    keep). FSDP2 (ZeRO-3) holds the root unit (what lies outside the blocks: embedding, head)
+    keeps a copy of every gradient in its buckets for the module's life (torch's
+    ``gradient_as_bucket_view=False``, the default, which the plugins keep). FSDP2 (ZeRO-3) holds the root unit (what lies outside the blocks: embedding, head)
     gathered from its forward to its backward (it does not reshard the root after forward) and
     a block unit and the next, prefetched; ZeRO-2 keeps every unit gathered until backward; a
     plan without blocks has the root as its only unit."""
@@ -253,9 +252,9 @@ def estimate_memory(profile: ModelProfile, workload: Workload, plan: Plan, *, ru
     """Peak bytes per rank on the most loaded rank, term by term: every pipeline rank that may
     be the most loaded is costed (:func:`~stratagem.advisor.stage.candidate_ranks`), the
     fullest reported. ``framework``: :func:`framework_bytes` of the cluster."""
-    ranks = zip(_candidates_states(profile, plan, workload.optimizer, runtime),
-                _candidates_activations(profile, plan))
-    apart = not gradients_meet_activations(plan, state_layout(plan.precision, workload.optimizer, runtime=runtime))
+    layout = state_layout(plan.precision, workload.optimizer, runtime=runtime)
+    ranks = zip(_candidates_states(profile, plan, layout), _candidates_activations(profile, plan))
+    apart = not gradients_meet_activations(plan, layout)
     states, activations = max(ranks, key=lambda rank: _fullness(*rank, framework, apart))
     return _with_activations(states, activations, framework, apart)
 
@@ -299,13 +298,18 @@ def _model_states(profile: ModelProfile, plan: Plan, layout: StateLayout, rank: 
     )
 
 
+def _alive_at_peak(gradients: float, activations: float, apart: bool) -> tuple[float, float]:
+    """Gradients and activations at the peak: with ``apart`` (not :func:`gradients_meet_activations`)
+    the smaller of the two is not alive there."""
+    if not apart:
+        return gradients, activations
+    return (0.0, activations) if activations >= gradients else (gradients, 0.0)
+
+
 def _with_activations(states: MemoryBreakdown, activations: float, framework: float, apart: bool) -> MemoryBreakdown:
-    """:func:`_model_states`' breakdown with the rank's activations and the framework's bytes; with
-    ``apart`` (not :func:`gradients_meet_activations`), the smaller of gradients and activations
-    left out: not alive at the peak."""
-    gradients = states.gradients
-    if apart:
-        gradients, activations = (0.0, activations) if activations >= gradients else (gradients, 0.0)
+    """:func:`_model_states`' breakdown with the rank's activations and the framework's bytes, as
+    alive at the peak (:func:`_alive_at_peak`)."""
+    gradients, activations = _alive_at_peak(states.gradients, activations, apart)
     return MemoryBreakdown(parameters=states.parameters, gradients=gradients, optimizer=states.optimizer,
                            activations=activations, buffers=states.buffers, framework=framework, host=states.host)
 
@@ -313,18 +317,16 @@ def _with_activations(states: MemoryBreakdown, activations: float, framework: fl
 def _fullness(states: MemoryBreakdown, activations: float, framework: float, apart: bool) -> tuple[float, float]:
     """The device and host bytes of :func:`_with_activations`' breakdown, without building it:
     the fuller rank has the larger total, then the larger host share."""
-    both = max(activations, states.gradients) if apart else activations + states.gradients
-    return device_bytes(states.parameters, 0.0, states.optimizer, both, states.buffers, framework), states.host
+    gradients, activations = _alive_at_peak(states.gradients, activations, apart)
+    return device_bytes(states.parameters, gradients, states.optimizer, activations, states.buffers,
+                        framework), states.host
 
 
 @by_identity_and_fields(*PARTITION_FIELDS, "tp", "zero", "dp_shard", "dp_replicate", "offload", "precision",
                         "block_container")
-def _candidates_states(profile: ModelProfile, plan: Plan, optimizer: str,
-                       runtime: str) -> tuple[MemoryBreakdown, ...]:
-    """:func:`_model_states` of each of :func:`candidate_ranks` (model states laid out as
-    :func:`state_layout` says), costed once for the plans of a layout: they differ only in
-    micro-batching."""
-    layout = state_layout(plan.precision, optimizer, runtime=runtime)
+def _candidates_states(profile: ModelProfile, plan: Plan, layout: StateLayout) -> tuple[MemoryBreakdown, ...]:
+    """:func:`_model_states` of each of :func:`candidate_ranks`, costed once for the plans of a
+    layout: they differ only in micro-batching."""
     return tuple(_model_states(profile, plan, layout, r) for r in candidate_ranks(profile, plan))
 
 

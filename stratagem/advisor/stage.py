@@ -40,16 +40,20 @@ class Stage:
     def num_params(self) -> int:
         return self.sums["num_params"]
 
+    def outside_blocks(self, field: str) -> int:
+        """``field`` summed over the segments outside the blocks: the embedding, head and final norm."""
+        return self.sums[field] - self.block_sums[field]
+
     @property
     def root_params(self) -> int:
-        """Parameters outside the blocks (embedding, head, final norm): FSDP's root unit."""
-        return self.sums["num_params"] - self.block_sums["num_params"]
+        """Parameters outside the blocks: FSDP's root unit."""
+        return self.outside_blocks("num_params")
 
     def per_tp_rank(self, field: str, tp: int) -> float:
         """``field`` summed over the stage as one of ``tp`` tensor-parallel ranks holds or runs it:
         TP splits the blocks; the embedding, final norm and head stay whole on every TP rank
         (:mod:`stratagem.plugins.tensor_parallel`)."""
-        return self.block_sums[field] / tp + (self.sums[field] - self.block_sums[field])
+        return self.block_sums[field] / tp + self.outside_blocks(field)
 
 
 @by_identity_and_fields(*PARTITION_FIELDS)
@@ -74,13 +78,13 @@ def candidate_ranks(profile: ModelProfile, plan: Plan) -> tuple[int, ...]:
     """The pipeline ranks that may be the most loaded in memory: those no lower rank dominates.
     A lower rank keeps at least as many micro-batches in flight under every schedule, so one
     that also holds at least as much of everything (each block kind, every summed field, the
-    activations outside the blocks, the largest FSDP unit) needs at least as much memory."""
+    activations outside the blocks, the largest block) needs at least as much memory."""
     kinds = sorted({b.measured_as or b.name for b in profile.blocks})
 
     def load(stage: Stage) -> tuple[int, ...]:
         counts = {b.measured_as or b.name: n for b, n in stage.kinds}
-        outside = stage.sums["saved_bytes"] - stage.block_sums["saved_bytes"]
-        return (*stage.sums.values(), outside, stage.largest_block_params, *(counts.get(k, 0) for k in kinds))
+        return (*stage.sums.values(), stage.outside_blocks("saved_bytes"), stage.largest_block_params,
+                *(counts.get(k, 0) for k in kinds))
 
     # virtual stage by virtual stage: a lower rank keeps at least as many in flight on each
     pp, parts = plan.pp, _parts(profile, plan.blocks_per_stage(len(profile.blocks)))
