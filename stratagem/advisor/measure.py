@@ -11,7 +11,9 @@ The segments are the model's blocks plus ``embed`` (whatever runs before the fir
   apart (they scale with parameters, not with the batch);
 * which non-block parameters it is the first to use;
 * the operators it dispatches in forward and in backward (each costs host time to launch,
-  whatever its size: what a step of small kernels spends);
+  whatever its size: what a step of small kernels spends), and the bytes written by those
+  without a FLOP formula (norms, activations, softmax, elementwise arithmetic, copies: their
+  time grows with the bytes they stream, not with FLOPs); views write nothing;
 * the attention core, for selective checkpointing (Korthikanti et al. 2022, §4.2): the forward
   FLOPs of ops that read or write an s×s tensor (QKᵀ, AV) or are fused attention kernels, and
   the saved tensors shaped s×s in their last two dimensions (softmax output, dropout mask and
@@ -94,6 +96,8 @@ class SegmentCounts:
     output_bytes: int = 0
     fwd_ops: int = 0
     bwd_ops: int = 0
+    fwd_op_bytes: int = 0
+    bwd_op_bytes: int = 0
 
 
 @dataclass
@@ -104,6 +108,16 @@ class RunRecord:
     param_segment: dict[str, str] = field(default_factory=dict)  # state name -> first segment to use it
     measured_as: dict[str, str] = field(default_factory=dict)  # duplicate block -> representative
     output_bytes: int = 0
+
+
+def _bytes_written(func_packet: Any, out: Any, args: Any) -> int:
+    """Bytes of the tensors an operator outputs, none for a view (an output sharing an input's
+    storage, the in-place ops, whose names end in ``_``, excepted: they write it)."""
+    outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+    if not func_packet.__name__.endswith("_"):
+        inputs = {StorageWeakRef(t.untyped_storage()) for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)}
+        outputs = [t for t in outputs if StorageWeakRef(t.untyped_storage()) not in inputs]
+    return sum(t.numel() * t.element_size() for t in outputs)
 
 
 class _CostCounter(FlopCounterMode):
@@ -144,12 +158,15 @@ class _CostCounter(FlopCounterMode):
     def _count_flops(self, func_packet, out, args, kwargs):
         seg = self.segment()
         counts = self._record.segments[seg]
+        formula = self.flop_registry.get(func_packet)
         if func_packet not in _UNCOUNTED_OPS:
+            written = 0 if formula is not None else _bytes_written(func_packet, out, args)
             if self.mod_tracker.is_bw:
                 counts.bwd_ops += 1
+                counts.bwd_op_bytes += written
             else:
                 counts.fwd_ops += 1
-        formula = self.flop_registry.get(func_packet)
+                counts.fwd_op_bytes += written
         if formula is not None:
             flops = formula(*args, **kwargs, out_val=out)
             if self.mod_tracker.is_bw:

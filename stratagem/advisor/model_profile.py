@@ -45,6 +45,8 @@ class SegmentProfile:
     num_tensors: int = 0  # parameter tensors (what a per-tensor optimizer loops over)
     fwd_ops: int = 0  # operators dispatched in forward
     bwd_ops: int = 0  # operators dispatched in backward
+    fwd_op_bytes: int = 0  # bytes written in forward by operators without FLOPs (norms, elementwise)
+    bwd_op_bytes: int = 0  # the same in backward
     linears: tuple[LinearLayer, ...] = ()
     measured_as: str | None = None  # identical block whose measurement this one reuses
 

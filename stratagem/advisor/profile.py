@@ -197,6 +197,7 @@ def _assemble(model: nn.Module, blocks: tuple[str, ...], record: RunRecord, prec
             attention_fwd_flops=counts.attention_fwd_flops, attention_saved_bytes=counts.attention_saved_bytes,
             input_bytes=counts.input_bytes, output_bytes=counts.output_bytes,
             fwd_ops=counts.fwd_ops, bwd_ops=counts.bwd_ops,
+            fwd_op_bytes=counts.fwd_op_bytes, bwd_op_bytes=counts.bwd_op_bytes,
             **extra,
         )
 

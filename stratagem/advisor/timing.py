@@ -32,11 +32,12 @@ from stratagem.advisor.model_profile import ModelProfile, SegmentProfile
 from stratagem.advisor.stage import Stage, busiest_stage, whole_model
 from stratagem.errors import UsageError
 
-# Fraction of the dense peak that profiled FLOPs run at, by device kind. GPU: dense bf16 GEMMs
-# at transformer shapes reach 60-75 % of peak, and norms, softmax and elementwise ops (outside
-# the FLOP count) pull the whole step lower; Megatron-LM reaches 52 % MFU on A100 (Narayanan et
-# al. 2021, Table 1), Llama 3 405B 38-43 % on H100 (HARDWARE_FACTS.md). Estimate. CPU: the
-# catalog's per-core figure is already an achieved rate ("about half reached"), so 1.0.
+# Fraction of the dense peak that profiled FLOPs (matmuls, attention) run at, by device kind.
+# GPU: dense bf16 GEMMs at transformer shapes reach 60-75 % of peak, attention kernels less;
+# norms, softmax and elementwise ops are costed apart, by the bytes they write (OP_BYTE_PASSES).
+# The whole step: Megatron-LM reaches 52 % MFU on A100 (Narayanan et al. 2021, Table 1), Llama 3
+# 405B 38-43 % on H100 (HARDWARE_FACTS.md). Estimate. CPU: the catalog's per-core figure is
+# already an achieved rate ("about half reached"), so 1.0.
 ACHIEVABLE_FLOPS_FRACTION = {"gpu": 0.6, "cpu": 1.0}
 
 # fp32 training runs matmuls in full fp32: PyTorch >= 1.12 defaults
@@ -88,9 +89,11 @@ DTENSOR_OPS_PER_TP_LINEAR = 6
 # not per tensor.
 OPTIMIZER_OPS_PER_TENSOR = {"adamw": 10, "sgd": 3}
 
-# Activation-checkpointing policy -> the forward FLOPs each block runs again in backward
-# (Korthikanti et al. 2022, §5: full recomputes the block, selective the attention core).
-RECOMPUTED_FLOPS = {"none": None, "selective": "attention_fwd_flops", "full": "fwd_flops"}
+# Memory traffic per byte written by an operator without FLOPs (norms, activations, softmax,
+# elementwise arithmetic): it reads about as much as it writes (a unary op one input, a binary op
+# two, a norm its input and weight). Estimate, costed at the device's memory bandwidth (roofline,
+# Williams et al. 2009); calibration measures seconds per byte instead (NodeSpec.op_byte_seconds).
+OP_BYTE_PASSES = 2
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -98,7 +101,8 @@ class RankStep:
     """What one rank of the most loaded pipeline stage does in one optimizer step.
 
     ``stage`` holds the stage's segments (its blocks, plus the embedding or head where they
-    sit) and their sums; ``flops_per_second`` is the rank's achievable FLOP/s."""
+    sit) and their sums; ``flops_per_second`` is the rank's achievable FLOP/s,
+    ``seconds_per_op_byte`` what each byte written by operators without FLOPs costs."""
 
     profile: ModelProfile
     cluster: Cluster
@@ -108,6 +112,7 @@ class RankStep:
     stage: Stage
     links: dict[MeshAxis, tuple[float, float]]  # (bytes/s, seconds) per mesh axis: group_link
     flops_per_second: float
+    seconds_per_op_byte: float
 
     def link(self, axis: MeshAxis, op: str) -> dict[str, float]:
         """``bandwidth`` and ``latency`` of ``op`` on the ``axis`` group (the collective's own
@@ -146,15 +151,22 @@ class RankStep:
         """Parameters whose optimizer state this rank updates: zero >= 1 shards over dp_shard."""
         return self.params_per_rank / (self.plan.dp_shard if self.plan.zero else 1)
 
-    def seconds_per_microbatch(self, flops: str, *, blocks_only: bool = False) -> float:
-        """Seconds for one micro-batch of the ``flops`` field (``fwd_flops``, ``bwd_flops``, …)
-        summed over the stage (or its blocks only) as one TP rank runs it (the blocks split over
-        the TP group, the embedding and head whole)."""
+    def per_microbatch(self, field: str, *, blocks_only: bool = False) -> float:
+        """A profiled quantity (``fwd_flops``, ``bwd_op_bytes``, …) for one micro-batch, summed
+        over the stage (or its blocks only) as one TP rank runs it (the blocks split over the TP
+        group, the embedding and head whole)."""
         if blocks_only:
-            total = self.stage.block_sums[flops] / self.plan.tp
+            total = self.stage.block_sums[field] / self.plan.tp
         else:
-            total = self.stage.per_tp_rank(flops, self.plan.tp)
-        return total * self.batch_scale / self.flops_per_second
+            total = self.stage.per_tp_rank(field, self.plan.tp)
+        return total * self.batch_scale
+
+    def pass_seconds(self, direction: str, *, blocks_only: bool = False) -> float:
+        """Seconds of one micro-batch's forward (``"fwd"``) or backward (``"bwd"``) over the stage
+        (or its blocks only) on one TP rank: its FLOPs at the achievable rate and the bytes its
+        operators without FLOPs write, at :attr:`seconds_per_op_byte`."""
+        return (self.per_microbatch(f"{direction}_flops", blocks_only=blocks_only) / self.flops_per_second
+                + self.per_microbatch(f"{direction}_op_bytes", blocks_only=blocks_only) * self.seconds_per_op_byte)
 
 
 def estimate_time(profile: ModelProfile, *, cluster: Cluster, workload: Workload,
@@ -200,7 +212,7 @@ def rank_step(profile: ModelProfile, *, cluster: Cluster, workload: Workload,
     return RankStep(profile=profile, cluster=cluster, plan=plan, optimizer=workload.optimizer,
                     precision=get_precision(plan.precision), stage=busiest_stage(profile, plan),
                     links=mesh_links(cluster, plan),
-                    flops_per_second=fraction * peak)
+                    flops_per_second=fraction * peak, seconds_per_op_byte=seconds_per_op_byte(cluster))
 
 
 def estimate_peak_flops(cluster: Cluster, *, precision: str) -> float:
@@ -213,26 +225,39 @@ def estimate_peak_flops(cluster: Cluster, *, precision: str) -> float:
     return cluster.device.peak_flops({"bfloat16": "bf16", "float16": "fp16"}[dtype])
 
 
+def seconds_per_op_byte(cluster: Cluster) -> float:
+    """Seconds each byte written by an operator without FLOPs costs: as calibrated
+    (``NodeSpec.op_byte_seconds``), else :data:`OP_BYTE_PASSES` bytes moved at the device's
+    memory bandwidth × :data:`MEMORY_BANDWIDTH_EFFICIENCY`."""
+    measured = cluster.node.op_byte_seconds
+    if measured is not None:
+        return measured
+    return OP_BYTE_PASSES / (cluster.device.memory_bandwidth * MEMORY_BANDWIDTH_EFFICIENCY)
+
+
 # -- compute ----------------------------------------------------------------------------------
 
 
 def estimate_compute_seconds(step: RankStep) -> float:
     """Forward and backward of every micro-batch on the rank, seconds: profiled FLOPs (measured:
-    the profile) scaled to the micro-batch, the blocks' divided over TP, over achievable FLOP/s.
-    Megatron splits the vocabulary projection too (Shoeybi et al. 2019, §3); the TP plugin keeps
-    the embedding and head whole on every TP rank, and this costs what it applies."""
-    forward = step.seconds_per_microbatch("fwd_flops")
-    backward = step.seconds_per_microbatch("bwd_flops")
-    return step.num_microbatches * (forward + backward)
+    the profile) scaled to the micro-batch, the blocks' divided over TP, over achievable FLOP/s,
+    and the bytes the operators without FLOPs write (:meth:`RankStep.pass_seconds`). Megatron
+    splits the vocabulary projection too (Shoeybi et al. 2019, §3); the TP plugin keeps the
+    embedding and head whole on every TP rank, and this costs what it applies."""
+    return step.num_microbatches * (step.pass_seconds("fwd") + step.pass_seconds("bwd"))
 
 
 def estimate_recompute_seconds(step: RankStep) -> float:
-    """Forward FLOPs run again in backward, seconds: every block's forward for ``full``, its
-    attention core for ``selective`` (Korthikanti et al. 2022, §5, Table 2)."""
-    flops = RECOMPUTED_FLOPS[step.plan.activation_checkpointing]
-    if flops is None:
+    """Forward run again in backward, seconds: every block's forward for ``full``, the FLOPs of
+    its attention core for ``selective`` (Korthikanti et al. 2022, §5, Table 2)."""
+    policy = step.plan.activation_checkpointing
+    if policy == "none":
         return 0.0
-    return step.num_microbatches * step.seconds_per_microbatch(flops, blocks_only=True)
+    if policy == "full":
+        per_microbatch = step.pass_seconds("fwd", blocks_only=True)
+    else:
+        per_microbatch = step.per_microbatch("attention_fwd_flops", blocks_only=True) / step.flops_per_second
+    return step.num_microbatches * per_microbatch
 
 
 def estimate_bubble_seconds(step: RankStep, *, ideal: float) -> float:
@@ -389,8 +414,8 @@ def _dp_overlap_window_seconds(step: RankStep, *, compute: float, recompute: flo
     reduce (zero 0/1), plus the first forward (zero 2's one gather), or everything (zero 3)."""
     if step.plan.zero == 3:
         return compute + recompute
-    backward = step.seconds_per_microbatch("bwd_flops") + recompute / step.num_microbatches
-    forward = step.seconds_per_microbatch("fwd_flops") if step.plan.zero == 2 else 0.0
+    backward = step.pass_seconds("bwd") + recompute / step.num_microbatches
+    forward = step.pass_seconds("fwd") if step.plan.zero == 2 else 0.0
     return forward + step.num_reductions * backward
 
 

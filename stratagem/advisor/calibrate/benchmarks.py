@@ -19,7 +19,7 @@ import torch.distributed as dist
 from stratagem.advisor.calibrate.processes import PeakMemory
 
 __all__ = ["collective_seconds", "dtensor_op_seconds", "framework_bytes", "matmul_rate", "memory_bandwidth",
-           "op_seconds", "overlap_fraction", "timed"]
+           "op_byte_seconds", "op_seconds", "overlap_fraction", "timed"]
 
 BUDGET_SECONDS = 1.0
 """Time one measurement may take after its warm-up (the calibration aims at a minute per node)."""
@@ -125,29 +125,56 @@ REFERENCE_MODEL = "gpt2-tiny"
 width 64: layer norms, GELU, attention and embeddings at tensor sizes where launching an
 operator costs more than its arithmetic)."""
 
+BYTES_REFERENCE = {"cpu": ("llama-small", 2, 128), "cuda": ("llama-small", 64, 512)}
+"""(model, batch, tokens) whose training step measures the cost per byte that operators without
+FLOPs write, per device type: a Llama at a size where those bytes, not launching operators,
+take the time beyond its matmuls."""
+
+
+def _reference_step(model: str, batch: int, seq_len: int, device: torch.device, *,
+                    repeats: int) -> tuple[float, float, int, float]:
+    """Seconds of forward and backward of ``model`` on ``batch`` sequences of ``seq_len``
+    tokens, with the FLOPs, operators and bytes its profile counts for that batch (the bytes
+    written by operators without FLOPs)."""
+    from stratagem.advisor.profiles import profile_spec
+    from stratagem.models import PRESETS
+
+    profile = profile_spec(model, seq_len=seq_len, precision="fp32")
+    preset = PRESETS[model]
+    inputs, targets = preset.make_batch(batch, seq_len)
+    inputs, targets = tuple(t.to(device) for t in inputs), targets.to(device)
+    with torch.device(device):
+        module = preset.build()
+
+    def step() -> None:
+        preset.loss(module(*inputs), targets).backward()
+        module.zero_grad(set_to_none=True)
+
+    runs = 10 if batch * seq_len <= 64 else 1  # a small step is timed ten at a time
+    seconds = timed(lambda: [step() for _ in range(runs)], device, repeats=repeats) / runs
+    scale = batch / profile.batch_size
+    flops = scale * sum(s.fwd_flops + s.bwd_flops for s in profile.segments)
+    written = scale * sum(s.fwd_op_bytes + s.bwd_op_bytes for s in profile.segments)
+    return seconds, flops, sum(s.fwd_ops + s.bwd_ops for s in profile.segments), written
+
 
 def op_seconds(device: torch.device, flops_per_second: float, *, repeats: int) -> float:
     """Host seconds per operator: the time of forward and backward of :data:`REFERENCE_MODEL` on
     one 32-token sequence beyond its matmul FLOPs at ``flops_per_second``, over the operators its
     profile counts (the same count the cost model multiplies by)."""
-    from stratagem.advisor.profiles import profile_spec
-    from stratagem.models import PRESETS
-
-    profile = profile_spec(REFERENCE_MODEL, seq_len=32, precision="fp32")
-    preset = PRESETS[REFERENCE_MODEL]
-    inputs, targets = preset.make_batch(profile.batch_size, 32)
-    inputs, targets = tuple(t.to(device) for t in inputs), targets.to(device)
-    with torch.device(device):
-        model = preset.build()
-
-    def step() -> None:
-        preset.loss(model(*inputs), targets).backward()
-        model.zero_grad(set_to_none=True)
-
-    seconds = timed(lambda: [step() for _ in range(10)], device, repeats=repeats) / 10
-    flops = sum(s.fwd_flops + s.bwd_flops for s in profile.segments)
-    ops = sum(s.fwd_ops + s.bwd_ops for s in profile.segments)
+    seconds, flops, ops, _ = _reference_step(REFERENCE_MODEL, 1, 32, device, repeats=repeats)
     return max(seconds - flops / flops_per_second, 0.0) / ops
+
+
+def op_byte_seconds(device: torch.device, flops_per_second: float, per_op: float, *, repeats: int) -> float:
+    """Seconds per byte written by operators without FLOPs (norms, activations, softmax,
+    elementwise arithmetic): the time of forward and backward of :data:`BYTES_REFERENCE` beyond its
+    matmul FLOPs at ``flops_per_second`` and its operators at ``per_op`` seconds each, over the
+    bytes its profile counts them writing (the count the cost model multiplies by). What the
+    measured matmul rate misses of the model's own matmuls lands here too."""
+    model, batch, seq_len = BYTES_REFERENCE["cuda" if device.type == "cuda" else "cpu"]
+    seconds, flops, ops, written = _reference_step(model, batch, seq_len, device, repeats=repeats)
+    return max(seconds - flops / flops_per_second - ops * per_op, 0.0) / written
 
 
 def dtensor_op_seconds(device: torch.device, *, repeats: int) -> float:

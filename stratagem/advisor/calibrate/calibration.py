@@ -29,7 +29,7 @@ __all__ = ["COLLECTIVES", "Calibration", "LinkFit", "calibrated", "calibration_p
            "fit_link", "hardware_key", "ring_steps"]
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "p2p")
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 
 def ring_steps(op: str, group_size: int) -> int:
@@ -82,7 +82,8 @@ class Calibration:
     ``links``: per scope (``"intra"`` inside a node, ``"inter"`` across nodes) per collective per
     group size, the fit. ``overlap``: the fraction of an all-reduce hidden under concurrent matmuls.
     ``op_seconds``: host seconds per operator of a small model's training step beyond its matmul
-    FLOPs; ``dtensor_op_seconds``: per operator of an optimizer step over DTensor parameters. ``framework_bytes``: the
+    FLOPs; ``op_byte_seconds``: seconds per byte written by operators without FLOPs, beyond
+    those and the matmuls, in a larger model's step; ``dtensor_op_seconds``: per operator of an optimizer step over DTensor parameters. ``framework_bytes``: the
     memory a fresh process's first training steps take beyond their tensors.
     """
 
@@ -94,6 +95,7 @@ class Calibration:
     links: dict[str, dict[str, dict[int, LinkFit]]]
     overlap: float | None
     op_seconds: float | None
+    op_byte_seconds: float | None
     dtensor_op_seconds: float | None
     framework_bytes: float | None
     seconds: float
@@ -116,7 +118,7 @@ class Calibration:
         measured), memory bandwidth, the in-node link (the all-reduce fit) and each collective's
         own fit per group size inside a node, the network (α, β, efficiency 1: the fit already is
         what collectives reach), how much communication hides under compute, the host seconds per
-        operator and the framework's memory. A note says so."""
+        operator and per byte its operators without FLOPs write, and the framework's memory. A note says so."""
         node = cluster.node
         measured = {f"peak_{dtype}": rate for dtype in ("fp32", "tf32", "bf16", "fp16")
                     if (rate := self.matmul_rate(dtype)) is not None}
@@ -138,6 +140,7 @@ class Calibration:
                             for op, fits in self.links.get("intra", {}).items() for n, fit in fits.items())
         node = dataclasses.replace(node, device=device, link=link, network=network, comm_overlap=overlap,
                                    collectives=collectives, op_seconds=self.op_seconds,
+                                   op_byte_seconds=self.op_byte_seconds,
                                    dtensor_op_seconds=self.dtensor_op_seconds,
                                    framework_bytes=self.framework_bytes)
         return dataclasses.replace(cluster, node=node, notes=(*cluster.notes, note))

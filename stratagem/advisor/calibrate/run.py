@@ -26,6 +26,7 @@ from stratagem.advisor.calibrate.benchmarks import (
     framework_bytes,
     matmul_rate,
     memory_bandwidth,
+    op_byte_seconds,
     op_seconds,
     overlap_fraction,
 )
@@ -117,7 +118,7 @@ def calibrate_on_group(*, quick: bool = False, progress: bool = False) -> Calibr
     groups = _groups(cluster.num_nodes, cluster.devices_per_node)
     dtypes = ["fp32", "bf16"] if device.type == "cpu" or torch.cuda.is_bf16_supported() else ["fp32"]
     measurements = len(dtypes) * len(settings.matmul_sizes) + len(groups) * len(COLLECTIVES) * len(settings.message_bytes)
-    work = measurements + 5  # the framework's memory, memory bandwidth, operator dispatch (2), overlap
+    work = measurements + 6  # the framework's memory, memory bandwidth, operators (3), overlap
     with _progress_bar(work, enabled=progress and dist.get_rank() == 0) as step:
         return _measure(cluster, device, settings, dtypes, groups, step, started)
 
@@ -140,6 +141,8 @@ def _measure(cluster: Cluster, device: torch.device, settings: Settings, dtypes:
     step("memory bandwidth")
     per_op = across_ranks(op_seconds(device, max(matmul["fp32"])[1], repeats=settings.repeats))
     step("operator dispatch")
+    per_byte = across_ranks(op_byte_seconds(device, max(matmul["fp32"])[1], per_op, repeats=settings.repeats))
+    step("operator bytes")
     per_dtensor_op = across_ranks(dtensor_op_seconds(device, repeats=settings.repeats))
     step("DTensor operator dispatch")
     links: dict[str, dict[str, dict[int, LinkFit]]] = {}
@@ -157,7 +160,7 @@ def _measure(cluster: Cluster, device: torch.device, settings: Settings, dtypes:
     return Calibration(
         hardware=hardware_key(cluster), backend=dist.get_backend(), world_size=dist.get_world_size(),
         matmul={dtype: tuple(points) for dtype, points in matmul.items()}, memory_bandwidth=bandwidth,
-        links=links, overlap=across_ranks(overlap, smallest=True), op_seconds=per_op,
+        links=links, overlap=across_ranks(overlap, smallest=True), op_seconds=per_op, op_byte_seconds=per_byte,
         dtensor_op_seconds=per_dtensor_op, framework_bytes=framework,
         seconds=time.perf_counter() - started,
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))

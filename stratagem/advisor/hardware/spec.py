@@ -163,6 +163,7 @@ class NodeSpec:
     # backend reaches different rates for each collective (``stratagem calibrate``); () uses ``link``.
     collectives: tuple[tuple[str, int, float, float], ...] = ()
     op_seconds: float | None = None  # measured host seconds per operator of a small model's step
+    op_byte_seconds: float | None = None  # measured seconds per byte written by operators without FLOPs
     dtensor_op_seconds: float | None = None  # per optimizer operator on DTensor parameters
     framework_bytes: float | None = None  # measured memory a training process takes beyond its tensors
 
@@ -183,6 +184,7 @@ class NodeSpec:
             comm_overlap=data.get("comm_overlap"),
             collectives=tuple(tuple(c) for c in data.get("collectives", ())),
             op_seconds=data.get("op_seconds"),
+            op_byte_seconds=data.get("op_byte_seconds"),
             dtensor_op_seconds=data.get("dtensor_op_seconds"),
             framework_bytes=data.get("framework_bytes"),
         )
