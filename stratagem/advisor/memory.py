@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from stratagem.advisor.estimate import MemoryBreakdown, device_bytes
 from stratagem.advisor.hardware import Cluster
@@ -214,10 +215,32 @@ def estimate_activations(profile: ModelProfile, plan: Plan, *, rank: int = 0) ->
     scale = plan.micro_batch_size / profile.batch_size
     total = sum(held * _per_microbatch(stage, plan, scale=scale) for stage, held in
                 zip(virtual_stages(profile, plan, rank=rank), in_flight_per_stage(plan, rank=rank)))
-    kinds = rank_stages(profile, plan)[rank].kinds
-    if plan.activation_checkpointing == "full" and kinds:
-        total += max(estimate_block_activations(b, plan, scale=scale, checkpointing="none") for b, _ in kinds)
-    return total
+    return total + _rebuilt_block(profile, plan, rank=rank)
+
+
+def _rebuilt_block(profile: ModelProfile, plan: Plan, *, rank: int) -> float:
+    """The largest of rank ``rank``'s blocks' full activations for one micro-batch under full
+    checkpointing (what its backward rebuilds, one block at a time); 0 without it."""
+    if plan.activation_checkpointing != "full":
+        return 0.0
+    return _largest_block(profile, plan, rank=rank, checkpointing="none")
+
+
+def _largest_block(profile: ModelProfile, plan: Plan, *, rank: int, checkpointing: str | None = None) -> float:
+    """The largest of :func:`estimate_block_activations` over rank ``rank``'s blocks (0 without)."""
+    scale = plan.micro_batch_size / profile.batch_size
+    return max((estimate_block_activations(b, plan, scale=scale, checkpointing=checkpointing)
+                for b, _ in rank_stages(profile, plan)[rank].kinds), default=0.0)
+
+
+def _rank_activations(profile: ModelProfile, plan: Plan, *, rank: int) -> RankActivations:
+    """:func:`estimate_activations` of rank ``rank`` with what its backward frees first (the head's
+    saved bytes, for one micro-batch), holds per block and rebuilds (:func:`_rebuilt_block`)."""
+    head = sum(s.saved_bytes for s in rank_stages(profile, plan)[rank].segments if s is profile.head)
+    rebuilt = _rebuilt_block(profile, plan, rank=rank)
+    return RankActivations(estimate_activations(profile, plan, rank=rank),
+                           released=head * plan.micro_batch_size / profile.batch_size,
+                           block=rebuilt or _largest_block(profile, plan, rank=rank), rebuilt=rebuilt)
 
 
 def _per_microbatch(stage: Stage, plan: Plan, *, scale: float) -> float:
@@ -245,6 +268,43 @@ def estimate_buffers(profile: ModelProfile, plan: Plan, params: float, *, rank: 
     copies = stage.per_tp_rank("saved_param_copy_bytes", plan.tp) if prec.autocast else 0.0
     buckets = params * prec.param_bytes if plan.dp > 1 else 0.0  # DDP: a copy of every gradient, kept
     return buckets + copies
+
+
+class RankStates(NamedTuple):
+    """A rank's model states (:func:`_model_states`' breakdown) and the gradients that exist only
+    while backward runs, beyond the sharded ones (:func:`estimate_unsharded_gradients`): the head's
+    and one block unit's."""
+
+    states: MemoryBreakdown
+    head_grads: float
+    unit_grads: float
+
+
+class RankActivations(NamedTuple):
+    """A rank's activations at the end of its forward; ``released``: those its backward frees
+    first (the head's, on the last stage); ``block``: the largest block's alive while that
+    block's backward runs, for one micro-batch (as rebuilt under full checkpointing);
+    ``rebuilt``: that block's under full checkpointing, which the backward holds to its end (0
+    without it)."""
+
+    total: float
+    released: float
+    block: float
+    rebuilt: float
+
+
+def estimate_unsharded_gradients(profile: ModelProfile, plan: Plan, layout: StateLayout, *,
+                                 rank: int = 0) -> tuple[float, float]:
+    """Gradient bytes FSDP2 (ZeRO-2/3, torch's runtime) holds unsharded while backward runs,
+    beyond the sharded gradients: the root unit's head gradients, reduced only when the root's
+    backward ends (after the embedding's), and one block unit's, which the reduce-scatter then
+    copies into its input (two of them for a moment). Without FSDP, none: DDP reduces into its
+    buckets (:func:`estimate_buffers`); nor counted for a model without blocks (one unit)."""
+    if plan.zero < 2 or not layout.frees_gradients or plan.block_container is None:
+        return 0.0, 0.0
+    stage = rank_stages(profile, plan)[rank]
+    head = sum(s.num_params for s in stage.segments if s is profile.head)
+    return layout.grads * head, layout.grads * stage.largest_block_params / plan.tp
 
 
 def estimate_memory(profile: ModelProfile, workload: Workload, plan: Plan, *, runtime: str = "torch",
@@ -281,14 +341,14 @@ def framework_bytes(cluster: Cluster) -> float:
 def estimate_rank_memory(profile: ModelProfile, plan: Plan, layout: StateLayout, *, rank: int,
                          framework: float = 0.0) -> MemoryBreakdown:
     """Peak bytes of pipeline rank ``rank``, term by term (``framework``: :func:`framework_bytes`)."""
-    return _with_activations(_model_states(profile, plan, layout, rank), estimate_activations(profile, plan, rank=rank),
+    return _with_activations(_model_states(profile, plan, layout, rank), _rank_activations(profile, plan, rank=rank),
                              framework, not gradients_meet_activations(plan, layout))
 
 
-def _model_states(profile: ModelProfile, plan: Plan, layout: StateLayout, rank: int) -> MemoryBreakdown:
+def _model_states(profile: ModelProfile, plan: Plan, layout: StateLayout, rank: int) -> RankStates:
     """Every term of rank ``rank`` but activations and framework: what micro-batching leaves alone."""
     params = estimate_params_per_rank(profile, plan, rank=rank)
-    return MemoryBreakdown(
+    states = MemoryBreakdown(
         parameters=estimate_parameters(params, plan, layout),
         gradients=estimate_gradients(params, plan, layout),
         optimizer=estimate_optimizer(params, plan, layout),
@@ -296,35 +356,49 @@ def _model_states(profile: ModelProfile, plan: Plan, layout: StateLayout, rank: 
         buffers=estimate_buffers(profile, plan, params, rank=rank),
         host=estimate_offloaded(params, plan, layout),
     )
+    return RankStates(states, *estimate_unsharded_gradients(profile, plan, layout, rank=rank))
 
 
-def _alive_at_peak(gradients: float, activations: float, apart: bool) -> tuple[float, float]:
-    """Gradients and activations at the peak: with ``apart`` (not :func:`gradients_meet_activations`)
-    the smaller of the two is not alive there."""
+def _alive_at_peak(states: RankStates, activations: RankActivations, apart: bool) -> tuple[float, float]:
+    """Gradients and activations at the peak. Where they meet (not ``apart``:
+    :func:`gradients_meet_activations`), all of both, with the unsharded ones
+    (:class:`RankStates`). Otherwise the fullest of three moments: the forward's end (every
+    activation, no gradient); the end of the first block's backward (the activations but the
+    head's; the head's gradients and the block unit's twice, as the reduce-scatter copies them,
+    while the block's activations are freed: a block unit's gradients grow as its activations
+    go); the backward's end (every gradient, and the block full checkpointing rebuilt last,
+    likewise)."""
+    unit = states.unit_grads
+    unsharded = states.head_grads + 2 * unit
     if not apart:
-        return gradients, activations
-    return (0.0, activations) if activations >= gradients else (gradients, 0.0)
+        return states.states.gradients + unsharded, activations.total
+    moments = ((0.0, activations.total),
+               (unsharded, activations.total - activations.released - min(activations.block, unit)),
+               (states.states.gradients + unsharded, activations.rebuilt - min(activations.rebuilt, unit)))
+    return max(moments, key=sum)
 
 
-def _with_activations(states: MemoryBreakdown, activations: float, framework: float, apart: bool) -> MemoryBreakdown:
+def _with_activations(states: RankStates, activations: RankActivations, framework: float,
+                      apart: bool) -> MemoryBreakdown:
     """:func:`_model_states`' breakdown with the rank's activations and the framework's bytes, as
     alive at the peak (:func:`_alive_at_peak`)."""
-    gradients, activations = _alive_at_peak(states.gradients, activations, apart)
-    return MemoryBreakdown(parameters=states.parameters, gradients=gradients, optimizer=states.optimizer,
-                           activations=activations, buffers=states.buffers, framework=framework, host=states.host)
+    gradients, alive = _alive_at_peak(states, activations, apart)
+    kept = states.states
+    return MemoryBreakdown(parameters=kept.parameters, gradients=gradients, optimizer=kept.optimizer,
+                           activations=alive, buffers=kept.buffers, framework=framework, host=kept.host)
 
 
-def _fullness(states: MemoryBreakdown, activations: float, framework: float, apart: bool) -> tuple[float, float]:
+def _fullness(states: RankStates, activations: RankActivations, framework: float, apart: bool) -> tuple[float, float]:
     """The device and host bytes of :func:`_with_activations`' breakdown, without building it:
     the fuller rank has the larger total, then the larger host share."""
-    gradients, activations = _alive_at_peak(states.gradients, activations, apart)
-    return device_bytes(states.parameters, gradients, states.optimizer, activations, states.buffers,
-                        framework), states.host
+    gradients, alive = _alive_at_peak(states, activations, apart)
+    kept = states.states
+    return device_bytes(kept.parameters, gradients, kept.optimizer, alive, kept.buffers, framework), kept.host
 
 
 @by_identity_and_fields(*PARTITION_FIELDS, "tp", "zero", "dp_shard", "dp_replicate", "offload", "precision",
                         "block_container")
-def _candidates_states(profile: ModelProfile, plan: Plan, layout: StateLayout) -> tuple[MemoryBreakdown, ...]:
+def _candidates_states(profile: ModelProfile, plan: Plan, layout: StateLayout) -> tuple[RankStates, ...]:
     """:func:`_model_states` of each of :func:`candidate_ranks`, costed once for the plans of a
     layout: they differ only in micro-batching."""
     return tuple(_model_states(profile, plan, layout, r) for r in candidate_ranks(profile, plan))
@@ -332,8 +406,8 @@ def _candidates_states(profile: ModelProfile, plan: Plan, layout: StateLayout) -
 
 @by_identity_and_fields(*PARTITION_FIELDS, "pp_schedule", "microbatches", "micro_batch_size", "tp",
                         "sequence_parallel", "activation_checkpointing")
-def _candidates_activations(profile: ModelProfile, plan: Plan) -> tuple[float, ...]:
-    """:func:`estimate_activations` of each of :func:`candidate_ranks`, costed once for the plans
+def _candidates_activations(profile: ModelProfile, plan: Plan) -> tuple[RankActivations, ...]:
+    """:func:`_rank_activations` of each of :func:`candidate_ranks`, costed once for the plans
     that differ only in what activations do not depend on (ZeRO stage, data-parallel degrees,
     offload)."""
-    return tuple(estimate_activations(profile, plan, rank=r) for r in candidate_ranks(profile, plan))
+    return tuple(_rank_activations(profile, plan, rank=r) for r in candidate_ranks(profile, plan))

@@ -162,3 +162,18 @@ def test_fsdp_buffers_hold_the_root_gathered_and_two_blocks_and_ddp_a_copy_of_ev
     ddp = estimate_memory(profile, workload, Plan(dp_replicate=4, precision="fp32"))
     assert ddp.buffers == 4 * 12000
     assert estimate_memory(profile, Workload(global_batch_size=1), Plan(precision="fp32")).buffers == 0
+
+
+def test_fsdp_backward_holds_the_head_s_and_a_unit_s_unsharded_gradients():
+    """FSDP2 reduces the root (the head's gradients) last and a block unit's gradients through a
+    copy: the first block's backward holds both beside the activations but the head's."""
+    profile = _with_root(_states_only(8000, num_blocks=4), embed=1000, head=3000)  # blocks of 2000
+    profile = dataclasses.replace(profile, batch_size=1, precision="fp32", head=dataclasses.replace(
+        profile.head, saved_bytes=500), blocks=tuple(dataclasses.replace(b, saved_bytes=10_000) for b in profile.blocks))
+    workload = Workload(global_batch_size=4, precision="fp32")
+    zero3 = estimate_memory(profile, workload, Plan(dp_shard=4, zero=3, precision="fp32", block_container="layers"))
+    # head 3000 + 2 units of 2000 params, fp32; the head's 500 activation bytes freed and one block's
+    # activations going as its unit's gradients come (the smaller of 10 000 and 8000 bytes)
+    assert (zero3.gradients, zero3.activations) == (4 * (3000 + 2 * 2000), 40_500 - 500 - 8000)
+    ddp = estimate_memory(profile, workload, Plan(dp_replicate=4, precision="fp32"))
+    assert (ddp.gradients, ddp.activations) == (4 * 12000, 0)  # the backward's end: every gradient, no activation
