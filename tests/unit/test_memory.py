@@ -168,8 +168,9 @@ def test_fsdp_backward_holds_the_head_s_and_a_unit_s_unsharded_gradients():
     """FSDP2 reduces the root (the head's gradients) last and a block unit's gradients through a
     copy: the first block's backward holds both beside the activations but the head's."""
     profile = _with_root(_states_only(8000, num_blocks=4), embed=1000, head=3000)  # blocks of 2000
-    profile = dataclasses.replace(profile, batch_size=1, precision="fp32", head=dataclasses.replace(
-        profile.head, saved_bytes=500), blocks=tuple(dataclasses.replace(b, saved_bytes=10_000) for b in profile.blocks))
+    blocks = tuple(dataclasses.replace(b, saved_bytes=10_000) for b in profile.blocks)
+    profile = dataclasses.replace(profile, batch_size=1, precision="fp32",
+                                  head=dataclasses.replace(profile.head, saved_bytes=500), blocks=blocks)
     workload = Workload(global_batch_size=4, precision="fp32")
     zero3 = estimate_memory(profile, workload, Plan(dp_shard=4, zero=3, precision="fp32", block_container="layers"))
     # head 3000 + 2 units of 2000 params, fp32; the head's 500 activation bytes freed and one block's

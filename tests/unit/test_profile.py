@@ -182,3 +182,31 @@ def test_a_model_that_fails_on_its_inputs_is_a_usage_error(capfd):
     with pytest.raises(UsageError, match="failed on its example inputs.*same reduction dim"):
         profile_model(model, (torch.randn(2, 4),), precision="fp32")
     assert "Traceback" not in capfd.readouterr().err
+
+
+class _Elementwise(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (torch.relu(x).view(-1) * self.scale).view_as(x)  # two outputs written, two views
+
+
+class _ElementwiseModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(8, 8)
+        self.layers = nn.ModuleList([_Elementwise(), _Elementwise()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_operators_without_flops_count_the_bytes_they_write_and_views_none():
+    profile = profile_model(_ElementwiseModel(), (torch.randn(4, 8),), loss_fn=lambda y: y.sum(), precision="fp32")
+    assert profile.blocks[0].fwd_op_bytes == 2 * 4 * 8 * 4  # relu and mul, fp32; the views write nothing
+    assert profile.blocks[0].fwd_flops == 0 and profile.embed.fwd_flops > 0  # the Linear's bytes go as FLOPs

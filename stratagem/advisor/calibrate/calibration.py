@@ -83,7 +83,8 @@ class Calibration:
     group size, the fit. ``overlap``: the fraction of an all-reduce hidden under concurrent matmuls.
     ``op_seconds``: host seconds per operator of a small model's training step beyond its matmul
     FLOPs; ``op_byte_seconds``: seconds per byte written by operators without FLOPs, beyond
-    those and the matmuls, in a larger model's step; ``dtensor_op_seconds``: per operator of an optimizer step over DTensor parameters. ``framework_bytes``: the
+    those and the matmuls, in a larger model's step; ``dtensor_op_seconds``: per operator of an
+    optimizer step over DTensor parameters. ``framework_bytes``: the
     memory a fresh process's first training steps take beyond their tensors.
     """
 
