@@ -241,10 +241,33 @@ def seconds_per_op_byte(cluster: Cluster) -> float:
 def estimate_compute_seconds(step: RankStep) -> float:
     """Forward and backward of every micro-batch on the rank, seconds: profiled FLOPs (measured:
     the profile) scaled to the micro-batch, the blocks' divided over TP, over achievable FLOP/s,
-    and the bytes the operators without FLOPs write (:meth:`RankStep.pass_seconds`). Megatron
-    splits the vocabulary projection too (Shoeybi et al. 2019, §3); the TP plugin keeps the
-    embedding and head whole on every TP rank, and this costs what it applies."""
-    return step.num_microbatches * (step.pass_seconds("fwd") + step.pass_seconds("bwd"))
+    and the bytes the operators without FLOPs write (:meth:`RankStep.pass_seconds`), with the
+    data-parallel runtime's copies around its collectives (:func:`estimate_dp_copy_seconds`).
+    Megatron splits the vocabulary projection too (Shoeybi et al. 2019, §3); the TP plugin keeps
+    the embedding and head whole on every TP rank, and this costs what it applies."""
+    passes = step.num_microbatches * (step.pass_seconds("fwd") + step.pass_seconds("bwd"))
+    return passes + estimate_dp_copy_seconds(step)
+
+
+def estimate_dp_copy_seconds(step: RankStep) -> float:
+    """The data-parallel runtime's copies around its collectives, seconds: compute's (they run on
+    its stream or core), at the rank's cost per byte written
+    (:attr:`RankStep.seconds_per_op_byte`). DDP copies every gradient into its buckets and back
+    after the all-reduce (``gradient_as_bucket_view=False``, the plugins' default); FSDP2 copies a
+    unit's shard into the all-gather's input and the gathered unit out into the parameters, in
+    the compute dtype, at every gather (:func:`estimate_param_gather_seconds`), and the unit's
+    gradients into the reduce-scatter's input, in the parameter dtype, at every reduction."""
+    plan = step.plan
+    if plan.dp == 1:
+        return 0.0
+    params, prec = step.params_per_rank, step.precision
+    if plan.zero <= 1:
+        written = 2 * params * prec.param_bytes
+    else:
+        gathers = 2 * step.num_microbatches if plan.zero == 3 else 1
+        written = (gathers * params * prec.compute_bytes * (1 + 1 / plan.dp_shard)
+                   + step.num_reductions * params * prec.param_bytes)
+    return written * step.seconds_per_op_byte
 
 
 def estimate_recompute_seconds(step: RankStep) -> float:
@@ -266,13 +289,28 @@ def estimate_bubble_seconds(step: RankStep, *, ideal: float) -> float:
     (GPipe and 1F1B alike) and §2.2.2 (interleaved: divided by ``v`` virtual stages). Zero-bubble
     (``interleaved-zb``) fills it with weight-gradient passes: Qi et al. 2024 (ZB-H1, §3) leave
     ``(p−1)(T_F + T_B − T_W)`` of 1F1B's ``(p−1)(T_F + T_B + T_W)``, with the backward split into
-    equal input (``T_B``) and weight (``T_W``) halves: the forward's share of the pass."""
+    equal input (``T_B``) and weight (``T_W``) halves: the forward's share of the pass. CPU ranks
+    that share cores lose only part of it (:func:`bubble_lost_share`)."""
     plan = step.plan
     bubble = (plan.pp - 1) / (plan.microbatches * plan.pp_virtual) * ideal
     if plan.pp_schedule == "interleaved-zb":
         forward, backward = step.stage.sums["fwd_flops"], step.stage.sums["bwd_flops"]
         bubble *= forward / (forward + backward) if forward + backward else 1.0
-    return bubble
+    return bubble * bubble_lost_share(plan.pp, step.cluster.ranks_per_core)
+
+
+def bubble_lost_share(pp: int, ranks_per_core: float) -> float:
+    """The share of a pipeline's bubble a node loses when ``ranks_per_core`` ranks share each
+    core. The bubble fills and drains in ``pp − 1`` steps, ``j/pp`` of the ranks busy at step
+    ``j``: with a core each, the idle ``1 − j/pp`` is lost; sharing cores, the busy ranks take the
+    idle ones' cores (the scheduler gives every runnable thread a core), so a node keeps its whole
+    throughput while ``ranks_per_core · j/pp ≥ 1`` and loses ``1 − ranks_per_core · j/pp`` below.
+    1 for ranks with a device each; 0 where the busy stage's ranks fill the cores."""
+    steps = range(1, pp)
+    idle = sum(1 - j / pp for j in steps)
+    if not idle or ranks_per_core <= 1:
+        return 1.0
+    return sum(max(0.0, 1 - ranks_per_core * j / pp) for j in steps) / idle
 
 
 # -- tensor and pipeline parallel communication ----------------------------------------------

@@ -3,17 +3,19 @@ whole against plausible bands on real presets."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from stratagem.advisor import timing
 from stratagem.advisor.collectives import estimate_all_reduce_seconds, estimate_p2p_seconds
 from stratagem.advisor.estimate import TimeBreakdown
-from stratagem.advisor.hardware import Cluster
+from stratagem.advisor.hardware import Cluster, HostSpec
 from stratagem.advisor.profiles import profile_spec
 from stratagem.advisor.plan import Plan, Workload
 from stratagem.advisor.profile import ModelProfile, SegmentProfile
 from stratagem.advisor.structure import LinearLayer
-from stratagem.advisor.timing import estimate_time, mfu, rank_step, tokens_per_second
+from stratagem.advisor.timing import bubble_lost_share, estimate_time, mfu, rank_step, tokens_per_second
 from stratagem.errors import UsageError
 
 H100 = Cluster.parse("1x8xH100")
@@ -102,6 +104,17 @@ def test_bubble_is_pp_minus_1_over_microbatches_times_virtual_of_the_stage_time(
     assert interleaved.bubble == pytest.approx(time.bubble / 2)
     gpipe = _time(Plan(pp=4, microbatches=8, dp_replicate=2, pp_schedule="gpipe"))
     assert gpipe.bubble == time.bubble
+
+
+def test_cpu_ranks_sharing_cores_lose_only_the_bubble_no_busy_rank_can_take():
+    assert bubble_lost_share(4, 1.0) == 1.0  # a device each: every idle moment is lost
+    assert bubble_lost_share(2, 2.0) == 0.0  # one stage's ranks fill the cores
+    # pp 4, 2 ranks a core: fill steps with 1/4, 2/4, 3/4 of the ranks busy idle 3/4, 2/4, 1/4 of
+    # them; sharing, only the first loses throughput (1 − 2/4)
+    assert bubble_lost_share(4, 2.0) == pytest.approx(0.5 / 1.5)
+    cpu, host = Cluster.parse("4xcpu"), HostSpec(num_cores=2, num_physical_cores=2, memory_bytes=2**34)
+    shared = dataclasses.replace(cpu, node=dataclasses.replace(cpu.node, host=host))
+    assert (shared.ranks_per_core, H100.ranks_per_core) == (2.0, 1.0)
 
 
 def test_the_most_loaded_stage_holds_the_head():
@@ -239,12 +252,14 @@ def test_full_checkpointing_adds_about_a_third_on_llama7b(llama7b):
 
 
 def test_llama7b_ddp_on_eight_h100_is_plausible(llama7b):
-    """Published 7B runs on H100 reach roughly 40-55 % MFU (HARDWARE_FACTS.md: 38-56 %)."""
+    """Published 7B runs on H100 reach roughly 40-55 % MFU (HARDWARE_FACTS.md: 38-56 %) with fused
+    kernels; eager PyTorch, as profiled, also streams every norm's and elementwise op's output
+    and DDP's bucket copies through HBM: a little less."""
     plan = Plan(dp_replicate=8, micro_batch_size=1, grad_accum=4)
     workload = Workload(global_batch_size=32, seq_len=2048)
     time = estimate_time(llama7b, cluster=H100, workload=workload, plan=plan)
     utilisation = mfu(llama7b, cluster=H100, workload=workload, plan=plan, time=time)
-    assert 0.30 < utilisation < 0.65
+    assert 0.25 < utilisation < 0.65
     assert 0.4 < time.step_seconds < 1.5
     assert 5_000 < tokens_per_second(llama7b, workload=workload, time=time) / 8 < 15_000
 

@@ -237,6 +237,16 @@ class Cluster:
         return self.node.device.is_gpu
 
     @property
+    def ranks_per_core(self) -> float:
+        """How many ranks share each of a node's cores: above 1 only where CPU ranks (each using
+        ``device.num_cores`` threads) outnumber their host's cores; 1 for accelerators and
+        unknown hosts."""
+        host = self.node.host
+        if self.is_gpu or host is None or not host.num_cores:
+            return 1.0
+        return max(1.0, self.devices_per_node * (self.device.num_cores or 1) / host.num_cores)
+
+    @property
     def backend(self) -> str:
         """The torch.distributed backend the ranks use: "nccl" or "gloo"."""
         return "nccl" if self.is_gpu else "gloo"
