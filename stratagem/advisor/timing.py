@@ -14,6 +14,7 @@ The constants below are first guesses with a stated source; calibration replaces
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -80,8 +81,10 @@ OP_DISPATCH_SECONDS = 10e-6
 DTENSOR_OP_SECONDS = 100e-6
 
 # Operators a tensor-parallel Linear runs on DTensors per micro-batch: the forward's matmul and
-# the layout changes around it, the backward's two matmuls and theirs. Estimate.
-DTENSOR_OPS_PER_TP_LINEAR = 6
+# the layout changes around it, the backward's two matmuls and theirs. Counted with
+# torch.profiler (DTensor dispatches, forward and backward, torch 2.13, TP 2 without FSDP): 13.6
+# per TP Linear of llama-small, 10.4 of mixtral-small.
+DTENSOR_OPS_PER_TP_LINEAR = 12
 
 # Operators one optimizer step dispatches per parameter tensor (torch.optim's single-tensor
 # update, its CPU default; counted with a dispatch-mode counter on torch 2.13, zero_grad
@@ -317,29 +320,71 @@ def bubble_lost_share(pp: int, ranks_per_core: float) -> float:
 
 
 def estimate_tp_comm_seconds(step: RankStep) -> float:
-    """TP collectives of every block and micro-batch, seconds, none overlapped.
-
-    Megatron TP all-reduces ``b·s·h`` twice in forward and twice in backward per block
-    (Shoeybi et al. 2019, §3, Fig. 4); sequence parallelism turns each all-reduce into an
-    all-gather plus a reduce-scatter of the same size, the same volume (Korthikanti et al. 2022,
-    §4.2.2). Full recomputation runs the forward's two again."""
+    """TP collectives of every block and micro-batch, seconds, none overlapped: those of
+    :func:`tp_collectives` in forward and backward, the forward's again under full recomputation."""
     plan = step.plan
     if plan.tp == 1:
         return 0.0
-    passes = 3 if plan.activation_checkpointing == "full" else 2
+    forwards = 2 if plan.activation_checkpointing == "full" else 1
     per_microbatch = 0.0
     for block, count in step.stage.kinds:
-        num_bytes = tp_message_bytes(step, block)
-        if plan.sequence_parallel:
-            collective = (estimate_all_gather_seconds(num_bytes, group_size=plan.tp,
-                                                      **step.link(MeshAxis.TP, "all_gather"))
-                          + estimate_reduce_scatter_seconds(num_bytes, group_size=plan.tp,
-                                                            **step.link(MeshAxis.TP, "reduce_scatter")))
-        else:
-            collective = estimate_all_reduce_seconds(num_bytes, group_size=plan.tp,
-                                                     **step.link(MeshAxis.TP, "all_reduce"))
-        per_microbatch += count * passes * 2 * collective
+        forward, backward = tp_collectives(step, block)
+        seconds = [sum(_COLLECTIVE_SECONDS[op](num_bytes, group_size=plan.tp, **step.link(MeshAxis.TP, op))
+                       for op, num_bytes in messages) for messages in (forward, backward)]
+        per_microbatch += count * (forwards * seconds[0] + seconds[1])
     return step.num_microbatches * per_microbatch
+
+
+_COLLECTIVE_SECONDS = {"all_reduce": estimate_all_reduce_seconds, "all_gather": estimate_all_gather_seconds,
+                       "reduce_scatter": estimate_reduce_scatter_seconds}
+
+_Messages = tuple[tuple[str, float], ...]
+
+
+def tp_collectives(step: RankStep, block: SegmentProfile) -> tuple[_Messages, _Messages]:
+    """The TP collectives ``(op, bytes)`` of one micro-batch through ``block``, in forward and in
+    backward, as the TP plugin applies the plan's layout (torch's ``ColwiseParallel`` and
+    ``RowwiseParallel``, one Linear at a time): forward all-reduces each rowwise Linear's output,
+    backward each colwise Linear's input gradient (the Linears reading one input each reduce
+    their own, unlike Megatron's one per column group). With sequence parallelism each norm on
+    sequence shards all-gathers its output in forward and reduce-scatters its gradient in
+    backward, each rowwise Linear reduce-scatters its output and all-gathers its gradient
+    (Korthikanti et al. 2022, §4.2.2). Messages are ``tokens × width`` in the compute dtype,
+    every Linear at the micro-batch's tokens (a routed expert sees fewer: an upper bound). A
+    block the layout does not name: Megatron's pairing (Shoeybi et al. 2019, §3), two ``b·s·h``
+    all-reduces each way, or with SP an all-gather and a reduce-scatter in their place."""
+    styles = _block_styles(step.plan.tp_layout, step.plan.block_container)
+    rows = [linear for linear in block.linears if styles.get(linear.name) == "rowwise"]
+    cols = [linear for linear in block.linears if styles.get(linear.name) == "colwise"]
+    per_token = step.tokens_per_microbatch * step.precision.compute_bytes
+    width = tp_message_bytes(step, block)
+    if step.plan.sequence_parallel:
+        norms = sum(style == "sequence_parallel" for style in styles.values())
+        if not rows:
+            norms, row_bytes = 2, [width, width]
+        else:
+            row_bytes = [per_token * linear.out_features for linear in rows]
+        return ((("all_gather", width),) * norms + tuple(("reduce_scatter", b) for b in row_bytes),
+                (("reduce_scatter", width),) * norms + tuple(("all_gather", b) for b in row_bytes))
+    if not rows:
+        return (("all_reduce", width),) * 2, (("all_reduce", width),) * 2
+    return (tuple(("all_reduce", per_token * linear.out_features) for linear in rows),
+            tuple(("all_reduce", per_token * linear.in_features) for linear in cols))
+
+
+def _num_tp_linears(plan: Plan, block: SegmentProfile) -> int:
+    """``block``'s Linears the plan's layout splits (all of them when it names none)."""
+    styles = _block_styles(plan.tp_layout, plan.block_container)
+    split = sum(styles.get(linear.name) in ("colwise", "rowwise") for linear in block.linears)
+    return split or len(block.linears)
+
+
+@functools.lru_cache(maxsize=256)
+def _block_styles(layout: tuple[tuple[str, str], ...], container: str | None) -> dict[str, str]:
+    """``layout``'s styles by module name relative to a block (``layers.*.attention.wq`` →
+    ``attention.wq``)."""
+    prefix = f"{container}.*."
+    return {pattern[len(prefix):]: style for pattern, style in layout if pattern.startswith(prefix)}
 
 
 def tp_message_bytes(step: RankStep, block: SegmentProfile) -> float:
@@ -518,7 +563,7 @@ def estimate_dispatch_seconds(step: RankStep, *, device_busy: float) -> float:
     tensors = sums["num_tensors"] / (plan.dp_shard if plan.zero == 1 else 1)
     optimizer = OPTIMIZER_OPS_PER_TENSOR[step.optimizer] * (1 if step.cluster.is_gpu else tensors)
     plain, dtensor = node.op_seconds or OP_DISPATCH_SECONDS, node.dtensor_op_seconds or DTENSOR_OP_SECONDS
-    tp_linear_ops = sum(n * len(b.linears) for b, n in step.stage.kinds) * DTENSOR_OPS_PER_TP_LINEAR \
+    tp_linear_ops = sum(n * _num_tp_linears(plan, b) for b, n in step.stage.kinds) * DTENSOR_OPS_PER_TP_LINEAR \
         if plan.tp > 1 else 0
     host = step.num_microbatches * (plain * per_microbatch + (dtensor - plain) * tp_linear_ops) \
         + (dtensor if plan.zero >= 2 or plan.tp > 1 else plain) * optimizer

@@ -134,6 +134,30 @@ def test_tp_comm_is_four_all_reduces_per_block_and_microbatch():
     assert time.tp_comm_total == time.tp_comm
 
 
+def test_tp_reduces_per_linear_as_torch_s_colwise_and_rowwise_styles_do():
+    """Forward all-reduces each rowwise output, backward each colwise input gradient (q, k and v
+    each their own); with SP the norms gather and the rowwise outputs scatter."""
+    names = {"attn.q": "colwise", "attn.k": "colwise", "attn.v": "colwise", "attn.o": "rowwise",
+             "mlp.up": "colwise", "mlp.gate": "colwise", "mlp.down": "rowwise"}
+    linears = tuple(LinearLayer(name=n, in_features=4 * WIDTH if n == "mlp.down" else WIDTH,
+                                out_features=4 * WIDTH if n in ("mlp.up", "mlp.gate") else WIDTH, bias=False)
+                    for n in names)
+    profile = _toy(num_blocks=1)
+    profile = dataclasses.replace(profile, blocks=(dataclasses.replace(profile.blocks[0], linears=linears),))
+    layout = tuple((f"layers.*.{n}", style) for n, style in names.items()) + (("layers.*.norm", "sequence_parallel"),)
+    workload = Workload(global_batch_size=1, seq_len=SEQ)
+    fields = {"tp": 2, "tp_layout": layout, "block_container": "layers"}
+    step = rank_step(profile, cluster=H100, workload=workload, plan=Plan(**fields))
+    forward, backward = timing.tp_collectives(step, profile.blocks[0])
+    token = SEQ * 2  # bf16
+    assert forward == (("all_reduce", token * WIDTH),) * 2
+    assert backward == (("all_reduce", token * WIDTH),) * 5  # the down projection reads 4 × WIDTH: rowwise
+    sp = rank_step(profile, cluster=H100, workload=workload, plan=Plan(**fields, sequence_parallel=True))
+    forward, backward = timing.tp_collectives(sp, profile.blocks[0])
+    assert [op for op, _ in forward] == ["all_gather", "reduce_scatter", "reduce_scatter"]
+    assert [op for op, _ in backward] == ["reduce_scatter", "all_gather", "all_gather"]
+
+
 def test_sequence_parallel_moves_the_same_volume_and_full_checkpointing_adds_the_forward_again():
     plain = _time(Plan(tp=4)).tp_comm
     assert _time(Plan(tp=4, sequence_parallel=True)).tp_comm == pytest.approx(plain)
