@@ -38,6 +38,10 @@ HOST_MEMORY_PER_DEVICE_MEMORY = 2.0
 # Share of host memory offloaded states may take (the OS, data loaders and pinned buffers
 # need the rest). Estimate.
 HOST_USABLE_FRACTION = 0.8
+# Gradients the loss's backward holds at once of the head's output (the logits): that of the
+# loss's input and that of the head's output before the loss's own ops (cross-entropy: the
+# log-softmax's output and input), each the logits' size; the reason chunked cross-entropy exists.
+LOSS_GRADIENT_COPIES = 2
 # Korthikanti et al. 2022, eq. 2: without SP, 10 of a block's 34·sbh bytes stay replicated
 # over the TP group (layer-norm inputs, attention and MLP inputs, dropout masks): five tensors
 # as wide as the block's input. Used until TP-sharded blocks are profiled directly.
@@ -233,13 +237,27 @@ def _largest_block(profile: ModelProfile, plan: Plan, *, rank: int, checkpointin
                 for b, _ in rank_stages(profile, plan)[rank].kinds), default=0.0)
 
 
+def _stage_outputs(profile: ModelProfile, plan: Plan, *, rank: int) -> float:
+    """Bytes of the outputs pipeline rank ``rank``'s stages keep beside their saved activations:
+    torch's ``PipelineStage`` holds each in-flight micro-batch's output (the last stage's: the
+    logits) until that micro-batch's backward starts from it. None without a pipeline."""
+    if plan.pp == 1:
+        return 0.0
+    scale = plan.micro_batch_size / profile.batch_size
+    return scale * sum(held * stage.segments[-1].output_bytes for stage, held in
+                       zip(virtual_stages(profile, plan, rank=rank), in_flight_per_stage(plan, rank=rank)))
+
+
 def _rank_activations(profile: ModelProfile, plan: Plan, *, rank: int) -> RankActivations:
-    """:func:`estimate_activations` of rank ``rank`` with what its backward frees first (the head's
-    saved bytes, for one micro-batch), holds per block and rebuilds (:func:`_rebuilt_block`)."""
-    head = sum(s.saved_bytes for s in rank_stages(profile, plan)[rank].segments if s is profile.head)
+    """:func:`estimate_activations` of rank ``rank`` and its stages' outputs (:func:`_stage_outputs`),
+    with the loss's gradients, what its backward frees first (the head's saved bytes, for one
+    micro-batch), holds per block and rebuilds (:func:`_rebuilt_block`)."""
+    scale = plan.micro_batch_size / profile.batch_size
+    head = [s for s in rank_stages(profile, plan)[rank].segments if s is profile.head]
     rebuilt = _rebuilt_block(profile, plan, rank=rank)
-    return RankActivations(estimate_activations(profile, plan, rank=rank),
-                           released=head * plan.micro_batch_size / profile.batch_size,
+    return RankActivations(estimate_activations(profile, plan, rank=rank) + _stage_outputs(profile, plan, rank=rank),
+                           loss_grads=LOSS_GRADIENT_COPIES * scale * sum(s.output_bytes for s in head),
+                           released=scale * sum(s.saved_bytes for s in head),
                            block=rebuilt or _largest_block(profile, plan, rank=rank), rebuilt=rebuilt)
 
 
@@ -281,13 +299,15 @@ class RankStates(NamedTuple):
 
 
 class RankActivations(NamedTuple):
-    """A rank's activations at the end of its forward; ``released``: those its backward frees
-    first (the head's, on the last stage); ``block``: the largest block's alive while that
-    block's backward runs, for one micro-batch (as rebuilt under full checkpointing);
-    ``rebuilt``: that block's under full checkpointing, which the backward holds to its end (0
-    without it)."""
+    """A rank's activations at the end of its forward (with a pipeline stage's kept outputs:
+    :func:`_stage_outputs`); ``loss_grads``: the gradients the loss's
+    backward makes of the head's output (on the last stage); ``released``: the activations its
+    backward frees first (the head's); ``block``: the largest block's alive while that block's
+    backward runs, for one micro-batch (as rebuilt under full checkpointing); ``rebuilt``: that
+    block's under full checkpointing, which the backward holds to its end (0 without it)."""
 
     total: float
+    loss_grads: float
     released: float
     block: float
     rebuilt: float
@@ -362,17 +382,18 @@ def _model_states(profile: ModelProfile, plan: Plan, layout: StateLayout, rank: 
 def _alive_at_peak(states: RankStates, activations: RankActivations, apart: bool) -> tuple[float, float]:
     """Gradients and activations at the peak. Where they meet (not ``apart``:
     :func:`gradients_meet_activations`), all of both, with the unsharded ones
-    (:class:`RankStates`). Otherwise the fullest of three moments: the forward's end (every
-    activation, no gradient); the end of the first block's backward (the activations but the
-    head's; the head's gradients and the block unit's twice, as the reduce-scatter copies them,
-    while the block's activations are freed: a block unit's gradients grow as its activations
-    go); the backward's end (every gradient, and the block full checkpointing rebuilt last,
-    likewise)."""
+    (:class:`RankStates`), and the loss's gradients (:class:`RankActivations`). Otherwise the
+    fullest of three moments: the loss's backward (every activation and the gradients of the
+    head's output, no parameter gradient yet); the end of the first block's backward (the
+    activations but the head's; the head's gradients and the block unit's twice, as the
+    reduce-scatter copies them, while the block's activations are freed: a block unit's
+    gradients grow as its activations go); the backward's end (every gradient, and the block
+    full checkpointing rebuilt last, likewise)."""
     unit = states.unit_grads
     unsharded = states.head_grads + 2 * unit
     if not apart:
-        return states.states.gradients + unsharded, activations.total
-    moments = ((0.0, activations.total),
+        return states.states.gradients + unsharded, activations.total + activations.loss_grads
+    moments = ((0.0, activations.total + activations.loss_grads),
                (unsharded, activations.total - activations.released - min(activations.block, unit)),
                (states.states.gradients + unsharded, activations.rebuilt - min(activations.rebuilt, unit)))
     return max(moments, key=sum)

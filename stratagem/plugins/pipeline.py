@@ -229,8 +229,9 @@ class Pipeline:
     def step(self, *inputs: Tensor, target: Tensor) -> Tensor:
         """Forward and backward of one batch (``plan.microbatches`` × micro-batch size samples),
         gradients accumulated in the stage parameters; the mean loss over micro-batches, on
-        every rank (sent from the last stage)."""
-        return self._run(self.schedule.step, inputs, target)
+        every rank (sent from the last stage). The last stage keeps no micro-batch's outputs
+        (torch's schedules otherwise hold them all and concatenate them: twice the batch's logits)."""
+        return self._run(self.schedule.step, inputs, target, return_outputs=False)
 
     def evaluate(self, *inputs: Tensor, target: Tensor) -> Tensor:
         """Forward only (no gradients): the mean loss over micro-batches, on every rank."""
@@ -274,12 +275,12 @@ class Pipeline:
                              f"{m * self.plan.micro_batch_size} as the plan was costed (e.g. "
                              f"DataLoader(batch_size={m * self.plan.micro_batch_size}, drop_last=True))")
 
-    def _run(self, run: Callable[..., Any], inputs: tuple[Tensor, ...], target: Tensor) -> Tensor:
+    def _run(self, run: Callable[..., Any], inputs: tuple[Tensor, ...], target: Tensor, **options: Any) -> Tensor:
         self._check_batch((*inputs, target))
         losses: list[Tensor] = []
         args = inputs if self.is_first else ()
         with autocast_context(self.plan, self.device_type):  # *-mixed with DDP: forward and loss
-            run(*args, target=target if self.is_last else None, losses=losses if self.is_last else None)
+            run(*args, target=target if self.is_last else None, losses=losses if self.is_last else None, **options)
         loss = torch.stack([x.detach().float() for x in losses]).mean() if self.is_last else \
             torch.zeros((), device=self.device_type)  # NCCL broadcasts device tensors only
         dist.broadcast(loss, group_src=self.plan.pp - 1, group=self.pp_group)

@@ -178,3 +178,19 @@ def test_fsdp_backward_holds_the_head_s_and_a_unit_s_unsharded_gradients():
     assert (zero3.gradients, zero3.activations) == (4 * (3000 + 2 * 2000), 40_500 - 500 - 8000)
     ddp = estimate_memory(profile, workload, Plan(dp_replicate=4, precision="fp32"))
     assert (ddp.gradients, ddp.activations) == (4 * 12000, 0)  # the backward's end: every gradient, no activation
+
+
+def test_the_loss_backward_holds_two_logit_gradients_and_pipeline_stages_keep_their_outputs():
+    """Cross-entropy's backward makes the gradients of the log-softmax's output and input, each
+    the logits' size, beside every activation; a pipeline stage keeps each in-flight
+    micro-batch's output until its backward."""
+    profile = _states_only(1000, num_blocks=2)
+    blocks = tuple(dataclasses.replace(b, saved_bytes=3000, output_bytes=100) for b in profile.blocks)
+    profile = dataclasses.replace(profile, batch_size=1, precision="fp32", blocks=blocks,
+                                  head=dataclasses.replace(profile.head, output_bytes=5000))
+    workload = Workload(global_batch_size=2, precision="fp32")
+    alone = estimate_memory(profile, workload, Plan(precision="fp32", micro_batch_size=2))
+    assert (alone.gradients, alone.activations) == (0, 2 * (6000 + 2 * 5000))
+    piped = Plan(precision="fp32", pp=2, microbatches=2, pp_schedule="gpipe", block_container="layers")
+    last = estimate_rank_memory(profile, piped, state_layout("fp32", "adamw"), rank=1)
+    assert last.activations == 2 * 3000 + 2 * 5000 + 2 * 5000  # two micro-batches' saved and logits, the loss's two
