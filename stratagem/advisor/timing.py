@@ -105,7 +105,9 @@ class RankStep:
 
     ``stage`` holds the stage's segments (its blocks, plus the embedding or head where they
     sit) and their sums; ``flops_per_second`` is the rank's achievable FLOP/s,
-    ``seconds_per_op_byte`` what each byte written by operators without FLOPs costs."""
+    ``block_matmul_efficiency`` the share of it the blocks' matmuls reach at their sizes
+    (:func:`block_matmul_efficiency`), ``seconds_per_op_byte`` what each byte written by
+    operators without FLOPs costs."""
 
     profile: ModelProfile
     cluster: Cluster
@@ -115,6 +117,7 @@ class RankStep:
     stage: Stage
     links: dict[MeshAxis, tuple[float, float]]  # (bytes/s, seconds) per mesh axis: group_link
     flops_per_second: float
+    block_matmul_efficiency: float
     seconds_per_op_byte: float
 
     def link(self, axis: MeshAxis, op: str) -> dict[str, float]:
@@ -167,8 +170,12 @@ class RankStep:
     def pass_seconds(self, direction: str, *, blocks_only: bool = False) -> float:
         """Seconds of one micro-batch's forward (``"fwd"``) or backward (``"bwd"``) over the stage
         (or its blocks only) on one TP rank: its FLOPs at the achievable rate and the bytes its
-        operators without FLOPs write, at :attr:`seconds_per_op_byte`."""
-        return (self.per_microbatch(f"{direction}_flops", blocks_only=blocks_only) / self.flops_per_second
+        operators without FLOPs write, at :attr:`seconds_per_op_byte`. The blocks' FLOPs run at
+        :attr:`block_matmul_efficiency` of the rate, the embedding's and head's at all of it."""
+        flops = f"{direction}_flops"
+        blocks = self.per_microbatch(flops, blocks_only=True)
+        outside = 0.0 if blocks_only else self.per_microbatch(flops) - blocks
+        return ((blocks / self.block_matmul_efficiency + outside) / self.flops_per_second
                 + self.per_microbatch(f"{direction}_op_bytes", blocks_only=blocks_only) * self.seconds_per_op_byte)
 
 
@@ -212,20 +219,71 @@ def rank_step(profile: ModelProfile, *, cluster: Cluster, workload: Workload,
                          "microbatches × grad_accum × dp must equal the global batch")
     fraction = ACHIEVABLE_FLOPS_FRACTION["gpu" if cluster.is_gpu else "cpu"]
     peak = estimate_peak_flops(cluster, precision=plan.precision)
+    stage = busiest_stage(profile, plan)
     return RankStep(profile=profile, cluster=cluster, plan=plan, optimizer=workload.optimizer,
-                    precision=get_precision(plan.precision), stage=busiest_stage(profile, plan),
-                    links=mesh_links(cluster, plan),
-                    flops_per_second=fraction * peak, seconds_per_op_byte=seconds_per_op_byte(cluster))
+                    precision=get_precision(plan.precision), stage=stage, links=mesh_links(cluster, plan),
+                    flops_per_second=fraction * peak,
+                    block_matmul_efficiency=block_matmul_efficiency(profile, plan, stage, matmul_curve(cluster, plan.precision)),
+                    seconds_per_op_byte=seconds_per_op_byte(cluster))
 
 
 def estimate_peak_flops(cluster: Cluster, *, precision: str) -> float:
     """Dense peak FLOP/s of one device in ``precision``'s compute dtype (fp32 as
     :data:`FP32_MATMUL_USES_TF32` says)."""
+    return cluster.device.peak_flops(_matmul_dtype(cluster, precision))
+
+
+def _matmul_dtype(cluster: Cluster, precision: str) -> str:
+    """The device dtype ``precision``'s matmuls run in: ``fp32`` (``tf32`` as
+    :data:`FP32_MATMUL_USES_TF32` says), ``bf16`` or ``fp16``."""
     dtype = get_precision(precision).compute_dtype
     if dtype == "float32":
-        tf32 = FP32_MATMUL_USES_TF32 and cluster.device.peak_tf32 is not None
-        return cluster.device.peak_flops("tf32" if tf32 else "fp32")
-    return cluster.device.peak_flops({"bfloat16": "bf16", "float16": "fp16"}[dtype])
+        return "tf32" if FP32_MATMUL_USES_TF32 and cluster.device.peak_tf32 is not None else "fp32"
+    return {"bfloat16": "bf16", "float16": "fp16"}[dtype]
+
+
+def matmul_curve(cluster: Cluster, precision: str) -> list[tuple[int, float]]:
+    """The calibrated (side, FLOP/s) of square matmuls in ``precision``'s matmul dtype, by side
+    (``NodeSpec.matmul_curve``; empty uncalibrated)."""
+    return sorted((n, rate) for dtype, n, rate in cluster.node.matmul_curve if dtype == _matmul_dtype(cluster, precision))
+
+
+def block_matmul_efficiency(profile: ModelProfile, plan: Plan, stage: Stage, curve: list[tuple[int, float]]) -> float:
+    """The share of the peak rate the stage's blocks' Linears reach at their sizes, from a
+    matmul curve (:func:`matmul_curve`; 1 without one): each Linear's GEMM on
+    one TP rank (the micro-batch's tokens × its input × its output width, the split side
+    divided by TP) runs at the curve's rate for a square matmul of the same FLOPs (``n³ = m·k·n``,
+    interpolated in ``log n``, clamped at the measured ends), over the rate at the largest size;
+    weighted by FLOPs, as their times add. The tokens a block's Linears see come from its FLOPs
+    (the attention core's set aside)."""
+    if not curve:
+        return 1.0
+    styles = _block_styles(plan.tp_layout, plan.block_container) if plan.tp > 1 else {}
+    flops = seconds = 0.0
+    for block, count in stage.kinds:
+        widths = sum(linear.in_features * linear.out_features for linear in block.linears)
+        if not widths:
+            continue
+        tokens = (block.fwd_flops - block.attention_fwd_flops) / (2 * widths) * plan.micro_batch_size / profile.batch_size
+        for linear in block.linears:
+            style = styles.get(linear.name)
+            inner = linear.in_features / (plan.tp if style == "rowwise" else 1)
+            outer = linear.out_features / (plan.tp if style == "colwise" else 1)
+            size = tokens * inner * outer
+            flops += count * size
+            seconds += count * size / _interpolated_rate(curve, size ** (1 / 3))
+    return flops / seconds / curve[-1][1] if seconds else 1.0
+
+
+def _interpolated_rate(curve: list[tuple[int, float]], n: float) -> float:
+    """The rate of a square matmul of side ``n`` on ``curve`` (sorted (side, FLOP/s)): linear in
+    ``log n`` between measured sides, the end's rate beyond them."""
+    if n <= curve[0][0]:
+        return curve[0][1]
+    for (n0, r0), (n1, r1) in zip(curve, curve[1:]):
+        if n <= n1:
+            return r0 + (r1 - r0) * math.log(n / n0) / math.log(n1 / n0)
+    return curve[-1][1]
 
 
 def seconds_per_op_byte(cluster: Cluster) -> float:

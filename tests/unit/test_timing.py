@@ -4,6 +4,7 @@ whole against plausible bands on real presets."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
@@ -295,3 +296,23 @@ def test_zero_bubble_leaves_the_forwards_share_of_the_interleaved_bubble():
     interleaved = _time(Plan(pp_schedule="interleaved-1f1b", **fields)).bubble
     zero_bubble = _time(Plan(pp_schedule="interleaved-zb", **fields)).bubble
     assert zero_bubble == pytest.approx(interleaved / 3)
+
+
+def test_block_matmuls_run_at_the_calibrated_rate_for_their_size():
+    """A 128-token × 256 × 256 GEMM is a square matmul of side 203, log-interpolated on the curve;
+    split over TP 2 (colwise), of side 161."""
+    from stratagem.advisor.stage import whole_model
+
+    block = _segment("block", fwd=2 * 128 * 256 * 256, width=256)
+    profile = ModelProfile(name="gemm", precision="fp32", batch_size=1, seq_len=128, embed=_segment("embed"),
+                           blocks=(block,), head=_segment("head"), block_container="layers")
+    curve = [(128, 10e12), (1024, 40e12)]
+    side = (128 * 256 * 256) ** (1 / 3)
+    expected = (10e12 + 30e12 * math.log(side / 128) / math.log(8)) / 40e12
+    alone = timing.block_matmul_efficiency(profile, Plan(precision="fp32"), whole_model(profile), curve)
+    assert alone == pytest.approx(expected)
+    split = Plan(precision="fp32", tp=2, tp_layout=(("layers.*.proj", "colwise"),), block_container="layers")
+    side = (128 * 256 * 128) ** (1 / 3)
+    assert timing.block_matmul_efficiency(profile, split, whole_model(profile), curve) == \
+        pytest.approx((10e12 + 30e12 * math.log(side / 128) / math.log(8)) / 40e12)
+    assert timing.block_matmul_efficiency(profile, Plan(precision="fp32"), whole_model(profile), []) == 1.0

@@ -16,7 +16,8 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from stratagem.advisor.calibrate.processes import PeakMemory
+from stratagem.advisor.calibrate.processes import PeakMemory, across_ranks
+from stratagem.advisor.model_profile import ModelProfile
 
 __all__ = ["collective_seconds", "dtensor_op_seconds", "framework_bytes", "matmul_rate", "memory_bandwidth",
            "op_byte_seconds", "op_seconds", "overlap_fraction", "timed"]
@@ -57,11 +58,20 @@ def timed(fn: Callable[[], object], device: torch.device, *, repeats: int, group
     return statistics.median(once() for _ in range(runs))
 
 
+SUSTAINED_SECONDS = 0.2
+"""How long each timed run of :func:`matmul_rate` keeps every rank multiplying."""
+
+
 def matmul_rate(n: int, dtype: str, device: torch.device, *, repeats: int) -> float:
-    """FLOP/s of an ``n×n @ n×n`` matmul in ``dtype`` (2n³ FLOPs)."""
+    """FLOP/s of ``n×n @ n×n`` matmuls in ``dtype`` (2n³ FLOPs each), sustained: each timed run
+    multiplies back to back for about :data:`SUSTAINED_SECONDS` (the same count on every rank),
+    so that every rank computes for the whole run as in training (timed one matmul at a time,
+    ranks that share cores measure whichever the scheduler ran first, alone)."""
     a = torch.randn(n, n, device=device, dtype=_DTYPES[dtype])
     b = torch.randn(n, n, device=device, dtype=_DTYPES[dtype])
-    return 2 * n**3 / timed(lambda: a @ b, device, repeats=repeats)
+    single = timed(lambda: a @ b, device, repeats=1)
+    count = max(1, int(SUSTAINED_SECONDS / across_ranks(single)))
+    return 2 * n**3 * count / timed(lambda: [a @ b for _ in range(count)], device, repeats=repeats)
 
 
 def memory_bandwidth(num_bytes: int, device: torch.device, *, repeats: int) -> float:
@@ -132,10 +142,9 @@ take the time beyond its matmuls."""
 
 
 def _reference_step(model: str, batch: int, seq_len: int, device: torch.device, *,
-                    repeats: int) -> tuple[float, float, int, float]:
+                    repeats: int) -> tuple[float, ModelProfile]:
     """Seconds of forward and backward of ``model`` on ``batch`` sequences of ``seq_len``
-    tokens, with the FLOPs, operators and bytes its profile counts for that batch (the bytes
-    written by operators without FLOPs)."""
+    tokens, and its profile (taken at one sequence)."""
     from stratagem.advisor.profiles import profile_spec
     from stratagem.models import PRESETS
 
@@ -151,30 +160,43 @@ def _reference_step(model: str, batch: int, seq_len: int, device: torch.device, 
         module.zero_grad(set_to_none=True)
 
     runs = 10 if batch * seq_len <= 64 else 1  # a small step is timed ten at a time
-    seconds = timed(lambda: [step() for _ in range(runs)], device, repeats=repeats) / runs
-    scale = batch / profile.batch_size
-    flops = scale * sum(s.fwd_flops + s.bwd_flops for s in profile.segments)
-    written = scale * sum(s.fwd_op_bytes + s.bwd_op_bytes for s in profile.segments)
-    return seconds, flops, sum(s.fwd_ops + s.bwd_ops for s in profile.segments), written
+    return timed(lambda: [step() for _ in range(runs)], device, repeats=repeats) / runs, profile
+
+
+def _total(profile: ModelProfile, *fields: str) -> int:
+    return sum(getattr(s, f) for s in profile.segments for f in fields)
 
 
 def op_seconds(device: torch.device, flops_per_second: float, *, repeats: int) -> float:
     """Host seconds per operator: the time of forward and backward of :data:`REFERENCE_MODEL` on
     one 32-token sequence beyond its matmul FLOPs at ``flops_per_second``, over the operators its
     profile counts (the same count the cost model multiplies by)."""
-    seconds, flops, ops, _ = _reference_step(REFERENCE_MODEL, 1, 32, device, repeats=repeats)
-    return max(seconds - flops / flops_per_second, 0.0) / ops
+    seconds, profile = _reference_step(REFERENCE_MODEL, 1, 32, device, repeats=repeats)
+    flops = _total(profile, "fwd_flops", "bwd_flops") / profile.batch_size
+    return max(seconds - flops / flops_per_second, 0.0) / _total(profile, "fwd_ops", "bwd_ops")
 
 
-def op_byte_seconds(device: torch.device, flops_per_second: float, per_op: float, *, repeats: int) -> float:
+def op_byte_seconds(device: torch.device, curve: list[tuple[int, float]], per_op: float, *, repeats: int) -> float:
     """Seconds per byte written by operators without FLOPs (norms, activations, softmax,
     elementwise arithmetic): the time of forward and backward of :data:`BYTES_REFERENCE` beyond its
-    matmul FLOPs at ``flops_per_second`` and its operators at ``per_op`` seconds each, over the
-    bytes its profile counts them writing (the count the cost model multiplies by). What the
-    measured matmul rate misses of the model's own matmuls lands here too."""
+    matmuls (at the measured ``curve``'s rates for their sizes, as the cost model runs them:
+    :func:`~stratagem.advisor.timing.block_matmul_efficiency`) and its operators at ``per_op``
+    seconds each, over the bytes its profile counts them writing (the count the cost model
+    multiplies by). What the curve misses of the model's own matmuls lands here too."""
+    from stratagem.advisor.plan import Plan
+    from stratagem.advisor.stage import whole_model
+    from stratagem.advisor.timing import block_matmul_efficiency
+
     model, batch, seq_len = BYTES_REFERENCE["cuda" if device.type == "cuda" else "cpu"]
-    seconds, flops, ops, written = _reference_step(model, batch, seq_len, device, repeats=repeats)
-    return max(seconds - flops / flops_per_second - ops * per_op, 0.0) / written
+    seconds, profile = _reference_step(model, batch, seq_len, device, repeats=repeats)
+    scale = batch / profile.batch_size
+    stage = whole_model(profile)
+    efficiency = block_matmul_efficiency(profile, Plan(micro_batch_size=batch, precision="fp32"), stage, curve)
+    blocks = scale * sum(stage.block_sums[f] for f in ("fwd_flops", "bwd_flops"))
+    other = scale * _total(profile, "fwd_flops", "bwd_flops") - blocks
+    matmuls = (blocks / efficiency + other) / curve[-1][1]
+    ops = _total(profile, "fwd_ops", "bwd_ops")
+    return max(seconds - matmuls - ops * per_op, 0.0) / (scale * _total(profile, "fwd_op_bytes", "bwd_op_bytes"))
 
 
 def dtensor_op_seconds(device: torch.device, *, repeats: int) -> float:

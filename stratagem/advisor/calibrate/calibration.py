@@ -119,7 +119,8 @@ class Calibration:
         measured), memory bandwidth, the in-node link (the all-reduce fit) and each collective's
         own fit per group size inside a node, the network (α, β, efficiency 1: the fit already is
         what collectives reach), how much communication hides under compute, the host seconds per
-        operator and per byte its operators without FLOPs write, and the framework's memory. A note says so."""
+        operator and per byte its operators without FLOPs write, and the framework's memory. The
+        matmul rates of every size measured go along (``NodeSpec.matmul_curve``). A note says so."""
         node = cluster.node
         measured = {f"peak_{dtype}": rate for dtype in ("fp32", "tf32", "bf16", "fp16")
                     if (rate := self.matmul_rate(dtype)) is not None}
@@ -141,6 +142,8 @@ class Calibration:
                             for op, fits in self.links.get("intra", {}).items() for n, fit in fits.items())
         node = dataclasses.replace(node, device=device, link=link, network=network, comm_overlap=overlap,
                                    collectives=collectives, op_seconds=self.op_seconds,
+                                   matmul_curve=tuple((dtype, n, rate) for dtype, points in self.matmul.items()
+                                                      for n, rate in points),
                                    op_byte_seconds=self.op_byte_seconds,
                                    dtensor_op_seconds=self.dtensor_op_seconds,
                                    framework_bytes=self.framework_bytes)

@@ -58,7 +58,7 @@ class Settings:
         if device.type == "cuda":
             return cls(matmul_sizes=(1024, 2048, 4096, 8192), message_bytes=tuple(2**k for k in range(16, 29, 2)),
                        copy_bytes=2**30, repeats=5)
-        return cls(matmul_sizes=(256, 512, 1024), message_bytes=tuple(2**k for k in range(12, 25, 2)),
+        return cls(matmul_sizes=(128, 256, 512, 1024), message_bytes=tuple(2**k for k in range(12, 25, 2)),
                    copy_bytes=2**26, repeats=5)
 
 
@@ -141,7 +141,7 @@ def _measure(cluster: Cluster, device: torch.device, settings: Settings, dtypes:
     step("memory bandwidth")
     per_op = across_ranks(op_seconds(device, max(matmul["fp32"])[1], repeats=settings.repeats))
     step("operator dispatch")
-    per_byte = across_ranks(op_byte_seconds(device, max(matmul["fp32"])[1], per_op, repeats=settings.repeats))
+    per_byte = across_ranks(op_byte_seconds(device, sorted(matmul["fp32"]), per_op, repeats=settings.repeats))
     step("operator bytes")
     per_dtensor_op = across_ranks(dtensor_op_seconds(device, repeats=settings.repeats))
     step("DTensor operator dispatch")

@@ -162,6 +162,9 @@ class NodeSpec:
     # Measured (collective, group size, bytes/s, seconds per step) for groups inside the node: a
     # backend reaches different rates for each collective (``stratagem calibrate``); () uses ``link``.
     collectives: tuple[tuple[str, int, float, float], ...] = ()
+    # Measured (dtype, n, FLOP/s) of n×n matmuls: how a rank's rate falls with a GEMM's size
+    # (``stratagem calibrate``); () leaves every GEMM at the device's peak.
+    matmul_curve: tuple[tuple[str, int, float], ...] = ()
     op_seconds: float | None = None  # measured host seconds per operator of a small model's step
     op_byte_seconds: float | None = None  # measured seconds per byte written by operators without FLOPs
     dtensor_op_seconds: float | None = None  # per optimizer operator on DTensor parameters
@@ -183,6 +186,7 @@ class NodeSpec:
             host=_maybe(HostSpec.from_dict, data.get("host")),
             comm_overlap=data.get("comm_overlap"),
             collectives=tuple(tuple(c) for c in data.get("collectives", ())),
+            matmul_curve=tuple(tuple(c) for c in data.get("matmul_curve", ())),
             op_seconds=data.get("op_seconds"),
             op_byte_seconds=data.get("op_byte_seconds"),
             dtensor_op_seconds=data.get("dtensor_op_seconds"),
