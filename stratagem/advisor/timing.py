@@ -220,10 +220,11 @@ def rank_step(profile: ModelProfile, *, cluster: Cluster, workload: Workload,
     fraction = ACHIEVABLE_FLOPS_FRACTION["gpu" if cluster.is_gpu else "cpu"]
     peak = estimate_peak_flops(cluster, precision=plan.precision)
     stage = busiest_stage(profile, plan)
+    efficiency = block_matmul_efficiency(profile, plan, stage, matmul_curve(cluster, plan.precision))
     return RankStep(profile=profile, cluster=cluster, plan=plan, optimizer=workload.optimizer,
                     precision=get_precision(plan.precision), stage=stage, links=mesh_links(cluster, plan),
                     flops_per_second=fraction * peak,
-                    block_matmul_efficiency=block_matmul_efficiency(profile, plan, stage, matmul_curve(cluster, plan.precision)),
+                    block_matmul_efficiency=efficiency,
                     seconds_per_op_byte=seconds_per_op_byte(cluster))
 
 
@@ -245,7 +246,8 @@ def _matmul_dtype(cluster: Cluster, precision: str) -> str:
 def matmul_curve(cluster: Cluster, precision: str) -> list[tuple[int, float]]:
     """The calibrated (side, FLOP/s) of square matmuls in ``precision``'s matmul dtype, by side
     (``NodeSpec.matmul_curve``; empty uncalibrated)."""
-    return sorted((n, rate) for dtype, n, rate in cluster.node.matmul_curve if dtype == _matmul_dtype(cluster, precision))
+    dtype = _matmul_dtype(cluster, precision)
+    return sorted((n, rate) for measured, n, rate in cluster.node.matmul_curve if measured == dtype)
 
 
 def block_matmul_efficiency(profile: ModelProfile, plan: Plan, stage: Stage, curve: list[tuple[int, float]]) -> float:
@@ -264,7 +266,8 @@ def block_matmul_efficiency(profile: ModelProfile, plan: Plan, stage: Stage, cur
         widths = sum(linear.in_features * linear.out_features for linear in block.linears)
         if not widths:
             continue
-        tokens = (block.fwd_flops - block.attention_fwd_flops) / (2 * widths) * plan.micro_batch_size / profile.batch_size
+        per_sample = (block.fwd_flops - block.attention_fwd_flops) / (2 * widths) / profile.batch_size
+        tokens = per_sample * plan.micro_batch_size
         for linear in block.linears:
             style = styles.get(linear.name)
             inner = linear.in_features / (plan.tp if style == "rowwise" else 1)

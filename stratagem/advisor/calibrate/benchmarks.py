@@ -164,6 +164,7 @@ def _reference_step(model: str, batch: int, seq_len: int, device: torch.device, 
 
 
 def _total(profile: ModelProfile, *fields: str) -> int:
+    """``fields`` summed over every segment of ``profile``."""
     return sum(getattr(s, f) for s in profile.segments for f in fields)
 
 
