@@ -4,23 +4,27 @@ Each returns plain numbers; :mod:`~stratagem.advisor.calibrate.run` fits and sto
 rank runs every benchmark at the same time, as in training: a CPU rank's matmul rate is its
 share of the host with the others busy, a collective's time includes every rank's traffic.
 Timings take the median of repeats after a warm-up, synchronised with a barrier so no rank
-starts early.
+starts early. The compute benchmarks (:func:`compute_rates`) run interleaved: each round times
+every one of them once, so a host whose speed drifts while it calibrates (a shared machine's
+neighbours) moves them all alike and the figures derived from their differences hold.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from stratagem.advisor.calibrate.calibration import COLLECTIVES
 from stratagem.advisor.calibrate.processes import PeakMemory, across_ranks
 from stratagem.advisor.model_profile import ModelProfile
 
-__all__ = ["collective_seconds", "dtensor_op_seconds", "framework_bytes", "matmul_rate", "memory_bandwidth",
-           "op_byte_seconds", "op_seconds", "overlap_fraction", "timed"]
+__all__ = ["ComputeRates", "collective_seconds", "compute_rates", "dtensor_op_seconds", "framework_bytes",
+           "interleaved", "memory_bandwidth", "op_byte_seconds", "op_seconds", "overlap_fraction", "timed"]
 
 BUDGET_SECONDS = 1.0
 """Time one measurement may take after its warm-up (the calibration aims at a minute per node)."""
@@ -33,45 +37,100 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _once(fn: Callable[[], object], device: torch.device, group: dist.ProcessGroup | None = None) -> float:
+    """Seconds of one ``fn()``, every rank of ``group`` starting together (a barrier) and the
+    device synchronised before the clock stops."""
+    if dist.is_initialized():
+        dist.barrier(group=group)
+    _sync(device)
+    start = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - start
+
+
 def timed(fn: Callable[[], object], device: torch.device, *, repeats: int, group: dist.ProcessGroup | None = None,
           budget: float = BUDGET_SECONDS) -> float:
-    """Median seconds of ``fn()`` after one warm-up run, every rank of ``group`` starting each run
-    together (a barrier) and the device synchronised before the clock stops. Runs ``repeats``
-    times, fewer when the warm-up says they would exceed ``budget`` seconds (the slowest rank
-    decides, so every rank runs as often)."""
-
-    def once() -> float:
-        if dist.is_initialized():
-            dist.barrier(group=group)
-        _sync(device)
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        return time.perf_counter() - start
-
-    warmup = once()
+    """Median seconds of ``fn()`` after one warm-up run (:func:`_once`). Runs ``repeats`` times,
+    fewer when the warm-up says they would exceed ``budget`` seconds (the slowest rank decides,
+    so every rank runs as often)."""
+    warmup = _once(fn, device, group)
     if dist.is_initialized():
         slowest = torch.tensor([warmup], dtype=torch.float64, device=device)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
         warmup = float(slowest.item())
     runs = max(1, min(repeats, int(budget / max(warmup, 1e-9))))
-    return statistics.median(once() for _ in range(runs))
+    return statistics.median(_once(fn, device, group) for _ in range(runs))
+
+
+def interleaved(fns: Sequence[Callable[[], object]], device: torch.device, *, repeats: int,
+                group: dist.ProcessGroup | None = None) -> list[float]:
+    """Median seconds of each of ``fns`` (the slowest rank's), timed in ``repeats`` rounds that run
+    each once in turn (:func:`_once` over ``group``), after a warm-up round: what the host's drift
+    does to one, it does to all."""
+    for fn in fns:
+        _once(fn, device, group)
+    rounds = [[_once(fn, device, group) for fn in fns] for _ in range(repeats)]
+    return [across_ranks(statistics.median(column)) for column in zip(*rounds)]
 
 
 SUSTAINED_SECONDS = 0.2
-"""How long each timed run of :func:`matmul_rate` keeps every rank multiplying."""
+"""How long each timed run of a matmul benchmark keeps every rank multiplying."""
 
 
-def matmul_rate(n: int, dtype: str, device: torch.device, *, repeats: int) -> float:
-    """FLOP/s of ``n×n @ n×n`` matmuls in ``dtype`` (2n³ FLOPs each), sustained: each timed run
-    multiplies back to back for about :data:`SUSTAINED_SECONDS` (the same count on every rank),
-    so that every rank computes for the whole run as in training (timed one matmul at a time,
-    ranks that share cores measure whichever the scheduler ran first, alone)."""
+@dataclass(frozen=True, slots=True)
+class _Benchmark:
+    """A function to time and the FLOPs one call does."""
+
+    run: Callable[[], object]
+    flops: float
+
+
+def _sustained_matmul(n: int, dtype: str, device: torch.device) -> tuple[_Benchmark, float]:
+    """``n×n @ n×n`` matmuls in ``dtype`` (2n³ FLOPs each) back to back for about
+    :data:`SUSTAINED_SECONDS` (the same count on every rank), so that every rank computes for the
+    whole run as in training (timed one matmul at a time, ranks that share cores measure
+    whichever the scheduler ran first, alone); and the slowest rank's seconds for one."""
     a = torch.randn(n, n, device=device, dtype=_DTYPES[dtype])
     b = torch.randn(n, n, device=device, dtype=_DTYPES[dtype])
-    single = timed(lambda: a @ b, device, repeats=1)
-    count = max(1, int(SUSTAINED_SECONDS / across_ranks(single)))
-    return 2 * n**3 * count / timed(lambda: [a @ b for _ in range(count)], device, repeats=repeats)
+    single = across_ranks(timed(lambda: a @ b, device, repeats=1))
+    count = max(1, int(SUSTAINED_SECONDS / single))
+    return _Benchmark(lambda: [a @ b for _ in range(count)], 2 * n**3 * count), single
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeRates:
+    """What :func:`compute_rates` measured: per dtype the (n, FLOP/s) of the matmul sizes run,
+    seconds per operator beyond FLOPs, and per byte written by operators without FLOPs."""
+
+    matmul: dict[str, list[tuple[int, float]]]
+    op_seconds: float
+    op_byte_seconds: float
+
+
+def compute_rates(sizes: Sequence[int], dtypes: Sequence[str], device: torch.device, *,
+                  repeats: int) -> ComputeRates:
+    """Sustained square matmuls of each of ``sizes`` in each of ``dtypes`` and the training steps
+    of the two reference models (:func:`op_seconds`, :func:`op_byte_seconds`), all timed
+    :func:`interleaved`. The per-operator and per-byte costs are what the steps take beyond their
+    matmuls at the rates measured in the same rounds. A size whose single matmul would take
+    longer than :data:`BUDGET_SECONDS` (predicted from the size below it) is skipped."""
+    benchmarks: dict[tuple[str, int], _Benchmark] = {}
+    for dtype in dtypes:
+        single, previous = 0.0, 1
+        for n in sizes:
+            if single * (n / previous) ** 3 > BUDGET_SECONDS:
+                break  # the same on every rank: ``single`` is the slowest rank's
+            benchmarks[dtype, n], single = _sustained_matmul(n, dtype, device)
+            previous = n
+    ops, data = _reference_step(REFERENCE_MODEL, 1, 32, device), _reference_step(*_bytes_reference(device), device)
+    seconds = interleaved([b.run for b in benchmarks.values()] + [ops.run, data.run], device, repeats=repeats)
+    matmul: dict[str, list[tuple[int, float]]] = {}
+    for ((dtype, n), benchmark), took in zip(benchmarks.items(), seconds):
+        matmul.setdefault(dtype, []).append((n, benchmark.flops / took))
+    per_op = op_seconds(seconds[-2] / ops.runs, ops.profile, max(matmul["fp32"])[1])
+    per_byte = op_byte_seconds(seconds[-1] / data.runs, data.profile, data.batch, matmul["fp32"], per_op)
+    return ComputeRates(matmul, per_op, per_byte)
 
 
 def memory_bandwidth(num_bytes: int, device: torch.device, *, repeats: int) -> float:
@@ -81,34 +140,39 @@ def memory_bandwidth(num_bytes: int, device: torch.device, *, repeats: int) -> f
     return 2 * src.numel() * 4 / timed(lambda: dst.copy_(src), device, repeats=repeats)
 
 
-def collective_seconds(op: str, num_bytes: int, device: torch.device, *, group: dist.ProcessGroup | None,
-                       repeats: int) -> float:
-    """Median seconds of one ``op`` (all_reduce, all_gather, reduce_scatter, p2p) on ``num_bytes``
-    per rank — the full buffer for all-reduce, the gathered output for all-gather and the input
-    for reduce-scatter (the cost model's convention), one message each way for p2p (ranks paired
-    0↔1, 2↔3, …)."""
+def collective_seconds(op: str, sizes: Sequence[int], device: torch.device, *, group: dist.ProcessGroup | None,
+                       repeats: int) -> list[float]:
+    """Median seconds of one ``op`` (all_reduce, all_gather, reduce_scatter, p2p) on each of
+    ``sizes`` bytes per rank, timed :func:`interleaved` — the full buffer for all-reduce, the
+    gathered output for all-gather and the input for reduce-scatter (the cost model's
+    convention), one message each way for p2p (ranks paired 0↔1, 2↔3, …)."""
+    if op not in COLLECTIVES:
+        raise ValueError(f"unknown collective {op!r}")
+    return interleaved([_collective(op, num_bytes, device, group) for num_bytes in sizes], device, repeats=repeats,
+                       group=group)
+
+
+def _collective(op: str, num_bytes: int, device: torch.device, group: dist.ProcessGroup | None) -> Callable[[], None]:
     size = dist.get_world_size(group)
     numel = max(size, num_bytes // 4 // size * size)
     full = torch.ones(numel, device=device)
     shard = torch.ones(numel // size, device=device)
     if op == "all_reduce":
-        run = lambda: dist.all_reduce(full, group=group)  # noqa: E731
-    elif op == "all_gather":
-        run = lambda: dist.all_gather_single(full, shard, group=group)  # noqa: E731
-    elif op == "reduce_scatter":
-        run = lambda: dist.reduce_scatter_single(shard, full, group=group)  # noqa: E731
-    elif op == "p2p":
-        rank = dist.get_rank(group)
-        peer = dist.get_global_rank(group, rank ^ 1) if group is not None else rank ^ 1
+        return lambda: dist.all_reduce(full, group=group)
+    if op == "all_gather":
+        return lambda: dist.all_gather_single(full, shard, group=group)
+    if op == "reduce_scatter":
+        return lambda: dist.reduce_scatter_single(shard, full, group=group)
+    rank = dist.get_rank(group)
+    peer = dist.get_global_rank(group, rank ^ 1) if group is not None else rank ^ 1
 
-        def run() -> None:
-            ops = [dist.P2POp(dist.isend, full, peer, group=group), dist.P2POp(dist.irecv, shard.new_empty(numel),
-                                                                               peer, group=group)]
-            for request in dist.batch_isend_irecv(ops):
-                request.wait()
-    else:
-        raise ValueError(f"unknown collective {op!r}")
-    return timed(run, device, repeats=repeats, group=group)
+    def p2p() -> None:
+        ops = [dist.P2POp(dist.isend, full, peer, group=group),
+               dist.P2POp(dist.irecv, shard.new_empty(numel), peer, group=group)]
+        for request in dist.batch_isend_irecv(ops):
+            request.wait()
+
+    return p2p
 
 
 def overlap_fraction(n: int, num_bytes: int, device: torch.device, *, repeats: int) -> float:
@@ -141,10 +205,19 @@ FLOPs write, per device type: a Llama at a size where those bytes, not launching
 take the time beyond its matmuls."""
 
 
-def _reference_step(model: str, batch: int, seq_len: int, device: torch.device, *,
-                    repeats: int) -> tuple[float, ModelProfile]:
-    """Seconds of forward and backward of ``model`` on ``batch`` sequences of ``seq_len``
-    tokens, and its profile (taken at one sequence)."""
+@dataclass(frozen=True, slots=True)
+class _ReferenceStep:
+    """Forward and backward of a preset on ``batch`` sequences, ``runs`` times per call, and its profile."""
+
+    run: Callable[[], object]
+    runs: int
+    profile: ModelProfile
+    batch: int
+
+
+def _reference_step(model: str, batch: int, seq_len: int, device: torch.device) -> _ReferenceStep:
+    """Forward and backward of ``model`` on ``batch`` sequences of ``seq_len`` tokens (ten at a
+    time for a step of at most 64 tokens), and its profile (taken at one sequence)."""
     from stratagem.advisor.profiles import profile_spec
     from stratagem.models import PRESETS
 
@@ -159,8 +232,12 @@ def _reference_step(model: str, batch: int, seq_len: int, device: torch.device, 
         preset.loss(module(*inputs), targets).backward()
         module.zero_grad(set_to_none=True)
 
-    runs = 10 if batch * seq_len <= 64 else 1  # a small step is timed ten at a time
-    return timed(lambda: [step() for _ in range(runs)], device, repeats=repeats) / runs, profile
+    runs = 10 if batch * seq_len <= 64 else 1
+    return _ReferenceStep(lambda: [step() for _ in range(runs)], runs, profile, batch)
+
+
+def _bytes_reference(device: torch.device) -> tuple[str, int, int]:
+    return BYTES_REFERENCE["cuda" if device.type == "cuda" else "cpu"]
 
 
 def _total(profile: ModelProfile, *fields: str) -> int:
@@ -168,28 +245,28 @@ def _total(profile: ModelProfile, *fields: str) -> int:
     return sum(getattr(s, f) for s in profile.segments for f in fields)
 
 
-def op_seconds(device: torch.device, flops_per_second: float, *, repeats: int) -> float:
-    """Host seconds per operator: the time of forward and backward of :data:`REFERENCE_MODEL` on
-    one 32-token sequence beyond its matmul FLOPs at ``flops_per_second``, over the operators its
-    profile counts (the same count the cost model multiplies by)."""
-    seconds, profile = _reference_step(REFERENCE_MODEL, 1, 32, device, repeats=repeats)
+def op_seconds(step_seconds: float, profile: ModelProfile, flops_per_second: float) -> float:
+    """Host seconds per operator: ``step_seconds`` of forward and backward of
+    :data:`REFERENCE_MODEL` on one 32-token sequence beyond its matmul FLOPs at
+    ``flops_per_second``, over the operators its profile counts (the same count the cost model
+    multiplies by)."""
     flops = _total(profile, "fwd_flops", "bwd_flops") / profile.batch_size
-    return max(seconds - flops / flops_per_second, 0.0) / _total(profile, "fwd_ops", "bwd_ops")
+    return max(step_seconds - flops / flops_per_second, 0.0) / _total(profile, "fwd_ops", "bwd_ops")
 
 
-def op_byte_seconds(device: torch.device, curve: list[tuple[int, float]], per_op: float, *, repeats: int) -> float:
+def op_byte_seconds(step_seconds: float, profile: ModelProfile, batch: int, curve: list[tuple[int, float]],
+                    per_op: float) -> float:
     """Seconds per byte written by operators without FLOPs (norms, activations, softmax,
-    elementwise arithmetic): the time of forward and backward of :data:`BYTES_REFERENCE` beyond its
-    matmuls (at the measured ``curve``'s rates for their sizes, as the cost model runs them:
-    :func:`~stratagem.advisor.timing.block_matmul_efficiency`) and its operators at ``per_op``
-    seconds each, over the bytes its profile counts them writing (the count the cost model
-    multiplies by). What the curve misses of the model's own matmuls lands here too."""
+    elementwise arithmetic): ``step_seconds`` of forward and backward of :data:`BYTES_REFERENCE` on
+    ``batch`` sequences beyond its matmuls (at the measured ``curve``'s rates for their sizes, as
+    the cost model runs them: :func:`~stratagem.advisor.timing.block_matmul_efficiency`) and its
+    operators at ``per_op`` seconds each, over the bytes its profile counts them writing (the
+    count the cost model multiplies by). What the curve misses of the model's own matmuls lands
+    here too."""
     from stratagem.advisor.plan import Plan
     from stratagem.advisor.stage import whole_model
     from stratagem.advisor.timing import block_matmul_efficiency
 
-    model, batch, seq_len = BYTES_REFERENCE["cuda" if device.type == "cuda" else "cpu"]
-    seconds, profile = _reference_step(model, batch, seq_len, device, repeats=repeats)
     scale = batch / profile.batch_size
     stage = whole_model(profile)
     efficiency = block_matmul_efficiency(profile, Plan(micro_batch_size=batch, precision="fp32"), stage, curve)
@@ -197,7 +274,7 @@ def op_byte_seconds(device: torch.device, curve: list[tuple[int, float]], per_op
     other = scale * _total(profile, "fwd_flops", "bwd_flops") - blocks
     matmuls = (blocks / efficiency + other) / curve[-1][1]
     ops = _total(profile, "fwd_ops", "bwd_ops")
-    return max(seconds - matmuls - ops * per_op, 0.0) / (scale * _total(profile, "fwd_op_bytes", "bwd_op_bytes"))
+    return max(step_seconds - matmuls - ops * per_op, 0.0) / (scale * _total(profile, "fwd_op_bytes", "bwd_op_bytes"))
 
 
 def dtensor_op_seconds(device: torch.device, *, repeats: int) -> float:

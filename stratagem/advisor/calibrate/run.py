@@ -20,14 +20,11 @@ import torch
 import torch.distributed as dist
 
 from stratagem.advisor.calibrate.benchmarks import (
-    BUDGET_SECONDS,
     collective_seconds,
+    compute_rates,
     dtensor_op_seconds,
     framework_bytes,
-    matmul_rate,
     memory_bandwidth,
-    op_byte_seconds,
-    op_seconds,
     overlap_fraction,
 )
 from stratagem.advisor.calibrate.calibration import COLLECTIVES, Calibration, LinkFit, fit_link, hardware_key
@@ -117,8 +114,9 @@ def calibrate_on_group(*, quick: bool = False, progress: bool = False) -> Calibr
     settings = Settings.for_device(device, quick=quick)
     groups = _groups(cluster.num_nodes, cluster.devices_per_node)
     dtypes = ["fp32", "bf16"] if device.type == "cpu" or torch.cuda.is_bf16_supported() else ["fp32"]
-    measurements = len(dtypes) * len(settings.matmul_sizes) + len(groups) * len(COLLECTIVES) * len(settings.message_bytes)
-    work = measurements + 6  # the framework's memory, memory bandwidth, operators (3), overlap
+    # Each collective per group, the framework's memory, the matmuls and operators, memory bandwidth,
+    # DTensor operators, overlap.
+    work = len(groups) * len(COLLECTIVES) + 5
     with _progress_bar(work, enabled=progress and dist.get_rank() == 0) as step:
         return _measure(cluster, device, settings, dtypes, groups, step, started)
 
@@ -127,40 +125,28 @@ def _measure(cluster: Cluster, device: torch.device, settings: Settings, dtypes:
              step: Callable[[str], None], started: float) -> Calibration:
     framework = across_ranks(framework_bytes(device))  # first: what a fresh process's first steps take
     step("framework memory")
-    matmul: dict[str, list[tuple[int, float]]] = {}
-    for dtype in dtypes:
-        for n in settings.matmul_sizes:
-            points = matmul.setdefault(dtype, [])
-            if points and 2 * n**3 / points[-1][1] > BUDGET_SECONDS:
-                step(f"matmul {dtype} {n}: skipped, slower than {BUDGET_SECONDS:g} s")  # same on every rank
-                continue
-            points.append((n, across_ranks(matmul_rate(n, dtype, device, repeats=settings.repeats), smallest=True)))
-            step(f"matmul {dtype} {n}")
+    compute = compute_rates(settings.matmul_sizes, dtypes, device, repeats=settings.repeats)
+    step("matmuls and operators")
     bandwidth = across_ranks(memory_bandwidth(settings.copy_bytes, device, repeats=settings.repeats),
                              smallest=True)
     step("memory bandwidth")
-    per_op = across_ranks(op_seconds(device, max(matmul["fp32"])[1], repeats=settings.repeats))
-    step("operator dispatch")
-    per_byte = across_ranks(op_byte_seconds(device, sorted(matmul["fp32"]), per_op, repeats=settings.repeats))
-    step("operator bytes")
     per_dtensor_op = across_ranks(dtensor_op_seconds(device, repeats=settings.repeats))
     step("DTensor operator dispatch")
     links: dict[str, dict[str, dict[int, LinkFit]]] = {}
     for scope, size, group in groups:
         for op in COLLECTIVES:
-            points = []
-            for num_bytes in settings.message_bytes:
-                points.append((num_bytes, across_ranks(collective_seconds(op, num_bytes, device, group=group,
-                                                                      repeats=settings.repeats))))
-                step(f"{op} {scope} ×{size} {num_bytes} B")
-            links.setdefault(scope, {}).setdefault(op, {})[size] = fit_link(op, size, points)
+            seconds = collective_seconds(op, settings.message_bytes, device, group=group, repeats=settings.repeats)
+            links.setdefault(scope, {}).setdefault(op, {})[size] = fit_link(
+                op, size, list(zip(settings.message_bytes, seconds)))
+            step(f"{op} {scope} ×{size}")
     overlap = overlap_fraction(settings.matmul_sizes[-1], settings.message_bytes[-1], device,
                                repeats=settings.repeats)
     step("overlap")
     return Calibration(
         hardware=hardware_key(cluster), backend=dist.get_backend(), world_size=dist.get_world_size(),
-        matmul={dtype: tuple(points) for dtype, points in matmul.items()}, memory_bandwidth=bandwidth,
-        links=links, overlap=across_ranks(overlap, smallest=True), op_seconds=per_op, op_byte_seconds=per_byte,
+        matmul={dtype: tuple(points) for dtype, points in compute.matmul.items()}, memory_bandwidth=bandwidth,
+        links=links, overlap=across_ranks(overlap, smallest=True), op_seconds=compute.op_seconds,
+        op_byte_seconds=compute.op_byte_seconds,
         dtensor_op_seconds=per_dtensor_op, framework_bytes=framework,
         seconds=time.perf_counter() - started,
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
