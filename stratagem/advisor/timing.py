@@ -382,7 +382,8 @@ def bubble_lost_share(pp: int, ranks_per_core: float) -> float:
 
 def estimate_tp_comm_seconds(step: RankStep) -> float:
     """TP collectives of every block and micro-batch, seconds, none overlapped: those of
-    :func:`tp_collectives` in forward and backward, the forward's again under full recomputation."""
+    :func:`tp_collectives` in forward and backward, the forward's again under full recomputation,
+    each with its wait for the ranks (:func:`collective_wait_seconds`)."""
     plan = step.plan
     if plan.tp == 1:
         return 0.0
@@ -391,7 +392,8 @@ def estimate_tp_comm_seconds(step: RankStep) -> float:
     for block, count in step.stage.kinds:
         forward, backward = tp_collectives(step, block)
         seconds = [sum(_COLLECTIVE_SECONDS[op](num_bytes, group_size=plan.tp, **step.link(MeshAxis.TP, op))
-                       for op, num_bytes in messages) for messages in (forward, backward)]
+                       + collective_wait_seconds(step, plan.tp) for op, num_bytes in messages)
+                   for messages in (forward, backward)]
         per_microbatch += count * (forwards * seconds[0] + seconds[1])
     return step.num_microbatches * per_microbatch
 
@@ -458,6 +460,15 @@ def tp_message_bytes(step: RankStep, block: SegmentProfile) -> float:
     return step.tokens_per_microbatch * width * step.precision.compute_bytes
 
 
+def collective_wait_seconds(step: RankStep, group_size: int) -> float:
+    """What a blocking collective over ``group_size`` ranks waits beyond its own time, seconds: the
+    ranks reach it apart after the compute before it, and it ends when the last arrives. As
+    calibrated (``NodeSpec.sync_seconds``: ranks that share cores arrive a scheduler slice
+    apart); uncalibrated none, as for ranks with a device each, which arrive within microseconds
+    of each other."""
+    return (step.cluster.node.sync_seconds or 0.0) if group_size > 1 else 0.0
+
+
 def estimate_pp_comm_seconds(step: RankStep) -> float:
     """Pipeline p2p, seconds per step on one rank: every micro-batch sends its activation
     forward and its gradient backward across each of the rank's ``pp_virtual`` stage boundaries
@@ -493,7 +504,8 @@ def _pp_message_seconds(step: RankStep) -> float:
 
 def estimate_grad_sync_seconds(step: RankStep) -> float:
     """Gradient reductions per step, seconds, one collective per communication unit (DDP
-    bucket, FSDP unit: :func:`_num_comm_units`), each paying its latency. Gradients reduce in
+    bucket, FSDP unit: :func:`_num_comm_units`), each paying its latency and its wait for the
+    ranks (:func:`collective_wait_seconds`). Gradients reduce in
     the parameter dtype (DDP reduces ``param.grad``: fp32 for ``*-mixed``, bf16 for
     ``bf16-true``; FSDP2 as applied here keeps ``reduce_dtype`` fp32 like torchtitan). zero 0/1:
     all-reduce (DDP); zero 2/3: reduce-scatter over ``dp_shard``, then HSDP all-reduces the shard
@@ -503,18 +515,19 @@ def estimate_grad_sync_seconds(step: RankStep) -> float:
     unit_bytes = step.params_per_rank * step.precision.param_bytes / units
     if plan.zero <= 1:
         axis = MeshAxis.DP_REPLICATE if plan.zero == 0 else MeshAxis.DP_SHARD
-        return units * estimate_all_reduce_seconds(unit_bytes, group_size=plan.dp,
-                                                   **step.link(axis, "all_reduce"))
+        return units * (estimate_all_reduce_seconds(unit_bytes, group_size=plan.dp, **step.link(axis, "all_reduce"))
+                        + collective_wait_seconds(step, plan.dp))
     shard = estimate_reduce_scatter_seconds(unit_bytes, group_size=plan.dp_shard,
                                             **step.link(MeshAxis.DP_SHARD, "reduce_scatter"))
     shard += estimate_all_reduce_seconds(unit_bytes / plan.dp_shard, group_size=plan.dp_replicate,
                                          **step.link(MeshAxis.DP_REPLICATE, "all_reduce"))
+    shard += collective_wait_seconds(step, plan.dp_shard) + collective_wait_seconds(step, plan.dp_replicate)
     return step.num_reductions * units * shard
 
 
 def estimate_param_gather_seconds(step: RankStep) -> float:
     """Parameter all-gathers over ``dp_shard`` per step, seconds, one per FSDP unit, each paying
-    its latency. zero 1: the optimizer re-syncs updated parameters (param dtype) after its step,
+    its latency and its wait for the ranks (:func:`collective_wait_seconds`). zero 1: the optimizer re-syncs updated parameters (param dtype) after its step,
     costed as one gather: ZeroRedundancyOptimizer issues a broadcast per parameter tensor, all at
     once and asynchronously, and their latencies overlap in the backend's queue (how far depends
     on the backend: gloo's two worker threads measured ≈ 0.6 ms per broadcast on 4 CPU ranks
@@ -530,7 +543,7 @@ def estimate_param_gather_seconds(step: RankStep) -> float:
     count = 2 * step.num_microbatches if plan.zero == 3 else 1
     gather = estimate_all_gather_seconds(step.params_per_rank * dtype_bytes / pieces, group_size=plan.dp_shard,
                                          **step.link(MeshAxis.DP_SHARD, "all_gather"))
-    return count * pieces * gather
+    return count * pieces * (gather + collective_wait_seconds(step, plan.dp_shard))
 
 
 def estimate_dp_comm_exposed_seconds(step: RankStep, *, grads: float, gathers: float,

@@ -181,6 +181,22 @@ def test_ddp_all_reduces_fp32_gradients_once_per_step_bucket_by_bucket():
     assert _time(plan).dp_comm_total == pytest.approx(expected)
 
 
+def test_every_blocking_collective_waits_the_calibrated_sync_time():
+    """Ranks that reach a collective apart (measured: ``NodeSpec.sync_seconds``) add that wait to
+    each TP all-reduce, DDP bucket, FSDP gather and reduce-scatter, and to nothing else."""
+    wait = 1e-3
+    waiting = dataclasses.replace(H100, node=dataclasses.replace(H100.node, sync_seconds=wait))
+    tp = Plan(tp=4, dp_replicate=2, micro_batch_size=2, grad_accum=3)
+    assert _time(tp, cluster=waiting).tp_comm - _time(tp).tp_comm == pytest.approx(3 * 8 * 4 * wait)
+    ddp = Plan(dp_replicate=8, grad_accum=4)
+    assert _time(ddp, cluster=waiting).dp_comm_total - _time(ddp).dp_comm_total == pytest.approx(2 * wait)
+    fsdp = Plan(dp_shard=8, zero=3, grad_accum=2, block_container="layers")
+    units = 8 + 1  # the blocks and the root: gathered twice and reduced once per micro-batch
+    assert _time(fsdp, cluster=waiting).dp_comm_total - _time(fsdp).dp_comm_total == \
+        pytest.approx(2 * 3 * units * wait)
+    assert _time(Plan(), cluster=waiting) == _time(Plan())
+
+
 @pytest.mark.parametrize("precision", ["bf16-true", "fp32"])
 def test_zero2_moves_ddp_volume_and_zero3_half_again(precision):
     """ZeRO (Rajbhandari et al. 2020) §7.2: in one dtype, zero 2 = DDP, zero 3 = 1.5 × DDP, in

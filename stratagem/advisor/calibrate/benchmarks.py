@@ -24,7 +24,7 @@ from stratagem.advisor.calibrate.processes import PeakMemory, across_ranks
 from stratagem.advisor.model_profile import ModelProfile
 
 __all__ = ["ComputeRates", "collective_seconds", "compute_rates", "dtensor_op_seconds", "framework_bytes",
-           "interleaved", "memory_bandwidth", "op_byte_seconds", "op_seconds", "overlap_fraction", "timed"]
+           "interleaved", "memory_bandwidth", "op_byte_seconds", "op_seconds", "overlap_fraction", "sync_seconds", "timed"]
 
 BUDGET_SECONDS = 1.0
 """Time one measurement may take after its warm-up (the calibration aims at a minute per node)."""
@@ -173,6 +173,36 @@ def _collective(op: str, num_bytes: int, device: torch.device, group: dist.Proce
             request.wait()
 
     return p2p
+
+
+SYNC_BURST_SECONDS = 0.03
+"""Length of the compute burst :func:`sync_seconds` runs before each collective (a block's
+forward or backward on a small rank)."""
+
+
+def sync_seconds(device: torch.device, *, repeats: int, collectives: int = 8) -> float:
+    """Seconds a blocking collective waits beyond its own time when it follows compute, as every
+    collective in a training step does: ``collectives`` rounds of a burst of matmuls
+    (:data:`SYNC_BURST_SECONDS`) then a small all-reduce over every rank, against the bursts
+    alone and the all-reduces alone (timed :func:`interleaved`). The ranks reach the collective
+    apart — ranks that share cores finish their bursts a scheduler slice apart — and the
+    collective ends when the last arrives; on GPUs the wait is close to nothing."""
+    a = torch.randn(256, 256, device=device)
+    buffer = torch.ones(1024, device=device)
+    count = max(1, round(SYNC_BURST_SECONDS / across_ranks(timed(lambda: a @ a, device, repeats=3))))
+
+    def burst() -> None:
+        for _ in range(count):
+            a @ a
+
+    def reduce() -> None:
+        dist.all_reduce(buffer)
+
+    bursts, reduces, both = interleaved([lambda: [burst() for _ in range(collectives)],
+                                         lambda: [reduce() for _ in range(collectives)],
+                                         lambda: [(burst(), reduce()) for _ in range(collectives)]],
+                                        device, repeats=repeats)
+    return max(0.0, both - bursts - reduces) / collectives
 
 
 def overlap_fraction(n: int, num_bytes: int, device: torch.device, *, repeats: int) -> float:

@@ -29,7 +29,7 @@ __all__ = ["COLLECTIVES", "Calibration", "LinkFit", "calibrated", "calibration_p
            "fit_link", "hardware_key", "ring_steps"]
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "p2p")
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 
 
 def ring_steps(op: str, group_size: int) -> int:
@@ -84,7 +84,8 @@ class Calibration:
     ``op_seconds``: host seconds per operator of a small model's training step beyond its matmul
     FLOPs; ``op_byte_seconds``: seconds per byte written by operators without FLOPs, beyond
     those and the matmuls, in a larger model's step; ``dtensor_op_seconds``: per operator of an
-    optimizer step over DTensor parameters. ``framework_bytes``: the
+    optimizer step over DTensor parameters. ``sync_seconds``: what a blocking collective waits
+    beyond its own time when it follows compute (the ranks arriving apart). ``framework_bytes``: the
     memory a fresh process's first training steps take beyond their tensors.
     """
 
@@ -98,6 +99,7 @@ class Calibration:
     op_seconds: float | None
     op_byte_seconds: float | None
     dtensor_op_seconds: float | None
+    sync_seconds: float | None
     framework_bytes: float | None
     seconds: float
     created: str
@@ -119,7 +121,8 @@ class Calibration:
         measured), memory bandwidth, the in-node link (the all-reduce fit) and each collective's
         own fit per group size inside a node, the network (α, β, efficiency 1: the fit already is
         what collectives reach), how much communication hides under compute, the host seconds per
-        operator and per byte its operators without FLOPs write, and the framework's memory. The
+        operator and per byte its operators without FLOPs write, the wait of a collective after
+        compute, and the framework's memory. The
         matmul rates of every size measured go along (``NodeSpec.matmul_curve``). A note says so."""
         node = cluster.node
         measured = {f"peak_{dtype}": rate for dtype in ("fp32", "tf32", "bf16", "fp16")
@@ -146,7 +149,7 @@ class Calibration:
                                                       for n, rate in points),
                                    op_byte_seconds=self.op_byte_seconds,
                                    dtensor_op_seconds=self.dtensor_op_seconds,
-                                   framework_bytes=self.framework_bytes)
+                                   sync_seconds=self.sync_seconds, framework_bytes=self.framework_bytes)
         return dataclasses.replace(cluster, node=node, notes=(*cluster.notes, note))
 
     def to_dict(self) -> dict[str, Any]:

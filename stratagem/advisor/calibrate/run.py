@@ -26,6 +26,7 @@ from stratagem.advisor.calibrate.benchmarks import (
     framework_bytes,
     memory_bandwidth,
     overlap_fraction,
+    sync_seconds,
 )
 from stratagem.advisor.calibrate.calibration import COLLECTIVES, Calibration, LinkFit, fit_link, hardware_key
 from stratagem.advisor.calibrate.processes import across_ranks, free_port
@@ -115,8 +116,8 @@ def calibrate_on_group(*, quick: bool = False, progress: bool = False) -> Calibr
     groups = _groups(cluster.num_nodes, cluster.devices_per_node)
     dtypes = ["fp32", "bf16"] if device.type == "cpu" or torch.cuda.is_bf16_supported() else ["fp32"]
     # Each collective per group, the framework's memory, the matmuls and operators, memory bandwidth,
-    # DTensor operators, overlap.
-    work = len(groups) * len(COLLECTIVES) + 5
+    # DTensor operators, collectives after compute, overlap.
+    work = len(groups) * len(COLLECTIVES) + 6
     with _progress_bar(work, enabled=progress and dist.get_rank() == 0) as step:
         return _measure(cluster, device, settings, dtypes, groups, step, started)
 
@@ -132,6 +133,8 @@ def _measure(cluster: Cluster, device: torch.device, settings: Settings, dtypes:
     step("memory bandwidth")
     per_dtensor_op = across_ranks(dtensor_op_seconds(device, repeats=settings.repeats))
     step("DTensor operator dispatch")
+    sync = sync_seconds(device, repeats=settings.repeats)
+    step("collectives after compute")
     links: dict[str, dict[str, dict[int, LinkFit]]] = {}
     for scope, size, group in groups:
         for op in COLLECTIVES:
@@ -147,7 +150,7 @@ def _measure(cluster: Cluster, device: torch.device, settings: Settings, dtypes:
         matmul={dtype: tuple(points) for dtype, points in compute.matmul.items()}, memory_bandwidth=bandwidth,
         links=links, overlap=across_ranks(overlap, smallest=True), op_seconds=compute.op_seconds,
         op_byte_seconds=compute.op_byte_seconds,
-        dtensor_op_seconds=per_dtensor_op, framework_bytes=framework,
+        dtensor_op_seconds=per_dtensor_op, sync_seconds=sync, framework_bytes=framework,
         seconds=time.perf_counter() - started,
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
 

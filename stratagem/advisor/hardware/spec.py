@@ -168,6 +168,7 @@ class NodeSpec:
     op_seconds: float | None = None  # measured host seconds per operator of a small model's step
     op_byte_seconds: float | None = None  # measured seconds per byte written by operators without FLOPs
     dtensor_op_seconds: float | None = None  # per optimizer operator on DTensor parameters
+    sync_seconds: float | None = None  # measured wait of a blocking collective after compute, beyond its own time
     framework_bytes: float | None = None  # measured memory a training process takes beyond its tensors
 
     def to_dict(self) -> dict[str, Any]:
@@ -190,6 +191,7 @@ class NodeSpec:
             op_seconds=data.get("op_seconds"),
             op_byte_seconds=data.get("op_byte_seconds"),
             dtensor_op_seconds=data.get("dtensor_op_seconds"),
+            sync_seconds=data.get("sync_seconds"),
             framework_bytes=data.get("framework_bytes"),
         )
 
