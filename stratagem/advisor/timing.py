@@ -505,11 +505,11 @@ def _pp_message_seconds(step: RankStep) -> float:
 def estimate_grad_sync_seconds(step: RankStep) -> float:
     """Gradient reductions per step, seconds, one collective per communication unit (DDP
     bucket, FSDP unit: :func:`_num_comm_units`), each paying its latency and its wait for the
-    ranks (:func:`collective_wait_seconds`). Gradients reduce in
-    the parameter dtype (DDP reduces ``param.grad``: fp32 for ``*-mixed``, bf16 for
-    ``bf16-true``; FSDP2 as applied here keeps ``reduce_dtype`` fp32 like torchtitan). zero 0/1:
-    all-reduce (DDP); zero 2/3: reduce-scatter over ``dp_shard``, then HSDP all-reduces the shard
-    over ``dp_replicate`` (ZeRO, Rajbhandari et al. 2020, §7.2)."""
+    ranks (:func:`collective_wait_seconds`). Gradients reduce in the parameter dtype (DDP
+    reduces ``param.grad``: fp32 for ``*-mixed``, bf16 for ``bf16-true``; FSDP2 as applied here
+    keeps ``reduce_dtype`` fp32 like torchtitan). zero 0/1: all-reduce (DDP); zero 2/3:
+    reduce-scatter over ``dp_shard``, then HSDP all-reduces the shard over ``dp_replicate``
+    (ZeRO, Rajbhandari et al. 2020, §7.2)."""
     plan = step.plan
     units = _num_comm_units(step)
     unit_bytes = step.params_per_rank * step.precision.param_bytes / units
@@ -527,11 +527,12 @@ def estimate_grad_sync_seconds(step: RankStep) -> float:
 
 def estimate_param_gather_seconds(step: RankStep) -> float:
     """Parameter all-gathers over ``dp_shard`` per step, seconds, one per FSDP unit, each paying
-    its latency and its wait for the ranks (:func:`collective_wait_seconds`). zero 1: the optimizer re-syncs updated parameters (param dtype) after its step,
-    costed as one gather: ZeroRedundancyOptimizer issues a broadcast per parameter tensor, all at
-    once and asynchronously, and their latencies overlap in the backend's queue (how far depends
-    on the backend: gloo's two worker threads measured ≈ 0.6 ms per broadcast on 4 CPU ranks
-    here, half a one-at-a-time latency, so this undercounts). zero 2: each FSDP unit gathered
+    its latency and its wait for the ranks (:func:`collective_wait_seconds`). zero 1: the
+    optimizer re-syncs updated parameters (param dtype) after its step, costed as one gather:
+    ZeroRedundancyOptimizer issues a broadcast per parameter tensor, all at once and
+    asynchronously, and their latencies overlap in the backend's queue (how far depends on the
+    backend: gloo's two worker threads measured ≈ 0.6 ms per broadcast on 4 CPU ranks here, half
+    a one-at-a-time latency, so this undercounts). zero 2: each FSDP unit gathered
     once per step, in the compute dtype; zero 3: before forward and again before backward of
     every micro-batch (FSDP reshard-after-forward; ZeRO, Rajbhandari et al. 2020, §7.2.2: 1.5×
     DDP's volume)."""

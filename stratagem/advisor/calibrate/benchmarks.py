@@ -4,9 +4,10 @@ Each returns plain numbers; :mod:`~stratagem.advisor.calibrate.run` fits and sto
 rank runs every benchmark at the same time, as in training: a CPU rank's matmul rate is its
 share of the host with the others busy, a collective's time includes every rank's traffic.
 Timings take the median of repeats after a warm-up, synchronised with a barrier so no rank
-starts early. The compute benchmarks (:func:`compute_rates`) run interleaved: each round times
-every one of them once, so a host whose speed drifts while it calibrates (a shared machine's
-neighbours) moves them all alike and the figures derived from their differences hold.
+starts early. The compute benchmarks (:func:`compute_rates`), and each collective's message
+sizes, run interleaved: each round times every one of them once, so a host whose speed drifts
+while it calibrates (a shared machine's neighbours) moves them all alike and the figures derived
+from their differences hold.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from stratagem.advisor.calibrate.processes import PeakMemory, across_ranks
 from stratagem.advisor.model_profile import ModelProfile
 
 __all__ = ["ComputeRates", "collective_seconds", "compute_rates", "dtensor_op_seconds", "framework_bytes",
-           "interleaved", "memory_bandwidth", "op_byte_seconds", "op_seconds", "overlap_fraction", "sync_seconds", "timed"]
+           "interleaved", "memory_bandwidth", "op_byte_seconds", "op_seconds", "overlap_fraction", "sync_seconds",
+           "timed"]
 
 BUDGET_SECONDS = 1.0
 """Time one measurement may take after its warm-up (the calibration aims at a minute per node)."""
@@ -123,7 +125,8 @@ def compute_rates(sizes: Sequence[int], dtypes: Sequence[str], device: torch.dev
                 break  # the same on every rank: ``single`` is the slowest rank's
             benchmarks[dtype, n], single = _sustained_matmul(n, dtype, device)
             previous = n
-    ops, data = _reference_step(REFERENCE_MODEL, 1, 32, device), _reference_step(*_bytes_reference(device), device)
+    ops = _reference_step(REFERENCE_MODEL, 1, 32, device)
+    data = _reference_step(*BYTES_REFERENCE["cuda" if device.type == "cuda" else "cpu"], device)
     seconds = interleaved([b.run for b in benchmarks.values()] + [ops.run, data.run], device, repeats=repeats)
     matmul: dict[str, list[tuple[int, float]]] = {}
     for ((dtype, n), benchmark), took in zip(benchmarks.items(), seconds):
@@ -175,34 +178,48 @@ def _collective(op: str, num_bytes: int, device: torch.device, group: dist.Proce
     return p2p
 
 
-SYNC_BURST_SECONDS = 0.03
-"""Length of the compute burst :func:`sync_seconds` runs before each collective (a block's
-forward or backward on a small rank)."""
+SYNC_BURST_SECONDS = 0.01
+"""Compute between two collectives in :func:`sync_seconds` (a block's forward or backward on a
+small rank; TP's collectives come more often, FSDP's less)."""
 
 
 def sync_seconds(device: torch.device, *, repeats: int, collectives: int = 8) -> float:
-    """Seconds a blocking collective waits beyond its own time when it follows compute, as every
-    collective in a training step does: ``collectives`` rounds of a burst of matmuls
-    (:data:`SYNC_BURST_SECONDS`) then a small all-reduce over every rank, against the bursts
-    alone and the all-reduces alone (timed :func:`interleaved`). The ranks reach the collective
-    apart — ranks that share cores finish their bursts a scheduler slice apart — and the
-    collective ends when the last arrives; on GPUs the wait is close to nothing."""
+    """Seconds a blocking collective waits for the ranks when it follows compute, beyond what the
+    calibrated compute rates already hold: ``repeats × collectives`` rounds of
+    :data:`SYNC_BURST_SECONDS` of matmuls then a small all-reduce over every rank, each rank
+    timing its own call. The last rank to arrive waits for nobody; the others wait for it, and a
+    step's segments end when their slowest rank's do, so the mean over ranks of a call's time
+    beyond the last arrival's is what the collective adds to the step. The wait grows with the
+    compute before it (ranks that share cores drift apart: 4.3, 7.9 and 18.8 ms after 10, 30 and
+    200 ms on 4 ranks sharing 2 cores here); the share of it runs as long as the matmul benchmarks'
+    (:data:`SUSTAINED_SECONDS`) hold is in the compute rates already (they are the slowest rank's,
+    :func:`interleaved`), measured the same way and taken off. On GPUs, which run their bursts
+    alike, it is close to nothing."""
+    burst = _mean_wait(SYNC_BURST_SECONDS, device, calls=repeats * collectives)
+    sustained = _mean_wait(SUSTAINED_SECONDS, device, calls=repeats)
+    return max(0.0, burst - SYNC_BURST_SECONDS * sustained / SUSTAINED_SECONDS)
+
+
+def _mean_wait(burst: float, device: torch.device, *, calls: int) -> float:
+    """The mean over ranks and ``calls`` of an all-reduce's time after ``burst`` seconds of
+    matmuls, beyond the last rank's (who arrives last waits for nobody)."""
     a = torch.randn(256, 256, device=device)
     buffer = torch.ones(1024, device=device)
-    count = max(1, round(SYNC_BURST_SECONDS / across_ranks(timed(lambda: a @ a, device, repeats=3))))
-
-    def burst() -> None:
+    count = max(1, round(burst / across_ranks(timed(lambda: a @ a, device, repeats=3))))
+    times = []
+    for _ in range(1 + calls):  # the first call is a warm-up
         for _ in range(count):
             a @ a
-
-    def reduce() -> None:
+        _sync(device)
+        start = time.perf_counter()
         dist.all_reduce(buffer)
-
-    bursts, reduces, both = interleaved([lambda: [burst() for _ in range(collectives)],
-                                         lambda: [reduce() for _ in range(collectives)],
-                                         lambda: [(burst(), reduce()) for _ in range(collectives)]],
-                                        device, repeats=repeats)
-    return max(0.0, both - bursts - reduces) / collectives
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    mine = torch.tensor(times[1:], dtype=torch.float64, device=device)
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    table = torch.stack(every)  # ranks × calls
+    return float((table.mean(dim=0) - table.min(dim=0).values).mean())
 
 
 def overlap_fraction(n: int, num_bytes: int, device: torch.device, *, repeats: int) -> float:
@@ -264,10 +281,6 @@ def _reference_step(model: str, batch: int, seq_len: int, device: torch.device) 
 
     runs = 10 if batch * seq_len <= 64 else 1
     return _ReferenceStep(lambda: [step() for _ in range(runs)], runs, profile, batch)
-
-
-def _bytes_reference(device: torch.device) -> tuple[str, int, int]:
-    return BYTES_REFERENCE["cuda" if device.type == "cuda" else "cpu"]
 
 
 def _total(profile: ModelProfile, *fields: str) -> int:
