@@ -5,9 +5,11 @@
 1. Calibrates this host in the same run (``nproc`` gloo ranks) and applies it to the cluster
    the advisor plans for (``{nproc}xcpu``).
 2. For every (model × plan) case — a decoder (llama-small), a ViT (vit-small) and an MoE
-   (mixtral-small) under DDP, ZeRO-1/2/3, HSDP, TP, TP×FSDP, pipelines and checkpointing — costs
-   the plan with ``evaluate`` and runs it for a few steps with ``stratagem.verify``. The small
-   presets (3–6M parameters) hold tensors that outweigh what the framework takes beyond them;
+   (mixtral-small) under DDP, ZeRO-1/2/3, HSDP, TP×FSDP, pipelines and checkpointing — costs
+   the plan with ``evaluate`` and runs it for a few steps with ``stratagem.verify``, in
+   ``--rounds`` passes over the cases (every other pass in reverse order), keeping each case's
+   fastest pass: a shared host's slow spells only ever slow a run down, and the spread between
+   passes is printed beside each case. The small presets (3–6M parameters) hold tensors that outweigh what the framework takes beyond them;
    ``--scale tiny`` runs the tiny ones (0.1–0.2M), whose memory is mostly the framework's.
 3. Prints each case, then the mean absolute percentage errors, Kendall's τ between the
    predicted and measured step-time rankings of each model's plans, and the regret of the
@@ -50,7 +52,9 @@ def seq_len(model: str, scale: str) -> int | None:
 
 
 def cases(nproc: int, scale: str) -> list[Case]:
-    """At least twelve cases over three model shapes; plans for ``nproc`` ranks (4 by default)."""
+    """The same seven or eight plans for each of three model shapes (TP×FSDP where the model has
+    a TP layout), so that each model's ranking compares as many pairs; plans for ``nproc`` ranks
+    (4 by default)."""
     half = nproc // 2
     common = {"micro_batch_size": MICRO_BATCH, "precision": "fp32"}
     out = []
@@ -61,14 +65,11 @@ def cases(nproc: int, scale: str) -> list[Case]:
             Plan(dp_replicate=nproc, **common),
             Plan(dp_shard=nproc, zero=3, **common, **blocks),
             Plan(dp_shard=nproc, zero=3, activation_checkpointing="full", **common, **blocks),
+            Plan(dp_shard=nproc, zero=1, **common),
+            Plan(dp_shard=nproc, zero=2, **common, **blocks),
+            Plan(dp_replicate=2, dp_shard=half, zero=3, **common, **blocks),
+            Plan(pp=2, dp_replicate=half, microbatches=2, pp_schedule="1f1b", **common, **blocks),
         ]
-        if model.startswith("llama"):
-            plans += [
-                Plan(dp_shard=nproc, zero=1, **common),
-                Plan(dp_shard=nproc, zero=2, **common, **blocks),
-                Plan(dp_replicate=2, dp_shard=half, zero=3, **common, **blocks),
-                Plan(pp=2, dp_replicate=half, microbatches=2, pp_schedule="1f1b", **common, **blocks),
-            ]
         if profile.tp_layout:
             plans.append(Plan(tp=2, dp_shard=half, zero=3, tp_layout=profile.tp_layout, **common, **blocks))
         out += [Case(model, plan) for plan in plans]
