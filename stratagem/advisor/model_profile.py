@@ -19,6 +19,8 @@ class LinearLayer:
     in_features: int
     out_features: int
     bias: bool
+    rows: int = 0  # rows (tokens) it multiplied in the profiled step, 0 where not recorded; fewer
+    # than the block's other Linears: a routed expert's share of the tokens
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -91,7 +91,7 @@ def profile_model(
         pp_traced=removal_convention(model, block_container=structure.container) is None,
         notes=tuple(notes),
         profile_seconds=time.perf_counter() - started,
-        **_assemble(model, structure.blocks, record, prec, notes),
+        **_assemble(model, structure.blocks, record, prec, notes, calls),
     )
 
 
@@ -175,8 +175,9 @@ def _resolve_loss(loss_fn: Callable | None, notes: list[str]) -> Callable[[Any],
 
 
 def _assemble(model: nn.Module, blocks: tuple[str, ...], record: RunRecord, prec: Precision,
-              notes: list[str]) -> dict[str, Any]:
-    """Turn the raw run record into the embed/blocks/head segment profiles."""
+              notes: list[str], calls: LinearCallRecorder) -> dict[str, Any]:
+    """Turn the raw run record into the embed/blocks/head segment profiles (each block's Linears
+    with the rows ``calls`` saw them multiply)."""
     owner = _state_owners(model, blocks, record, notes)
     sizes = _state_sizes(model, prec)
     by_segment: dict[str, list[str]] = {}
@@ -206,7 +207,7 @@ def _assemble(model: nn.Module, blocks: tuple[str, ...], record: RunRecord, prec
         rep = record.measured_as.get(fqn)
         module = model.get_submodule(fqn)
         block_profiles.append(make(fqn, type(module).__name__, record.segments[rep or fqn],
-                                   linears=linear_layers(module), measured_as=rep))
+                                   linears=linear_layers(module, calls.rows(rep or fqn)), measured_as=rep))
     embed_counts = record.segments[EMBED]
     embed_counts.output_bytes = block_profiles[0].input_bytes if block_profiles else record.output_bytes
     head_counts = record.segments[HEAD]

@@ -69,10 +69,13 @@ def pp_unavailable(model: nn.Module, structure: ModelStructure) -> str | None:
     return None
 
 
-def linear_layers(block: nn.Module) -> tuple[LinearLayer, ...]:
-    """Every ``nn.Linear`` inside ``block``, in registration order."""
+def linear_layers(block: nn.Module, rows: dict[str, int] | None = None) -> tuple[LinearLayer, ...]:
+    """Every ``nn.Linear`` inside ``block``, in registration order, with the ``rows`` each
+    multiplied where recorded."""
+    rows = rows or {}
     return tuple(
-        LinearLayer(name=name, in_features=m.in_features, out_features=m.out_features, bias=m.bias is not None)
+        LinearLayer(name=name, in_features=m.in_features, out_features=m.out_features, bias=m.bias is not None,
+                    rows=rows.get(name, 0))
         for name, m in block.named_modules()
         if isinstance(m, nn.Linear)
     )

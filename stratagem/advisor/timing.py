@@ -29,7 +29,7 @@ from stratagem.advisor.estimate import TimeBreakdown
 from stratagem.advisor.hardware.spec import Cluster
 from stratagem.advisor.plan import MeshAxis, Plan, Workload
 from stratagem.advisor.precision import Precision, get_precision
-from stratagem.advisor.model_profile import ModelProfile, SegmentProfile
+from stratagem.advisor.model_profile import LinearLayer, ModelProfile, SegmentProfile
 from stratagem.advisor.stage import Stage, busiest_stage, whole_model
 from stratagem.errors import UsageError
 
@@ -256,8 +256,9 @@ def block_matmul_efficiency(profile: ModelProfile, plan: Plan, stage: Stage, cur
     one TP rank (the micro-batch's tokens × its input × its output width, the split side
     divided by TP) runs at the curve's rate for a square matmul of the same FLOPs (``n³ = m·k·n``,
     interpolated in ``log n``, clamped at the measured ends), over the rate at the largest size;
-    weighted by FLOPs, as their times add. The tokens a block's Linears see come from its FLOPs
-    (the attention core's set aside)."""
+    weighted by FLOPs, as their times add. The rows a Linear multiplies are those the profile saw
+    (:func:`linear_rows`: a routed expert's share of the tokens), else the block's tokens, from
+    its FLOPs (the attention core's set aside)."""
     if not curve:
         return 1.0
     styles = _block_styles(plan.tp_layout, plan.block_container) if plan.tp > 1 else {}
@@ -267,15 +268,21 @@ def block_matmul_efficiency(profile: ModelProfile, plan: Plan, stage: Stage, cur
         if not widths:
             continue
         per_sample = (block.fwd_flops - block.attention_fwd_flops) / (2 * widths) / profile.batch_size
-        tokens = per_sample * plan.micro_batch_size
+        scale = plan.micro_batch_size / profile.batch_size
         for linear in block.linears:
             style = styles.get(linear.name)
             inner = linear.in_features / (plan.tp if style == "rowwise" else 1)
             outer = linear.out_features / (plan.tp if style == "colwise" else 1)
-            size = tokens * inner * outer
+            size = linear_rows(linear, scale, per_sample * plan.micro_batch_size) * inner * outer
             flops += count * size
             seconds += count * size / _interpolated_rate(curve, size ** (1 / 3))
     return flops / seconds / curve[-1][1] if seconds else 1.0
+
+
+def linear_rows(linear: LinearLayer, batch_scale: float, tokens: float) -> float:
+    """Rows ``linear`` multiplies per micro-batch: the profiled rows scaled by ``batch_scale``
+    (micro-batch over profiled batch), or ``tokens`` where the profile recorded none."""
+    return linear.rows * batch_scale if linear.rows else tokens
 
 
 def _interpolated_rate(curve: list[tuple[int, float]], n: float) -> float:
@@ -412,27 +419,32 @@ def tp_collectives(step: RankStep, block: SegmentProfile) -> tuple[_Messages, _M
     their own, unlike Megatron's one per column group). With sequence parallelism each norm on
     sequence shards all-gathers its output in forward and reduce-scatters its gradient in
     backward, each rowwise Linear reduce-scatters its output and all-gathers its gradient
-    (Korthikanti et al. 2022, §4.2.2). Messages are ``tokens × width`` in the compute dtype,
-    every Linear at the micro-batch's tokens (a routed expert sees fewer: an upper bound). A
+    (Korthikanti et al. 2022, §4.2.2). Messages are ``rows × width`` in the compute dtype, each
+    Linear at the rows the profile saw it multiply (:func:`linear_rows`; a routed expert's share),
+    the micro-batch's tokens where not recorded. A
     block the layout does not name: Megatron's pairing (Shoeybi et al. 2019, §3), two ``b·s·h``
     all-reduces each way, or with SP an all-gather and a reduce-scatter in their place."""
     styles = _block_styles(step.plan.tp_layout, step.plan.block_container)
     rows = [linear for linear in block.linears if styles.get(linear.name) == "rowwise"]
     cols = [linear for linear in block.linears if styles.get(linear.name) == "colwise"]
-    per_token = step.tokens_per_microbatch * step.precision.compute_bytes
+    element = step.precision.compute_bytes
+
+    def per_row(linear: LinearLayer) -> float:
+        return linear_rows(linear, step.batch_scale, step.tokens_per_microbatch) * element
+
     width = tp_message_bytes(step, block)
     if step.plan.sequence_parallel:
         norms = sum(style == "sequence_parallel" for style in styles.values())
         if not rows:
             norms, row_bytes = 2, [width, width]
         else:
-            row_bytes = [per_token * linear.out_features for linear in rows]
+            row_bytes = [per_row(linear) * linear.out_features for linear in rows]
         return ((("all_gather", width),) * norms + tuple(("reduce_scatter", b) for b in row_bytes),
                 (("reduce_scatter", width),) * norms + tuple(("all_gather", b) for b in row_bytes))
     if not rows:
         return (("all_reduce", width),) * 2, (("all_reduce", width),) * 2
-    return (tuple(("all_reduce", per_token * linear.out_features) for linear in rows),
-            tuple(("all_reduce", per_token * linear.in_features) for linear in cols))
+    return (tuple(("all_reduce", per_row(linear) * linear.out_features) for linear in rows),
+            tuple(("all_reduce", per_row(linear) * linear.in_features) for linear in cols))
 
 
 def _num_tp_linears(plan: Plan, block: SegmentProfile) -> int:
@@ -452,12 +464,14 @@ def _block_styles(layout: tuple[tuple[str, str], ...], container: str | None) ->
 
 def tp_message_bytes(step: RankStep, block: SegmentProfile) -> float:
     """Bytes of one TP collective of ``block``: ``b·s·h`` in the compute dtype, ``h`` the input
-    width of the block's first linear (the model width); a block without linears: its output
-    as profiled, scaled to the micro-batch."""
+    width of the block's first linear (the model width), ``b·s`` the rows it multiplies
+    (:func:`linear_rows`: a ViT's patches too); a block without linears: its output as profiled,
+    scaled to the micro-batch."""
     if not block.linears:
         return block.output_bytes * step.batch_scale
-    width = block.linears[0].in_features
-    return step.tokens_per_microbatch * width * step.precision.compute_bytes
+    first = block.linears[0]
+    rows = linear_rows(first, step.batch_scale, step.tokens_per_microbatch)
+    return rows * first.in_features * step.precision.compute_bytes
 
 
 def collective_wait_seconds(step: RankStep, group_size: int) -> float:

@@ -38,6 +38,7 @@ class _LinearCall:
     reads: int  # id of the input tensor (views of one storage are different inputs)
     in_features: int
     out_features: int
+    rows: int  # rows the call multiplied: its input's elements over in_features
 
 
 class LinearCallRecorder:
@@ -74,8 +75,13 @@ class LinearCallRecorder:
             calls = self.calls[block]
             if not any(c.name == name for c in calls):
                 self._inputs_seen.append(args[0])
-                calls.append(_LinearCall(name, id(args[0]), module.in_features, module.out_features))
+                calls.append(_LinearCall(name, id(args[0]), module.in_features, module.out_features,
+                                         args[0].numel() // max(module.in_features, 1)))
         return hook
+
+    def rows(self, block: str) -> dict[str, int]:
+        """Rows each of ``block``'s Linears multiplied in its first call."""
+        return {call.name: call.rows for call in self.calls.get(block, [])}
 
 
 def pair_linears(calls: list[_LinearCall]) -> dict[str, str]:

@@ -65,7 +65,19 @@ def test_segments_partition_the_parameters_and_blocks_are_found():
     assert profile.blocks[0].num_params == sum(p.numel() for p in model.layers[0].parameters())
     assert profile.param_bytes == 4 * profile.num_params
     assert [x.name for x in profile.blocks[0].linears] == ["qkv", "proj"]
+    assert {x.rows for b in profile.blocks for x in b.linears} == {2 * 16}  # batch × tokens, every block
     assert profile.num_heads == 4 and profile.batch_size == 2 and profile.seq_len == 16
+
+
+def test_linears_keep_the_rows_they_multiplied_a_routed_expert_its_share():
+    from stratagem.advisor.profiles import profile_spec
+
+    moe = profile_spec("mixtral-tiny", seq_len=32, precision="fp32")  # 4 experts, top 2
+    rows = {x.name: x.rows for x in moe.blocks[0].linears}
+    assert rows["attention.wq"] == rows["feed_forward.gate"] == 32
+    assert rows["feed_forward.experts.0.w1"] == rows["feed_forward.experts.3.w2"] == 32 * 2 // 4
+    vit = profile_spec("vit-tiny", precision="fp32")  # 32×32 images in 8×8 patches, and the class token
+    assert {x.rows for x in vit.blocks[0].linears} == {16 + 1}
 
 
 def test_reusing_identical_blocks_gives_the_same_numbers_as_measuring_each():

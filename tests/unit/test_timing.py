@@ -159,6 +159,23 @@ def test_tp_reduces_per_linear_as_torch_s_colwise_and_rowwise_styles_do():
     assert [op for op, _ in backward] == ["reduce_scatter", "all_gather", "all_gather"]
 
 
+def test_tp_messages_carry_the_rows_each_linear_multiplies():
+    """A ViT's all-reduces carry every patch of the micro-batch's images, a routed expert's its
+    share of the tokens (the rows the profile saw), not one row per sample or every token."""
+    vit = profile_spec("vit-small", precision="fp32")
+    plan = Plan(tp=2, tp_layout=vit.tp_layout, block_container=vit.block_container, micro_batch_size=2,
+                precision="fp32")
+    step = rank_step(vit, cluster=H100, workload=Workload(global_batch_size=2, precision="fp32"), plan=plan)
+    forward, _ = timing.tp_collectives(step, vit.blocks[0])
+    assert forward == (("all_reduce", 2 * 65 * 256 * 4),) * 2  # 64 patches and the class token, width 256
+    moe = profile_spec("mixtral-small", seq_len=128, precision="fp32")
+    plan = Plan(tp=2, tp_layout=moe.tp_layout, block_container=moe.block_container, precision="fp32")
+    step = rank_step(moe, cluster=H100, workload=Workload(global_batch_size=1, seq_len=128, precision="fp32"),
+                     plan=plan)
+    forward, _ = timing.tp_collectives(step, moe.blocks[0])
+    assert forward == (("all_reduce", 128 * 256 * 4),) + (("all_reduce", 64 * 256 * 4),) * 4  # wo, 4 experts' w2
+
+
 def test_sequence_parallel_moves_the_same_volume_and_full_checkpointing_adds_the_forward_again():
     plain = _time(Plan(tp=4)).tp_comm
     assert _time(Plan(tp=4, sequence_parallel=True)).tp_comm == pytest.approx(plain)
