@@ -190,10 +190,9 @@ def sync_seconds(device: torch.device, *, repeats: int, collectives: int = 8) ->
     timing its own call. The last rank to arrive waits for nobody; the others wait for it, and a
     step's segments end when their slowest rank's do, so the mean over ranks of a call's time
     beyond the last arrival's is what the collective adds to the step. The wait grows with the
-    compute before it (ranks that share cores drift apart: 4.3, 7.9 and 18.8 ms after 10, 30 and
-    200 ms on 4 ranks sharing 2 cores here); the share of it runs as long as the matmul benchmarks'
-    (:data:`SUSTAINED_SECONDS`) hold is in the compute rates already (they are the slowest rank's,
-    :func:`interleaved`), measured the same way and taken off. On GPUs, which run their bursts
+    compute before it (ranks that share cores drift apart); the share of it that runs as long as
+    the matmul benchmarks' (:data:`SUSTAINED_SECONDS`) hold is in the compute rates already (they
+    are the slowest rank's, :func:`interleaved`), measured the same way and taken off. On GPUs, which run their bursts
     alike, it is close to nothing."""
     burst = _mean_wait(SYNC_BURST_SECONDS, device, calls=repeats * collectives)
     sustained = _mean_wait(SUSTAINED_SECONDS, device, calls=repeats)
