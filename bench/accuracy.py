@@ -5,12 +5,13 @@
 1. Calibrates this host in the same run (``nproc`` gloo ranks) and applies it to the cluster
    the advisor plans for (``{nproc}xcpu``).
 2. For every (model × plan) case — a decoder (llama-small), a ViT (vit-small) and an MoE
-   (mixtral-small) under DDP, ZeRO-1/2/3, HSDP, TP×FSDP, pipelines and checkpointing — costs
-   the plan with ``evaluate`` and runs it for a few steps with ``stratagem.verify``, in
-   ``--rounds`` passes over the cases (every other pass in reverse order), keeping each case's
-   fastest pass: a shared host's slow spells only ever slow a run down, and the spread between
-   passes is printed beside each case. The small presets (3–6M parameters) hold tensors that outweigh what the framework takes beyond them;
-   ``--scale tiny`` runs the tiny ones (0.1–0.2M), whose memory is mostly the framework's.
+   (mixtral-small) under DDP, ZeRO-1/2/3, HSDP, TP×FSDP, pipelines and checkpointing — costs the
+   plan with ``evaluate`` and runs it for a few steps with ``stratagem.verify``, in ``--rounds``
+   passes over the cases (every other pass in reverse order), keeping each case's fastest pass: a
+   shared host's slow spells only ever slow a run down, and the spread between passes is printed
+   beside each case. The small presets (3–6M parameters) hold tensors that outweigh what the
+   framework takes beyond them; ``--scale tiny`` runs the tiny ones (0.1–0.2M), whose memory is
+   mostly the framework's.
 3. Prints each case, then the mean absolute percentage errors, Kendall's τ between the
    predicted and measured step-time rankings of each model's plans, and the regret of the
    advisor's first choice (the plan it predicts fastest) against the measured fastest.

@@ -82,8 +82,8 @@ DTENSOR_OP_SECONDS = 100e-6
 
 # Operators a tensor-parallel Linear runs on DTensors per micro-batch: the forward's matmul and
 # the layout changes around it, the backward's two matmuls and theirs. Counted with
-# torch.profiler (DTensor dispatches, forward and backward, torch 2.13, TP 2 without FSDP): 13.6
-# per TP Linear of llama-small, 10.4 of mixtral-small.
+# torch.profiler (DTensor dispatches, forward and backward, torch 2.13, TP 2 without FSDP):
+# bench/dtensor_ops.py prints 13.6 per TP Linear of llama-small, 10.4 of mixtral-small.
 DTENSOR_OPS_PER_TP_LINEAR = 12
 
 # Operators one optimizer step dispatches per parameter tensor (torch.optim's single-tensor
@@ -262,13 +262,13 @@ def block_matmul_efficiency(profile: ModelProfile, plan: Plan, stage: Stage, cur
     if not curve:
         return 1.0
     styles = _block_styles(plan.tp_layout, plan.block_container) if plan.tp > 1 else {}
+    scale = plan.micro_batch_size / profile.batch_size
     flops = seconds = 0.0
     for block, count in stage.kinds:
         widths = sum(linear.in_features * linear.out_features for linear in block.linears)
         if not widths:
             continue
         per_sample = (block.fwd_flops - block.attention_fwd_flops) / (2 * widths) / profile.batch_size
-        scale = plan.micro_batch_size / profile.batch_size
         for linear in block.linears:
             style = styles.get(linear.name)
             inner = linear.in_features / (plan.tp if style == "rowwise" else 1)
@@ -421,9 +421,9 @@ def tp_collectives(step: RankStep, block: SegmentProfile) -> tuple[_Messages, _M
     backward, each rowwise Linear reduce-scatters its output and all-gathers its gradient
     (Korthikanti et al. 2022, §4.2.2). Messages are ``rows × width`` in the compute dtype, each
     Linear at the rows the profile saw it multiply (:func:`linear_rows`; a routed expert's share),
-    the micro-batch's tokens where not recorded. A
-    block the layout does not name: Megatron's pairing (Shoeybi et al. 2019, §3), two ``b·s·h``
-    all-reduces each way, or with SP an all-gather and a reduce-scatter in their place."""
+    the micro-batch's tokens where not recorded. A block the layout does not name: Megatron's
+    pairing (Shoeybi et al. 2019, §3), two ``b·s·h`` all-reduces each way, or with SP an
+    all-gather and a reduce-scatter in their place."""
     styles = _block_styles(step.plan.tp_layout, step.plan.block_container)
     rows = [linear for linear in block.linears if styles.get(linear.name) == "rowwise"]
     cols = [linear for linear in block.linears if styles.get(linear.name) == "colwise"]
