@@ -543,10 +543,9 @@ def estimate_param_gather_seconds(step: RankStep) -> float:
     """Parameter all-gathers over ``dp_shard`` per step, seconds, one per FSDP unit, each paying
     its latency and its wait for the ranks (:func:`collective_wait_seconds`). zero 1: the
     optimizer re-syncs updated parameters (param dtype) after its step, costed as one gather:
-    ZeroRedundancyOptimizer issues a broadcast per parameter tensor, all at once and
-    asynchronously, and their latencies overlap in the backend's queue (how far depends on the
-    backend: gloo's two worker threads measured ≈ 0.6 ms per broadcast on 4 CPU ranks here, half
-    a one-at-a-time latency, so this undercounts). zero 2: each FSDP unit gathered
+    ZeroRedundancyOptimizer, as the plugin builds it, broadcasts each rank's bucket of
+    parameters, all at once and asynchronously — the gather's bytes, in as many pieces as
+    ranks. zero 2: each FSDP unit gathered
     once per step, in the compute dtype; zero 3: before forward and again before backward of
     every micro-batch (FSDP reshard-after-forward; ZeRO, Rajbhandari et al. 2020, §7.2.2: 1.5×
     DDP's volume)."""

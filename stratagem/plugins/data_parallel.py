@@ -97,8 +97,10 @@ def build_optimizer(module: nn.Module, plan: Plan, optimizer_cls: type[torch.opt
                     **optimizer_kwargs: Any) -> torch.optim.Optimizer:
     """The optimizer for ``module`` as :func:`apply_data_parallel` returned it (or a pipeline's
     ``modules``, this rank's stages): ``optimizer_cls(params, **optimizer_kwargs)``, wrapped in
-    ``ZeroRedundancyOptimizer`` on the DDP group for ``zero = 1``. FSDP's parameters are already
-    sharded (``zero >= 2``)."""
+    ``ZeroRedundancyOptimizer`` on the DDP group for ``zero = 1``, its parameters packed into one
+    bucket per rank (``parameters_as_bucket_view``): after its step each rank broadcasts its
+    bucket, one collective per rank instead of one per parameter tensor. FSDP's parameters are
+    already sharded (``zero >= 2``)."""
     if plan.zero != 1:
         return optimizer_cls(module.parameters(), **optimizer_kwargs)
     wrapped = list(module) if isinstance(module, nn.ModuleList) else [module]
@@ -107,4 +109,5 @@ def build_optimizer(module: nn.Module, plan: Plan, optimizer_cls: type[torch.opt
                          f"{type(module).__name__}\nHINT: pass the module apply_plan returned "
                          "(a pipeline's .modules)")
     return ZeroRedundancyOptimizer(module.parameters(), optimizer_class=optimizer_cls,
-                                   process_group=wrapped[0].process_group, **optimizer_kwargs)
+                                   process_group=wrapped[0].process_group, parameters_as_bucket_view=True,
+                                   **optimizer_kwargs)
