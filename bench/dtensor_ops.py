@@ -1,7 +1,7 @@
 """How many operators a tensor-parallel Linear runs on DTensors per micro-batch (the time model's
 ``DTENSOR_OPS_PER_TP_LINEAR``).
 
-    .venv/bin/python bench/dtensor_ops.py [--models llama-small mixtral-small] [--seq-len 128]
+    .venv/bin/python bench/dtensor_ops.py [--models llama-small mixtral-small vit-small] [--seq-len 128]
 
 For each preset, 2 gloo ranks apply TP 2 with the preset's own layout (no data parallelism), run
 one forward and backward to warm up, then one under ``torch.profiler`` on identical data, and
@@ -22,13 +22,14 @@ import torch.multiprocessing as mp
 from stratagem.advisor.calibrate.processes import free_port
 from stratagem.advisor.plan import Plan
 from stratagem.advisor.profiles import profile_spec
+from stratagem.models import PRESETS
 from stratagem.plugins import apply_plan, build_mesh
 from stratagem.verify.runner import real_model
 
 MICRO_BATCH = 2
 
 
-def _worker(rank: int, port: int, model: str, seq_len: int, plan_json: str, split_linears: int) -> None:
+def _worker(rank: int, port: int, model: str, seq_len: int | None, plan_json: str, split_linears: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
@@ -51,16 +52,17 @@ def _worker(rank: int, port: int, model: str, seq_len: int, plan_json: str, spli
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["llama-small", "mixtral-small"])
-    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--models", nargs="+", default=["llama-small", "mixtral-small", "vit-small"])
+    parser.add_argument("--seq-len", type=int, default=128, help="tokens per sample of the sequence models")
     args = parser.parse_args()
     print(f"{'model':<16} {'dispatches':>10} {'collectives':>12} {'split Linears':>14} {'per Linear':>12}")
     for model in args.models:
-        profile = profile_spec(model, seq_len=args.seq_len, precision="fp32")
+        seq_len = args.seq_len if PRESETS[model].input_kind == "tokens" else None
+        profile = profile_spec(model, seq_len=seq_len, precision="fp32")
         plan = Plan(tp=2, tp_layout=profile.tp_layout, block_container=profile.block_container,
                     micro_batch_size=MICRO_BATCH, precision="fp32")
         per_block = sum(style in ("colwise", "rowwise") for _, style in profile.tp_layout)
-        mp.spawn(_worker, args=(free_port(), model, args.seq_len, plan.to_json(), per_block * len(profile.blocks)),
+        mp.spawn(_worker, args=(free_port(), model, seq_len, plan.to_json(), per_block * len(profile.blocks)),
                  nprocs=2)
 
 
