@@ -9,9 +9,11 @@
    plan with ``evaluate`` and runs it for a few steps with ``stratagem.verify``, in ``--rounds``
    passes over the cases (every other pass in reverse order), keeping each case's fastest pass: a
    shared host's slow spells only ever slow a run down, and the spread between passes is printed
-   beside each case. The small presets (3–6M parameters) hold tensors that outweigh what the
-   framework takes beyond them; ``--scale tiny`` runs the tiny ones (0.1–0.2M), whose memory is
-   mostly the framework's.
+   beside each case, as is the time DTensor spent deciding shardings for shapes it met for the
+   first time, which the measured step leaves out (``stratagem.verify``: a warm-up cost; the
+   TP×FSDP MoE's routed experts meet new row counts for tens of steps). The small presets (3–6M
+   parameters) hold tensors that outweigh what the framework takes beyond them; ``--scale tiny``
+   runs the tiny ones (0.1–0.2M), whose memory is mostly the framework's.
 3. Prints each case, then the mean absolute percentage errors, Kendall's τ between the
    predicted and measured step-time rankings of each model's plans, and the regret of the
    advisor's first choice (the plan it predicts fastest) against the measured fastest.
@@ -127,8 +129,8 @@ def main() -> None:
                 errors[index], took = str(err), "failed"
             print(f"pass {round_ + 1}/{args.rounds}: {case.model} {case.plan.name}: {took}", flush=True)
 
-    print(f"\n{'model':<14} {'plan':<46} {'step pred':>10} {'meas':>10} {'err':>6} {'spread':>6} {'mem pred':>10} "
-          f"{'meas':>10} {'err':>6}")
+    print(f"\n{'model':<14} {'plan':<46} {'step pred':>10} {'meas':>10} {'err':>6} {'spread':>6} {'1st shard':>9} "
+          f"{'mem pred':>10} {'meas':>10} {'err':>6}")
     results: list[tuple[Case, Verified]] = []
     for case, estimate, passes, error in zip(all_cases, estimates, runs, errors):
         fastest = min(passes, key=lambda m: m.step_seconds) if passes and error is None else None
@@ -140,6 +142,7 @@ def main() -> None:
         spread = max(m.step_seconds for m in passes) / fastest.step_seconds - 1
         print(f"{case.model:<14} {case.plan.name:<46} {format_seconds(estimate.time.step_seconds):>10} "
               f"{format_seconds(fastest.step_seconds):>10} {result.time_error:>+6.0%} {spread:>6.0%} "
+              f"{format_seconds(fastest.sharding_seconds) if fastest.sharding_seconds else '':>9} "
               f"{format_bytes(estimate.memory.total):>10} {format_bytes(fastest.peak_bytes):>10} "
               f"{result.memory_error:>+6.0%}")
 

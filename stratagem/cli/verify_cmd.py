@@ -140,4 +140,9 @@ def verification_table(results: list[Verified]) -> Table:
         table.add_row(str(index), result.plan.name, predicted[0], format_seconds(result.measured.step_seconds),
                       f"{result.time_error:+.0%}", predicted[1], format_bytes(result.measured.peak_bytes),
                       "" if result.memory_error is None else f"{result.memory_error:+.0%}")
+    sharding = max((r.measured.sharding_seconds for r in results if r.measured is not None), default=0.0)
+    if sharding > 0:
+        table.caption = (f"measured steps leave out DTensor's first sharding decisions for new shapes (up to "
+                         f"{format_seconds(sharding)} a step): a warm-up cost, paid again while routing yields new "
+                         "expert row counts; the advisor predicts the steady state")
     return table

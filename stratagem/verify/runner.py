@@ -2,13 +2,16 @@
 measure the step time and this rank's peak memory.
 
 Peak memory is what the cost model predicts, over the model's construction and the warm-up
-steps (:data:`MEMORY_STEPS` at least), above the process as it stands with its process groups just before the model is built
-(:class:`~stratagem.advisor.calibrate.processes.PeakMemory`): on CUDA ``max_memory_allocated``
-(and ``max_memory_reserved`` beside it); on CPU the anonymous resident set, the allocator
-handing freed tensors back. What the framework takes beyond the plan's tensors is in it, as the
+steps (:data:`MEMORY_STEPS` at least), above the process as it stands with its process groups
+just before the model is built (:class:`~stratagem.advisor.calibrate.processes.PeakMemory`): on
+CUDA ``max_memory_allocated`` (and ``max_memory_reserved`` beside it); on CPU the anonymous
+resident set, the allocator handing freed tensors back. What the framework takes beyond the plan's tensors is in it, as the
 calibrated cost model's ``framework`` term. Step time is the median over the measured steps
 (after the warm-up steps and one more) of the time from the first forward to the optimizer
-step's end, devices synchronised.
+step's end, devices synchronised, less the time DTensor spent deciding how to shard operators on
+shapes it had not met before (:class:`~stratagem.verify.sharding_cache.ShardingCacheMisses`): a
+warm-up cost, which a tensor-parallel MoE keeps paying for as long as its routing produces new
+expert row counts; the advisor predicts the steady state. What was left out is reported beside.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from stratagem.advisor.calibrate.processes import PeakMemory, across_ranks
 from stratagem.advisor.plan import Plan
 from stratagem.errors import UsageError
 from stratagem.plugins import apply_plan, autocast_context, build_mesh, build_optimizer
+from stratagem.verify.sharding_cache import ShardingCacheMisses
 
 __all__ = ["Measured", "RealModel", "measure_plan", "real_model"]
 
@@ -37,13 +41,16 @@ beside the optimizer's states."""
 
 @dataclass(frozen=True, slots=True)
 class Measured:
-    """What one plan measured: seconds per step (median, slowest rank) and peak bytes per rank
-    (the largest over ranks); ``reserved_bytes`` on CUDA only."""
+    """What one plan measured: seconds per step (median, slowest rank; first-time sharding
+    decisions left out) and peak bytes per rank (the largest over ranks); ``reserved_bytes`` on
+    CUDA only; ``sharding_seconds``: the first-time sharding decisions' seconds per step (median,
+    the largest over ranks) that ``step_seconds`` leaves out."""
 
     step_seconds: float
     peak_bytes: int
     reserved_bytes: int | None
     steps: int
+    sharding_seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
@@ -88,23 +95,26 @@ def measure_plan(model: RealModel, plan: Plan, *, optimizer: str, steps: int, wa
     run, parameters = step(module, plan, mesh, model, inputs, targets)
     opt = build_optimizer(parameters, plan, OPTIMIZERS[optimizer], lr=1e-4)
 
-    def train_step() -> float:
-        _sync(device)
-        start = time.perf_counter()
-        for _ in range(plan.grad_accum):
-            run()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        _sync(device)
-        return time.perf_counter() - start
+    def train_step() -> tuple[float, float]:
+        """Seconds of one step, and of the first-time sharding decisions in it."""
+        with ShardingCacheMisses() as misses:
+            _sync(device)
+            start = time.perf_counter()
+            for _ in range(plan.grad_accum):
+                run()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            _sync(device)
+            return time.perf_counter() - start, misses.seconds
 
     for _ in range(max(warmup, MEMORY_STEPS)):
         train_step()
     peak = across_ranks(memory.stop())
     reserved = int(across_ranks(torch.cuda.max_memory_reserved(device))) if device.type == "cuda" else None
-    times = [train_step() for _ in range(steps + 1)][1:]  # one more warm-up step, malloc's policy back
-    return Measured(step_seconds=across_ranks(statistics.median(times)), peak_bytes=int(peak),
-                    reserved_bytes=reserved, steps=steps)
+    timed = [train_step() for _ in range(steps + 1)][1:]  # one more warm-up step, malloc's policy back
+    return Measured(step_seconds=across_ranks(statistics.median(total - sharding for total, sharding in timed)),
+                    peak_bytes=int(peak), reserved_bytes=reserved, steps=steps,
+                    sharding_seconds=across_ranks(statistics.median(sharding for _, sharding in timed)))
 
 
 def _data_parallel_step(module: nn.Module, plan: Plan, mesh: Any, model: RealModel, inputs: tuple[Tensor, ...],
