@@ -2,18 +2,21 @@
 
     .venv/bin/python bench/accuracy.py [--nproc 4] [--steps 3] [--rounds 2] [--scale small|tiny] [--quick]
 
-1. Calibrates this host in the same run (``nproc`` gloo ranks) and applies it to the cluster
-   the advisor plans for (``{nproc}xcpu``).
-2. For every (model × plan) case — a decoder (llama-small), a ViT (vit-small) and an MoE
-   (mixtral-small) under DDP, ZeRO-1/2/3, HSDP, TP×FSDP, pipelines and checkpointing — costs the
-   plan with ``evaluate`` and runs it for a few steps with ``stratagem.verify``, in ``--rounds``
-   passes over the cases (every other pass in reverse order), keeping each case's fastest pass: a
-   shared host's slow spells only ever slow a run down, and the spread between passes is printed
-   beside each case, as is the time DTensor spent deciding shardings for shapes it met for the
-   first time, which the measured step leaves out (``stratagem.verify``: a warm-up cost; the
-   TP×FSDP MoE's routed experts meet new row counts for tens of steps). The small presets (3–6M
-   parameters) hold tensors that outweigh what the framework takes beyond them; ``--scale tiny``
-   runs the tiny ones (0.1–0.2M), whose memory is mostly the framework's.
+1. Runs every (model × plan) case — a decoder (llama-small), a ViT (vit-small) and an MoE
+   (mixtral-small) under DDP, ZeRO-1/2/3, HSDP, TP×FSDP, pipelines and checkpointing — for a few
+   steps with ``stratagem.verify``, in ``--rounds`` passes over the cases (every other pass in
+   reverse order). Each pass starts with a calibration of this host (``nproc`` gloo ranks),
+   applied to the cluster the advisor plans for (``{nproc}xcpu``), and costs its cases with
+   ``evaluate`` under it: a shared host's speed drifts over the minutes a pass takes (24–30
+   GFLOP/s per rank between runs here), and a calibration taken next to the runs it predicts
+   drifts less from them than one taken a pass earlier.
+2. Keeps each case's fastest pass, with that pass's prediction: a shared host's slow spells only
+   ever slow a run down. The spread between passes is printed beside each case, as is the time
+   DTensor spent deciding shardings for shapes it met for the first time, which the measured
+   step leaves out (``stratagem.verify``: a warm-up cost; the TP×FSDP MoE's routed experts meet
+   new row counts for tens of steps). The small presets (3–6M parameters) hold tensors that
+   outweigh what the framework takes beyond them; ``--scale tiny`` runs the tiny ones
+   (0.1–0.2M), whose memory is mostly the framework's.
 3. Prints each case, then the mean absolute percentage errors, Kendall's τ between the
    predicted and measured step-time rankings of each model's plans, and the regret of the
    advisor's first choice (the plan it predicts fastest) against the measured fastest.
@@ -36,7 +39,6 @@ from stratagem.advisor.plan import Plan, Workload
 from stratagem.advisor.profiles import profile_spec
 from stratagem.units import format_bytes, format_seconds
 from stratagem.verify import Verified, verify_plan
-from stratagem.verify.runner import Measured
 
 SEQ_LENS = {"tiny": 32, "small": 128}
 """Tokens per sequence of the language models at each ``--scale``."""
@@ -86,6 +88,16 @@ def _estimate(case: Case, cluster: Cluster, scale: str) -> Estimate:
     return evaluate(profile, cluster, workload, case.plan)
 
 
+def _calibrated(nproc: int, *, quick: bool) -> Cluster:
+    """``{nproc}xcpu`` as a calibration taken now measures it (printed)."""
+    calibration = calibrate(nproc=nproc, quick=quick)
+    print(f"calibrated {calibration.hardware} in {calibration.seconds:.1f} s: fp32 matmul "
+          f"{calibration.matmul_rate('fp32') / 1e9:.1f} GFLOP/s per rank, all-reduce α "
+          f"{format_seconds(calibration.link('intra').latency)}, β {format_bytes(calibration.link('intra').bandwidth)}/s",
+          flush=True)
+    return calibration.apply(Cluster.parse(f"{nproc}xcpu"))
+
+
 def kendall_tau(xs: list[float], ys: list[float]) -> float:
     """Kendall's τ-a between two orderings of the same items."""
     pairs = list(itertools.combinations(range(len(xs)), 2))
@@ -107,47 +119,41 @@ def main() -> None:
     args = parser.parse_args()
 
     started = time.perf_counter()
-    calibration = calibrate(nproc=args.nproc, quick=args.quick)
-    cluster = calibration.apply(Cluster.parse(f"{args.nproc}xcpu"))
-    print(f"calibrated {calibration.hardware} in {calibration.seconds:.1f} s: fp32 matmul "
-          f"{calibration.matmul_rate('fp32') / 1e9:.1f} GFLOP/s per rank, all-reduce α "
-          f"{format_seconds(calibration.link('intra').latency)}, β {format_bytes(calibration.link('intra').bandwidth)}/s")
-
     all_cases = cases(args.nproc, args.scale)
-    estimates = [_estimate(case, cluster, args.scale) for case in all_cases]
-    runs: list[list[Measured]] = [[] for _ in all_cases]
+    runs: list[list[Verified]] = [[] for _ in all_cases]
     errors: list[str | None] = [None] * len(all_cases)
     for round_ in range(args.rounds):
+        cluster = _calibrated(args.nproc, quick=args.quick)
         order = range(len(all_cases)) if round_ % 2 == 0 else reversed(range(len(all_cases)))
         for index in order:
             case = all_cases[index]
             try:
-                runs[index].append(verify_plan(case.model, case.plan, seq_len=seq_len(case.model, args.scale),
-                                               optimizer="adamw", steps=args.steps))
-                took = format_seconds(runs[index][-1].step_seconds)
+                measured = verify_plan(case.model, case.plan, seq_len=seq_len(case.model, args.scale),
+                                       optimizer="adamw", steps=args.steps)
+                runs[index].append(Verified(_estimate(case, cluster, args.scale), measured))
+                took = format_seconds(measured.step_seconds)
             except RuntimeError as err:
                 errors[index], took = str(err), "failed"
             print(f"pass {round_ + 1}/{args.rounds}: {case.model} {case.plan.name}: {took}", flush=True)
 
     print(f"\n{'model':<14} {'plan':<46} {'step pred':>10} {'meas':>10} {'err':>6} {'spread':>6} {'1st shard':>9} "
           f"{'mem pred':>10} {'meas':>10} {'err':>6}")
-    results: list[tuple[Case, Verified]] = []
-    for case, estimate, passes, error in zip(all_cases, estimates, runs, errors):
-        fastest = min(passes, key=lambda m: m.step_seconds) if passes and error is None else None
-        result = Verified(estimate, fastest, error)
-        results.append((case, result))
-        if fastest is None:
+    ran: list[tuple[Case, Verified]] = []
+    for case, passes, error in zip(all_cases, runs, errors):
+        if error is not None:
             print(f"{case.model:<14} {case.plan.name:<46} failed: {error}")
             continue
-        spread = max(m.step_seconds for m in passes) / fastest.step_seconds - 1
+        result = min(passes, key=lambda r: r.measured.step_seconds)
+        ran.append((case, result))
+        fastest, estimate = result.measured, result.estimate
+        spread = max(r.measured.step_seconds for r in passes) / fastest.step_seconds - 1
         print(f"{case.model:<14} {case.plan.name:<46} {format_seconds(estimate.time.step_seconds):>10} "
               f"{format_seconds(fastest.step_seconds):>10} {result.time_error:>+6.0%} {spread:>6.0%} "
               f"{format_seconds(fastest.sharding_seconds) if fastest.sharding_seconds else '':>9} "
               f"{format_bytes(estimate.memory.total):>10} {format_bytes(fastest.peak_bytes):>10} "
               f"{result.memory_error:>+6.0%}")
 
-    ran = [(c, r) for c, r in results if r.measured is not None]
-    print(f"\n{len(ran)} of {len(results)} cases ran ({time.perf_counter() - started:.0f} s in all)")
+    print(f"\n{len(ran)} of {len(all_cases)} cases ran ({time.perf_counter() - started:.0f} s in all)")
     print(f"step time MAPE {statistics.mean(abs(r.time_error) for _, r in ran):.0%} (target 15 %)")
     print(f"memory MAPE    {statistics.mean(abs(r.memory_error) for _, r in ran if r.memory_error is not None):.0%}"
           " (target 10 %)")
