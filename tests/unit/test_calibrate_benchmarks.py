@@ -2,24 +2,11 @@
 
 from __future__ import annotations
 
-import socket
 import time
 
-import pytest
 import torch
-import torch.distributed as dist
 
 from stratagem.advisor.calibrate.benchmarks import interleaved
-
-
-@pytest.fixture
-def one_rank():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def test_interleaved_rounds_keep_ratios_on_a_drifting_host(one_rank):

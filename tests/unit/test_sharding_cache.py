@@ -3,11 +3,9 @@ this process."""
 
 from __future__ import annotations
 
-import socket
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
@@ -15,13 +13,8 @@ from stratagem.verify.sharding_cache import ShardingCacheMisses
 
 
 @pytest.fixture
-def mesh():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield init_device_mesh("cpu", (1,))
-    dist.destroy_process_group()
+def mesh(one_rank):
+    return init_device_mesh("cpu", (1,))
 
 
 def test_only_shapes_met_for_the_first_time_count(mesh):
