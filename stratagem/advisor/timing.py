@@ -83,7 +83,8 @@ DTENSOR_OP_SECONDS = 100e-6
 # Operators a tensor-parallel Linear runs on DTensors per micro-batch: the forward's matmul and
 # the layout changes around it, the backward's two matmuls and theirs. Counted with
 # torch.profiler (DTensor dispatches, forward and backward, torch 2.13, TP 2 without FSDP):
-# bench/dtensor_ops.py prints 13.6 per TP Linear of llama-small, 10.4 of mixtral-small.
+# bench/dtensor_ops.py prints 13.6 per TP Linear of llama-small, 10.4 of mixtral-small, 16.7 of
+# vit-small.
 DTENSOR_OPS_PER_TP_LINEAR = 12
 
 # Operators one optimizer step dispatches per parameter tensor (torch.optim's single-tensor
