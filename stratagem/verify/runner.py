@@ -5,13 +5,14 @@ Peak memory is what the cost model predicts, over the model's construction and t
 steps (:data:`MEMORY_STEPS` at least), above the process as it stands with its process groups
 just before the model is built (:class:`~stratagem.advisor.calibrate.processes.PeakMemory`): on
 CUDA ``max_memory_allocated`` (and ``max_memory_reserved`` beside it); on CPU the anonymous
-resident set, the allocator handing freed tensors back. What the framework takes beyond the plan's tensors is in it, as the
-calibrated cost model's ``framework`` term. Step time is the median over the measured steps
-(after the warm-up steps and one more) of the time from the first forward to the optimizer
-step's end, devices synchronised, less the time DTensor spent deciding how to shard operators on
-shapes it had not met before (:class:`~stratagem.verify.sharding_cache.ShardingCacheMisses`): a
-warm-up cost, which a tensor-parallel MoE keeps paying for as long as its routing produces new
-expert row counts; the advisor predicts the steady state. What was left out is reported beside.
+resident set, the allocator handing freed tensors back. What the framework takes beyond the
+plan's tensors is in it, as the calibrated cost model's ``framework`` term. Step time is the
+median over the measured steps (after the warm-up steps and one more) of the time from the first
+forward to the optimizer step's end, devices synchronised, less the time DTensor spent deciding
+how to shard operators on shapes it had not met before
+(:class:`~stratagem.verify.sharding_cache.ShardingCacheMisses`): a warm-up cost, which a
+tensor-parallel MoE keeps paying for as long as its routing produces new expert row counts; the
+advisor predicts the steady state. What was left out is reported beside.
 """
 
 from __future__ import annotations
