@@ -160,7 +160,8 @@ _STAGE_MODELS = {  # model, block container, one batch of its inputs
 def test_stages_chain_to_the_whole_model_under_its_own_names(name):
     """Built as the engine builds them (no process group needed), the stages of an uneven
     partition run in turn give the whole model's output, and their state dicts split the
-    model's by its own keys (a pipeline checkpoint reloads into the unsplit model)."""
+    model's by its own keys (a pipeline checkpoint reloads into the unsplit model). Traced
+    stages run their graphs' generated code, not ``torch.fx.Interpreter``."""
     build, container, make_input = _STAGE_MODELS[name]
     model, x = build(), make_input()  # train mode, as a pipeline runs it
     whole = model(x)
@@ -171,6 +172,7 @@ def test_stages_chain_to_the_whole_model_under_its_own_names(name):
     torch.testing.assert_close(last(first(x)), whole, rtol=0, atol=0)  # the same ops in the same order
     keys = [set(stage.state_dict()) for stage in (first, last)]
     assert not keys[0] & keys[1] and keys[0] | keys[1] == set(model.state_dict())
+    assert not any(getattr(m, "_run_with_interpreter", False) for s in (first, last) for m in s.modules())
 
 
 def test_traced_stages_refuse_tensor_parallelism():
