@@ -5,8 +5,8 @@ DTensor caches each operator's sharding decision per input shapes and placements
 shapes propagates shardings from scratch (milliseconds of Python, against microseconds cached).
 Dense models repeat the same shapes every step, so only the first steps pay. A routed expert's
 row count follows the routing, so a tensor-parallel MoE meets new shapes for as long as the
-routing keeps producing counts it has not seen: here, mixtral-small's TP×FSDP steps paid
-8–40 such propagations of 7–9 ms each through their first 40 steps.
+routing keeps producing counts it has not seen (``bench/accuracy.py`` prints what its
+mixtral-small TP×FSDP steps left out, the "1st shard" column).
 """
 
 from __future__ import annotations
