@@ -7,7 +7,7 @@
    steps with ``stratagem.verify``, in ``--rounds`` passes over the cases (every other pass in
    reverse order). Each pass starts with a calibration of this host (``nproc`` gloo ranks),
    applied to the cluster the advisor plans for (``{nproc}xcpu``), and costs its cases with
-   ``evaluate`` under it: a shared host's speed drifts over the minutes a pass takes (24–30
+   ``evaluate`` under it: a shared host's speed drifts over the minutes a pass takes (24–31
    GFLOP/s per rank between runs here), and a calibration taken next to the runs it predicts
    drifts less from them than one taken a pass earlier.
 2. Keeps each case's fastest pass, with that pass's prediction: a shared host's slow spells only
