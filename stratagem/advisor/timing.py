@@ -58,10 +58,14 @@ DDP_BUCKET_BYTES = 25 * 2**20
 # multi-tensor kernels over many tensors). Estimate.
 MEMORY_BANDWIDTH_EFFICIENCY = 0.7
 
-# Tensor reads + writes per parameter in one optimizer step, each in the parameter dtype:
-# AdamW reads param, grad, exp_avg, exp_avg_sq and writes param, exp_avg, exp_avg_sq (7);
-# SGD (torch default momentum=0) reads param and grad and writes param (3).
-OPTIMIZER_TENSOR_PASSES = {"adamw": 7, "sgd": 3}
+# Tensor reads + writes per parameter in one optimizer step as torch.optim runs it by default
+# (one operator at a time, or ``foreach`` over many tensors: the same operators), each in the
+# parameter dtype. AdamW (torch 2.13, adam.py): weight decay param.mul_ (2), exp_avg.lerp_(grad)
+# (3), exp_avg_sq.mul_ (2) and addcmul_(grad, grad) (3), the denominator's sqrt, div and add_
+# (2 each), param.addcdiv_(exp_avg, denom) (4): 20. A fused kernel would read param, grad and both
+# states and write three (7), but torch.optim does not default to it. SGD (momentum 0):
+# param.add_(grad) (3). Calibration measures the step instead (NodeSpec.optimizer_seconds).
+OPTIMIZER_TENSOR_PASSES = {"adamw": 20, "sgd": 3}
 
 # Host memory bandwidth torch's CPU optimizer reaches per node when the step is offloaded,
 # bytes/s (shared by the node's ranks): a two-socket DDR5 host streams a few hundred GB/s,
@@ -604,16 +608,27 @@ def _num_comm_units(step: RankStep) -> int:
 
 
 def estimate_optimizer_seconds(step: RankStep) -> float:
-    """One optimizer step on the rank's shard, seconds: memory-bound streaming of
-    :data:`OPTIMIZER_TENSOR_PASSES` tensors in the parameter dtype, on the device (peak
-    bandwidth × :data:`MEMORY_BANDWIDTH_EFFICIENCY`) or, offloaded, on the host
-    (:data:`HOST_OPTIMIZER_BANDWIDTH_PER_NODE` shared by the node's ranks). Roofline model
-    (Williams et al. 2009) with bytes per parameter from torch.optim's update rules."""
+    """One optimizer step on the rank's shard, seconds, beyond launching its operators
+    (:func:`estimate_dispatch_seconds`): as calibrated, the step's measured seconds per parameter
+    (``NodeSpec.optimizer_seconds``, fp32; scaled by the parameter dtype's bytes), else
+    memory-bound streaming of :data:`OPTIMIZER_TENSOR_PASSES` tensors in the parameter dtype on
+    the device (peak bandwidth × :data:`MEMORY_BANDWIDTH_EFFICIENCY`: roofline, Williams et al.
+    2009). Offloaded, on the host: :data:`HOST_OPTIMIZER_BANDWIDTH_PER_NODE` shared by the node's
+    ranks."""
     num_bytes = (step.optimizer_params * OPTIMIZER_TENSOR_PASSES[step.optimizer]
                  * step.precision.param_bytes)
     if step.plan.offload != "none":
         return num_bytes / (HOST_OPTIMIZER_BANDWIDTH_PER_NODE / step.cluster.devices_per_node)
+    if (measured := calibrated_optimizer(step)) is not None:
+        return step.optimizer_params * measured[0] * step.precision.param_bytes / 4
     return num_bytes / (step.cluster.device.memory_bandwidth * MEMORY_BANDWIDTH_EFFICIENCY)
+
+
+def calibrated_optimizer(step: RankStep) -> tuple[float, float] | None:
+    """(seconds per fp32 parameter, seconds per parameter tensor) of the step's optimizer as
+    calibrated on the node, or None."""
+    return next(((per_param, per_tensor) for name, per_param, per_tensor in step.cluster.node.optimizer_seconds
+                 if name == step.optimizer), None)
 
 
 def estimate_offload_seconds(step: RankStep) -> float:
@@ -637,26 +652,39 @@ def estimate_offload_seconds(step: RankStep) -> float:
 def estimate_dispatch_seconds(step: RankStep, *, device_busy: float) -> float:
     """Host time launching the step's operators that the device's own work does not hide,
     seconds: every operator the profile counted in forward and backward of each micro-batch
-    (the checkpointed blocks' forward again under full recomputation) and the optimizer's
-    (:data:`OPTIMIZER_OPS_PER_TENSOR`), at the node's seconds per operator (calibrated, else
-    :data:`OP_DISPATCH_SECONDS`). TP does not divide them: every rank runs every operator. A CPU
-    rank runs each operator as it launches it, so all of it adds; a GPU runs behind the host, which
-    binds only when it launches slower than the GPU computes (``device_busy``: the step's compute,
-    recompute, TP collectives and optimizer). Operators on DTensors — the optimizer's over FSDP2
-    or TP parameters, a TP block's Linears (:data:`DTENSOR_OPS_PER_TP_LINEAR`) — cost DTensor's
-    dispatch instead (calibrated, else :data:`DTENSOR_OP_SECONDS`)."""
+    (the checkpointed blocks' forward again under full recomputation), at the node's seconds per
+    operator (calibrated, else :data:`OP_DISPATCH_SECONDS`), and the optimizer's
+    (:func:`_optimizer_dispatch_seconds`). TP does not divide them: every rank runs every
+    operator. A CPU rank runs each operator as it launches it, so all of it adds; a GPU runs behind
+    the host, which binds only when it launches slower than the GPU computes (``device_busy``: the
+    step's compute, recompute, TP collectives and optimizer). Operators on DTensors — a TP block's
+    Linears (:data:`DTENSOR_OPS_PER_TP_LINEAR`), the optimizer's over FSDP2 or TP parameters —
+    cost DTensor's dispatch instead (calibrated, else :data:`DTENSOR_OP_SECONDS`)."""
     sums, plan, node = step.stage.sums, step.plan, step.cluster.node
     per_microbatch = sums["fwd_ops"] + sums["bwd_ops"]
     if plan.activation_checkpointing == "full":
         per_microbatch += step.stage.block_sums["fwd_ops"]
-    tensors = sums["num_tensors"] / (plan.dp_shard if plan.zero == 1 else 1)
-    optimizer = OPTIMIZER_OPS_PER_TENSOR[step.optimizer] * (1 if step.cluster.is_gpu else tensors)
     plain, dtensor = node.op_seconds or OP_DISPATCH_SECONDS, node.dtensor_op_seconds or DTENSOR_OP_SECONDS
     tp_linear_ops = sum(n * _num_tp_linears(plan, b) for b, n in step.stage.kinds) * DTENSOR_OPS_PER_TP_LINEAR \
         if plan.tp > 1 else 0
     host = step.num_microbatches * (plain * per_microbatch + (dtensor - plain) * tp_linear_ops) \
-        + (dtensor if plan.zero >= 2 or plan.tp > 1 else plain) * optimizer
+        + _optimizer_dispatch_seconds(step, plain=plain, dtensor=dtensor)
     return max(0.0, host - device_busy) if step.cluster.is_gpu else host
+
+
+def _optimizer_dispatch_seconds(step: RankStep, *, plain: float, dtensor: float) -> float:
+    """Host seconds launching the optimizer step's operators: on DTensor parameters (FSDP2, TP)
+    :data:`OPTIMIZER_OPS_PER_TENSOR` per tensor at ``dtensor`` seconds each; on plain tensors the
+    calibrated seconds per tensor (``NodeSpec.optimizer_seconds``), else as many operators at
+    ``plain`` seconds, per tensor on CPU and per dtype group on GPUs (``foreach``)."""
+    plan = step.plan
+    tensors = step.stage.sums["num_tensors"] / (plan.dp_shard if plan.zero == 1 else 1)
+    ops_per_tensor = OPTIMIZER_OPS_PER_TENSOR[step.optimizer]
+    if plan.zero >= 2 or plan.tp > 1:
+        return dtensor * ops_per_tensor * tensors
+    if (measured := calibrated_optimizer(step)) is not None:
+        return measured[1] * tensors
+    return plain * ops_per_tensor * (1 if step.cluster.is_gpu else tensors)
 
 
 # -- throughput ---------------------------------------------------------------------------------

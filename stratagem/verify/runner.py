@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from stratagem.advisor.calibrate.benchmarks import optimizer_class
 from stratagem.advisor.calibrate.processes import PeakMemory, across_ranks
 from stratagem.advisor.plan import Plan
 from stratagem.errors import UsageError
@@ -34,7 +35,6 @@ from stratagem.verify.sharding_cache import ShardingCacheMisses
 
 __all__ = ["Measured", "RealModel", "measure_plan", "real_model"]
 
-OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
 MEMORY_STEPS = 2
 """Steps the peak memory is measured over, at least: the second is the first to run its forward
 beside the optimizer's states."""
@@ -94,7 +94,7 @@ def measure_plan(model: RealModel, plan: Plan, *, optimizer: str, steps: int, wa
         module = model.build()
     step = _pipeline_step if plan.pp > 1 else _data_parallel_step
     run, parameters = step(module, plan, mesh, model, inputs, targets)
-    opt = build_optimizer(parameters, plan, OPTIMIZERS[optimizer], lr=1e-4)
+    opt = build_optimizer(parameters, plan, optimizer_class(optimizer), lr=1e-4)
 
     def train_step() -> tuple[float, float]:
         """Seconds of one step, and of the first-time sharding decisions in it."""

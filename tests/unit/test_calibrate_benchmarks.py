@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from stratagem.advisor.calibrate.benchmarks import interleaved
+from stratagem.advisor.calibrate.benchmarks import interleaved, optimizer_seconds
 
 
 def test_interleaved_rounds_keep_ratios_on_a_drifting_host(one_rank):
@@ -23,3 +23,12 @@ def test_interleaved_rounds_keep_ratios_on_a_drifting_host(one_rank):
     short, long = interleaved([work("short", 0.004), work("long", 0.008)], torch.device("cpu"), repeats=5)
     assert calls == ["short", "long"] * 6  # a warm-up round, then five
     assert 1.6 < long / short < 2.6
+
+
+def test_optimizer_steps_split_into_a_cost_per_parameter_and_per_tensor(one_rank):
+    """torch.optim's AdamW runs 20 tensor passes and 10 operators per tensor where SGD runs 3 and 3:
+    both of its costs come out above SGD's."""
+    costs = optimizer_seconds(2**18, torch.device("cpu"), repeats=3)
+    assert set(costs) == {"adamw", "sgd"}
+    (adamw_param, adamw_tensor), (sgd_param, sgd_tensor) = costs["adamw"], costs["sgd"]
+    assert adamw_param > sgd_param >= 0 and adamw_tensor > sgd_tensor > 0

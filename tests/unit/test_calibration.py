@@ -45,7 +45,7 @@ def _calibration(cluster: Cluster, **links: LinkFit) -> Calibration:
         links={scope: {"all_reduce": {cluster.devices_per_node if scope == "intra" else cluster.world_size: fit}}
                for scope, fit in links.items()},
         overlap=0.7, op_seconds=4e-6, op_byte_seconds=2e-10, dtensor_op_seconds=1e-4, sync_seconds=2e-5,
-        framework_bytes=300 * 2**20,
+        optimizer_seconds={"adamw": (2e-11, 1e-5), "sgd": (3e-12, 2e-6)}, framework_bytes=300 * 2**20,
         seconds=42.0,
         created="2026-11-22T00:00:00+00:00")
 
@@ -63,6 +63,7 @@ def test_apply_replaces_catalog_figures() -> None:
     assert result.node.collectives == (("all_reduce", 8, 300e9, 5e-6),)  # in-node fits only
     assert (result.node.op_seconds, result.node.op_byte_seconds, result.node.sync_seconds,
             result.node.framework_bytes) == (4e-6, 2e-10, 2e-5, 300 * 2**20)
+    assert result.node.optimizer_seconds == (("adamw", 2e-11, 1e-5), ("sgd", 3e-12, 2e-6))
     assert result.spec.startswith("2x8xH100") and any(n.startswith("calibrated:") for n in result.notes)
 
 

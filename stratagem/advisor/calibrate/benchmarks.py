@@ -25,8 +25,8 @@ from stratagem.advisor.calibrate.processes import PeakMemory, across_ranks
 from stratagem.advisor.model_profile import ModelProfile
 
 __all__ = ["ComputeRates", "collective_seconds", "compute_rates", "dtensor_op_seconds", "framework_bytes",
-           "interleaved", "memory_bandwidth", "op_byte_seconds", "op_seconds", "overlap_fraction", "sync_seconds",
-           "timed"]
+           "interleaved", "memory_bandwidth", "op_byte_seconds", "op_seconds", "optimizer_class", "optimizer_seconds",
+           "overlap_fraction", "sync_seconds", "timed"]
 
 BUDGET_SECONDS = 1.0
 """Time one measurement may take after its warm-up (the calibration aims at a minute per node)."""
@@ -335,6 +335,41 @@ def dtensor_op_seconds(device: torch.device, *, repeats: int) -> float:
         param.grad = torch.ones_like(param)
     optimizer = torch.optim.AdamW(params)
     return timed(optimizer.step, device, repeats=repeats) / (len(params) * OPTIMIZER_OPS_PER_TENSOR["adamw"])
+
+
+def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
+    """The torch.optim class of an optimizer the cost model knows by ``name``
+    (:data:`~stratagem.advisor.plan.OPTIMIZERS`)."""
+    return {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[name]
+
+
+OPTIMIZER_SMALL_TENSORS = (512, 64)
+"""(tensors, elements each) of the parameter set whose step measures the cost per tensor."""
+
+
+def optimizer_seconds(num_params: int, device: torch.device, *, repeats: int) -> dict[str, tuple[float, float]]:
+    """Per optimizer of :data:`~stratagem.advisor.plan.OPTIMIZERS`, as torch.optim runs it by
+    default on ``device`` (one tensor at a time on CPU, ``foreach`` on GPUs): seconds of its step
+    per fp32 parameter (streaming the parameters, gradients and states) and per parameter tensor
+    (launching its operators), solved from two steps timed :func:`interleaved`: over
+    ``num_params`` parameters in eight tensors, and over :data:`OPTIMIZER_SMALL_TENSORS`."""
+    from stratagem.advisor.plan import OPTIMIZERS
+
+    shapes = ((8, num_params // 8), OPTIMIZER_SMALL_TENSORS)
+    steps = []
+    for name in OPTIMIZERS:
+        for tensors, numel in shapes:
+            params = [torch.nn.Parameter(torch.zeros(numel, device=device)) for _ in range(tensors)]
+            for param in params:
+                param.grad = torch.ones_like(param)
+            steps.append(optimizer_class(name)(params, lr=1e-4).step)
+    seconds = interleaved(steps, device, repeats=repeats)
+    (n_large, p_large), (n_small, p_small) = ((tensors, tensors * numel) for tensors, numel in shapes)
+    out = {}
+    for name, large, small in zip(OPTIMIZERS, seconds[::2], seconds[1::2]):  # t = params·a + tensors·b
+        per_param = max(0.0, (large * n_small - small * n_large) / (p_large * n_small - p_small * n_large))
+        out[name] = (per_param, max(0.0, small - p_small * per_param) / n_small)
+    return out
 
 
 WORKSPACE_GEMM = 1024

@@ -29,7 +29,7 @@ __all__ = ["COLLECTIVES", "Calibration", "LinkFit", "calibrated", "calibration_p
            "fit_link", "hardware_key", "ring_steps"]
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "p2p")
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 
 
 def ring_steps(op: str, group_size: int) -> int:
@@ -84,7 +84,8 @@ class Calibration:
     ``op_seconds``: host seconds per operator of a small model's training step beyond its matmul
     FLOPs; ``op_byte_seconds``: seconds per byte written by operators without FLOPs, beyond
     those and the matmuls, in a larger model's step; ``dtensor_op_seconds``: per operator of an
-    optimizer step over DTensor parameters. ``sync_seconds``: what a blocking collective waits
+    optimizer step over DTensor parameters; ``optimizer_seconds``: per optimizer, its step's seconds
+    per fp32 parameter and per parameter tensor. ``sync_seconds``: what a blocking collective waits
     beyond its own time when it follows compute (the ranks arriving apart). ``framework_bytes``: the
     memory a fresh process's first training steps take beyond their tensors.
     """
@@ -99,6 +100,7 @@ class Calibration:
     op_seconds: float | None
     op_byte_seconds: float | None
     dtensor_op_seconds: float | None
+    optimizer_seconds: dict[str, tuple[float, float]] | None
     sync_seconds: float | None
     framework_bytes: float | None
     seconds: float
@@ -121,8 +123,8 @@ class Calibration:
         measured), memory bandwidth, the in-node link (the all-reduce fit) and each collective's
         own fit per group size inside a node, the network (α, β, efficiency 1: the fit already is
         what collectives reach), how much communication hides under compute, the host seconds per
-        operator and per byte its operators without FLOPs write, the wait of a collective after
-        compute, and the framework's memory. The
+        operator and per byte its operators without FLOPs write, the optimizers' steps, the wait
+        of a collective after compute, and the framework's memory. The
         matmul rates of every size measured go along (``NodeSpec.matmul_curve``). A note says so."""
         node = cluster.node
         measured = {f"peak_{dtype}": rate for dtype in ("fp32", "tf32", "bf16", "fp16")
@@ -149,6 +151,8 @@ class Calibration:
                                                       for n, rate in points),
                                    op_byte_seconds=self.op_byte_seconds,
                                    dtensor_op_seconds=self.dtensor_op_seconds,
+                                   optimizer_seconds=tuple((name, *costs) for name, costs
+                                                           in (self.optimizer_seconds or {}).items()),
                                    sync_seconds=self.sync_seconds, framework_bytes=self.framework_bytes)
         return dataclasses.replace(cluster, node=node, notes=(*cluster.notes, note))
 
@@ -169,7 +173,10 @@ class Calibration:
                               for n, fit in fits.items()} for op, fits in ops.items()}
                  for scope, ops in data["links"].items()}
         matmul = {dtype: tuple(map(tuple, points)) for dtype, points in data["matmul"].items()}
-        return cls(**{**data, "links": links, "matmul": matmul, "notes": tuple(data.get("notes", ()))})
+        optimizers = data["optimizer_seconds"]
+        optimizers = optimizers and {name: tuple(costs) for name, costs in optimizers.items()}
+        return cls(**{**data, "links": links, "matmul": matmul, "optimizer_seconds": optimizers,
+                      "notes": tuple(data.get("notes", ()))})
 
     def save(self, path: Path) -> None:
         """Write as JSON to ``path``."""

@@ -25,6 +25,7 @@ from stratagem.advisor.calibrate.benchmarks import (
     dtensor_op_seconds,
     framework_bytes,
     memory_bandwidth,
+    optimizer_seconds,
     overlap_fraction,
     sync_seconds,
 )
@@ -116,8 +117,8 @@ def calibrate_on_group(*, quick: bool = False, progress: bool = False) -> Calibr
     groups = _groups(cluster.num_nodes, cluster.devices_per_node)
     dtypes = ["fp32", "bf16"] if device.type == "cpu" or torch.cuda.is_bf16_supported() else ["fp32"]
     # Each collective per group, the framework's memory, the matmuls and operators, memory bandwidth,
-    # DTensor operators, collectives after compute, overlap.
-    work = len(groups) * len(COLLECTIVES) + 6
+    # optimizer steps, DTensor operators, collectives after compute, overlap.
+    work = len(groups) * len(COLLECTIVES) + 7
     with _progress_bar(work, enabled=progress and dist.get_rank() == 0) as step:
         return _measure(cluster, device, settings, dtypes, groups, step, started)
 
@@ -131,6 +132,9 @@ def _measure(cluster: Cluster, device: torch.device, settings: Settings, dtypes:
     bandwidth = across_ranks(memory_bandwidth(settings.copy_bytes, device, repeats=settings.repeats),
                              smallest=True)
     step("memory bandwidth")
+    # Parameters whose fp32 values, gradients and AdamW states (16 bytes each) fill the copy's buffer.
+    optimizers = optimizer_seconds(settings.copy_bytes // 16, device, repeats=settings.repeats)
+    step("optimizer steps")
     per_dtensor_op = across_ranks(dtensor_op_seconds(device, repeats=settings.repeats))
     step("DTensor operator dispatch")
     sync = sync_seconds(device, repeats=settings.repeats)
@@ -150,7 +154,7 @@ def _measure(cluster: Cluster, device: torch.device, settings: Settings, dtypes:
         matmul={dtype: tuple(points) for dtype, points in compute.matmul.items()}, memory_bandwidth=bandwidth,
         links=links, overlap=across_ranks(overlap, smallest=True), op_seconds=compute.op_seconds,
         op_byte_seconds=compute.op_byte_seconds,
-        dtensor_op_seconds=per_dtensor_op, sync_seconds=sync, framework_bytes=framework,
+        dtensor_op_seconds=per_dtensor_op, optimizer_seconds=optimizers, sync_seconds=sync, framework_bytes=framework,
         seconds=time.perf_counter() - started,
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
 

@@ -168,6 +168,9 @@ class NodeSpec:
     op_seconds: float | None = None  # measured host seconds per operator of a small model's step
     op_byte_seconds: float | None = None  # measured seconds per byte written by operators without FLOPs
     dtensor_op_seconds: float | None = None  # per optimizer operator on DTensor parameters
+    # Measured (optimizer, seconds per fp32 parameter, seconds per parameter tensor) of a step as
+    # torch.optim runs it by default (``stratagem calibrate``); () costs it from memory bandwidth.
+    optimizer_seconds: tuple[tuple[str, float, float], ...] = ()
     sync_seconds: float | None = None  # measured wait of a blocking collective after compute, beyond its own time
     framework_bytes: float | None = None  # measured memory a training process takes beyond its tensors
 
@@ -191,6 +194,7 @@ class NodeSpec:
             op_seconds=data.get("op_seconds"),
             op_byte_seconds=data.get("op_byte_seconds"),
             dtensor_op_seconds=data.get("dtensor_op_seconds"),
+            optimizer_seconds=tuple(tuple(c) for c in data.get("optimizer_seconds", ())),
             sync_seconds=data.get("sync_seconds"),
             framework_bytes=data.get("framework_bytes"),
         )
