@@ -36,7 +36,7 @@ from stratagem.advisor.targets import (
     target_excludes,
     tp_degrees,
 )
-from stratagem.advisor.timing import estimate_time, tokens_per_second
+from stratagem.advisor.timing import estimate_time, splits_routed_experts, tokens_per_second
 from stratagem.errors import UsageError
 from stratagem.stages import TRACED_STAGE_LIMITS, traced_stages_allow
 
@@ -235,7 +235,8 @@ def advise(profile: ModelProfile, cluster: Cluster, workload: Workload, *, top: 
     return Advice(
         profile=profile, cluster=cluster, workload=workload, target=target, plans=tuple(ranked[:top]),
         reasons=reasons, suggestions=suggestions, excluded=dict(excluded),
-        notes=(*_model_notes(profile, cluster), *_objective_note(objective), *profile.notes, *cluster.notes),
+        notes=(*_model_notes(profile, cluster), *_warm_up_note(profile, ranked[:top]), *_objective_note(objective),
+               *profile.notes, *cluster.notes),
         num_evaluated=evaluated,
         search_seconds=time.perf_counter() - started,
     )
@@ -251,6 +252,18 @@ def _model_notes(profile: ModelProfile, cluster: Cluster) -> tuple[str, ...]:
         notes += (f"Pipeline plans only with tp=1 and no activation checkpointing: {profile.name}'s stages are "
                   f"built by tracing, and {TRACED_STAGE_LIMITS}.",)
     return notes
+
+
+def _warm_up_note(profile: ModelProfile, ranked: list) -> tuple[str, ...]:
+    """What the predicted step time, a steady state, leaves out for the ranked plans that split
+    routed experts over tensor parallelism."""
+    count = sum(splits_routed_experts(profile, e.plan) for e in ranked)
+    if not count:
+        return ()
+    return (f"Tensor-parallel plans ({count} of those ranked) split {profile.name}'s routed experts, whose row "
+            "counts follow the routing, and DTensor decides how to shard each operator anew for every row count it "
+            "has not met yet (milliseconds each): their first tens to hundreds of steps run slower than the step "
+            "time predicted here, which is the steady state (`verify` reports that warm-up beside the step).",)
 
 
 def _no_candidates(cluster: Cluster, workload: Workload, excluded: Counter) -> UsageError:

@@ -459,6 +459,20 @@ def _num_tp_linears(plan: Plan, block: SegmentProfile) -> int:
     return split or len(block.linears)
 
 
+def splits_routed_experts(profile: ModelProfile, plan: Plan) -> bool:
+    """Whether ``plan``'s tensor parallelism splits a Linear that multiplies fewer rows than its
+    block's others: a routed expert, whose rows follow the routing from step to step."""
+    if plan.tp == 1:
+        return False
+    styles = _block_styles(plan.tp_layout, plan.block_container)
+    for block in profile.blocks:
+        most = max((linear.rows for linear in block.linears), default=0)
+        if any(0 < linear.rows < most and styles.get(linear.name, "colwise" if not styles else None)
+               in ("colwise", "rowwise") for linear in block.linears):
+            return True
+    return False
+
+
 @functools.lru_cache(maxsize=256)
 def _block_styles(layout: tuple[tuple[str, str], ...], container: str | None) -> dict[str, str]:
     """``layout``'s styles by module name relative to a block (``layers.*.attention.wq`` →

@@ -155,6 +155,24 @@ def test_traced_pipeline_stages_get_neither_tp_nor_checkpointing(name, traced):
                       "checkpointing."] if traced else [])
 
 
+@pytest.mark.parametrize("name", ["mixtral-tiny", "llama-tiny"])
+def test_tensor_parallel_routed_experts_get_a_warm_up_note(name):
+    """A mixture of experts under TP meets new expert row counts for many steps, each costing
+    DTensor a sharding decision: the report says the predicted step is the steady state."""
+    profile = profile_spec(name)
+    workload = Workload(global_batch_size=8, seq_len=profile.seq_len)
+    advice = advise(profile, Cluster.parse("4xcpu"), workload, top=5, constraints={"tp": (2,)})
+    assert advice.plans and all(e.plan.tp == 2 for e in advice.plans)
+    noted = [n for n in advice.notes if "routed experts" in n]
+    assert noted == ([f"Tensor-parallel plans ({len(advice.plans)} of those ranked) split {name}'s routed experts, "
+                      "whose row counts follow the routing, and DTensor decides how to shard each operator anew for "
+                      "every row count it has not met yet (milliseconds each): their first tens to hundreds of steps "
+                      "run slower than the step time predicted here, which is the steady state (`verify` reports "
+                      "that warm-up beside the step)."] if name.startswith("mixtral") else [])
+    untouched = advise(profile, Cluster.parse("4xcpu"), workload, top=5, constraints={"tp": (1,)})
+    assert not [n for n in untouched.notes if "routed experts" in n]
+
+
 def test_lightning_target_leaves_out_what_the_strategy_refuses():
     from stratagem.advisor.targets import target_excludes
 
