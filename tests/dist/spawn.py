@@ -23,6 +23,8 @@ import torch.multiprocessing as mp
 
 TIMEOUT = timedelta(seconds=120)
 """How long a collective waits before failing, so a broken rank ends the test instead of hanging it."""
+RANK_THREADS = 1
+"""Intra-op threads of each rank: ranks share two cores; more threads only contend."""
 
 
 def free_port() -> int:
@@ -45,7 +47,7 @@ def run_on_ranks(fn: Callable[..., Any], *args: Any, world_size: int) -> Any:
 
 def _entry(rank: int, fn: Callable[..., Any], args: tuple, world_size: int, port: int, result: Path) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)  # ranks share two cores; more threads only contend
+    torch.set_num_threads(RANK_THREADS)
     dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=TIMEOUT)
     # On an exception the rank exits without the barrier: start_processes then stops the others.
     output = fn(rank, world_size, *args)

@@ -11,6 +11,7 @@ differ only in where gradients are summed: across ranks, or in one process.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from dataclasses import dataclass, field
 from typing import Literal
@@ -26,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 from stratagem.advisor.plan import Plan
 from stratagem.models import Preset, get_preset
 from stratagem.plugins import apply_plan, autocast_context, build_mesh, build_optimizer
+from spawn import RANK_THREADS
 
 STEPS = 5
 SEQ_LEN = 16
@@ -81,9 +83,30 @@ def global_batches(case: Case) -> list[tuple[tuple[Tensor, ...], Tensor]]:
     return [preset.make_batch(case.plan.global_batch_size, SEQ_LEN, generator=generator) for _ in range(STEPS)]
 
 
+@contextmanager
+def rank_threads() -> Iterator[None]:
+    """Run as many intra-op threads as each spawned rank (:data:`spawn.RANK_THREADS`): oneDNN's
+    convolution weight gradients sum in an order that follows the thread count, so a reference
+    with more threads differs from the ranks in the last bits, which AdamW magnifies where a
+    gradient is near zero (on an AVX-512 host the traced ResNet pipeline's weights left the fp32
+    tolerance within five steps)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(RANK_THREADS)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def train_single(case: Case) -> Run:
     """Train ``case``'s preset in this process on the same global batches, taken as the same
-    micro-batches the plan's ranks take, one after another, gradients accumulated."""
+    micro-batches the plan's ranks take, one after another, gradients accumulated, with the
+    ranks' thread count (:func:`rank_threads`)."""
+    with rank_threads():
+        return _train_single(case)
+
+
+def _train_single(case: Case) -> Run:
     plan, preset = case.plan, case.model
     torch.manual_seed(SEED)
     model = preset.build()
