@@ -465,10 +465,10 @@ def splits_routed_experts(profile: ModelProfile, plan: Plan) -> bool:
     if plan.tp == 1:
         return False
     styles = _block_styles(plan.tp_layout, plan.block_container)
-    for block in profile.blocks:
+    split = {name for name, style in styles.items() if style in ("colwise", "rowwise")}
+    for block in profile.blocks:  # as _num_tp_linears: a layout that names none splits them all
         most = max((linear.rows for linear in block.linears), default=0)
-        if any(0 < linear.rows < most and styles.get(linear.name, "colwise" if not styles else None)
-               in ("colwise", "rowwise") for linear in block.linears):
+        if any(0 < linear.rows < most and (not split or linear.name in split) for linear in block.linears):
             return True
     return False
 
