@@ -88,7 +88,7 @@ def calibration_table(calibration: Calibration) -> Table:
     if calibration.dtensor_op_seconds is not None:
         table.add_row("… per optimizer operator on DTensors", format_seconds(calibration.dtensor_op_seconds))
     for name, (per_param, per_tensor) in (calibration.optimizer_seconds or {}).items():
-        table.add_row(f"{name} step per M parameters, per tensor",
+        table.add_row(f"{name} step per M params, per tensor",
                       f"{format_seconds(per_param * 1e6)}, {format_seconds(per_tensor)}")
     if calibration.sync_seconds is not None:
         table.add_row("collective's wait after compute", format_seconds(calibration.sync_seconds))
