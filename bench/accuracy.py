@@ -3,7 +3,7 @@
     .venv/bin/python bench/accuracy.py [--nproc 4] [--steps 3] [--rounds 2] [--scale small|tiny] [--quick]
 
 1. Runs every (model × plan) case — a decoder (llama-small), a ViT (vit-small) and an MoE
-   (mixtral-small) under DDP, ZeRO-1/2/3, HSDP, TP×FSDP, pipelines and checkpointing — for a few
+   (mixtral-small) under DDP, ZeRO-1/2/3, HSDP, TP, TP×FSDP, pipelines and checkpointing — for a few
    steps with ``stratagem.verify``, in ``--rounds`` passes over the cases (every other pass in
    reverse order). Each pass starts with a calibration of this host (``nproc`` gloo ranks),
    applied to the cluster the advisor plans for (``{nproc}xcpu``), and costs its cases with
@@ -57,9 +57,9 @@ def seq_len(model: str, scale: str) -> int | None:
 
 
 def cases(nproc: int, scale: str) -> list[Case]:
-    """The same seven or eight plans for each of three model shapes (TP×FSDP where the model has
-    a TP layout), so that each model's ranking compares as many pairs; plans for ``nproc`` ranks
-    (4 by default)."""
+    """The same seven or nine plans for each of three model shapes (TP and TP×FSDP where the model
+    has a TP layout), so that each model's ranking compares as many pairs; plans for ``nproc``
+    ranks (4 by default), each training the same global batch per step."""
     half = nproc // 2
     common = {"micro_batch_size": MICRO_BATCH, "precision": "fp32"}
     out = []
@@ -75,8 +75,10 @@ def cases(nproc: int, scale: str) -> list[Case]:
             Plan(dp_replicate=2, dp_shard=half, zero=3, **common, **blocks),
             Plan(pp=2, dp_replicate=half, microbatches=2, pp_schedule="1f1b", **common, **blocks),
         ]
-        if profile.tp_layout:
-            plans.append(Plan(tp=2, dp_shard=half, zero=3, tp_layout=profile.tp_layout, **common, **blocks))
+        if profile.tp_layout:  # accumulating to the others' global batch: every plan trains the same samples
+            tp = {"tp_layout": profile.tp_layout, **common, **blocks}
+            plans += [Plan(tp=nproc, grad_accum=nproc, **tp),
+                      Plan(tp=2, dp_shard=half, zero=3, grad_accum=2, **tp)]
         out += [Case(model, plan) for plan in plans]
     return out
 
