@@ -8,7 +8,7 @@
    reverse order). Each pass starts with a calibration of this host (``nproc`` gloo ranks),
    applied to the cluster the advisor plans for (``{nproc}xcpu``), and costs its cases with
    ``evaluate`` under it: a shared host's speed drifts over the minutes a pass takes (24–31
-   GFLOP/s per rank between runs on one host here, 70–75 on a later one), and a calibration
+   GFLOP/s per rank between runs on one host here, 70–85 on a later one), and a calibration
    taken next to the runs it predicts drifts less from them than one taken a pass earlier.
 2. Keeps each case's fastest pass, with that pass's prediction: a shared host's slow spells only
    ever slow a run down. The spread between passes is printed beside each case, as is the time
