@@ -23,8 +23,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "verify",
         help="run the advisor's best plans for a few steps on this host: predicted vs measured",
-        description="Advise for this host (its GPUs, or --nproc CPU ranks on gloo), then train each of "
-        "the K best plans for a few steps in its own processes, measuring the step time and the peak "
+        description="Advise for this host (its GPUs, or --nproc CPU ranks on gloo; under torchrun or a "
+        "Slurm step, the job's ranks), then train each of the K best plans for a few steps in its own "
+        "processes, measuring the step time and the peak "
         "memory per rank (CUDA: max allocated; CPU: peak resident memory above the process's size "
         "before the model). Prints predicted against measured and writes the measured winner as a "
         "plan file that auto-parallel and the exporters accept. A plan that fails is reported; "
@@ -51,13 +52,15 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from stratagem.advisor.calibrate import calibrated
+    from stratagem.advisor.calibrate.processes import launched_job
     from stratagem.advisor.hardware import Cluster, probe_local
-    from stratagem.advisor.search import advise
     from stratagem.errors import UsageError
 
     for name in ("top", "steps"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name} must be at least 1")
+    if launched_job():
+        return _run_in_job(args)
     if torch.cuda.is_available():
         if args.nproc is not None:
             raise UsageError("--nproc applies to CPU ranks; with GPUs every GPU runs\nHINT: set CUDA_VISIBLE_DEVICES")
@@ -66,27 +69,61 @@ def run(args: argparse.Namespace) -> int:
         if args.nproc is not None and args.nproc < 1:
             raise UsageError(f"--nproc must be at least 1, got {args.nproc}")
         cluster = Cluster.parse(f"{args.nproc or 2}xcpu")
-    if args.calibration:
-        cluster = calibrated(cluster)
+    return _advise_and_verify(calibrated(cluster) if args.calibration else cluster, args)
+
+
+def _run_in_job(args: argparse.Namespace) -> int:
+    """``verify`` as one rank of a launched job (``torchrun … -m stratagem verify``): advise for
+    the job's cluster as its ranks probe it, and run each plan on the job's ranks
+    (:func:`~stratagem.verify.verify_plan`); rank 0 reports."""
+    import torch.distributed as dist
+
+    from stratagem.advisor.calibrate import calibrated
+    from stratagem.advisor.hardware import gather_cluster, probe_local
+    from stratagem.errors import UsageError
+
+    if args.nproc is not None:
+        raise UsageError("--nproc applies to a verify that spawns its ranks; in a launched job every rank runs\n"
+                         "HINT: the launcher's --nproc-per-node sets the ranks")
+    dist.init_process_group("gloo")  # the plans run in groups of their own: this one only coordinates
+    try:
+        cluster = gather_cluster(probe_local())
+        code = _advise_and_verify(calibrated(cluster) if args.calibration else cluster, args,
+                                  report=dist.get_rank() == 0)
+        dist.barrier()
+        return code
+    finally:
+        dist.destroy_process_group()
+
+
+def _advise_and_verify(cluster: Cluster, args: argparse.Namespace, *, report: bool = True) -> int:
+    """Advise for ``cluster`` and verify the top plans; only a ``report``ing rank prints."""
+    from stratagem.advisor.search import advise
+
     profile, workload = model_workload(args, cluster)
     advice = advise(profile, cluster, workload, top=args.top, target=args.target, objective=args.objective)
     if advice.best is None:
         from stratagem.advisor.report import render_table
         from rich.console import Console
 
-        Console().print(render_table(advice))
+        if report:
+            Console().print(render_table(advice))
         return EXIT_NOTHING_FITS
-    return verify_advice(advice, args, top=args.top, output=args.output)
+    return verify_advice(advice, args, top=args.top, output=args.output, report=report)
 
 
-def verify_advice(advice: Advice, args: argparse.Namespace, *, top: int, output: Path | None) -> int:
-    """Run the ``top`` plans of ``advice`` on this host and print predicted against measured;
-    exit status 0 when one ran, 1 when none did. ``args`` carries the model arguments."""
+def verify_advice(advice: Advice, args: argparse.Namespace, *, top: int, output: Path | None,
+                  report: bool = True) -> int:
+    """Run the ``top`` plans of ``advice`` here (this host, or the launched job's ranks) and print
+    predicted against measured (only where ``report``); exit status 0 when one ran, 1 when none
+    did. ``args`` carries the model arguments."""
     from rich.console import Console
 
+    from stratagem.advisor.calibrate.processes import launched_job
     from stratagem.verify import measured_winner, verify_estimates
 
-    check_this_host(advice.cluster)
+    if not launched_job():
+        check_this_host(advice.cluster)
     console = Console(stderr=True)
     estimates = advice.plans[:top]
 
@@ -97,9 +134,11 @@ def verify_advice(advice: Advice, args: argparse.Namespace, *, top: int, output:
     results = verify_estimates(args.model, estimates, seq_len=advice.workload.seq_len,
                                optimizer=advice.workload.optimizer, steps=getattr(args, "steps", 3),
                                warmup=getattr(args, "warmup", 1), timeout=getattr(args, "timeout", 300.0),
-                               progress=progress)
-    Console().print(verification_table(results))
+                               progress=progress if report else None)
     winner = measured_winner(results)
+    if not report:
+        return 0 if winner is not None else EXIT_NOTHING_FITS
+    Console().print(verification_table(results))
     if winner is None:
         return EXIT_NOTHING_FITS
     print(f"measured winner: {winner.plan.name}" + ("" if winner is results[0] else

@@ -1,13 +1,17 @@
 """Run plans for real and set what they measured beside what the advisor predicted.
 
-Each plan runs in its own set of spawned processes on this host (gloo on CPU, NCCL on GPUs), so
-a plan that fails or runs out of memory is reported and the others go on.
+Each plan runs in its own set of spawned processes (gloo on CPU, NCCL on GPUs): on this host, or
+inside a launched job (torchrun, a Slurm step) one per rank of the job on its node, the job's own
+ranks only agreeing on where the new group meets and gathering what it measured. A plan that fails
+or runs out of memory is reported and the others go on.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import socket
 import tempfile
 import time
 import traceback
@@ -17,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from stratagem.advisor.calibrate.processes import free_port
+from stratagem.advisor.calibrate.processes import free_port, launched_job
 from stratagem.advisor.estimate import Estimate
 from stratagem.advisor.plan import Plan
 from stratagem.verify.runner import Measured, measure_plan, real_model
@@ -77,17 +81,48 @@ def measured_winner(results: Sequence[Verified]) -> Verified | None:
 
 def verify_plan(model: str, plan: Plan, *, seq_len: int | None, optimizer: str, steps: int = 3, warmup: int = 1,
                 timeout: float = 300.0) -> Measured:
-    """Spawn ``plan.world_size`` processes that train ``plan`` on the preset ``model`` and
-    measure it (:func:`~stratagem.verify.runner.measure_plan`). Raises RuntimeError with the
-    first failing rank's error, or when the run exceeds ``timeout`` seconds."""
+    """Train ``plan`` on the preset ``model`` in fresh processes and measure it
+    (:func:`~stratagem.verify.runner.measure_plan`): ``plan.world_size`` spawned on this host, or,
+    inside a launched job (:func:`~stratagem.advisor.calibrate.processes.launched_job`, its process
+    group up), one per rank of the job, on that rank's node, joined in a group of their own. Every
+    rank of a job must call it. Raises RuntimeError with the first failing rank's error, or when
+    the run exceeds ``timeout`` seconds; the job's own group stays usable for the next plan."""
+    real_model(model, seq_len=seq_len)  # a model verify cannot run fails here, before spawning
+    run = (model, plan.to_json(), seq_len, optimizer, steps, warmup)
+    if not launched_job():
+        ranks = list(range(plan.world_size))
+        measured = _run_ranks(ranks, ranks, plan.world_size, ("127.0.0.1", free_port()), run, timeout)
+        if measured is None:
+            raise RuntimeError("rank 0 wrote no measurement")
+        return measured
+    import torch.distributed as dist
+
+    if dist.get_world_size() != plan.world_size:
+        raise RuntimeError(f"{plan.name} needs {plan.world_size} ranks; the job has {dist.get_world_size()}")
+    rendezvous = [(socket.gethostname(), free_port()) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(rendezvous, src=0)  # the new group's store: on rank 0's node
+    rank, local_rank = dist.get_rank(), int(os.environ.get("LOCAL_RANK", 0))
+    try:
+        measured, error = _run_ranks([rank], [local_rank], plan.world_size, rendezvous[0], run, timeout), None
+    except RuntimeError as err:
+        measured, error = None, str(err)
+    outcomes: list = [None] * dist.get_world_size()
+    dist.all_gather_object(outcomes, (measured, error))
+    if outcomes[0][0] is None:
+        raise RuntimeError(next(e for _, e in outcomes if e is not None))
+    return outcomes[0][0]
+
+
+def _run_ranks(ranks: list[int], local_ranks: list[int], world_size: int, rendezvous: tuple[str, int],
+               run: tuple, timeout: float) -> Measured | None:
+    """Spawn one process per rank of ``ranks`` (global ranks of a ``world_size`` group meeting at
+    ``rendezvous``: host, port), running ``run``; what global rank 0 measured, when it is among them."""
     import torch.multiprocessing as mp
 
-    real_model(model, seq_len=seq_len)  # a model verify cannot run fails here, before spawning
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
-        context = mp.start_processes(
-            _worker, args=(plan.world_size, free_port(), model, plan.to_json(), seq_len, optimizer, steps, warmup,
-                           out), nprocs=plan.world_size, join=False, start_method="spawn")
+        context = mp.start_processes(_worker, args=(ranks, local_ranks, world_size, rendezvous, *run, timeout, out),
+                                     nprocs=len(ranks), join=False, start_method="spawn")
         deadline = time.monotonic() + timeout
         try:
             while not context.join(timeout=0.5):
@@ -99,21 +134,27 @@ def verify_plan(model: str, plan: Plan, *, seq_len: int | None, optimizer: str, 
             for process in context.processes:
                 if process.is_alive():
                     process.terminate()
-        return Measured(**json.loads((out / "measured.json").read_text()))
+        result = out / "measured.json"
+        return Measured(**json.loads(result.read_text())) if result.exists() else None
 
 
-def _worker(rank: int, world_size: int, port: int, model: str, plan_json: str, seq_len: int | None, optimizer: str,
-            steps: int, warmup: int, out: Path) -> None:
+def _worker(index: int, ranks: list[int], local_ranks: list[int], world_size: int, rendezvous: tuple[str, int],
+            model: str, plan_json: str, seq_len: int | None, optimizer: str, steps: int, warmup: int, timeout: float,
+            out: Path) -> None:
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
-                      LOCAL_RANK=str(rank))
+    rank, local_rank = ranks[index], local_ranks[index]
+    os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)  # torchrun's: this group's rank 0 hosts its own store
+    os.environ.update(MASTER_ADDR=rendezvous[0], MASTER_PORT=str(rendezvous[1]), RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank))
     cuda = torch.cuda.is_available()
     if cuda:
-        torch.cuda.set_device(rank % torch.cuda.device_count())
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
     else:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world_size)
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // len(ranks)))
+    # A rank whose peer died gives up after ``timeout`` instead of waiting in a collective for good.
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout))
     try:
         measured = measure_plan(real_model(model, seq_len=seq_len), Plan.from_json(plan_json), optimizer=optimizer,
                                 steps=steps, warmup=warmup)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -28,15 +29,62 @@ def test_verify_runs_the_best_plan_and_writes_it(tmp_path: Path) -> None:
     assert plan.world_size == 2 and f"measured winner: {plan.name}" in done.stdout
 
 
-def test_a_failing_plan_is_reported_and_the_others_go_on(tmp_path: Path) -> None:
+def _bad_and_good() -> list[Estimate]:
+    """A plan that fails on every rank (its blocks are not in the model), then one that runs."""
     good = Plan(dp_replicate=2, micro_batch_size=2, precision="fp32")
     bad = Plan(dp_shard=2, zero=3, micro_batch_size=2, precision="fp32", tp=1,
                activation_checkpointing="full", block_container="no.such.blocks")
-    estimates = [_estimate(bad), _estimate(good)]
-    results = verify_estimates("llama-tiny", estimates, seq_len=16, optimizer="adamw", steps=1, timeout=120)
+    return [_estimate(bad), _estimate(good)]
+
+
+def test_a_failing_plan_is_reported_and_the_others_go_on(tmp_path: Path) -> None:
+    results = verify_estimates("llama-tiny", _bad_and_good(), seq_len=16, optimizer="adamw", steps=1, timeout=120)
     assert results[0].measured is None and "no.such.blocks" in results[0].error
     assert results[1].measured is not None and results[1].measured.step_seconds > 0
     assert results[1].measured.peak_bytes > 0
+
+
+def _torchrun(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    torchrun = Path(sys.executable).with_name("torchrun")
+    return subprocess.run([str(torchrun), "--nproc-per-node", "2", *args], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "STRATAGEM_CACHE_DIR": str(tmp_path)}, cwd=tmp_path)
+
+
+def test_verify_in_a_launched_job_runs_the_plans_on_the_job_s_ranks(tmp_path: Path) -> None:
+    """Under torchrun every rank takes part: the job's cluster is advised for, each plan runs in
+    processes of its own (one per rank), and rank 0 alone reports."""
+    done = _torchrun("-m", "stratagem", "verify", *_TINY, "--top", "1", "--steps", "2",
+                     "--output", str(tmp_path / "plan.json"), tmp_path=tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert done.stdout.count("predicted vs measured") == 1 and done.stderr.count("verify [1/1]") == 1
+    assert Plan.from_json((tmp_path / "plan.json").read_text()).world_size == 2
+
+
+_JOB_SCRIPT = """
+import json
+import torch.distributed as dist
+from test_verify import _bad_and_good
+from stratagem.verify import verify_estimates
+
+if __name__ == "__main__":  # the plans' spawned processes import this module again
+    dist.init_process_group("gloo")
+    results = verify_estimates("llama-tiny", _bad_and_good(), seq_len=16, optimizer="adamw", steps=1, timeout=120)
+    if dist.get_rank() == 0:
+        print(json.dumps([[r.error, r.measured and r.measured.step_seconds] for r in results]))
+    dist.destroy_process_group()
+"""
+
+
+def test_a_failing_plan_in_a_launched_job_leaves_the_job_able_to_run_the_next(tmp_path: Path) -> None:
+    (tmp_path / "job.py").write_text(_JOB_SCRIPT)
+    env_path = os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])
+    done = subprocess.run([str(Path(sys.executable).with_name("torchrun")), "--nproc-per-node", "2", "job.py"],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={**os.environ, "STRATAGEM_CACHE_DIR": str(tmp_path), "PYTHONPATH": env_path})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    (bad_error, bad_step), (good_error, good_step) = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "no.such.blocks" in bad_error and bad_step is None
+    assert good_error is None and good_step > 0
 
 
 def test_advise_verify_needs_this_host(tmp_path: Path) -> None:

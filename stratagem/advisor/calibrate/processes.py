@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import resource
 import socket
 from pathlib import Path
@@ -10,13 +11,19 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-__all__ = ["PeakMemory", "across_ranks", "free_port", "keep_freed_tensors", "return_freed_tensors"]
+__all__ = ["PeakMemory", "across_ranks", "free_port", "keep_freed_tensors", "launched_job", "return_freed_tensors"]
+
+
+def launched_job() -> bool:
+    """Whether this process is a rank of a launched job (torchrun, a Slurm step: ``RANK`` and
+    ``WORLD_SIZE`` set) rather than a program that spawns its own ranks."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
 def free_port() -> int:
     """A TCP port free on this host now, for a spawned process group's rendezvous."""
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind(("", 0))
         return sock.getsockname()[1]
 
 

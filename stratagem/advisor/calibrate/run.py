@@ -30,7 +30,7 @@ from stratagem.advisor.calibrate.benchmarks import (
     sync_seconds,
 )
 from stratagem.advisor.calibrate.calibration import COLLECTIVES, Calibration, LinkFit, fit_link, hardware_key
-from stratagem.advisor.calibrate.processes import across_ranks, free_port
+from stratagem.advisor.calibrate.processes import across_ranks, free_port, launched_job
 from stratagem.advisor.hardware.spec import Cluster
 from stratagem.errors import UsageError
 
@@ -66,7 +66,7 @@ def calibrate(*, nproc: int | None = None, quick: bool = False, progress: bool =
     processes (default: the GPUs, or 2 CPU ranks without GPUs). ``progress`` shows a bar on rank 0."""
     if dist.is_available() and dist.is_initialized():
         return calibrate_on_group(quick=quick, progress=progress)
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+    if launched_job():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         try:
             return calibrate_on_group(quick=quick, progress=progress)
