@@ -109,7 +109,7 @@ def verify_plan(model: str, plan: Plan, *, seq_len: int | None, optimizer: str, 
     outcomes: list = [None] * dist.get_world_size()
     dist.all_gather_object(outcomes, (measured, error))
     if outcomes[0][0] is None:
-        raise RuntimeError(next(e for _, e in outcomes if e is not None))
+        raise RuntimeError(next((e for _, e in outcomes if e is not None), "rank 0 wrote no measurement"))
     return outcomes[0][0]
 
 
