@@ -23,7 +23,7 @@ def launched_job() -> bool:
 def free_port() -> int:
     """A TCP port free on this host now, for a spawned process group's rendezvous."""
     with socket.socket() as sock:
-        sock.bind(("", 0))
+        sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
