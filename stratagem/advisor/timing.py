@@ -633,12 +633,12 @@ def estimate_optimizer_seconds(step: RankStep) -> float:
                  * step.precision.param_bytes)
     if step.plan.offload != "none":
         return num_bytes / (HOST_OPTIMIZER_BANDWIDTH_PER_NODE / step.cluster.devices_per_node)
-    if (measured := calibrated_optimizer(step)) is not None:
+    if (measured := _calibrated_optimizer(step)) is not None:
         return step.optimizer_params * measured[0] * step.precision.param_bytes / 4
     return num_bytes / (step.cluster.device.memory_bandwidth * MEMORY_BANDWIDTH_EFFICIENCY)
 
 
-def calibrated_optimizer(step: RankStep) -> tuple[float, float] | None:
+def _calibrated_optimizer(step: RankStep) -> tuple[float, float] | None:
     """(seconds per fp32 parameter, seconds per parameter tensor) of the step's optimizer as
     calibrated on the node, or None."""
     return next(((per_param, per_tensor) for name, per_param, per_tensor in step.cluster.node.optimizer_seconds
@@ -696,7 +696,7 @@ def _optimizer_dispatch_seconds(step: RankStep, *, plain: float, dtensor: float)
     ops_per_tensor = OPTIMIZER_OPS_PER_TENSOR[step.optimizer]
     if plan.zero >= 2 or plan.tp > 1:
         return dtensor * ops_per_tensor * tensors
-    if (measured := calibrated_optimizer(step)) is not None:
+    if (measured := _calibrated_optimizer(step)) is not None:
         return measured[1] * tensors
     return plain * ops_per_tensor * (1 if step.cluster.is_gpu else tensors)
 

@@ -51,7 +51,6 @@ def run(args: argparse.Namespace) -> int:
     """Advise for this host, run the top plans, report; returns the exit status."""
     import torch
 
-    from stratagem.advisor.calibrate import calibrated
     from stratagem.advisor.calibrate.processes import launched_job
     from stratagem.advisor.hardware import Cluster, probe_local
     from stratagem.errors import UsageError
@@ -69,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         if args.nproc is not None and args.nproc < 1:
             raise UsageError(f"--nproc must be at least 1, got {args.nproc}")
         cluster = Cluster.parse(f"{args.nproc or 2}xcpu")
-    return _advise_and_verify(calibrated(cluster) if args.calibration else cluster, args)
+    return _advise_and_verify(cluster, args)
 
 
 def _run_in_job(args: argparse.Namespace) -> int:
@@ -78,7 +77,6 @@ def _run_in_job(args: argparse.Namespace) -> int:
     (:func:`~stratagem.verify.verify_plan`); rank 0 reports."""
     import torch.distributed as dist
 
-    from stratagem.advisor.calibrate import calibrated
     from stratagem.advisor.hardware import gather_cluster, probe_local
     from stratagem.errors import UsageError
 
@@ -88,8 +86,7 @@ def _run_in_job(args: argparse.Namespace) -> int:
     dist.init_process_group("gloo")  # the plans run in groups of their own: this one only coordinates
     try:
         cluster = gather_cluster(probe_local())
-        code = _advise_and_verify(calibrated(cluster) if args.calibration else cluster, args,
-                                  report=dist.get_rank() == 0)
+        code = _advise_and_verify(cluster, args, report=dist.get_rank() == 0)
         dist.barrier()
         return code
     finally:
@@ -97,9 +94,12 @@ def _run_in_job(args: argparse.Namespace) -> int:
 
 
 def _advise_and_verify(cluster: Cluster, args: argparse.Namespace, *, report: bool = True) -> int:
-    """Advise for ``cluster`` and verify the top plans; only a ``report``ing rank prints."""
+    """Advise for ``cluster`` (its stored calibration applied unless ``--no-calibration``) and
+    verify the top plans; only a ``report``ing rank prints."""
+    from stratagem.advisor.calibrate import calibrated
     from stratagem.advisor.search import advise
 
+    cluster = calibrated(cluster) if args.calibration else cluster
     profile, workload = model_workload(args, cluster)
     advice = advise(profile, cluster, workload, top=args.top, target=args.target, objective=args.objective)
     if advice.best is None:

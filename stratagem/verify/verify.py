@@ -91,7 +91,8 @@ def verify_plan(model: str, plan: Plan, *, seq_len: int | None, optimizer: str, 
     run = (model, plan.to_json(), seq_len, optimizer, steps, warmup)
     if not launched_job():
         ranks = list(range(plan.world_size))
-        measured = _run_ranks(ranks, ranks, plan.world_size, ("127.0.0.1", free_port()), run, timeout)
+        measured = _run_ranks(ranks, ranks, plan.world_size, ("127.0.0.1", free_port()), run, timeout,
+                              ranks_per_node=plan.world_size)
         if measured is None:
             raise RuntimeError("rank 0 wrote no measurement")
         return measured
@@ -103,7 +104,9 @@ def verify_plan(model: str, plan: Plan, *, seq_len: int | None, optimizer: str, 
     dist.broadcast_object_list(rendezvous, src=0)  # the new group's store: on rank 0's node
     rank, local_rank = dist.get_rank(), int(os.environ.get("LOCAL_RANK", 0))
     try:
-        measured, error = _run_ranks([rank], [local_rank], plan.world_size, rendezvous[0], run, timeout), None
+        measured = _run_ranks([rank], [local_rank], plan.world_size, rendezvous[0], run, timeout,
+                              ranks_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+        error = None
     except RuntimeError as err:
         measured, error = None, str(err)
     outcomes: list = [None] * dist.get_world_size()
@@ -114,15 +117,16 @@ def verify_plan(model: str, plan: Plan, *, seq_len: int | None, optimizer: str, 
 
 
 def _run_ranks(ranks: list[int], local_ranks: list[int], world_size: int, rendezvous: tuple[str, int],
-               run: tuple, timeout: float) -> Measured | None:
+               run: tuple, timeout: float, *, ranks_per_node: int) -> Measured | None:
     """Spawn one process per rank of ``ranks`` (global ranks of a ``world_size`` group meeting at
-    ``rendezvous``: host, port), running ``run``; what global rank 0 measured, when it is among them."""
+    ``rendezvous``: host, port; ``ranks_per_node`` of the group share this host's cores), running
+    ``run``; what global rank 0 measured, when it is among them."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
-        context = mp.start_processes(_worker, args=(ranks, local_ranks, world_size, rendezvous, *run, timeout, out),
-                                     nprocs=len(ranks), join=False, start_method="spawn")
+        args = (ranks, local_ranks, world_size, ranks_per_node, rendezvous, *run, timeout, out)
+        context = mp.start_processes(_worker, args=args, nprocs=len(ranks), join=False, start_method="spawn")
         deadline = time.monotonic() + timeout
         try:
             while not context.join(timeout=0.5):
@@ -138,8 +142,8 @@ def _run_ranks(ranks: list[int], local_ranks: list[int], world_size: int, rendez
         return Measured(**json.loads(result.read_text())) if result.exists() else None
 
 
-def _worker(index: int, ranks: list[int], local_ranks: list[int], world_size: int, rendezvous: tuple[str, int],
-            model: str, plan_json: str, seq_len: int | None, optimizer: str, steps: int, warmup: int, timeout: float,
+def _worker(index: int, ranks: list[int], local_ranks: list[int], world_size: int, ranks_per_node: int,
+            rendezvous: tuple[str, int], model: str, plan_json: str, seq_len: int | None, optimizer: str, steps: int, warmup: int, timeout: float,
             out: Path) -> None:
     import torch.distributed as dist
 
@@ -151,7 +155,7 @@ def _worker(index: int, ranks: list[int], local_ranks: list[int], world_size: in
     if cuda:
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
     else:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // len(ranks)))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks_per_node))
     # A rank whose peer died gives up after ``timeout`` instead of waiting in a collective for good.
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=timeout))
