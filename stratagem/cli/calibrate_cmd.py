@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,17 +37,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Calibrate, store and summarise; returns the exit status."""
-    import torch.distributed as dist
-
     from stratagem.advisor.calibrate.calibration import calibration_path
+    from stratagem.advisor.calibrate.processes import launched_job
     from stratagem.advisor.calibrate.run import calibrate
     from stratagem.errors import UsageError
 
     if args.nproc is not None and args.nproc < 2:
         raise UsageError(f"--nproc {args.nproc}: calibration measures collectives between at least 2 processes")
     result = calibrate(nproc=args.nproc, quick=args.quick, progress=not args.json)
-    if dist.is_initialized() and dist.get_rank() != 0:
-        return 0
+    if launched_job() and int(os.environ["RANK"]) != 0:
+        return 0  # every rank of a job measured; rank 0 stores and reports
     path = args.output or calibration_path(result.hardware)
     result.save(path)
     if args.json:

@@ -77,6 +77,7 @@ def _run_in_job(args: argparse.Namespace) -> int:
     (:func:`~stratagem.verify.verify_plan`); rank 0 reports."""
     import torch.distributed as dist
 
+    from stratagem.advisor.calibrate.processes import leave_process_group
     from stratagem.advisor.hardware import gather_cluster, probe_local
     from stratagem.errors import UsageError
 
@@ -87,10 +88,11 @@ def _run_in_job(args: argparse.Namespace) -> int:
     try:
         cluster = gather_cluster(probe_local())
         code = _advise_and_verify(cluster, args, report=dist.get_rank() == 0)
-        dist.barrier()
-        return code
-    finally:
-        dist.destroy_process_group()
+    except BaseException:
+        leave_process_group(together=False)
+        raise
+    leave_process_group()
+    return code
 
 
 def _advise_and_verify(cluster: Cluster, args: argparse.Namespace, *, report: bool = True) -> int:
@@ -138,7 +140,7 @@ def verify_advice(advice: Advice, args: argparse.Namespace, *, top: int, output:
     winner = measured_winner(results)
     if not report:
         return 0 if winner is not None else EXIT_NOTHING_FITS
-    Console().print(verification_table(results))
+    Console().print(verification_table(results, cluster=advice.cluster))
     if winner is None:
         return EXIT_NOTHING_FITS
     print(f"measured winner: {winner.plan.name}" + ("" if winner is results[0] else
@@ -161,13 +163,13 @@ def check_this_host(cluster: Cluster) -> None:
                          "HINT: --cluster local, or Nxcpu for N CPU ranks")
 
 
-def verification_table(results: list[Verified]) -> Table:
-    """Predicted against measured, one row per plan."""
+def verification_table(results: list[Verified], *, cluster: Cluster) -> Table:
+    """Predicted against measured on ``cluster``, one row per plan."""
     from rich.table import Table
 
     from stratagem.units import format_bytes, format_seconds
 
-    table = Table(title="predicted vs measured (step time: slowest rank; memory: fullest rank)")
+    table = Table(title=f"predicted vs measured on {cluster.spec} (step time: slowest rank; memory: fullest rank)")
     for column in ("#", "plan", "step pred.", "step meas.", "err", "memory pred.", "memory meas.", "err"):
         table.add_column(column, justify="left" if column == "plan" else "right")
     for index, result in enumerate(results, 1):

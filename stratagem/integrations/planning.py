@@ -6,7 +6,6 @@ releasing the process group cleanly. Imports neither Lightning nor Fabric.
 from __future__ import annotations
 
 import atexit
-import gc
 import inspect
 import json
 import sys
@@ -20,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from stratagem.advisor.calibrate.processes import leave_process_group
 from stratagem.advisor.plan import Plan, Workload
 from stratagem.errors import UsageError
 
@@ -261,8 +261,9 @@ _RELEASE: list[weakref.WeakMethod] = []
 
 def release_at_exit(drop_wrappers: weakref.WeakMethod) -> None:
     """At interpreter exit, call ``drop_wrappers`` (if its object still lives) and release the
-    default process group as gloo survives it (PLATFORM_NOTES): wrapped modules dropped, collected,
-    a barrier, then ``destroy_process_group``. Registers one exit handler per process."""
+    default process group as gloo survives it (PLATFORM_NOTES): wrapped modules dropped, then
+    :func:`~stratagem.advisor.calibrate.processes.leave_process_group`. Registers one exit handler
+    per process."""
     if not _RELEASE:
         atexit.register(_release)
     _RELEASE.append(drop_wrappers)
@@ -273,14 +274,6 @@ def _release() -> None:
         if (bound := method()) is not None:
             bound()
     _RELEASE.clear()
-    if not (dist.is_available() and dist.is_initialized()):
-        return
-    gc.collect()
-    if not hasattr(sys, "last_value"):  # after an uncaught exception the other ranks may be gone
-        if dist.get_backend() == "nccl":
-            import torch
-
-            dist.barrier(device_ids=[torch.cuda.current_device()])
-        else:
-            dist.barrier()
-    dist.destroy_process_group()
+    if dist.is_available() and dist.is_initialized():
+        # After an uncaught exception the other ranks may be gone.
+        leave_process_group(together=not hasattr(sys, "last_value"))

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from stratagem.advisor.calibrate.processes import free_port, launched_job
+from stratagem.advisor.calibrate.processes import free_port, launched_job, leave_process_group
 from stratagem.advisor.estimate import Estimate
 from stratagem.advisor.plan import Plan
 from stratagem.verify.runner import Measured, measure_plan, real_model
@@ -164,14 +164,12 @@ def _worker(index: int, ranks: list[int], local_ranks: list[int], world_size: in
                                 steps=steps, warmup=warmup)
         if rank == 0:
             (out / "measured.json").write_text(json.dumps(measured.to_dict()))
-        dist.barrier()
     except BaseException as err:
         oom = isinstance(err, torch.OutOfMemoryError)
         (out / f"error-{rank}.txt").write_text("out of memory" if oom else _summary(err))
+        leave_process_group(together=False)
         raise
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    leave_process_group()
 
 
 def _summary(err: BaseException) -> str:

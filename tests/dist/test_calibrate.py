@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from jobs import torchrun
+
 from stratagem.advisor.calibrate import Calibration
 from stratagem.advisor.calibrate.calibration import COLLECTIVES
 
@@ -41,3 +43,21 @@ def test_calibrate_then_advise_uses_it(tmp_path: Path) -> None:
 def test_calibrate_needs_two_processes(tmp_path: Path) -> None:
     done = _stratagem("calibrate", "--nproc", "1", env={**os.environ, "STRATAGEM_CACHE_DIR": str(tmp_path)})
     assert done.returncode == 2 and "at least 2 processes" in done.stderr
+
+
+def test_calibrate_in_a_two_node_job_measures_across_the_nodes(tmp_path: Path) -> None:
+    """Two torchrun agents, one rank each, as two nodes launch: the links between the nodes are
+    measured, and node 0's rank alone stores and reports."""
+    first, second = torchrun("-m", "stratagem", "calibrate", "--quick", cwd=tmp_path, nodes=2, per_node=1,
+                             env={**os.environ, "STRATAGEM_CACHE_DIR": str(tmp_path)})
+    assert first.returncode == second.returncode == 0, first.stderr[-3000:] + second.stderr[-3000:]
+    assert "all_reduce inter ×2" in first.stdout and second.stdout == ""
+    (path,) = (tmp_path / "calibration").glob("*.json")
+    calibration = Calibration.load(path)
+    assert calibration.hardware.startswith("2x1xcpu") and set(calibration.links) == {"inter"}
+
+
+def test_calibrate_in_a_job_spawns_nothing(tmp_path: Path) -> None:
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "STRATAGEM_CACHE_DIR": str(tmp_path)}
+    done = _stratagem("calibrate", "--nproc", "2", env=env)
+    assert done.returncode == 2 and "--nproc-per-node sets the ranks" in done.stderr

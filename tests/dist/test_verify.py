@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from jobs import torchrun
+
 from stratagem.advisor.plan import Plan
 from stratagem.advisor.estimate import Estimate
 from stratagem.verify import verify_estimates
@@ -17,7 +19,7 @@ _TINY = ["--model", "llama-tiny", "--global-batch-size", "4", "--seq-len", "16",
 
 def _stratagem(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "stratagem", *args], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "STRATAGEM_CACHE_DIR": str(tmp_path)}, cwd=tmp_path)
+                          env=_env(tmp_path), cwd=tmp_path)
 
 
 def test_verify_runs_the_best_plan_and_writes_it(tmp_path: Path) -> None:
@@ -44,20 +46,28 @@ def test_a_failing_plan_is_reported_and_the_others_go_on(tmp_path: Path) -> None
     assert results[1].measured.peak_bytes > 0
 
 
-def _torchrun(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
-    torchrun = Path(sys.executable).with_name("torchrun")
-    return subprocess.run([str(torchrun), "--nproc-per-node", "2", *args], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "STRATAGEM_CACHE_DIR": str(tmp_path)}, cwd=tmp_path)
+def _env(tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "STRATAGEM_CACHE_DIR": str(tmp_path)}
 
 
 def test_verify_in_a_launched_job_runs_the_plans_on_the_job_s_ranks(tmp_path: Path) -> None:
     """Under torchrun every rank takes part: the job's cluster is advised for, each plan runs in
     processes of its own (one per rank), and rank 0 alone reports."""
-    done = _torchrun("-m", "stratagem", "verify", *_TINY, "--top", "1", "--steps", "2",
-                     "--output", str(tmp_path / "plan.json"), tmp_path=tmp_path)
+    (done,) = torchrun("-m", "stratagem", "verify", *_TINY, "--top", "1", "--steps", "2",
+                       "--output", str(tmp_path / "plan.json"), cwd=tmp_path, env=_env(tmp_path))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert done.stdout.count("predicted vs measured") == 1 and done.stderr.count("verify [1/1]") == 1
     assert Plan.from_json((tmp_path / "plan.json").read_text()).world_size == 2
+
+
+def test_verify_in_a_two_node_job_runs_each_plan_across_the_nodes(tmp_path: Path) -> None:
+    """Two torchrun agents, one rank each, as two nodes launch: the cluster advised for has two
+    nodes, each rank's process joins the plan's group at rank 0's node, and node 0 reports."""
+    first, second = torchrun("-m", "stratagem", "verify", *_TINY, "--top", "2", "--steps", "1",
+                             cwd=tmp_path, env=_env(tmp_path), nodes=2, per_node=1)
+    assert first.returncode == second.returncode == 0, first.stderr[-3000:] + second.stderr[-3000:]
+    assert "measured on 2x1xcpu" in " ".join(first.stdout.split()) and "measured winner" in first.stdout
+    assert first.stderr.count("s/step") == 2 and second.stdout == ""
 
 
 _JOB_SCRIPT = """
@@ -78,9 +88,7 @@ if __name__ == "__main__":  # the plans' spawned processes import this module ag
 def test_a_failing_plan_in_a_launched_job_leaves_the_job_able_to_run_the_next(tmp_path: Path) -> None:
     (tmp_path / "job.py").write_text(_JOB_SCRIPT)
     env_path = os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])
-    done = subprocess.run([str(Path(sys.executable).with_name("torchrun")), "--nproc-per-node", "2", "job.py"],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                          env={**os.environ, "STRATAGEM_CACHE_DIR": str(tmp_path), "PYTHONPATH": env_path})
+    (done,) = torchrun("job.py", cwd=tmp_path, env={**_env(tmp_path), "PYTHONPATH": env_path})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     (bad_error, bad_step), (good_error, good_step) = json.loads(done.stdout.strip().splitlines()[-1])
     assert "no.such.blocks" in bad_error and bad_step is None

@@ -11,6 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from stratagem.advisor.hardware import Cluster, combine_clusters, gather_cluster, probe_local
+from stratagem.advisor.hardware.gather import LAUNCHER_NODE_RANKS, this_node
 from stratagem.errors import UsageError
 
 
@@ -18,6 +19,15 @@ def test_without_a_process_group_the_local_cluster_comes_back():
     local = Cluster.parse("8xH100")
     assert not dist.is_initialized()
     assert gather_cluster(local) is local
+
+
+@pytest.mark.parametrize("variable", LAUNCHER_NODE_RANKS)
+def test_a_launcher_s_node_rank_names_the_node(monkeypatch, variable):
+    for name in LAUNCHER_NODE_RANKS:
+        monkeypatch.delenv(name, raising=False)
+    assert this_node() == socket.gethostname()
+    monkeypatch.setenv(variable, "3")
+    assert this_node() == "node 3"
 
 
 def test_identical_nodes_combine():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import resource
 import socket
@@ -11,7 +12,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-__all__ = ["PeakMemory", "across_ranks", "free_port", "keep_freed_tensors", "launched_job", "return_freed_tensors"]
+__all__ = ["PeakMemory", "across_ranks", "free_port", "keep_freed_tensors", "launched_job", "leave_process_group",
+           "return_freed_tensors"]
 
 
 def launched_job() -> bool:
@@ -25,6 +27,20 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def leave_process_group(*, together: bool = True) -> None:
+    """Destroy the default process group the way that keeps gloo from aborting the process at
+    exit (``terminate called without an active exception`` while something still holds a group):
+    collect the garbage that may hold one (wrapped modules, DTensors), wait for every rank
+    (``together``; leave it out when a rank failed and the others may be gone), then destroy."""
+    gc.collect()
+    if together:
+        if dist.get_backend() == "nccl":
+            dist.barrier(device_ids=[torch.cuda.current_device()])
+        else:
+            dist.barrier()
+    dist.destroy_process_group()
 
 
 def across_ranks(value: float, *, smallest: bool = False) -> float:

@@ -30,7 +30,7 @@ from stratagem.advisor.calibrate.benchmarks import (
     sync_seconds,
 )
 from stratagem.advisor.calibrate.calibration import COLLECTIVES, Calibration, LinkFit, fit_link, hardware_key
-from stratagem.advisor.calibrate.processes import across_ranks, free_port, launched_job
+from stratagem.advisor.calibrate.processes import across_ranks, free_port, launched_job, leave_process_group
 from stratagem.advisor.hardware.spec import Cluster
 from stratagem.errors import UsageError
 
@@ -64,14 +64,21 @@ class Settings:
 def calibrate(*, nproc: int | None = None, quick: bool = False, progress: bool = False) -> Calibration:
     """Measure this cluster: in the launched job when there is one, else on ``nproc`` local
     processes (default: the GPUs, or 2 CPU ranks without GPUs). ``progress`` shows a bar on rank 0."""
+    in_job = dist.is_available() and dist.is_initialized() or launched_job()
+    if in_job and nproc is not None:
+        raise UsageError("--nproc sets the processes calibrate spawns; in a launched job every rank measures\n"
+                         "HINT: the launcher's --nproc-per-node sets the ranks")
     if dist.is_available() and dist.is_initialized():
         return calibrate_on_group(quick=quick, progress=progress)
     if launched_job():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         try:
-            return calibrate_on_group(quick=quick, progress=progress)
-        finally:
-            dist.destroy_process_group()
+            calibration = calibrate_on_group(quick=quick, progress=progress)
+        except BaseException:
+            leave_process_group(together=False)
+            raise
+        leave_process_group()
+        return calibration
     nproc = nproc or torch.cuda.device_count() or 2
     if nproc < 2:
         raise UsageError("calibration measures collectives, which need at least 2 processes\nHINT: --nproc 2")
@@ -101,9 +108,10 @@ def _worker(rank: int, nproc: int, port: int, quick: bool, progress: bool, out: 
         calibration = calibrate_on_group(quick=quick, progress=progress)
         if rank == 0:
             calibration.save(out)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    except BaseException:
+        leave_process_group(together=False)
+        raise
+    leave_process_group()
 
 
 def calibrate_on_group(*, quick: bool = False, progress: bool = False) -> Calibration:

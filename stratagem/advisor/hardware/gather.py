@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from collections import Counter
 from dataclasses import replace
@@ -14,19 +15,31 @@ from stratagem.errors import UsageError
 
 DEFAULT_NETWORK = "eth-10"  # assumed when no node found any network: the slow, safe guess
 
+LAUNCHER_NODE_RANKS = ("GROUP_RANK", "SLURM_NODEID")
+"""Where a launcher puts the rank of this process's node: torchrun (its agent's rank), Slurm."""
+
+
+def this_node() -> str:
+    """What names this process's node: the launcher's node rank (:data:`LAUNCHER_NODE_RANKS`),
+    as Lightning's and Fabric's strategies name it, else the host name."""
+    for name in LAUNCHER_NODE_RANKS:
+        if name in os.environ:
+            return f"node {os.environ[name]}"
+    return socket.gethostname()
+
 
 def gather_cluster(local: Cluster, *, group: Any = None, node_key: str | None = None) -> Cluster:
     """Every rank's ``local`` probe, all-gathered and combined (see :func:`combine_clusters`).
 
     Without an initialized process group, returns ``local``. A collective: every rank of
-    ``group`` must call it. Ranks sharing ``node_key`` (default: the host name) are one node.
+    ``group`` must call it. Ranks sharing ``node_key`` (default: :func:`this_node`) are one node.
     """
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
         return local
     gathered: list[Any] = [None] * dist.get_world_size(group)
-    mine = (node_key or socket.gethostname(), local.to_dict())
+    mine = (node_key or this_node(), local.to_dict())
     dist.all_gather_object(gathered, mine, group=group)
     return combine_clusters([(key, Cluster.from_dict(data)) for key, data in gathered])
 
