@@ -85,8 +85,9 @@ def verify_plan(model: str, plan: Plan, *, seq_len: int | None, optimizer: str, 
     (:func:`~stratagem.verify.runner.measure_plan`): ``plan.world_size`` spawned on this host, or,
     inside a launched job (:func:`~stratagem.advisor.calibrate.processes.launched_job`, its process
     group up), one per rank of the job, on that rank's node, joined in a group of their own. Every
-    rank of a job must call it. Raises RuntimeError with the first failing rank's error, or when
-    the run exceeds ``timeout`` seconds; the job's own group stays usable for the next plan."""
+    rank of a job must call it. Raises RuntimeError with the error of the rank that failed first
+    (the cause: its peers fail after it), or when the run exceeds ``timeout`` seconds; the job's
+    own group stays usable for the next plan."""
     real_model(model, seq_len=seq_len)  # a model verify cannot run fails here, before spawning
     run = (model, plan.to_json(), seq_len, optimizer, steps, warmup)
     if not launched_job():
@@ -106,14 +107,24 @@ def verify_plan(model: str, plan: Plan, *, seq_len: int | None, optimizer: str, 
     try:
         measured = _run_ranks([rank], [local_rank], plan.world_size, rendezvous[0], run, timeout,
                               ranks_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
-        error = None
-    except RuntimeError as err:
-        measured, error = None, str(err)
+        failure = None
+    except _Failure as err:
+        measured, failure = None, (err.when, str(err))
     outcomes: list = [None] * dist.get_world_size()
-    dist.all_gather_object(outcomes, (measured, error))
+    dist.all_gather_object(outcomes, (measured, failure))
     if outcomes[0][0] is None:
-        raise RuntimeError(next((e for _, e in outcomes if e is not None), "rank 0 wrote no measurement"))
+        failures = [failure for _, failure in outcomes if failure is not None]
+        # The first failure is the cause: the ranks whose peer died fail after it.
+        raise RuntimeError(min(failures)[1] if failures else "rank 0 wrote no measurement")
     return outcomes[0][0]
+
+
+class _Failure(RuntimeError):
+    """A rank's process failed or ran out of time, at ``when`` (seconds since the epoch)."""
+
+    def __init__(self, message: str, when: float) -> None:
+        super().__init__(message)
+        self.when = when
 
 
 def _run_ranks(ranks: list[int], local_ranks: list[int], world_size: int, rendezvous: tuple[str, int],
@@ -131,9 +142,10 @@ def _run_ranks(ranks: list[int], local_ranks: list[int], world_size: int, rendez
         try:
             while not context.join(timeout=0.5):
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"timed out after {timeout:.0f} s")
+                    raise _Failure(f"timed out after {timeout:.0f} s", time.time())
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as err:
-            raise RuntimeError(_first_error(out) or f"a rank died ({err})") from None
+            when, message = _first_error(out) or (time.time(), f"a rank died ({err})")
+            raise _Failure(message, when) from None
         finally:
             for process in context.processes:
                 if process.is_alive():
@@ -166,7 +178,8 @@ def _worker(index: int, ranks: list[int], local_ranks: list[int], world_size: in
             (out / "measured.json").write_text(json.dumps(measured.to_dict()))
     except BaseException as err:
         oom = isinstance(err, torch.OutOfMemoryError)
-        (out / f"error-{rank}.txt").write_text("out of memory" if oom else _summary(err))
+        failure = {"when": time.time(), "message": "out of memory" if oom else _summary(err)}
+        (out / f"error-{rank}.json").write_text(json.dumps(failure))
         leave_process_group(together=False)
         raise
     leave_process_group()
@@ -178,6 +191,7 @@ def _summary(err: BaseException) -> str:
     return f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}{where}"
 
 
-def _first_error(out: Path) -> str | None:
-    errors = sorted(out.glob("error-*.txt"))
-    return errors[0].read_text() if errors else None
+def _first_error(out: Path) -> tuple[float, str] | None:
+    """(when, message) of the rank that failed first: the cause, where its peers then lost it."""
+    failures = [json.loads(path.read_text()) for path in out.glob("error-*.json")]
+    return min(((f["when"], f["message"]) for f in failures), default=None)

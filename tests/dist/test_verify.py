@@ -72,26 +72,48 @@ def test_verify_in_a_two_node_job_runs_each_plan_across_the_nodes(tmp_path: Path
 
 _JOB_SCRIPT = """
 import json
+import os
 import torch.distributed as dist
-from test_verify import _bad_and_good
-from stratagem.verify import verify_estimates
+import stratagem.verify.verify as verify
+from test_verify import _bad_and_good, _lopsided
+
+if __name__ == "__mp_main__" and os.environ["RANK"] == "1":  # rank 1's plan processes
+    measure = verify.measure_plan
+
+    def measure_or_fail(model, plan, **kwargs):
+        if plan == _lopsided().plan:
+            raise RuntimeError("rank 1 alone fails")
+        return measure(model, plan, **kwargs)
+
+    verify.measure_plan = measure_or_fail
 
 if __name__ == "__main__":  # the plans' spawned processes import this module again
     dist.init_process_group("gloo")
-    results = verify_estimates("llama-tiny", _bad_and_good(), seq_len=16, optimizer="adamw", steps=1, timeout=120)
+    bad, good = _bad_and_good()
+    results = verify.verify_estimates("llama-tiny", [bad, _lopsided(), good], seq_len=16, optimizer="adamw", steps=1,
+                                      timeout=120)
     if dist.get_rank() == 0:
         print(json.dumps([[r.error, r.measured and r.measured.step_seconds] for r in results]))
     dist.destroy_process_group()
 """
 
 
-def test_a_failing_plan_in_a_launched_job_leaves_the_job_able_to_run_the_next(tmp_path: Path) -> None:
+def _lopsided() -> Estimate:
+    """A plan the job script makes fail on rank 1 alone (rank 0 then loses its peer)."""
+    return _estimate(Plan(dp_replicate=2, micro_batch_size=1, grad_accum=2, precision="fp32"))
+
+
+def test_failing_plans_in_a_launched_job_leave_the_job_able_to_run_the_next(tmp_path: Path) -> None:
+    """A plan that fails on every rank, then one that fails on rank 1 alone (reported with rank 1's
+    error, the cause, not rank 0's lost connection), then one that runs."""
     (tmp_path / "job.py").write_text(_JOB_SCRIPT)
     env_path = os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])
     (done,) = torchrun("job.py", cwd=tmp_path, env={**_env(tmp_path), "PYTHONPATH": env_path})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    (bad_error, bad_step), (good_error, good_step) = json.loads(done.stdout.strip().splitlines()[-1])
+    (bad_error, bad_step), (lopsided_error, lopsided_step), (good_error, good_step) = json.loads(
+        done.stdout.strip().splitlines()[-1])
     assert "no.such.blocks" in bad_error and bad_step is None
+    assert "rank 1 alone fails" in lopsided_error and lopsided_step is None
     assert good_error is None and good_step > 0
 
 
