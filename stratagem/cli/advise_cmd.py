@@ -89,8 +89,14 @@ def run(args: argparse.Namespace) -> int:
 
     cluster = Cluster.parse(args.cluster)
     if args.verify:
+        from stratagem.advisor.calibrate.processes import launched_job
         from stratagem.cli.verify_cmd import check_this_host
+        from stratagem.errors import UsageError
 
+        if launched_job():
+            raise UsageError("advise --verify spawns the plans' ranks on this host; in a launched job each rank "
+                             "runs its own\nHINT: torchrun ... -m stratagem verify --model ... (the job's cluster "
+                             "is advised for)")
         check_this_host(cluster)
     if args.calibration:
         cluster = calibrated(cluster)

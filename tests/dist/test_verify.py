@@ -17,9 +17,9 @@ from stratagem.verify import verify_estimates
 _TINY = ["--model", "llama-tiny", "--global-batch-size", "4", "--seq-len", "16", "--precision", "fp32"]
 
 
-def _stratagem(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
+def _stratagem(*args: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "stratagem", *args], capture_output=True, text=True, timeout=300,
-                          env=_env(tmp_path), cwd=tmp_path)
+                          env={**_env(tmp_path), **env}, cwd=tmp_path)
 
 
 def test_verify_runs_the_best_plan_and_writes_it(tmp_path: Path) -> None:
@@ -120,6 +120,12 @@ def test_failing_plans_in_a_launched_job_leave_the_job_able_to_run_the_next(tmp_
 def test_advise_verify_needs_this_host(tmp_path: Path) -> None:
     done = _stratagem("advise", *_TINY, "--cluster", "2x8xH100:ib-ndr", "--verify", "1", tmp_path=tmp_path)
     assert done.returncode == 2 and "verify runs plans on this host" in done.stderr
+
+
+def test_advise_verify_in_a_launched_job_points_to_verify(tmp_path: Path) -> None:
+    done = _stratagem("advise", *_TINY, "--cluster", "2xcpu", "--verify", "1", tmp_path=tmp_path, RANK="0",
+                      WORLD_SIZE="2")
+    assert done.returncode == 2 and "-m stratagem verify" in done.stderr and "Traceback" not in done.stderr
 
 
 def _estimate(plan: Plan) -> Estimate:
