@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from stratagem.advisor.calibrate.processes import free_port, launched_job, leave_process_group
+from stratagem.advisor.calibrate.processes import free_port, launched_job, leave_process_group, leave_spawned_process
 from stratagem.advisor.estimate import Estimate
 from stratagem.advisor.plan import Plan
 from stratagem.verify.runner import Measured, measure_plan, real_model
@@ -183,6 +183,7 @@ def _worker(index: int, ranks: list[int], local_ranks: list[int], world_size: in
         leave_process_group(together=False)
         raise
     leave_process_group()
+    leave_spawned_process()
 
 
 def _summary(err: BaseException) -> str:

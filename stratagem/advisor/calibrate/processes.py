@@ -7,13 +7,15 @@ import gc
 import os
 import resource
 import socket
+import sys
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
 
 __all__ = ["PeakMemory", "across_ranks", "free_port", "keep_freed_tensors", "launched_job", "leave_process_group",
-           "return_freed_tensors"]
+           "leave_spawned_process", "return_freed_tensors"]
 
 
 def launched_job() -> bool:
@@ -41,6 +43,17 @@ def leave_process_group(*, together: bool = True) -> None:
         else:
             dist.barrier()
     dist.destroy_process_group()
+
+
+def leave_spawned_process() -> NoReturn:
+    """End a process this package spawned, its results written and its group left, without the
+    interpreter's teardown. torch keeps process groups referenced past ``destroy_process_group``
+    (the default arguments ``torch.distributed.nn.functional`` binds when it is first imported,
+    which the first optimizer step does; a ``DeviceMesh`` that DTensor's caches hold), and gloo
+    can abort the process when it tears them down at exit."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def across_ranks(value: float, *, smallest: bool = False) -> float:

@@ -30,7 +30,13 @@ from stratagem.advisor.calibrate.benchmarks import (
     sync_seconds,
 )
 from stratagem.advisor.calibrate.calibration import COLLECTIVES, Calibration, LinkFit, fit_link, hardware_key
-from stratagem.advisor.calibrate.processes import across_ranks, free_port, launched_job, leave_process_group
+from stratagem.advisor.calibrate.processes import (
+    across_ranks,
+    free_port,
+    launched_job,
+    leave_process_group,
+    leave_spawned_process,
+)
 from stratagem.advisor.hardware.spec import Cluster
 from stratagem.errors import UsageError
 
@@ -112,6 +118,7 @@ def _worker(rank: int, nproc: int, port: int, quick: bool, progress: bool, out: 
         leave_process_group(together=False)
         raise
     leave_process_group()
+    leave_spawned_process()
 
 
 def calibrate_on_group(*, quick: bool = False, progress: bool = False) -> Calibration:
