@@ -2,15 +2,14 @@
 
 Each rank runs ``fn(rank, world_size, *args)``; what rank 0 returns comes back to the caller
 (through a file, so the result may be any ``torch.save``-able object). Teardown follows the
-gloo-at-exit trap in PLATFORM_NOTES: ``fn`` drops its wrapped modules, then ``gc.collect()``,
-``dist.barrier()``, ``dist.destroy_process_group()``.
+gloo-at-exit trap in PLATFORM_NOTES: ``fn`` drops its wrapped modules, then the rank leaves its
+group and ends as the package's own spawned processes do (``leave_process_group``,
+``leave_spawned_process``).
 """
 
 from __future__ import annotations
 
-import gc
 import os
-import socket
 import tempfile
 from collections.abc import Callable
 from datetime import timedelta
@@ -21,17 +20,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from stratagem.advisor.calibrate.processes import free_port, leave_process_group, leave_spawned_process
+
+__all__ = ["RANK_THREADS", "TIMEOUT", "free_port", "run_on_ranks"]
+
 TIMEOUT = timedelta(seconds=120)
 """How long a collective waits before failing, so a broken rank ends the test instead of hanging it."""
 RANK_THREADS = 1
 """Intra-op threads of each rank: ranks share two cores; more threads only contend."""
-
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago (bound to port 0, then released)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def run_on_ranks(fn: Callable[..., Any], *args: Any, world_size: int) -> Any:
@@ -53,6 +49,5 @@ def _entry(rank: int, fn: Callable[..., Any], args: tuple, world_size: int, port
     output = fn(rank, world_size, *args)
     if rank == 0:
         torch.save(output, result)
-    gc.collect()
-    dist.barrier()
-    dist.destroy_process_group()
+    leave_process_group()
+    leave_spawned_process()

@@ -10,6 +10,7 @@ import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from stratagem.advisor.calibrate.processes import free_port
 from stratagem.advisor.hardware import Cluster, combine_clusters, gather_cluster, probe_local
 from stratagem.advisor.hardware.gather import LAUNCHER_NODE_RANKS, this_node
 from stratagem.errors import UsageError
@@ -57,12 +58,6 @@ def test_gpu_nodes_running_fewer_ranks_than_gpus():
     assert any("2 rank(s) per node on 8 device(s)" in note for note in combined.notes)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _worker(rank: int, port: int, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=2)
@@ -78,7 +73,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 
 
 def test_gather_between_two_gloo_processes(tmp_path):
-    mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert results[0] == results[1], "every rank must see the same cluster"
     same_host = Cluster.from_dict(results[0]["same_host"])
