@@ -57,7 +57,7 @@ def test_calibrate_in_a_two_node_job_measures_across_the_nodes(tmp_path: Path) -
     assert calibration.hardware.startswith("2x1xcpu") and set(calibration.links) == {"inter"}
 
 
-def test_calibrate_in_a_job_spawns_nothing(tmp_path: Path) -> None:
+def test_calibrate_in_a_job_refuses_nproc(tmp_path: Path) -> None:
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "STRATAGEM_CACHE_DIR": str(tmp_path)}
     done = _stratagem("calibrate", "--nproc", "2", env=env)
     assert done.returncode == 2 and "--nproc-per-node sets the ranks" in done.stderr
