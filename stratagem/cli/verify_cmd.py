@@ -77,7 +77,7 @@ def _run_in_job(args: argparse.Namespace) -> int:
     (:func:`~stratagem.verify.verify_plan`); rank 0 reports."""
     import torch.distributed as dist
 
-    from stratagem.advisor.calibrate.processes import leave_process_group
+    from stratagem.advisor.calibrate.processes import leaving_process_group
     from stratagem.advisor.hardware import gather_cluster, probe_local
     from stratagem.errors import UsageError
 
@@ -85,13 +85,8 @@ def _run_in_job(args: argparse.Namespace) -> int:
         raise UsageError("--nproc applies to a verify that spawns its ranks; in a launched job every rank runs\n"
                          "HINT: the launcher's --nproc-per-node sets the ranks")
     dist.init_process_group("gloo")  # the plans run in groups of their own: this one only coordinates
-    try:
-        cluster = gather_cluster(probe_local())
-        code = _advise_and_verify(cluster, args, report=dist.get_rank() == 0)
-    except BaseException:
-        leave_process_group(together=False)
-        raise
-    leave_process_group()
+    with leaving_process_group():
+        code = _advise_and_verify(gather_cluster(probe_local()), args, report=dist.get_rank() == 0)
     return code
 
 

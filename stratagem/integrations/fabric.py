@@ -170,7 +170,7 @@ class AutoParallelFabricStrategy(ModelParallelStrategy):
                                      precision=stratagem_precision(self.precision.precision),
                                      target=self._target, objective=self._objective,
                                      constraints=self._constraints, verbose=self._verbose,
-                                     node_key=f"node {self.node_rank}", pipelined=_without_pipelines)
+                                     node_rank=self.node_rank, pipelined=_without_pipelines)
         if self.plan.pp > 1:
             raise UsageError(f"plan {self.plan.name} is a pipeline, which the Fabric strategy does not run yet\n"
                              "HINT: pin a plan with pp=1")

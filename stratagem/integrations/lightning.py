@@ -258,7 +258,7 @@ class AutoParallelStrategy(ParallelStrategy):
         if self._plan is None:
             self._plan = choose_plan(module, lambda: self._example_inputs(trainer, module), precision=precision,
                                      target=self._target, objective=self._objective, constraints=self._constraints,
-                                     verbose=self._verbose, node_key=f"node {self.node_rank}",
+                                     verbose=self._verbose, node_rank=self.node_rank,
                                      pipelined=lambda profile: _as_pipelined(module, profile))
         else:
             check_plan_precision(self._plan, self.precision_plugin.precision)

@@ -129,7 +129,7 @@ def check_choice(*, target: str, objective: str, constraints: Mapping[str, Any] 
 
 def choose_plan(module: nn.Module, example_inputs: Callable[[], Any], *, precision: str, target: str,
                 verbose: bool, objective: str = "throughput", constraints: Mapping[str, Any] | None = None,
-                node_key: str | None = None,
+                node_rank: int | None = None,
                 pipelined: Callable[[ModelProfile], ModelProfile] | None = None) -> Plan:
     """Every rank probes its hardware; rank 0 profiles ``module`` on ``example_inputs()`` (one
     rank's batch of forward's inputs: a tensor, a tuple of positional or a dict of keyword
@@ -142,12 +142,15 @@ def choose_plan(module: nn.Module, example_inputs: Callable[[], Any], *, precisi
     data-parallel degree). Each pipeline shape is searched on its own and the best plan over all
     is taken (:func:`_advise`). ``objective`` and ``constraints`` (Plan fields
     pinned, as :func:`~stratagem.advisor.search.advise` takes them) steer the search. Ranks with
-    the same ``node_key`` (default: the host name) count as one node. ``pipelined`` gives the
-    profile the pipeline facts (``pp_unavailable``, ``pp_traced``) of what pipeline plans split,
-    where that is not ``module`` itself."""
+    the same ``node_rank`` (the strategy's; default:
+    :func:`~stratagem.advisor.hardware.gather.this_node`) count as one node. ``pipelined`` gives
+    the profile the pipeline facts (``pp_unavailable``, ``pp_traced``) of what pipeline plans
+    split, where that is not ``module`` itself."""
     from stratagem.advisor.calibrate import calibrated
     from stratagem.advisor.hardware import gather_cluster, probe_local
+    from stratagem.advisor.hardware.gather import node_name
 
+    node_key = None if node_rank is None else node_name(node_rank)
     cluster = calibrated(gather_cluster(probe_local(), node_key=node_key))
     chosen: list[str | None] = [None]
     if dist.get_rank() == 0:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from stratagem.advisor.calibrate.processes import free_port, launched_job, leave_process_group, leave_spawned_process
+from stratagem.advisor.calibrate.processes import free_port, launched_job, leave_spawned_process, leaving_process_group
 from stratagem.advisor.estimate import Estimate
 from stratagem.advisor.plan import Plan
 from stratagem.verify.runner import Measured, measure_plan, real_model
@@ -120,7 +120,9 @@ def verify_plan(model: str, plan: Plan, *, seq_len: int | None, optimizer: str, 
 
 
 class _Failure(RuntimeError):
-    """A rank's process failed or ran out of time, at ``when`` (seconds since the epoch)."""
+    """A rank's process failed or ran out of time, at ``when`` (seconds since the epoch, by its
+    node's clock: nodes whose clocks disagree by more than the time a peer takes to notice a
+    death may name a peer's lost connection instead of the cause)."""
 
     def __init__(self, message: str, when: float) -> None:
         super().__init__(message)
@@ -131,7 +133,8 @@ def _run_ranks(ranks: list[int], local_ranks: list[int], world_size: int, rendez
                run: tuple, timeout: float, *, ranks_per_node: int) -> Measured | None:
     """Spawn one process per rank of ``ranks`` (global ranks of a ``world_size`` group meeting at
     ``rendezvous``: host, port; ``ranks_per_node`` of the group share this host's cores), running
-    ``run``; what global rank 0 measured, when it is among them."""
+    ``run``; what global rank 0 measured, when it is among them. Raises :class:`_Failure` with
+    the first failure of those processes, or when they run past ``timeout`` seconds."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -171,18 +174,17 @@ def _worker(index: int, ranks: list[int], local_ranks: list[int], world_size: in
     # A rank whose peer died gives up after ``timeout`` instead of waiting in a collective for good.
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=timeout))
-    try:
-        measured = measure_plan(real_model(model, seq_len=seq_len), Plan.from_json(plan_json), optimizer=optimizer,
-                                steps=steps, warmup=warmup)
+    with leaving_process_group():
+        try:
+            measured = measure_plan(real_model(model, seq_len=seq_len), Plan.from_json(plan_json),
+                                    optimizer=optimizer, steps=steps, warmup=warmup)
+        except BaseException as err:
+            oom = isinstance(err, torch.OutOfMemoryError)
+            failure = {"when": time.time(), "message": "out of memory" if oom else _summary(err)}
+            (out / f"error-{rank}.json").write_text(json.dumps(failure))
+            raise
         if rank == 0:
             (out / "measured.json").write_text(json.dumps(measured.to_dict()))
-    except BaseException as err:
-        oom = isinstance(err, torch.OutOfMemoryError)
-        failure = {"when": time.time(), "message": "out of memory" if oom else _summary(err)}
-        (out / f"error-{rank}.json").write_text(json.dumps(failure))
-        leave_process_group(together=False)
-        raise
-    leave_process_group()
     leave_spawned_process()
 
 

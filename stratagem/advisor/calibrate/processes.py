@@ -8,6 +8,8 @@ import os
 import resource
 import socket
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
@@ -15,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["PeakMemory", "across_ranks", "free_port", "keep_freed_tensors", "launched_job", "leave_process_group",
-           "leave_spawned_process", "return_freed_tensors"]
+           "leave_spawned_process", "leaving_process_group", "return_freed_tensors"]
 
 
 def launched_job() -> bool:
@@ -32,10 +34,11 @@ def free_port() -> int:
 
 
 def leave_process_group(*, together: bool = True) -> None:
-    """Destroy the default process group the way that keeps gloo from aborting the process at
-    exit (``terminate called without an active exception`` while something still holds a group):
-    collect the garbage that may hold one (wrapped modules, DTensors), wait for every rank
-    (``together``; leave it out when a rank failed and the others may be gone), then destroy."""
+    """Destroy the default process group as PLATFORM_NOTES has gloo survive it (``terminate
+    called without an active exception`` at exit while something still holds a group): collect
+    the garbage that may hold one (wrapped modules in reference cycles), wait for every rank
+    (``together``; leave it out when a rank failed and the others may be gone), then destroy.
+    What torch itself keeps holding, :func:`leave_spawned_process` steps around."""
     gc.collect()
     if together:
         if dist.get_backend() == "nccl":
@@ -43,6 +46,18 @@ def leave_process_group(*, together: bool = True) -> None:
         else:
             dist.barrier()
     dist.destroy_process_group()
+
+
+@contextmanager
+def leaving_process_group() -> Iterator[None]:
+    """Run the body on the default process group, then :func:`leave_process_group`: with every
+    rank when the body returned, alone when it raised (the exception goes on)."""
+    try:
+        yield
+    except BaseException:
+        leave_process_group(together=False)
+        raise
+    leave_process_group()
 
 
 def leave_spawned_process() -> NoReturn:

@@ -34,8 +34,8 @@ from stratagem.advisor.calibrate.processes import (
     across_ranks,
     free_port,
     launched_job,
-    leave_process_group,
     leave_spawned_process,
+    leaving_process_group,
 )
 from stratagem.advisor.hardware.spec import Cluster
 from stratagem.errors import UsageError
@@ -70,20 +70,16 @@ class Settings:
 def calibrate(*, nproc: int | None = None, quick: bool = False, progress: bool = False) -> Calibration:
     """Measure this cluster: in the launched job when there is one, else on ``nproc`` local
     processes (default: the GPUs, or 2 CPU ranks without GPUs). ``progress`` shows a bar on rank 0."""
-    in_job = dist.is_available() and dist.is_initialized() or launched_job()
-    if in_job and nproc is not None:
+    initialized = dist.is_available() and dist.is_initialized()
+    if (initialized or launched_job()) and nproc is not None:
         raise UsageError("--nproc sets the processes calibrate spawns; in a launched job every rank measures\n"
                          "HINT: the launcher's --nproc-per-node sets the ranks")
-    if dist.is_available() and dist.is_initialized():
+    if initialized:
         return calibrate_on_group(quick=quick, progress=progress)
     if launched_job():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-        try:
+        with leaving_process_group():
             calibration = calibrate_on_group(quick=quick, progress=progress)
-        except BaseException:
-            leave_process_group(together=False)
-            raise
-        leave_process_group()
         return calibration
     nproc = nproc or torch.cuda.device_count() or 2
     if nproc < 2:
@@ -110,14 +106,10 @@ def _worker(rank: int, nproc: int, port: int, quick: bool, progress: bool, out: 
     else:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // nproc))
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=nproc)
-    try:
+    with leaving_process_group():
         calibration = calibrate_on_group(quick=quick, progress=progress)
         if rank == 0:
             calibration.save(out)
-    except BaseException:
-        leave_process_group(together=False)
-        raise
-    leave_process_group()
     leave_spawned_process()
 
 

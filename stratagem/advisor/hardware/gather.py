@@ -19,12 +19,17 @@ LAUNCHER_NODE_RANKS = ("GROUP_RANK", "SLURM_NODEID")
 """Where a launcher puts the rank of this process's node: torchrun (its agent's rank), Slurm."""
 
 
+def node_name(node_rank: int | str) -> str:
+    """The key naming the node of rank ``node_rank`` in :func:`gather_cluster`."""
+    return f"node {node_rank}"
+
+
 def this_node() -> str:
     """What names this process's node: the launcher's node rank (:data:`LAUNCHER_NODE_RANKS`),
     as Lightning's and Fabric's strategies name it, else the host name."""
     for name in LAUNCHER_NODE_RANKS:
         if name in os.environ:
-            return f"node {os.environ[name]}"
+            return node_name(os.environ[name])
     return socket.gethostname()
 
 
