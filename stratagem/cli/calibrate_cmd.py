@@ -42,8 +42,8 @@ def run(args: argparse.Namespace) -> int:
     from stratagem.advisor.calibrate.run import calibrate
     from stratagem.errors import UsageError
 
-    if args.nproc is not None and args.nproc < 2:
-        raise UsageError(f"--nproc {args.nproc}: calibration measures collectives between at least 2 processes")
+    if args.nproc is not None and args.nproc < 1:
+        raise UsageError(f"--nproc {args.nproc}: calibration needs at least one process")
     result = calibrate(nproc=args.nproc, quick=args.quick, progress=not args.json)
     if launched_job() and int(os.environ["RANK"]) != 0:
         return 0  # every rank of a job measured; rank 0 stores and reports
@@ -94,4 +94,5 @@ def calibration_table(calibration: Calibration) -> Table:
         table.add_row("collective's wait after compute", format_seconds(calibration.sync_seconds))
     if calibration.framework_bytes is not None:
         table.add_row("framework memory per rank", format_bytes(calibration.framework_bytes))
+    table.caption = "\n".join(calibration.notes) or None
     return table

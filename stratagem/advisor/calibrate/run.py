@@ -2,7 +2,9 @@
 
 Inside a launched job (``torchrun``, a Slurm step: ``RANK``/``WORLD_SIZE`` set, or a process
 group already up) every rank of the job takes part and groups across nodes are measured too;
-otherwise ``nproc`` local processes are spawned (gloo on CPU, NCCL on GPUs).
+otherwise ``nproc`` local processes are spawned (gloo on CPU, NCCL on GPUs). A single process (one
+GPU) measures its compute, memory and optimizer figures; collectives need two, so catalog figures
+stand for them and a note in the calibration says so.
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ __all__ = ["Settings", "calibrate", "calibrate_on_group"]
 _Group = tuple[str, int, "dist.ProcessGroup | None"]
 """(scope, size, this rank's group of that size; None for the default group)."""
 
+ONE_PROCESS_NOTE = ("one process: collectives, their overlap with compute and their wait after compute were not "
+                    "measured (they need two); the catalog's figures stand for them")
+
 
 @dataclass(frozen=True, slots=True)
 class Settings:
@@ -82,8 +87,10 @@ def calibrate(*, nproc: int | None = None, quick: bool = False, progress: bool =
             calibration = calibrate_on_group(quick=quick, progress=progress)
         return calibration
     nproc = nproc or torch.cuda.device_count() or 2
-    if nproc < 2:
-        raise UsageError("calibration measures collectives, which need at least 2 processes\nHINT: --nproc 2")
+    if nproc < 1:
+        raise UsageError(f"--nproc {nproc}: calibration needs at least one process")
+    if torch.cuda.is_available() and nproc > torch.cuda.device_count():
+        raise UsageError(f"--nproc {nproc}: this host has {torch.cuda.device_count()} GPUs, one process each")
     return _spawn(nproc, quick=quick, progress=progress)
 
 
@@ -144,7 +151,8 @@ def _measure(cluster: Cluster, device: torch.device, settings: Settings, dtypes:
     step("optimizer steps")
     per_dtensor_op = across_ranks(dtensor_op_seconds(device, repeats=settings.repeats))
     step("DTensor operator dispatch")
-    sync = sync_seconds(device, repeats=settings.repeats)
+    alone = dist.get_world_size() == 1  # no collective to measure: their figures stay the catalog's
+    sync = None if alone else sync_seconds(device, repeats=settings.repeats)
     step("collectives after compute")
     links: dict[str, dict[str, dict[int, LinkFit]]] = {}
     for scope, size, group in groups:
@@ -153,17 +161,20 @@ def _measure(cluster: Cluster, device: torch.device, settings: Settings, dtypes:
             links.setdefault(scope, {}).setdefault(op, {})[size] = fit_link(
                 op, size, list(zip(settings.message_bytes, seconds)))
             step(f"{op} {scope} ×{size}")
-    overlap = overlap_fraction(settings.matmul_sizes[-1], settings.message_bytes[-1], device,
-                               repeats=settings.repeats)
+    overlap = None if alone else across_ranks(
+        overlap_fraction(settings.matmul_sizes[-1], settings.message_bytes[-1], device, repeats=settings.repeats),
+        smallest=True)
     step("overlap")
     return Calibration(
         hardware=hardware_key(cluster), backend=dist.get_backend(), world_size=dist.get_world_size(),
         matmul={dtype: tuple(points) for dtype, points in compute.matmul.items()}, memory_bandwidth=bandwidth,
-        links=links, overlap=across_ranks(overlap, smallest=True), op_seconds=compute.op_seconds,
+        links=links, overlap=overlap, op_seconds=compute.op_seconds,
         op_byte_seconds=compute.op_byte_seconds,
         dtensor_op_seconds=per_dtensor_op, optimizer_seconds=optimizers, sync_seconds=sync, framework_bytes=framework,
         seconds=time.perf_counter() - started,
-        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        notes=(ONE_PROCESS_NOTE,) if alone else ())
+
 
 
 def _groups(num_nodes: int, per_node: int) -> list[_Group]:
