@@ -27,4 +27,7 @@ step() {
     step 150 verify --model gpt2 --global-batch-size 16 --seq-len 1024 --top 2 --output "$out/gpt2-plan.json"
     step 120 verify --model vit-b-16 --global-batch-size 128 --top 2
     step 150 verify --model llama-2-7b --global-batch-size 4 --seq-len 2048 --top 1
+    echo "== Trainer(strategy=\"auto-parallel\") on the GPU"
+    timeout 120 "$py" examples/lightning_gpt.py --accelerator gpu --devices 1 --checkpoint "$out/lightning_gpt.ckpt"
+    echo "== exit $?"
 } 2>&1 | tee "$out/log"

@@ -7,7 +7,7 @@ with a sharded checkpoint that ``trainer.fit(ckpt_path=...)`` would resume from.
 plain script: Lightning starts the second rank by running this file again, which is why the
 import below must stay at the top level.
 
-    python examples/lightning_gpt.py [--preset llama-tiny] [--steps 8]
+    python examples/lightning_gpt.py [--preset llama-tiny] [--steps 8] [--accelerator gpu --devices 1]
 """
 
 from __future__ import annotations
@@ -53,13 +53,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="gpt2-tiny", help="a model preset (default: gpt2-tiny)")
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--accelerator", default="cpu", help="Lightning's accelerator (default: cpu)")
+    parser.add_argument("--devices", type=int, default=2, help="processes, one per device (default: 2)")
     parser.add_argument("--checkpoint", type=Path, default=Path("checkpoints/lightning_gpt.ckpt"))
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
     (tokens,), targets = get_preset(args.preset).make_batch(args.steps * 2 * BATCH, seq_len=SEQ_LEN)
     loader = DataLoader(TensorDataset(tokens, targets), batch_size=BATCH)
-    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="auto-parallel", max_steps=args.steps, logger=False,
+    trainer = pl.Trainer(accelerator=args.accelerator, devices=args.devices, strategy="auto-parallel", max_steps=args.steps, logger=False,
                          enable_checkpointing=False, enable_model_summary=False, log_every_n_steps=1)
     trainer.fit(LanguageModel(args.preset), loader)
     trainer.save_checkpoint(args.checkpoint, weights_only=False)  # with optimizer and loop state

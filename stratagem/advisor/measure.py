@@ -61,12 +61,18 @@ _CAST_OPS = {aten._to_copy}
 
 def _cpu_flash_attention_flops(query, key, value, *args, out_shape=None, **kwargs) -> int:
     """``aten._scaled_dot_product_flash_attention_for_cpu``: QKᵀ and AV, like the CUDA kernels."""
-    return sdpa_flop_count(query, key, value)
+    return sdpa_flop_count(query, *_query_heads(query, key, value))
 
 
 def _cpu_flash_attention_backward_flops(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
     """The backward of the CPU flash-attention kernel, counted as the CUDA kernels' backward."""
-    return sdpa_backward_flop_count(grad_out, query, key, value)
+    return sdpa_backward_flop_count(grad_out, query, *_query_heads(query, key, value))
+
+
+def _query_heads(query, *shapes) -> tuple:
+    """Key and value shapes with the query's head count: grouped-query attention multiplies as
+    if each query head had its own key/value head (torch before 2.13 counts only equal heads)."""
+    return tuple((shape[0], query[1], *shape[2:]) for shape in shapes)
 
 
 ATTENTION_OPS = {

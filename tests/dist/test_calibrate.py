@@ -55,6 +55,27 @@ def test_calibrate_on_one_process_measures_all_but_collectives_and_says_so(tmp_p
     assert refused.returncode == 2 and "at least one process" in refused.stderr
 
 
+BAD_REFERENCE = """
+import stratagem.advisor.calibrate.benchmarks as benchmarks
+from stratagem.cli import main
+
+benchmarks.BYTES_REFERENCE["cpu"] = ("no-such-model", 2, 128)  # also in the spawned rank, which imports this
+if __name__ == "__main__":
+    raise SystemExit(main(["calibrate", "--nproc", "1", "--quick"]))
+"""
+
+
+def test_bad_input_found_in_a_spawned_rank_is_a_usage_error_not_a_traceback(tmp_path: Path) -> None:
+    """As torch 2.11 refused to profile calibrate's grouped-query reference model on a GPU
+    machine: the rank's message, exit status 2."""
+    script = tmp_path / "bad_reference.py"
+    script.write_text(BAD_REFERENCE)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "STRATAGEM_CACHE_DIR": str(tmp_path)})
+    assert done.returncode == 2 and "unknown model 'no-such-model'" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_calibrate_in_a_two_node_job_measures_across_the_nodes(tmp_path: Path) -> None:
     """Two torchrun agents, one rank each, as two nodes launch: the links between the nodes are
     measured, and node 0's rank alone stores and reports."""

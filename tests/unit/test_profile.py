@@ -222,3 +222,14 @@ def test_operators_without_flops_count_the_bytes_they_write_and_views_none():
     profile = profile_model(_ElementwiseModel(), (torch.randn(4, 8),), loss_fn=lambda y: y.sum(), precision="fp32")
     assert profile.blocks[0].fwd_op_bytes == 2 * 4 * 8 * 4  # relu and mul, fp32; the views write nothing
     assert profile.blocks[0].fwd_flops == 0 and profile.embed.fwd_flops > 0  # the Linear's bytes go as FLOPs
+
+
+def test_grouped_query_attention_counts_as_many_key_heads_as_query_heads():
+    """8 query heads over 4 key/value heads multiply as 8 pairs would (torch before 2.13 refused
+    to count unequal heads; the count does not depend on torch's version)."""
+    query, grouped, full = torch.Size([2, 8, 16, 32]), torch.Size([2, 4, 16, 32]), torch.Size([2, 8, 16, 32])
+    forward, backward = (CPU_ATTENTION_FLOPS[op] for op in (
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu,
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward))
+    assert forward(query, grouped, grouped) == forward(query, full, full) == 2 * (2 * 2 * 8 * 16 * 16 * 32)
+    assert backward(query, query, grouped, grouped) == backward(query, query, full, full) > 0

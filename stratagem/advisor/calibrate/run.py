@@ -100,7 +100,13 @@ def _spawn(nproc: int, *, quick: bool, progress: bool) -> Calibration:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "calibration.json"
         port = free_port()
-        mp.start_processes(_worker, args=(nproc, port, quick, progress, out), nprocs=nproc, start_method="spawn")
+        try:
+            mp.start_processes(_worker, args=(nproc, port, quick, progress, out), nprocs=nproc, start_method="spawn")
+        except mp.ProcessRaisedException:
+            usage = sorted(Path(tmp).glob("usage-error-*.txt"))
+            if usage:  # bad input found on a rank: the message alone, as in this process
+                raise UsageError(usage[0].read_text()) from None
+            raise
         return Calibration.load(out)
 
 
@@ -113,10 +119,14 @@ def _worker(rank: int, nproc: int, port: int, quick: bool, progress: bool, out: 
     else:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // nproc))
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=nproc)
-    with leaving_process_group():
-        calibration = calibrate_on_group(quick=quick, progress=progress)
-        if rank == 0:
-            calibration.save(out)
+    try:
+        with leaving_process_group():
+            calibration = calibrate_on_group(quick=quick, progress=progress)
+            if rank == 0:
+                calibration.save(out)
+    except UsageError as err:
+        (out.parent / f"usage-error-{rank}.txt").write_text(str(err))
+        raise
     leave_spawned_process()
 
 

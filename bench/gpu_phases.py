@@ -1,0 +1,155 @@
+"""Where a single-device training step spends its time and memory, to check the cost model's
+terms one by one: forward, backward and optimizer time (device-synchronised), the device time
+of the kernels by the kind of ATen operator that launched them (GEMMs, attention, the
+optimizer's multi-tensor operators, everything else: elementwise, norms, reductions, copies; the
+largest of those by name) and the peak memory after the forward and over the step;
+then the rate of a GEMM whose widths are multiples of 8 against one whose output width is not.
+
+    python bench/gpu_phases.py [PRESET:MICRO_BATCH[:GRAD_ACCUM][:SEQ_LEN] ...]
+
+Default: gpt2:16::1024 vit-b-16:128 llama-2-7b:1:4:2048, in bf16-mixed with AdamW, as
+``stratagem verify`` runs a single-device plan. On CPU it runs too (tiny presets), for checking
+the script; the figures that matter are a GPU's.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import torch
+
+from stratagem.models import get_preset
+
+KINDS = {
+    "attention": ("attention", "flash", "efficient"),
+    "gemm": ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"),
+    "optimizer": ("_foreach", "_fused_adam"),
+}
+TOP_OTHER = 12
+
+
+def kind_of(operator: str) -> str:
+    """The kind of an ATen operator by its name: the kernels it launches are counted under it."""
+    for kind, marks in KINDS.items():
+        if any(mark in operator for mark in marks):
+            return kind
+    return "other"
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_case(spec: str, device: torch.device, *, steps: int = 3) -> None:
+    name, micro, accum, seq = (spec.split(":") + ["", "", ""])[:4]
+    preset = get_preset(name)
+    micro_batch, grad_accum = int(micro), int(accum or 1)
+    seq_len = int(seq) if seq else None
+    torch.manual_seed(0)
+    inputs, targets = preset.make_batch(micro_batch, seq_len) if preset.input_kind == "tokens" else \
+        preset.make_batch(micro_batch)
+    inputs, targets = tuple(t.to(device) for t in inputs), targets.to(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+    with torch.device(device):
+        model = preset.build()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    dtype = torch.bfloat16
+    phases: dict[str, list[float]] = {"forward": [], "backward": [], "optimizer": []}
+    after_forward = 0
+
+    def step(record: bool) -> None:
+        nonlocal after_forward
+        for _ in range(grad_accum):
+            sync(device)
+            start = time.perf_counter()
+            with torch.autocast(device.type, dtype=dtype):
+                loss = preset.loss(model(*inputs), targets) / grad_accum
+            sync(device)
+            middle = time.perf_counter()
+            if device.type == "cuda":
+                after_forward = max(after_forward, torch.cuda.max_memory_allocated(device) - base)
+            loss.backward()
+            sync(device)
+            if record:
+                phases["forward"].append(middle - start)
+                phases["backward"].append(time.perf_counter() - middle)
+        start = time.perf_counter()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        sync(device)
+        if record:
+            phases["optimizer"].append(time.perf_counter() - start)
+
+    for _ in range(2):
+        step(record=False)
+    for _ in range(steps):
+        step(record=True)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as profile:
+        step(record=False)
+    kinds: dict[str, float] = {}
+    others: list[tuple[float, str, int]] = []
+    for event in profile.key_averages():
+        if not event.key.startswith("aten::"):
+            continue
+        seconds = (event.self_device_time_total if device.type == "cuda" else event.self_cpu_time_total) / 1e6
+        kind = kind_of(event.key)
+        kinds[kind] = kinds.get(kind, 0.0) + seconds
+        if kind == "other" and seconds > 0:
+            others.append((seconds, event.key, event.count))
+    per_step = {phase: statistics.median(times) * (grad_accum if phase != "optimizer" else 1)
+                for phase, times in phases.items()}
+    peak = torch.cuda.max_memory_allocated(device) - base if device.type == "cuda" else 0
+    print(f"{spec}: step {sum(per_step.values()) * 1e3:.1f} ms = "
+          + " + ".join(f"{phase} {seconds * 1e3:.1f}" for phase, seconds in per_step.items()))
+    print("  device time per step by operator kind (ms): " + ", ".join(
+        f"{kind} {seconds * 1e3:.1f}" for kind, seconds in sorted(kinds.items(), key=lambda item: -item[1])))
+    print("  the other operators' largest (ms, calls): " + ", ".join(
+        f"{name[6:]} {seconds * 1e3:.1f} ({count})" for seconds, name, count in sorted(others, reverse=True)[:TOP_OTHER]))
+    if device.type == "cuda":
+        print(f"  memory: after forward {after_forward / 2**30:.2f} GiB, step peak {peak / 2**30:.2f} GiB")
+    del model, optimizer
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def gemm_alignment(device: torch.device) -> None:
+    """bf16 (fp32 on CPU) rate of [16384×768]·[768×N] for N = 50257 (the GPT-2 vocabulary) and 50304."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    rows = 16384 if device.type == "cuda" else 512
+    for width in (50257, 50304):
+        a = torch.randn(rows, 768, device=device, dtype=dtype)
+        b = torch.randn(768, width, device=device, dtype=dtype)
+        grad = torch.randn(rows, width, device=device, dtype=dtype)
+        rates = []
+        for label, fn in (("forward", lambda: a @ b), ("grad input", lambda: grad @ b.T),
+                          ("grad weight", lambda: a.T @ grad)):
+            fn()
+            sync(device)
+            times = []
+            for _ in range(5):
+                start = time.perf_counter()
+                fn()
+                sync(device)
+                times.append(time.perf_counter() - start)
+            rates.append(f"{label} {2 * rows * 768 * width / statistics.median(times) / 1e12:.3g}")
+        print(f"  GEMM {rows}x768x{width} TFLOP/s: " + ", ".join(rates))
+
+
+def main(specs: list[str]) -> None:
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    specs = specs or ["gpt2:16::1024", "vit-b-16:128", "llama-2-7b:1:4:2048"]
+    for spec in specs:
+        run_case(spec, device)
+    gemm_alignment(device)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
