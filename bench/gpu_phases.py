@@ -115,9 +115,6 @@ def run_case(spec: str, device: torch.device, *, steps: int = 3) -> None:
         f"{name[6:]} {seconds * 1e3:.1f} ({count})" for seconds, name, count in sorted(others, reverse=True)[:TOP_OTHER]))
     if device.type == "cuda":
         print(f"  memory: after forward {after_forward / 2**30:.2f} GiB, step peak {peak / 2**30:.2f} GiB")
-    del model, optimizer
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
 
 
 def gemm_alignment(device: torch.device) -> None:
@@ -148,6 +145,8 @@ def main(specs: list[str]) -> None:
     specs = specs or ["gpt2:16::1024", "vit-b-16:128", "llama-2-7b:1:4:2048"]
     for spec in specs:
         run_case(spec, device)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # the case's model and optimizer went with it
     gemm_alignment(device)
 
 
