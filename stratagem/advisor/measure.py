@@ -13,7 +13,13 @@ The segments are the model's blocks plus ``embed`` (whatever runs before the fir
 * the operators it dispatches in forward and in backward (each costs host time to launch,
   whatever its size: what a step of small kernels spends), and the bytes written by those
   without a FLOP formula (norms, activations, softmax, elementwise arithmetic, copies: their
-  time grows with the bytes they stream, not with FLOPs); views write nothing;
+  time grows with the bytes they stream, not with FLOPs); views write nothing. Those whose
+  outputs are parameter-sized are counted apart, as they write as much at any batch size:
+  autocast's casts of parameters, the backward's casts of their gradients, an embedding's
+  dense gradient;
+* the FLOPs of GEMMs whose matrices' rows do not start on 16-byte boundaries (a leading
+  dimension, such as GPT-2's 50,257-token vocabulary, that is not a multiple of 8 half-precision
+  or 4 single-precision elements): cuBLAS runs them with its slower unaligned kernels;
 * the attention core, for selective checkpointing (Korthikanti et al. 2022, §4.2): the forward
   FLOPs of ops that read or write an s×s tensor (QKᵀ, AV) or are fused attention kernels, and
   the saved tensors shaped s×s in their last two dimensions (softmax output, dropout mask and
@@ -57,6 +63,12 @@ _MASK_OPS = {aten.bernoulli_, aten.bernoulli}
 _UNCOUNTED_OPS = {torch.ops.prim.device, aten.detach}
 # Ops that make a dtype copy of a tensor (autocast's weight casts).
 _CAST_OPS = {aten._to_copy}
+# Ops whose output is a parameter's gradient at any batch size (an embedding's is dense).
+_PARAMETER_SIZED_OPS = {aten.embedding_dense_backward}
+# Matrix products whose matrices' leading dimensions decide which GEMM kernels run.
+_GEMM_OPS = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm}
+# The row alignment cuBLAS's fastest (vectorised, tensor-core) kernels need: 16 bytes.
+GEMM_ALIGNMENT_BYTES = 16
 
 
 def _cpu_flash_attention_flops(query, key, value, *args, out_shape=None, **kwargs) -> int:
@@ -104,6 +116,10 @@ class SegmentCounts:
     bwd_ops: int = 0
     fwd_op_bytes: int = 0
     bwd_op_bytes: int = 0
+    fwd_unaligned_flops: int = 0
+    bwd_unaligned_flops: int = 0
+    fwd_param_op_bytes: int = 0
+    bwd_param_op_bytes: int = 0
 
 
 @dataclass
@@ -114,6 +130,20 @@ class RunRecord:
     param_segment: dict[str, str] = field(default_factory=dict)  # state name -> first segment to use it
     measured_as: dict[str, str] = field(default_factory=dict)  # duplicate block -> representative
     output_bytes: int = 0
+
+
+def unaligned_gemm(args: Any, out: Any) -> bool:
+    """Whether a matrix of a GEMM (an operand or the output) has a leading dimension, the stride
+    of whichever of its last two dimensions is not contiguous, of a byte length that is not a
+    multiple of :data:`GEMM_ALIGNMENT_BYTES`. Matrices of one row or column have none."""
+    for tensor in (*tree_flatten(args)[0], out):
+        if not isinstance(tensor, torch.Tensor) or tensor.dim() < 2 or min(tensor.shape[-2:]) < 2:
+            continue
+        rows, columns = tensor.stride()[-2:]
+        lead = rows if columns == 1 else columns if rows == 1 else 0
+        if lead * tensor.element_size() % GEMM_ALIGNMENT_BYTES:
+            return True
+    return False
 
 
 def _bytes_written(func_packet: Any, out: Any, args: Any) -> int:
@@ -130,14 +160,15 @@ class _CostCounter(FlopCounterMode):
     """A FlopCounterMode that attributes FLOPs and tensor provenance to segments."""
 
     def __init__(self, *, block_of: dict[str, str], record: RunRecord,
-                 state_names: dict[StorageWeakRef, str], has_blocks: bool, seq_len: int | None,
-                 batch_size: int | None) -> None:
+                 state_names: dict[StorageWeakRef, str], gradient_shapes: set[tuple[tuple[int, ...], torch.dtype]],
+                 has_blocks: bool, seq_len: int | None, batch_size: int | None) -> None:
         super().__init__(display=False, custom_mapping=CPU_ATTENTION_FLOPS)
         self.seq_len = seq_len
         self.batch_size = batch_size
         self._block_of = block_of  # module-tracker name -> block FQN
         self._record = record
         self._state_names = state_names
+        self._gradient_shapes = gradient_shapes  # (shape, dtype) of the trainable parameters
         self._has_blocks = has_blocks
         self._fwd_after_blocks = False
         self._bwd_after_blocks = False
@@ -167,22 +198,44 @@ class _CostCounter(FlopCounterMode):
         formula = self.flop_registry.get(func_packet)
         if func_packet not in _UNCOUNTED_OPS:
             written = 0 if formula is not None else _bytes_written(func_packet, out, args)
+            sized = formula is None and self._parameter_sized(func_packet, args, out)
             if self.mod_tracker.is_bw:
                 counts.bwd_ops += 1
-                counts.bwd_op_bytes += written
+                counts.bwd_param_op_bytes += written if sized else 0
+                counts.bwd_op_bytes += 0 if sized else written
             else:
                 counts.fwd_ops += 1
-                counts.fwd_op_bytes += written
+                counts.fwd_param_op_bytes += written if sized else 0
+                counts.fwd_op_bytes += 0 if sized else written
         if formula is not None:
             flops = formula(*args, **kwargs, out_val=out)
+            unaligned = flops if func_packet in _GEMM_OPS and unaligned_gemm(args, out) else 0
             if self.mod_tracker.is_bw:
                 counts.bwd_flops += flops
+                counts.bwd_unaligned_flops += unaligned
             else:
                 counts.fwd_flops += flops
+                counts.fwd_unaligned_flops += unaligned
                 if func_packet in ATTENTION_OPS or self._touches_scores(args, out):
                     counts.attention_fwd_flops += flops
         self._track_provenance(func_packet, out, args, seg)
         return out
+
+    def _parameter_sized(self, func_packet: Any, args: Any, out: Any) -> bool:
+        """Whether an operator writes as much at any batch size: an embedding's dense gradient;
+        in forward, a cast of a parameter or buffer (autocast's weight copies); in backward, an
+        operator on tensors of a trainable parameter's shape that outputs its shape and dtype
+        (its gradient cast back to it, tied parameters' gradients summed)."""
+        if func_packet in _PARAMETER_SIZED_OPS:
+            return True
+        if not isinstance(out, torch.Tensor):
+            return False
+        tensors = [t for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)]
+        if self.mod_tracker.is_bw:
+            return ((tuple(out.shape), out.dtype) in self._gradient_shapes
+                    and all(t.shape == out.shape for t in tensors))
+        return func_packet in _CAST_OPS and any(StorageWeakRef(t.untyped_storage()) in self._state_names
+                                                for t in tensors)
 
     def is_scores(self, tensor: torch.Tensor) -> bool:
         """Shaped like attention scores: s×s in the last two dimensions, with heads in front
@@ -370,8 +423,10 @@ def run_fake_step(
     state_names: dict[StorageWeakRef, str] = {}
     for name, tensor in state.items():  # tied names share a tensor: the first name owns it
         state_names.setdefault(StorageWeakRef(tensor.untyped_storage()), name)
-    counter = _CostCounter(block_of=block_of, record=record, state_names=state_names, has_blocks=bool(blocks),
-                          seq_len=seq_len, batch_size=batch_size)
+    gradient_shapes = {(tuple(t.shape), t.dtype) for t in state.values() if t.requires_grad}
+    counter = _CostCounter(block_of=block_of, record=record, state_names=state_names,
+                           gradient_shapes=gradient_shapes, has_blocks=bool(blocks), seq_len=seq_len,
+                           batch_size=batch_size)
     saved = _SavedTensorCounter(counter, record, set(state_names))
     autocast = torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None)
     hooks = torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack)

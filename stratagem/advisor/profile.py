@@ -199,6 +199,8 @@ def _assemble(model: nn.Module, blocks: tuple[str, ...], record: RunRecord, prec
             input_bytes=counts.input_bytes, output_bytes=counts.output_bytes,
             fwd_ops=counts.fwd_ops, bwd_ops=counts.bwd_ops,
             fwd_op_bytes=counts.fwd_op_bytes, bwd_op_bytes=counts.bwd_op_bytes,
+            fwd_unaligned_flops=counts.fwd_unaligned_flops, bwd_unaligned_flops=counts.bwd_unaligned_flops,
+            fwd_param_op_bytes=counts.fwd_param_op_bytes, bwd_param_op_bytes=counts.bwd_param_op_bytes,
             **extra,
         )
 

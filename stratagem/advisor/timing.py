@@ -42,6 +42,13 @@ from stratagem.errors import UsageError
 # (the matmul benchmark's), so the fraction applies to catalog peaks only.
 ACHIEVABLE_FLOPS_FRACTION = {"gpu": 0.6, "cpu": 1.0}
 
+# Share of the aligned rate a GEMM reaches when a matrix's leading dimension is not a multiple of
+# 16 bytes (measure.unaligned_gemm: cuBLAS's unaligned kernels). GPU: measured on an H200
+# (torch 2.11, CUDA 13; bench/gpu_phases.py), [16384×768]·[768×50257] in bf16 at 120-151 TFLOP/s
+# against 686-790 for a width of 50304: 0.18. CPU: oneDNN's kernels lose little (0.92-0.95 for
+# n = 1024 here), so 1.0. Calibration measures it (NodeSpec.unaligned_matmul).
+UNALIGNED_MATMUL_FRACTION = {"gpu": 0.18, "cpu": 1.0}
+
 # fp32 training runs matmuls in full fp32: PyTorch >= 1.12 defaults
 # torch.backends.cuda.matmul.allow_tf32 to False (float32_matmul_precision "highest").
 FP32_MATMUL_USES_TF32 = False
@@ -112,8 +119,9 @@ class RankStep:
     ``stage`` holds the stage's segments (its blocks, plus the embedding or head where they
     sit) and their sums; ``flops_per_second`` is the rank's achievable FLOP/s,
     ``block_matmul_efficiency`` the share of it the blocks' matmuls reach at their sizes
-    (:func:`block_matmul_efficiency`), ``seconds_per_op_byte`` what each byte written by
-    operators without FLOPs costs."""
+    (:func:`block_matmul_efficiency`), ``unaligned_matmul_fraction`` the share of it GEMMs
+    with unaligned matrices reach, ``seconds_per_op_byte`` what each byte written by operators
+    without FLOPs costs."""
 
     profile: ModelProfile
     cluster: Cluster
@@ -124,6 +132,7 @@ class RankStep:
     links: dict[MeshAxis, tuple[float, float]]  # (bytes/s, seconds) per mesh axis: group_link
     flops_per_second: float
     block_matmul_efficiency: float
+    unaligned_matmul_fraction: float
     seconds_per_op_byte: float
 
     def link(self, axis: MeshAxis, op: str) -> dict[str, float]:
@@ -163,26 +172,33 @@ class RankStep:
         """Parameters whose optimizer state this rank updates: zero >= 1 shards over dp_shard."""
         return self.params_per_rank / (self.plan.dp_shard if self.plan.zero else 1)
 
-    def per_microbatch(self, field: str, *, blocks_only: bool = False) -> float:
-        """A profiled quantity (``fwd_flops``, ``bwd_op_bytes``, …) for one micro-batch, summed
-        over the stage (or its blocks only) as one TP rank runs it (the blocks split over the TP
-        group, the embedding and head whole)."""
+    def per_tp_rank(self, field: str, *, blocks_only: bool = False) -> float:
+        """A profiled quantity summed over the stage (or its blocks only) as one TP rank runs it
+        (the blocks split over the TP group, the embedding and head whole), at the profiled batch."""
         if blocks_only:
-            total = self.stage.block_sums[field] / self.plan.tp
-        else:
-            total = self.stage.per_tp_rank(field, self.plan.tp)
-        return total * self.batch_scale
+            return self.stage.block_sums[field] / self.plan.tp
+        return self.stage.per_tp_rank(field, self.plan.tp)
+
+    def per_microbatch(self, field: str, *, blocks_only: bool = False) -> float:
+        """A profiled quantity that grows with the batch (``fwd_flops``, ``bwd_op_bytes``, …) for
+        one micro-batch: :meth:`per_tp_rank` scaled by :attr:`batch_scale`."""
+        return self.per_tp_rank(field, blocks_only=blocks_only) * self.batch_scale
 
     def pass_seconds(self, direction: str, *, blocks_only: bool = False) -> float:
         """Seconds of one micro-batch's forward (``"fwd"``) or backward (``"bwd"``) over the stage
         (or its blocks only) on one TP rank: its FLOPs at the achievable rate and the bytes its
-        operators without FLOPs write, at :attr:`seconds_per_op_byte`. The blocks' FLOPs run at
-        :attr:`block_matmul_efficiency` of the rate, the embedding's and head's at all of it."""
+        operators without FLOPs write, at :attr:`seconds_per_op_byte` (those writing
+        parameter-sized outputs, autocast's weight casts, as many at any micro-batch size). The blocks' FLOPs run at
+        :attr:`block_matmul_efficiency` of the rate, the embedding's and head's at all of it, and
+        the GEMMs with unaligned matrices at :attr:`unaligned_matmul_fraction` of either."""
         flops = f"{direction}_flops"
         blocks = self.per_microbatch(flops, blocks_only=True)
         outside = 0.0 if blocks_only else self.per_microbatch(flops) - blocks
-        return ((blocks / self.block_matmul_efficiency + outside) / self.flops_per_second
-                + self.per_microbatch(f"{direction}_op_bytes", blocks_only=blocks_only) * self.seconds_per_op_byte)
+        unaligned = self.per_microbatch(f"{direction}_unaligned_flops", blocks_only=blocks_only)
+        return ((blocks / self.block_matmul_efficiency + outside
+                 + unaligned * (1 / self.unaligned_matmul_fraction - 1)) / self.flops_per_second
+                + (self.per_microbatch(f"{direction}_op_bytes", blocks_only=blocks_only)
+                   + self.per_tp_rank(f"{direction}_param_op_bytes", blocks_only=blocks_only)) * self.seconds_per_op_byte)
 
 
 def estimate_time(profile: ModelProfile, *, cluster: Cluster, workload: Workload,
@@ -232,6 +248,7 @@ def rank_step(profile: ModelProfile, *, cluster: Cluster, workload: Workload,
                     precision=get_precision(plan.precision), stage=stage, links=mesh_links(cluster, plan),
                     flops_per_second=fraction * peak,
                     block_matmul_efficiency=efficiency,
+                    unaligned_matmul_fraction=unaligned_matmul_fraction(cluster, plan.precision),
                     seconds_per_op_byte=seconds_per_op_byte(cluster))
 
 
@@ -255,6 +272,13 @@ def matmul_curve(cluster: Cluster, precision: str) -> list[tuple[int, float]]:
     (``NodeSpec.matmul_curve``; empty uncalibrated)."""
     dtype = _matmul_dtype(cluster, precision)
     return sorted((n, rate) for measured, n, rate in cluster.node.matmul_curve if measured == dtype)
+
+
+def unaligned_matmul_fraction(cluster: Cluster, precision: str) -> float:
+    """The share of the aligned rate GEMMs with unaligned matrices reach in ``precision``'s matmul
+    dtype: as calibrated (``NodeSpec.unaligned_matmul``), else :data:`UNALIGNED_MATMUL_FRACTION`."""
+    measured = dict(cluster.node.unaligned_matmul).get(_matmul_dtype(cluster, precision))
+    return measured if measured is not None else UNALIGNED_MATMUL_FRACTION["gpu" if cluster.is_gpu else "cpu"]
 
 
 def block_matmul_efficiency(profile: ModelProfile, plan: Plan, stage: Stage, curve: list[tuple[int, float]]) -> float:
@@ -320,11 +344,22 @@ def estimate_compute_seconds(step: RankStep) -> float:
     """Forward and backward of every micro-batch on the rank, seconds: profiled FLOPs (measured:
     the profile) scaled to the micro-batch, the blocks' divided over TP, over achievable FLOP/s,
     and the bytes the operators without FLOPs write (:meth:`RankStep.pass_seconds`), with the
-    data-parallel runtime's copies around its collectives (:func:`estimate_dp_copy_seconds`).
+    data-parallel runtime's copies around its collectives (:func:`estimate_dp_copy_seconds`) and
+    the gradients' accumulation over micro-batches (:func:`estimate_grad_accumulation_seconds`).
     Megatron splits the vocabulary projection too (Shoeybi et al. 2019, §3); the TP plugin keeps
     the embedding and head whole on every TP rank, and this costs what it applies."""
     passes = step.num_microbatches * (step.pass_seconds("fwd") + step.pass_seconds("bwd"))
-    return passes + estimate_dp_copy_seconds(step)
+    return passes + estimate_dp_copy_seconds(step) + estimate_grad_accumulation_seconds(step)
+
+
+def estimate_grad_accumulation_seconds(step: RankStep) -> float:
+    """Adding each micro-batch's gradients to those of the ones before, seconds: autograd adds
+    into ``.grad`` in place after the first (the profile ran one micro-batch, which only stores
+    them), in the parameter dtype, at the rank's cost per byte written. FSDP2 (zero 2/3) adds
+    its reduced shards."""
+    plan = step.plan
+    grads = step.params_per_rank / (plan.dp_shard if plan.zero >= 2 else 1)
+    return (step.num_microbatches - 1) * grads * step.precision.param_bytes * step.seconds_per_op_byte
 
 
 def estimate_dp_copy_seconds(step: RankStep) -> float:

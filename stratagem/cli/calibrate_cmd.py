@@ -73,6 +73,8 @@ def calibration_table(calibration: Calibration) -> Table:
     for dtype, points in calibration.matmul.items():
         rates = ", ".join(f"{n}: {rate / 1e12:.3g}" for n, rate in points)
         table.add_row(f"matmul {dtype} (n: TFLOP/s)", rates)
+        if dtype in calibration.unaligned_matmul:
+            table.add_row(f"… rows off 16 bytes ({dtype})", f"{calibration.unaligned_matmul[dtype]:.0%} of that rate")
     table.add_row("memory bandwidth", f"{format_bytes(calibration.memory_bandwidth)}/s")
     for scope, ops in calibration.links.items():
         for op, fits in ops.items():

@@ -23,11 +23,14 @@ def test_calibrate_then_advise_uses_it(tmp_path: Path) -> None:
     done = _stratagem("calibrate", "--quick", "--nproc", "2", env=env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert "saved to" in done.stdout and "all_reduce intra ×2" in done.stdout
+    assert "rows off 16 bytes (fp32)" in done.stdout
     (path,) = (tmp_path / "calibration").glob("*.json")
     calibration = Calibration.load(path)
     assert (calibration.backend, calibration.world_size) == ("gloo", 2)
     assert set(calibration.links["intra"]) == set(COLLECTIVES)
     assert calibration.matmul_rate("fp32") > 0 and calibration.memory_bandwidth > 0
+    assert set(calibration.unaligned_matmul) == set(calibration.matmul)
+    assert all(0 < share <= 1 for share in calibration.unaligned_matmul.values())
 
     advised = _stratagem("advise", "--model", "llama-tiny", "--cluster", "2xcpu", "--global-batch-size", "8",
                          "--seq-len", "32", "--precision", "fp32", env=env)
@@ -59,7 +62,7 @@ BAD_REFERENCE = """
 import stratagem.advisor.calibrate.benchmarks as benchmarks
 from stratagem.cli import main
 
-benchmarks.BYTES_REFERENCE["cpu"] = ("no-such-model", 2, 128)  # also in the spawned rank, which imports this
+benchmarks.BYTES_REFERENCE["cpu"] = ("no-such-model", 2, 128, "fp32")  # also in the spawned rank, which imports this
 if __name__ == "__main__":
     raise SystemExit(main(["calibrate", "--nproc", "1", "--quick"]))
 """

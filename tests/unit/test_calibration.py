@@ -46,7 +46,7 @@ def _calibration(cluster: Cluster, **links: LinkFit) -> Calibration:
                for scope, fit in links.items()},
         overlap=0.7, op_seconds=4e-6, op_byte_seconds=2e-10, dtensor_op_seconds=1e-4, sync_seconds=2e-5,
         optimizer_seconds={"adamw": (2e-11, 1e-5), "sgd": (3e-12, 2e-6)}, framework_bytes=300 * 2**20,
-        seconds=42.0,
+        seconds=42.0, unaligned_matmul={"bf16": 0.2},
         created="2026-11-22T00:00:00+00:00")
 
 
@@ -64,6 +64,7 @@ def test_apply_replaces_catalog_figures() -> None:
     assert (result.node.op_seconds, result.node.op_byte_seconds, result.node.sync_seconds,
             result.node.framework_bytes) == (4e-6, 2e-10, 2e-5, 300 * 2**20)
     assert result.node.optimizer_seconds == (("adamw", 2e-11, 1e-5), ("sgd", 3e-12, 2e-6))
+    assert result.node.unaligned_matmul == (("bf16", 0.2),)
     assert result.spec.startswith("2x8xH100") and any(n.startswith("calibrated:") for n in result.notes)
 
 
@@ -129,6 +130,9 @@ def test_round_trip_and_lookup_by_hardware(tmp_path: Path, monkeypatch: pytest.M
     calibration = _calibration(cluster, intra=LinkFit(5e-6, 200e9, ((1, 1e-5), (2, 2e-5))))
     calibration.save(calibration_path(calibration.hardware))
     assert Calibration.load(calibration_path(calibration.hardware)) == calibration
+    older = calibration.to_dict()
+    del older["unaligned_matmul"]  # a file from before it was measured: the cost model's estimate stands
+    assert Calibration.from_dict(older).unaligned_matmul == {}
     assert find_calibration(cluster) == calibration
     assert calibrated(cluster).device.peak_bf16 == 700e12
     assert find_calibration(Cluster.parse("4xA100-SXM4-80GB")) is None  # other hardware

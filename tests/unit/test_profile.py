@@ -233,3 +233,33 @@ def test_grouped_query_attention_counts_as_many_key_heads_as_query_heads():
         torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward))
     assert forward(query, grouped, grouped) == forward(query, full, full) == 2 * (2 * 2 * 8 * 16 * 16 * 32)
     assert backward(query, query, grouped, grouped) == backward(query, query, full, full) > 0
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+def test_gemms_with_rows_off_16_bytes_are_counted_apart(precision):
+    """A 97-token vocabulary puts the head's output rows (and its weight's, in the backward's
+    GEMMs) off 16 bytes in any dtype; 96 does not, and nothing else in the model is off."""
+    odd = profile_model(Toy(vocab=97), (_tokens(),), loss_fn=_ce, precision=precision)
+    head = 2 * 2 * 16 * 32 * 97  # tokens × the head's width × its vocabulary, 2 FLOPs each
+    assert (odd.head.fwd_unaligned_flops, odd.head.bwd_unaligned_flops) == (head, 2 * head)
+    assert all(s.fwd_unaligned_flops == s.bwd_unaligned_flops == 0 for s in (odd.embed, *odd.blocks))
+    even = profile_model(Toy(vocab=96), (_tokens(),), loss_fn=_ce, precision=precision)
+    assert all(s.fwd_unaligned_flops == s.bwd_unaligned_flops == 0 for s in even.segments)
+
+
+def test_parameter_sized_outputs_are_counted_apart_and_do_not_grow_with_the_batch():
+    """Under autocast a block's Linear weights and biases are cast to bf16 in forward (2 bytes
+    each) and their gradients back to fp32 in backward (4 bytes); the tied embedding's dense
+    gradient is table-sized. Twice the batch writes twice the other bytes (but the sums over the
+    batch that make the biases' gradients, bias-sized), the same of these."""
+    small, large = (profile_model(Toy(), (_tokens(b),), loss_fn=_ce, precision="bf16-mixed") for b in (2, 4))
+    block = Toy().layers[0]
+    linear = sum(p.numel() for m in (block.qkv, block.proj) for p in m.parameters())
+    assert (small.blocks[0].fwd_param_op_bytes, small.blocks[0].bwd_param_op_bytes) == (2 * linear, 4 * linear)
+    assert small.embed.bwd_param_op_bytes >= 97 * 32 * 4
+    for one, two in zip(small.segments, large.segments):
+        assert (one.fwd_param_op_bytes, one.bwd_param_op_bytes) == (two.fwd_param_op_bytes, two.bwd_param_op_bytes)
+        assert 2 * one.fwd_op_bytes == pytest.approx(two.fwd_op_bytes, rel=0.05)  # and the loss's scalars
+        assert 2 * one.bwd_op_bytes == pytest.approx(two.bwd_op_bytes, rel=0.05)
+    fp32 = profile_model(Toy(), (_tokens(),), loss_fn=_ce, precision="fp32")
+    assert all(s.fwd_param_op_bytes == 0 for s in fp32.segments)

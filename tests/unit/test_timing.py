@@ -141,7 +141,8 @@ def test_the_most_loaded_stage_holds_the_head():
                      plan=Plan(pp=4, microbatches=4))
     assert [s.name for s in step.stage.segments] == ["block", "block", "head"]
     stage_flops = 4 * 3 * 4 * 10**12  # 4 micro-batches × (fwd + bwd) × (2 blocks + head)
-    assert _time(Plan(pp=4, microbatches=4)).compute == pytest.approx(stage_flops / H100_ACHIEVED)
+    accumulation = 3 * 3 * 10**6 * 4 * step.seconds_per_op_byte  # 3 more micro-batches add 3e6 fp32 gradients
+    assert _time(Plan(pp=4, microbatches=4)).compute == pytest.approx(stage_flops / H100_ACHIEVED + accumulation)
 
 
 def test_tp_comm_is_four_all_reduces_per_block_and_microbatch():
@@ -367,3 +368,39 @@ def test_block_matmuls_run_at_the_calibrated_rate_for_their_size():
     assert timing.block_matmul_efficiency(profile, split, whole_model(profile), curve) == \
         pytest.approx((10e12 + 30e12 * math.log(side / 128) / math.log(8)) / 40e12)
     assert timing.block_matmul_efficiency(profile, Plan(precision="fp32"), whole_model(profile), []) == 1.0
+
+
+def test_gemms_with_unaligned_rows_run_at_their_share_of_the_rate():
+    """The head's 2e12 forward and 4e12 backward FLOPs all unaligned: 6e12 FLOPs take 1/0.18
+    times as long on a GPU (the catalog's share), or the calibrated share; on CPU ranks no longer."""
+    head = dataclasses.replace(TOY.head, fwd_unaligned_flops=2 * 10**12, bwd_unaligned_flops=4 * 10**12)
+    odd = dataclasses.replace(TOY, head=head)
+    extra = 6e12 * (1 / timing.UNALIGNED_MATMUL_FRACTION["gpu"] - 1) / H100_ACHIEVED
+    assert _time(Plan(), profile=odd).compute - _time(Plan()).compute == pytest.approx(extra)
+    measured = dataclasses.replace(H100, node=dataclasses.replace(H100.node, unaligned_matmul=(("bf16", 0.5),)))
+    assert _time(Plan(), profile=odd, cluster=measured).compute - _time(Plan(), cluster=measured).compute == \
+        pytest.approx(6e12 / H100_ACHIEVED)
+    cpu = Cluster.parse("2xcpu")
+    assert _time(Plan(), profile=odd, cluster=cpu).compute == pytest.approx(_time(Plan(), cluster=cpu).compute)
+
+
+def test_parameter_sized_bytes_do_not_grow_with_the_micro_batch_and_gradients_accumulate():
+    """Autocast's weight casts write as much for a micro-batch of 4 as of 1; each micro-batch
+    after the first adds its fp32 gradients to the ones before (FSDP2: its shard of them)."""
+    head = dataclasses.replace(TOY.head, fwd_param_op_bytes=10**9, bwd_param_op_bytes=2 * 10**9)
+    casts = dataclasses.replace(TOY, head=head)
+    step = rank_step(TOY, cluster=H100, workload=Workload(global_batch_size=1, seq_len=SEQ), plan=Plan())
+    for micro_batch in (1, 4):
+        plan = Plan(micro_batch_size=micro_batch, grad_accum=4 // micro_batch)
+        extra = _time(plan, profile=casts).compute - _time(plan).compute
+        assert extra == pytest.approx(plan.grad_accum * 3e9 * step.seconds_per_op_byte)
+    params = TOY.num_params
+    assert timing.estimate_grad_accumulation_seconds(step) == 0.0
+    accumulating = rank_step(TOY, cluster=H100, workload=Workload(global_batch_size=4, seq_len=SEQ),
+                             plan=Plan(grad_accum=4))
+    assert timing.estimate_grad_accumulation_seconds(accumulating) == pytest.approx(
+        3 * params * 4 * step.seconds_per_op_byte)
+    sharded = rank_step(TOY, cluster=H100, workload=Workload(global_batch_size=32, seq_len=SEQ),
+                        plan=Plan(grad_accum=4, dp_shard=8, zero=3, block_container="layers"))
+    assert timing.estimate_grad_accumulation_seconds(sharded) == pytest.approx(
+        3 * params / 8 * 4 * step.seconds_per_op_byte)

@@ -88,24 +88,28 @@ class _Benchmark:
     flops: float
 
 
-def _sustained_matmul(n: int, dtype: str, device: torch.device) -> tuple[_Benchmark, float]:
-    """``n×n @ n×n`` matmuls in ``dtype`` (2n³ FLOPs each) back to back for about
-    :data:`SUSTAINED_SECONDS` (the same count on every rank), so that every rank computes for the
-    whole run as in training (timed one matmul at a time, ranks that share cores measure
-    whichever the scheduler ran first, alone); and the slowest rank's seconds for one."""
+def _sustained_matmul(n: int, dtype: str, device: torch.device, *, width: int | None = None) -> tuple[_Benchmark, float]:
+    """``n×n @ n×width`` matmuls (``width`` n unless given) in ``dtype`` (2n²·width FLOPs each)
+    back to back for about :data:`SUSTAINED_SECONDS` (the same count on every rank), so that every
+    rank computes for the whole run as in training (timed one matmul at a time, ranks that share
+    cores measure whichever the scheduler ran first, alone); and the slowest rank's seconds for one."""
+    width = width or n
     a = torch.randn(n, n, device=device, dtype=_DTYPES[dtype])
-    b = torch.randn(n, n, device=device, dtype=_DTYPES[dtype])
+    b = torch.randn(n, width, device=device, dtype=_DTYPES[dtype])
     single = across_ranks(timed(lambda: a @ b, device, repeats=1))
     count = max(1, int(SUSTAINED_SECONDS / single))
-    return _Benchmark(lambda: [a @ b for _ in range(count)], 2 * n**3 * count), single
+    return _Benchmark(lambda: [a @ b for _ in range(count)], 2 * n * n * width * count), single
 
 
 @dataclass(frozen=True, slots=True)
 class ComputeRates:
-    """What :func:`compute_rates` measured: per dtype the (n, FLOP/s) of the matmul sizes run,
-    seconds per operator beyond FLOPs, and per byte written by operators without FLOPs."""
+    """What :func:`compute_rates` measured: per dtype the (n, FLOP/s) of the matmul sizes run and
+    the share of the largest one's rate that the same matmul one column narrower reaches (its
+    rows off 16 bytes: cuBLAS's unaligned kernels), seconds per operator beyond FLOPs, and per
+    byte written by operators without FLOPs."""
 
     matmul: dict[str, list[tuple[int, float]]]
+    unaligned: dict[str, float]
     op_seconds: float
     op_byte_seconds: float
 
@@ -118,6 +122,7 @@ def compute_rates(sizes: Sequence[int], dtypes: Sequence[str], device: torch.dev
     matmuls at the rates measured in the same rounds. A size whose single matmul would take
     longer than :data:`BUDGET_SECONDS` (predicted from the size below it) is skipped."""
     benchmarks: dict[tuple[str, int], _Benchmark] = {}
+    narrower: dict[str, _Benchmark] = {}
     for dtype in dtypes:
         single, previous = 0.0, 1
         for n in sizes:
@@ -125,15 +130,24 @@ def compute_rates(sizes: Sequence[int], dtypes: Sequence[str], device: torch.dev
                 break  # the same on every rank: ``single`` is the slowest rank's
             benchmarks[dtype, n], single = _sustained_matmul(n, dtype, device)
             previous = n
-    ops = _reference_step(REFERENCE_MODEL, 1, 32, device)
-    data = _reference_step(*BYTES_REFERENCE["cuda" if device.type == "cuda" else "cpu"], device)
-    seconds = interleaved([b.run for b in benchmarks.values()] + [ops.run, data.run], device, repeats=repeats)
+        narrower[dtype], _ = _sustained_matmul(previous, dtype, device, width=previous - 1)
+    ops = _reference_step(REFERENCE_MODEL, 1, 32, "fp32", device)
+    model, batch, tokens, precision = BYTES_REFERENCE[device.type if device.type == "cuda" else "cpu"]
+    dtype = "bf16" if precision == "bf16-mixed" else "fp32"
+    if dtype not in dtypes:  # a GPU without bf16
+        precision, dtype = "fp32", "fp32"
+    data = _reference_step(model, batch, tokens, precision, device)
+    runs = [*benchmarks.values(), *narrower.values()]
+    *seconds, ops_seconds, data_seconds = interleaved([b.run for b in runs] + [ops.run, data.run], device,
+                                                      repeats=repeats)
+    rates = [benchmark.flops / took for benchmark, took in zip(runs, seconds)]
     matmul: dict[str, list[tuple[int, float]]] = {}
-    for ((dtype, n), benchmark), took in zip(benchmarks.items(), seconds):
-        matmul.setdefault(dtype, []).append((n, benchmark.flops / took))
-    per_op = op_seconds(seconds[-2] / ops.runs, ops.profile, max(matmul["fp32"])[1])
-    per_byte = op_byte_seconds(seconds[-1] / data.runs, data.profile, data.batch, matmul["fp32"], per_op)
-    return ComputeRates(matmul, per_op, per_byte)
+    for (dtype, n), rate in zip(benchmarks, rates):
+        matmul.setdefault(dtype, []).append((n, rate))
+    unaligned = {dtype: min(1.0, rate / max(matmul[dtype])[1]) for dtype, rate in zip(narrower, rates[len(benchmarks):])}
+    per_op = op_seconds(ops_seconds / ops.runs, ops.profile, max(matmul["fp32"])[1])
+    per_byte = op_byte_seconds(data_seconds / data.runs, data.profile, data.batch, matmul[dtype], per_op)
+    return ComputeRates(matmul, unaligned, per_op, per_byte)
 
 
 def memory_bandwidth(num_bytes: int, device: torch.device, *, repeats: int) -> float:
@@ -245,10 +259,12 @@ REFERENCE_MODEL = "gpt2-tiny"
 width 64: layer norms, GELU, attention and embeddings at tensor sizes where launching an
 operator costs more than its arithmetic)."""
 
-BYTES_REFERENCE = {"cpu": ("llama-small", 2, 128), "cuda": ("llama-small", 64, 512)}
-"""(model, batch, tokens) whose training step measures the cost per byte that operators without
-FLOPs write, per device type: a Llama at a size where those bytes, not launching operators,
-take the time beyond its matmuls."""
+BYTES_REFERENCE = {"cpu": ("llama-small", 2, 128, "fp32"), "cuda": ("llama-small", 64, 512, "bf16-mixed")}
+"""(model, batch, tokens, precision) whose training step measures the cost per byte that operators
+without FLOPs write, per device type: a Llama at a size where those bytes, not launching
+operators, take the time beyond its matmuls. On GPUs in bf16-mixed, as they train: in fp32 the
+matmuls take most of the step, and what is left beside them is too small a difference to
+measure the bytes by (it came out at a half to a third of their cost on an H200)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,21 +277,25 @@ class _ReferenceStep:
     batch: int
 
 
-def _reference_step(model: str, batch: int, seq_len: int, device: torch.device) -> _ReferenceStep:
-    """Forward and backward of ``model`` on ``batch`` sequences of ``seq_len`` tokens (ten at a
-    time for a step of at most 64 tokens), and its profile (taken at one sequence)."""
+def _reference_step(model: str, batch: int, seq_len: int, precision: str, device: torch.device) -> _ReferenceStep:
+    """Forward and backward of ``model`` in ``precision`` (``fp32``, or ``bf16-mixed``: under
+    autocast) on ``batch`` sequences of ``seq_len`` tokens (ten at a time for a step of at most
+    64 tokens), and its profile (taken at one sequence)."""
     from stratagem.advisor.profiles import profile_spec
     from stratagem.models import PRESETS
 
-    profile = profile_spec(model, seq_len=seq_len, precision="fp32")
+    profile = profile_spec(model, seq_len=seq_len, precision=precision)
     preset = PRESETS[model]
     inputs, targets = preset.make_batch(batch, seq_len)
     inputs, targets = tuple(t.to(device) for t in inputs), targets.to(device)
     with torch.device(device):
         module = preset.build()
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16-mixed")
 
     def step() -> None:
-        preset.loss(module(*inputs), targets).backward()
+        with autocast:
+            loss = preset.loss(module(*inputs), targets)
+        loss.backward()
         module.zero_grad(set_to_none=True)
 
     runs = 10 if batch * seq_len <= 64 else 1
@@ -311,12 +331,15 @@ def op_byte_seconds(step_seconds: float, profile: ModelProfile, batch: int, curv
 
     scale = batch / profile.batch_size
     stage = whole_model(profile)
-    efficiency = block_matmul_efficiency(profile, Plan(micro_batch_size=batch, precision="fp32"), stage, curve)
+    efficiency = block_matmul_efficiency(profile, Plan(micro_batch_size=batch, precision=profile.precision), stage,
+                                         curve)
     blocks = scale * sum(stage.block_sums[f] for f in ("fwd_flops", "bwd_flops"))
     other = scale * _total(profile, "fwd_flops", "bwd_flops") - blocks
     matmuls = (blocks / efficiency + other) / curve[-1][1]
     ops = _total(profile, "fwd_ops", "bwd_ops")
-    return max(step_seconds - matmuls - ops * per_op, 0.0) / (scale * _total(profile, "fwd_op_bytes", "bwd_op_bytes"))
+    written = scale * _total(profile, "fwd_op_bytes", "bwd_op_bytes") + _total(profile, "fwd_param_op_bytes",
+                                                                              "bwd_param_op_bytes")
+    return max(step_seconds - matmuls - ops * per_op, 0.0) / written
 
 
 def dtensor_op_seconds(device: torch.device, *, repeats: int) -> float:

@@ -80,7 +80,8 @@ class Calibration:
     ``matmul``: per dtype, (n, FLOP/s) for square n×n matmuls, each rank running at once (the
     largest n is the rate the cost model uses). ``memory_bandwidth``: bytes/s of a large copy.
     ``links``: per scope (``"intra"`` inside a node, ``"inter"`` across nodes) per collective per
-    group size, the fit. ``overlap``: the fraction of an all-reduce hidden under concurrent matmuls.
+    group size, the fit. ``unaligned_matmul``: per dtype, the share of the largest matmul's rate
+    that one with a matrix's rows off 16 bytes reaches (one column narrower). ``overlap``: the fraction of an all-reduce hidden under concurrent matmuls.
     ``op_seconds``: host seconds per operator of a small model's training step beyond its matmul
     FLOPs; ``op_byte_seconds``: seconds per byte written by operators without FLOPs, beyond
     those and the matmuls, in a larger model's step; ``dtensor_op_seconds``: per operator of an
@@ -107,6 +108,7 @@ class Calibration:
     created: str
     version: int = FORMAT_VERSION
     notes: tuple[str, ...] = field(default=())
+    unaligned_matmul: dict[str, float] = field(default_factory=dict)
 
     def matmul_rate(self, dtype: str) -> float | None:
         """FLOP/s of the largest measured matmul in ``dtype``, or None when not measured."""
@@ -125,7 +127,8 @@ class Calibration:
         what collectives reach), how much communication hides under compute, the host seconds per
         operator and per byte its operators without FLOPs write, the optimizers' steps, the wait
         of a collective after compute, and the framework's memory. The
-        matmul rates of every size measured go along (``NodeSpec.matmul_curve``). A note says so."""
+        matmul rates of every size measured go along (``NodeSpec.matmul_curve``), and the share
+        of them unaligned GEMMs reach (``NodeSpec.unaligned_matmul``). A note says so."""
         node = cluster.node
         measured = {f"peak_{dtype}": rate for dtype in ("fp32", "tf32", "bf16", "fp16")
                     if (rate := self.matmul_rate(dtype)) is not None}
@@ -149,6 +152,7 @@ class Calibration:
                                    collectives=collectives, op_seconds=self.op_seconds,
                                    matmul_curve=tuple((dtype, n, rate) for dtype, points in self.matmul.items()
                                                       for n, rate in points),
+                                   unaligned_matmul=tuple(self.unaligned_matmul.items()),
                                    op_byte_seconds=self.op_byte_seconds,
                                    dtensor_op_seconds=self.dtensor_op_seconds,
                                    optimizer_seconds=tuple((name, *costs) for name, costs

@@ -178,6 +178,7 @@ def _measure(cluster: Cluster, device: torch.device, settings: Settings, dtypes:
     return Calibration(
         hardware=hardware_key(cluster), backend=dist.get_backend(), world_size=dist.get_world_size(),
         matmul={dtype: tuple(points) for dtype, points in compute.matmul.items()}, memory_bandwidth=bandwidth,
+        unaligned_matmul=compute.unaligned,
         links=links, overlap=overlap, op_seconds=compute.op_seconds,
         op_byte_seconds=compute.op_byte_seconds,
         dtensor_op_seconds=per_dtensor_op, optimizer_seconds=optimizers, sync_seconds=sync, framework_bytes=framework,

@@ -165,6 +165,9 @@ class NodeSpec:
     # Measured (dtype, n, FLOP/s) of n×n matmuls: how a rank's rate falls with a GEMM's size
     # (``stratagem calibrate``); () leaves every GEMM at the device's peak.
     matmul_curve: tuple[tuple[str, int, float], ...] = ()
+    # Measured (dtype, share of the aligned rate) of GEMMs whose matrices' leading dimensions are
+    # not multiples of 16 bytes (``stratagem calibrate``); () takes the cost model's estimate.
+    unaligned_matmul: tuple[tuple[str, float], ...] = ()
     op_seconds: float | None = None  # measured host seconds per operator of a small model's step
     op_byte_seconds: float | None = None  # measured seconds per byte written by operators without FLOPs
     dtensor_op_seconds: float | None = None  # per optimizer operator on DTensor parameters
@@ -191,6 +194,7 @@ class NodeSpec:
             comm_overlap=data.get("comm_overlap"),
             collectives=tuple(tuple(c) for c in data.get("collectives", ())),
             matmul_curve=tuple(tuple(c) for c in data.get("matmul_curve", ())),
+            unaligned_matmul=tuple(tuple(c) for c in data.get("unaligned_matmul", ())),
             op_seconds=data.get("op_seconds"),
             op_byte_seconds=data.get("op_byte_seconds"),
             dtensor_op_seconds=data.get("dtensor_op_seconds"),
