@@ -3,7 +3,8 @@ terms one by one: forward, backward and optimizer time (device-synchronised), th
 of the kernels by the kind of ATen operator that launched them (GEMMs, attention, the
 optimizer's multi-tensor operators, everything else: elementwise, norms, reductions, copies; the
 largest of those by name) and the peak memory after the forward and over the step;
-then the rate of a GEMM whose widths are multiples of 8 against one whose output width is not.
+for language models, the memory their forward and loss hold step by step; then the rate of a
+GEMM whose widths are multiples of 8 against one whose output width is not.
 
     python bench/gpu_phases.py [PRESET:MICRO_BATCH[:GRAD_ACCUM][:SEQ_LEN] ...]
 
@@ -140,11 +141,47 @@ def gemm_alignment(device: torch.device) -> None:
         print(f"  GEMM {rows}x768x{width} TFLOP/s: " + ", ".join(rates))
 
 
+def loss_memory(spec: str, device: torch.device) -> None:
+    """CUDA: the memory a language model's forward and loss hold, step by step (GiB above the
+    model and its optimizer states): the logits, their fp32 copy, cross-entropy, and the peaks."""
+    if device.type != "cuda":
+        return
+    name, micro, _, seq = (spec.split(":") + ["", "", ""])[:4]
+    preset = get_preset(name)
+    (tokens,), targets = preset.make_batch(int(micro), int(seq) if seq else None, device=device)
+    with torch.device(device):
+        model = preset.build()
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    marks = []
+
+    def mark(label: str) -> None:
+        torch.cuda.synchronize(device)
+        marks.append(f"{label} {(torch.cuda.memory_allocated(device) - base) / 2**30:.2f} "
+                     f"(peak {(torch.cuda.max_memory_allocated(device) - base) / 2**30:.2f})")
+
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = model(tokens)
+        mark("logits")
+        wide = logits.flatten(0, -2).float()
+        mark("fp32 copy")
+        loss = torch.nn.functional.cross_entropy(wide, targets.flatten())
+        mark("cross-entropy")
+    del wide
+    mark("copy freed")
+    loss.backward()
+    mark("backward")
+    print(f"  {spec} forward and loss, GiB live: " + ", ".join(marks))
+
+
 def main(specs: list[str]) -> None:
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     specs = specs or ["gpt2:16::1024", "vit-b-16:128", "llama-2-7b:1:4:2048"]
     for spec in specs:
         run_case(spec, device)
+        if get_preset(spec.split(":")[0]).input_kind == "tokens":
+            loss_memory(spec, device)
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the case's model and optimizer went with it
     gemm_alignment(device)

@@ -11,12 +11,12 @@ The segments are the model's blocks plus ``embed`` (whatever runs before the fir
   apart (they scale with parameters, not with the batch);
 * which non-block parameters it is the first to use;
 * the operators it dispatches in forward and in backward (each costs host time to launch,
-  whatever its size: what a step of small kernels spends), and the bytes written by those
-  without a FLOP formula (norms, activations, softmax, elementwise arithmetic, copies: their
-  time grows with the bytes they stream, not with FLOPs); views write nothing. Those whose
-  outputs are parameter-sized are counted apart, as they write as much at any batch size:
-  autocast's casts of parameters, the backward's casts of their gradients, an embedding's
-  dense gradient;
+  whatever its size: what a step of small kernels spends), and the bytes read and written by
+  those without a FLOP formula (norms, activations, softmax, reductions, elementwise
+  arithmetic, copies: their time grows with the bytes they move through memory, not with
+  FLOPs); views move nothing. Those of parameter-sized outputs are counted apart, as they move
+  as much at any batch size: autocast's casts of parameters, the backward's casts of their
+  gradients, an embedding's dense gradient;
 * the FLOPs of GEMMs whose matrices' rows do not start on 16-byte boundaries (a leading
   dimension, such as GPT-2's 50,257-token vocabulary, that is not a multiple of 8 half-precision
   or 4 single-precision elements): cuBLAS runs them with its slower unaligned kernels;
@@ -65,6 +65,8 @@ _UNCOUNTED_OPS = {torch.ops.prim.device, aten.detach}
 _CAST_OPS = {aten._to_copy}
 # Ops whose output is a parameter's gradient at any batch size (an embedding's is dense).
 _PARAMETER_SIZED_OPS = {aten.embedding_dense_backward}
+# Ops that read only the elements they gather from an input (a table, log-probabilities).
+_GATHER_OPS = {aten.embedding, aten.index_select, aten.gather, aten.index, aten.nll_loss_forward}
 # Matrix products whose matrices' leading dimensions decide which GEMM kernels run.
 _GEMM_OPS = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm}
 # The row alignment cuBLAS's fastest (vectorised, tensor-core) kernels need: 16 bytes.
@@ -146,14 +148,18 @@ def unaligned_gemm(args: Any, out: Any) -> bool:
     return False
 
 
-def _bytes_written(func_packet: Any, out: Any, args: Any) -> int:
-    """Bytes of the tensors an operator outputs, none for a view (an output sharing an input's
+def _written(func_packet: Any, out: Any, args: Any) -> list[torch.Tensor]:
+    """The tensors an operator writes: its outputs, but views (an output sharing an input's
     storage, the in-place ops, whose names end in ``_``, excepted: they write it)."""
     outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
     if not func_packet.__name__.endswith("_"):
         inputs = {StorageWeakRef(t.untyped_storage()) for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)}
         outputs = [t for t in outputs if StorageWeakRef(t.untyped_storage()) not in inputs]
-    return sum(t.numel() * t.element_size() for t in outputs)
+    return outputs
+
+
+def _nbytes(tensors: list[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 class _CostCounter(FlopCounterMode):
@@ -197,16 +203,15 @@ class _CostCounter(FlopCounterMode):
         counts = self._record.segments[seg]
         formula = self.flop_registry.get(func_packet)
         if func_packet not in _UNCOUNTED_OPS:
-            written = 0 if formula is not None else _bytes_written(func_packet, out, args)
-            sized = formula is None and self._parameter_sized(func_packet, args, out)
+            batch, sized = (0, 0) if formula is not None else self._bytes_moved(func_packet, args, out)
             if self.mod_tracker.is_bw:
                 counts.bwd_ops += 1
-                counts.bwd_param_op_bytes += written if sized else 0
-                counts.bwd_op_bytes += 0 if sized else written
+                counts.bwd_op_bytes += batch
+                counts.bwd_param_op_bytes += sized
             else:
                 counts.fwd_ops += 1
-                counts.fwd_param_op_bytes += written if sized else 0
-                counts.fwd_op_bytes += 0 if sized else written
+                counts.fwd_op_bytes += batch
+                counts.fwd_param_op_bytes += sized
         if formula is not None:
             flops = formula(*args, **kwargs, out_val=out)
             unaligned = flops if func_packet in _GEMM_OPS and unaligned_gemm(args, out) else 0
@@ -220,6 +225,20 @@ class _CostCounter(FlopCounterMode):
                     counts.attention_fwd_flops += flops
         self._track_provenance(func_packet, out, args, seg)
         return out
+
+    def _bytes_moved(self, func_packet: Any, args: Any, out: Any) -> tuple[int, int]:
+        """Bytes an operator without FLOPs reads and writes (none for a view; a gather reads what
+        it writes, not its whole input), as (those that grow with the batch, the parameter-sized
+        ones: the outputs of :meth:`_parameter_sized` operators and their inputs of that shape)."""
+        written = _written(func_packet, out, args)
+        if not written:
+            return 0, 0
+        read = written if func_packet in _GATHER_OPS else [
+            t for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)]
+        if not self._parameter_sized(func_packet, args, out):
+            return _nbytes(read) + _nbytes(written), 0
+        alike = [t for t in read if t.shape == written[0].shape]
+        return _nbytes(read) - _nbytes(alike), _nbytes(alike) + _nbytes(written)
 
     def _parameter_sized(self, func_packet: Any, args: Any, out: Any) -> bool:
         """Whether an operator writes as much at any batch size: an embedding's dense gradient;

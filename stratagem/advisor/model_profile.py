@@ -47,11 +47,11 @@ class SegmentProfile:
     num_tensors: int = 0  # parameter tensors (what a per-tensor optimizer loops over)
     fwd_ops: int = 0  # operators dispatched in forward
     bwd_ops: int = 0  # operators dispatched in backward
-    fwd_op_bytes: int = 0  # bytes written in forward by operators without FLOPs (norms, elementwise)
+    fwd_op_bytes: int = 0  # bytes read and written in forward by operators without FLOPs (norms, elementwise)
     bwd_op_bytes: int = 0  # the same in backward
     fwd_unaligned_flops: int = 0  # of fwd_flops, GEMMs with a leading dimension off 16 bytes (slow kernels)
     bwd_unaligned_flops: int = 0  # of bwd_flops, the same
-    fwd_param_op_bytes: int = 0  # written in forward as parameter-sized outputs (autocast's weight casts), at any batch
+    fwd_param_op_bytes: int = 0  # moved by parameter-sized ops (autocast's weight casts), as many at any batch; apart
     bwd_param_op_bytes: int = 0  # the same in backward (gradient casts, embedding gradients); not in *_op_bytes
     linears: tuple[LinearLayer, ...] = ()
     measured_as: str | None = None  # identical block whose measurement this one reuses

@@ -35,7 +35,7 @@ from stratagem.errors import UsageError
 
 # Fraction of the dense peak that profiled FLOPs (matmuls, attention) run at, by device kind.
 # GPU: dense bf16 GEMMs at transformer shapes reach 60-75 % of peak, attention kernels less;
-# norms, softmax and elementwise ops are costed apart, by the bytes they write (OP_BYTE_PASSES).
+# norms, softmax and elementwise ops are costed apart, by the bytes they move (seconds_per_op_byte).
 # The whole step: Megatron-LM reaches 52 % MFU on A100 (Narayanan et al. 2021, Table 1), Llama 3
 # 405B 38-43 % on H100 (HARDWARE_FACTS.md). Estimate. CPU: the catalog's per-core figure is
 # already an achieved rate ("about half reached"), so 1.0. A calibrated rate is achieved already
@@ -62,8 +62,8 @@ DP_OVERLAP_EFFICIENCY = 0.8
 # all-reduce starts only when backward ends, so it cannot hide.
 DDP_BUCKET_BYTES = 25 * 2**20
 
-# Fraction of peak memory bandwidth a streaming optimizer kernel reaches (foreach/fused
-# multi-tensor kernels over many tensors). Estimate.
+# Fraction of peak memory bandwidth a streaming kernel reaches (foreach/fused multi-tensor
+# optimizer kernels over many tensors, elementwise operators). Estimate.
 MEMORY_BANDWIDTH_EFFICIENCY = 0.7
 
 # Tensor reads + writes per parameter in one optimizer step as torch.optim runs it by default
@@ -105,12 +105,6 @@ DTENSOR_OPS_PER_TP_LINEAR = 12
 # not per tensor.
 OPTIMIZER_OPS_PER_TENSOR = {"adamw": 10, "sgd": 3}
 
-# Memory traffic per byte written by an operator without FLOPs (norms, activations, softmax,
-# elementwise arithmetic): it reads about as much as it writes (a unary op one input, a binary op
-# two, a norm its input and weight). Estimate, costed at the device's memory bandwidth (roofline,
-# Williams et al. 2009); calibration measures seconds per byte instead (NodeSpec.op_byte_seconds).
-OP_BYTE_PASSES = 2
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RankStep:
@@ -120,8 +114,8 @@ class RankStep:
     sit) and their sums; ``flops_per_second`` is the rank's achievable FLOP/s,
     ``block_matmul_efficiency`` the share of it the blocks' matmuls reach at their sizes
     (:func:`block_matmul_efficiency`), ``unaligned_matmul_fraction`` the share of it GEMMs
-    with unaligned matrices reach, ``seconds_per_op_byte`` what each byte written by operators
-    without FLOPs costs."""
+    with unaligned matrices reach, ``seconds_per_op_byte`` what each byte operators without
+    FLOPs read or write costs."""
 
     profile: ModelProfile
     cluster: Cluster
@@ -187,8 +181,8 @@ class RankStep:
     def pass_seconds(self, direction: str, *, blocks_only: bool = False) -> float:
         """Seconds of one micro-batch's forward (``"fwd"``) or backward (``"bwd"``) over the stage
         (or its blocks only) on one TP rank: its FLOPs at the achievable rate and the bytes its
-        operators without FLOPs write, at :attr:`seconds_per_op_byte` (those writing
-        parameter-sized outputs, autocast's weight casts, as many at any micro-batch size). The blocks' FLOPs run at
+        operators without FLOPs move, at :attr:`seconds_per_op_byte` (those of parameter-sized
+        outputs, autocast's weight casts, as many at any micro-batch size). The blocks' FLOPs run at
         :attr:`block_matmul_efficiency` of the rate, the embedding's and head's at all of it, and
         the GEMMs with unaligned matrices at :attr:`unaligned_matmul_fraction` of either."""
         flops = f"{direction}_flops"
@@ -328,13 +322,13 @@ def _interpolated_rate(curve: list[tuple[int, float]], n: float) -> float:
 
 
 def seconds_per_op_byte(cluster: Cluster) -> float:
-    """Seconds each byte written by an operator without FLOPs costs: as calibrated
-    (``NodeSpec.op_byte_seconds``), else :data:`OP_BYTE_PASSES` bytes moved at the device's
-    memory bandwidth × :data:`MEMORY_BANDWIDTH_EFFICIENCY`."""
+    """Seconds each byte an operator without FLOPs reads or writes costs: as calibrated
+    (``NodeSpec.op_byte_seconds``), else at the device's memory bandwidth ×
+    :data:`MEMORY_BANDWIDTH_EFFICIENCY` (roofline, Williams et al. 2009)."""
     measured = cluster.node.op_byte_seconds
     if measured is not None:
         return measured
-    return OP_BYTE_PASSES / (cluster.device.memory_bandwidth * MEMORY_BANDWIDTH_EFFICIENCY)
+    return 1 / (cluster.device.memory_bandwidth * MEMORY_BANDWIDTH_EFFICIENCY)
 
 
 # -- compute ----------------------------------------------------------------------------------
@@ -355,16 +349,16 @@ def estimate_compute_seconds(step: RankStep) -> float:
 def estimate_grad_accumulation_seconds(step: RankStep) -> float:
     """Adding each micro-batch's gradients to those of the ones before, seconds: autograd adds
     into ``.grad`` in place after the first (the profile ran one micro-batch, which only stores
-    them), in the parameter dtype, at the rank's cost per byte written. FSDP2 (zero 2/3) adds
-    its reduced shards."""
+    them), in the parameter dtype: two read and one written per gradient, at the rank's cost per
+    byte moved. FSDP2 (zero 2/3) adds its reduced shards."""
     plan = step.plan
     grads = step.params_per_rank / (plan.dp_shard if plan.zero >= 2 else 1)
-    return (step.num_microbatches - 1) * grads * step.precision.param_bytes * step.seconds_per_op_byte
+    return (step.num_microbatches - 1) * 3 * grads * step.precision.param_bytes * step.seconds_per_op_byte
 
 
 def estimate_dp_copy_seconds(step: RankStep) -> float:
     """The data-parallel runtime's copies around its collectives, seconds: compute's (they run on
-    its stream or core), at the rank's cost per byte written
+    its stream or core), each byte copied read and written at the rank's cost per byte moved
     (:attr:`RankStep.seconds_per_op_byte`). DDP copies every gradient into its buckets and back
     after the all-reduce (``gradient_as_bucket_view=False``, the plugins' default); FSDP2 copies a
     unit's shard into the all-gather's input and the gathered unit out into the parameters, in
@@ -375,12 +369,12 @@ def estimate_dp_copy_seconds(step: RankStep) -> float:
         return 0.0
     params, prec = step.params_per_rank, step.precision
     if plan.zero <= 1:
-        written = 2 * params * prec.param_bytes
+        copied = 2 * params * prec.param_bytes
     else:
         gathers = 2 * step.num_microbatches if plan.zero == 3 else 1
-        written = (gathers * params * prec.compute_bytes * (1 + 1 / plan.dp_shard)
-                   + step.num_reductions * params * prec.param_bytes)
-    return written * step.seconds_per_op_byte
+        copied = (gathers * params * prec.compute_bytes * (1 + 1 / plan.dp_shard)
+                  + step.num_reductions * params * prec.param_bytes)
+    return 2 * copied * step.seconds_per_op_byte
 
 
 def estimate_recompute_seconds(step: RankStep) -> float:

@@ -86,7 +86,7 @@ def calibration_table(calibration: Calibration) -> Table:
     if calibration.op_seconds is not None:
         table.add_row("host time per operator", format_seconds(calibration.op_seconds))
     if calibration.op_byte_seconds is not None:
-        table.add_row("… per MiB written without FLOPs", format_seconds(calibration.op_byte_seconds * 2**20))
+        table.add_row("… per MiB moved without FLOPs", format_seconds(calibration.op_byte_seconds * 2**20))
     if calibration.dtensor_op_seconds is not None:
         table.add_row("… per optimizer operator on DTensors", format_seconds(calibration.dtensor_op_seconds))
     for name, (per_param, per_tensor) in (calibration.optimizer_seconds or {}).items():

@@ -105,21 +105,21 @@ def _sustained_matmul(n: int, dtype: str, device: torch.device, *, width: int | 
 class ComputeRates:
     """What :func:`compute_rates` measured: per dtype the (n, FLOP/s) of the matmul sizes run and
     the share of the largest one's rate that the same matmul one column narrower reaches (its
-    rows off 16 bytes: cuBLAS's unaligned kernels), seconds per operator beyond FLOPs, and per
-    byte written by operators without FLOPs."""
+    rows off 16 bytes: cuBLAS's unaligned kernels), seconds per operator beyond FLOPs, and (on
+    CPU ranks: :data:`BYTES_REFERENCE`) per byte operators without FLOPs move."""
 
     matmul: dict[str, list[tuple[int, float]]]
     unaligned: dict[str, float]
     op_seconds: float
-    op_byte_seconds: float
+    op_byte_seconds: float | None
 
 
 def compute_rates(sizes: Sequence[int], dtypes: Sequence[str], device: torch.device, *,
                   repeats: int) -> ComputeRates:
     """Sustained square matmuls of each of ``sizes`` in each of ``dtypes`` and the training steps
     of the two reference models (:func:`op_seconds`, :func:`op_byte_seconds`), all timed
-    :func:`interleaved`. The per-operator and per-byte costs are what the steps take beyond their
-    matmuls at the rates measured in the same rounds. A size whose single matmul would take
+    :func:`interleaved` (the second on CPU ranks only). The per-operator and per-byte costs are
+    what the steps take beyond their matmuls at the rates measured in the same rounds. A size whose single matmul would take
     longer than :data:`BUDGET_SECONDS` (predicted from the size below it) is skipped."""
     benchmarks: dict[tuple[str, int], _Benchmark] = {}
     narrower: dict[str, _Benchmark] = {}
@@ -131,22 +131,18 @@ def compute_rates(sizes: Sequence[int], dtypes: Sequence[str], device: torch.dev
             benchmarks[dtype, n], single = _sustained_matmul(n, dtype, device)
             previous = n
         narrower[dtype], _ = _sustained_matmul(previous, dtype, device, width=previous - 1)
-    ops = _reference_step(REFERENCE_MODEL, 1, 32, "fp32", device)
-    model, batch, tokens, precision = BYTES_REFERENCE[device.type if device.type == "cuda" else "cpu"]
-    dtype = "bf16" if precision == "bf16-mixed" else "fp32"
-    if dtype not in dtypes:  # a GPU without bf16
-        precision, dtype = "fp32", "fp32"
-    data = _reference_step(model, batch, tokens, precision, device)
-    runs = [*benchmarks.values(), *narrower.values()]
-    *seconds, ops_seconds, data_seconds = interleaved([b.run for b in runs] + [ops.run, data.run], device,
-                                                      repeats=repeats)
+    ops = _reference_step(REFERENCE_MODEL, 1, 32, device)
+    data = _reference_step(*BYTES_REFERENCE, device) if device.type == "cpu" else None
+    runs = [*benchmarks.values(), *narrower.values(), ops, *([data] if data else [])]
+    seconds = interleaved([b.run for b in runs], device, repeats=repeats)
+    ops_seconds, data_seconds = seconds[len(benchmarks) + len(narrower)], seconds[-1]
     rates = [benchmark.flops / took for benchmark, took in zip(runs, seconds)]
     matmul: dict[str, list[tuple[int, float]]] = {}
     for (dtype, n), rate in zip(benchmarks, rates):
         matmul.setdefault(dtype, []).append((n, rate))
     unaligned = {dtype: min(1.0, rate / max(matmul[dtype])[1]) for dtype, rate in zip(narrower, rates[len(benchmarks):])}
     per_op = op_seconds(ops_seconds / ops.runs, ops.profile, max(matmul["fp32"])[1])
-    per_byte = op_byte_seconds(data_seconds / data.runs, data.profile, data.batch, matmul[dtype], per_op)
+    per_byte = data and op_byte_seconds(data_seconds / data.runs, data.profile, data.batch, matmul["fp32"], per_op)
     return ComputeRates(matmul, unaligned, per_op, per_byte)
 
 
@@ -259,12 +255,13 @@ REFERENCE_MODEL = "gpt2-tiny"
 width 64: layer norms, GELU, attention and embeddings at tensor sizes where launching an
 operator costs more than its arithmetic)."""
 
-BYTES_REFERENCE = {"cpu": ("llama-small", 2, 128, "fp32"), "cuda": ("llama-small", 64, 512, "bf16-mixed")}
-"""(model, batch, tokens, precision) whose training step measures the cost per byte that operators
-without FLOPs write, per device type: a Llama at a size where those bytes, not launching
-operators, take the time beyond its matmuls. On GPUs in bf16-mixed, as they train: in fp32 the
-matmuls take most of the step, and what is left beside them is too small a difference to
-measure the bytes by (it came out at a half to a third of their cost on an H200)."""
+BYTES_REFERENCE = ("llama-small", 2, 128)
+"""(model, batch, tokens) whose training step measures, on CPU ranks, the cost per byte that
+operators without FLOPs move: a Llama at a size where those bytes, not launching operators,
+take the time beyond its matmuls. Not on GPUs, whose host launches operators while the device
+runs the ones before: what a step takes beyond its matmuls is then not the sum of its parts (on
+an H200 it came out at a third of the bytes' cost in fp32 and at nothing in bf16-mixed); the
+copy's bandwidth prices their bytes there."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,25 +274,21 @@ class _ReferenceStep:
     batch: int
 
 
-def _reference_step(model: str, batch: int, seq_len: int, precision: str, device: torch.device) -> _ReferenceStep:
-    """Forward and backward of ``model`` in ``precision`` (``fp32``, or ``bf16-mixed``: under
-    autocast) on ``batch`` sequences of ``seq_len`` tokens (ten at a time for a step of at most
-    64 tokens), and its profile (taken at one sequence)."""
+def _reference_step(model: str, batch: int, seq_len: int, device: torch.device) -> _ReferenceStep:
+    """Forward and backward of ``model`` on ``batch`` sequences of ``seq_len`` tokens (ten at a
+    time for a step of at most 64 tokens), and its profile (taken at one sequence)."""
     from stratagem.advisor.profiles import profile_spec
     from stratagem.models import PRESETS
 
-    profile = profile_spec(model, seq_len=seq_len, precision=precision)
+    profile = profile_spec(model, seq_len=seq_len, precision="fp32")
     preset = PRESETS[model]
     inputs, targets = preset.make_batch(batch, seq_len)
     inputs, targets = tuple(t.to(device) for t in inputs), targets.to(device)
     with torch.device(device):
         module = preset.build()
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16-mixed")
 
     def step() -> None:
-        with autocast:
-            loss = preset.loss(module(*inputs), targets)
-        loss.backward()
+        preset.loss(module(*inputs), targets).backward()
         module.zero_grad(set_to_none=True)
 
     runs = 10 if batch * seq_len <= 64 else 1
@@ -318,28 +311,27 @@ def op_seconds(step_seconds: float, profile: ModelProfile, flops_per_second: flo
 
 def op_byte_seconds(step_seconds: float, profile: ModelProfile, batch: int, curve: list[tuple[int, float]],
                     per_op: float) -> float:
-    """Seconds per byte written by operators without FLOPs (norms, activations, softmax,
-    elementwise arithmetic): ``step_seconds`` of forward and backward of :data:`BYTES_REFERENCE` on
-    ``batch`` sequences beyond its matmuls (at the measured ``curve``'s rates for their sizes, as
-    the cost model runs them: :func:`~stratagem.advisor.timing.block_matmul_efficiency`) and its
-    operators at ``per_op`` seconds each, over the bytes its profile counts them writing (the
-    count the cost model multiplies by). What the curve misses of the model's own matmuls lands
-    here too."""
+    """Seconds per byte operators without FLOPs (norms, activations, softmax, reductions,
+    elementwise arithmetic) read or write: ``step_seconds`` of forward and backward of
+    :data:`BYTES_REFERENCE` on ``batch`` sequences beyond its matmuls (at the measured ``curve``'s
+    rates for their sizes, as the cost model runs them:
+    :func:`~stratagem.advisor.timing.block_matmul_efficiency`) and its operators at ``per_op``
+    seconds each, over the bytes its profile counts them moving (the count the cost model
+    multiplies by). What the curve misses of the model's own matmuls lands here too."""
     from stratagem.advisor.plan import Plan
     from stratagem.advisor.stage import whole_model
     from stratagem.advisor.timing import block_matmul_efficiency
 
     scale = batch / profile.batch_size
     stage = whole_model(profile)
-    efficiency = block_matmul_efficiency(profile, Plan(micro_batch_size=batch, precision=profile.precision), stage,
-                                         curve)
+    efficiency = block_matmul_efficiency(profile, Plan(micro_batch_size=batch, precision="fp32"), stage, curve)
     blocks = scale * sum(stage.block_sums[f] for f in ("fwd_flops", "bwd_flops"))
     other = scale * _total(profile, "fwd_flops", "bwd_flops") - blocks
     matmuls = (blocks / efficiency + other) / curve[-1][1]
     ops = _total(profile, "fwd_ops", "bwd_ops")
-    written = scale * _total(profile, "fwd_op_bytes", "bwd_op_bytes") + _total(profile, "fwd_param_op_bytes",
-                                                                              "bwd_param_op_bytes")
-    return max(step_seconds - matmuls - ops * per_op, 0.0) / written
+    moved = scale * _total(profile, "fwd_op_bytes", "bwd_op_bytes") + _total(profile, "fwd_param_op_bytes",
+                                                                            "bwd_param_op_bytes")
+    return max(step_seconds - matmuls - ops * per_op, 0.0) / moved
 
 
 def dtensor_op_seconds(device: torch.device, *, repeats: int) -> float:

@@ -83,8 +83,8 @@ class Calibration:
     group size, the fit. ``unaligned_matmul``: per dtype, the share of the largest matmul's rate
     that one with a matrix's rows off 16 bytes reaches (one column narrower). ``overlap``: the fraction of an all-reduce hidden under concurrent matmuls.
     ``op_seconds``: host seconds per operator of a small model's training step beyond its matmul
-    FLOPs; ``op_byte_seconds``: seconds per byte written by operators without FLOPs, beyond
-    those and the matmuls, in a larger model's step; ``dtensor_op_seconds``: per operator of an
+    FLOPs; ``op_byte_seconds``: seconds per byte operators without FLOPs move, beyond those and
+    the matmuls, in a larger model's step (CPU ranks), or at the copy's bandwidth (GPUs); ``dtensor_op_seconds``: per operator of an
     optimizer step over DTensor parameters; ``optimizer_seconds``: per optimizer, its step's seconds
     per fp32 parameter and per parameter tensor. ``sync_seconds``: what a blocking collective waits
     beyond its own time when it follows compute (the ranks arriving apart). ``framework_bytes``: the

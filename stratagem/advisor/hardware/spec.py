@@ -169,7 +169,7 @@ class NodeSpec:
     # not multiples of 16 bytes (``stratagem calibrate``); () takes the cost model's estimate.
     unaligned_matmul: tuple[tuple[str, float], ...] = ()
     op_seconds: float | None = None  # measured host seconds per operator of a small model's step
-    op_byte_seconds: float | None = None  # measured seconds per byte written by operators without FLOPs
+    op_byte_seconds: float | None = None  # measured seconds per byte operators without FLOPs read or write
     dtensor_op_seconds: float | None = None  # per optimizer operator on DTensor parameters
     # Measured (optimizer, seconds per fp32 parameter, seconds per parameter tensor) of a step as
     # torch.optim runs it by default (``stratagem calibrate``); () costs it from memory bandwidth.
