@@ -62,7 +62,7 @@ BAD_REFERENCE = """
 import stratagem.advisor.calibrate.benchmarks as benchmarks
 from stratagem.cli import main
 
-benchmarks.BYTES_REFERENCE["cpu"] = ("no-such-model", 2, 128, "fp32")  # also in the spawned rank, which imports this
+benchmarks.BYTES_REFERENCE = ("no-such-model", 2, 128)  # also in the spawned rank, which imports this
 if __name__ == "__main__":
     raise SystemExit(main(["calibrate", "--nproc", "1", "--quick"]))
 """

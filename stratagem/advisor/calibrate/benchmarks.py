@@ -133,16 +133,16 @@ def compute_rates(sizes: Sequence[int], dtypes: Sequence[str], device: torch.dev
         narrower[dtype], _ = _sustained_matmul(previous, dtype, device, width=previous - 1)
     ops = _reference_step(REFERENCE_MODEL, 1, 32, device)
     data = _reference_step(*BYTES_REFERENCE, device) if device.type == "cpu" else None
-    runs = [*benchmarks.values(), *narrower.values(), ops, *([data] if data else [])]
-    seconds = interleaved([b.run for b in runs], device, repeats=repeats)
-    ops_seconds, data_seconds = seconds[len(benchmarks) + len(narrower)], seconds[-1]
-    rates = [benchmark.flops / took for benchmark, took in zip(runs, seconds)]
+    matmuls = [*benchmarks.values(), *narrower.values()]
+    steps = [ops, data] if data else [ops]
+    seconds = interleaved([b.run for b in matmuls + steps], device, repeats=repeats)
+    rates = [benchmark.flops / took for benchmark, took in zip(matmuls, seconds)]
     matmul: dict[str, list[tuple[int, float]]] = {}
     for (dtype, n), rate in zip(benchmarks, rates):
         matmul.setdefault(dtype, []).append((n, rate))
     unaligned = {dtype: min(1.0, rate / max(matmul[dtype])[1]) for dtype, rate in zip(narrower, rates[len(benchmarks):])}
-    per_op = op_seconds(ops_seconds / ops.runs, ops.profile, max(matmul["fp32"])[1])
-    per_byte = data and op_byte_seconds(data_seconds / data.runs, data.profile, data.batch, matmul["fp32"], per_op)
+    per_op = op_seconds(seconds[len(matmuls)] / ops.runs, ops.profile, max(matmul["fp32"])[1])
+    per_byte = data and op_byte_seconds(seconds[-1] / data.runs, data.profile, data.batch, matmul["fp32"], per_op)
     return ComputeRates(matmul, unaligned, per_op, per_byte)
 
 
