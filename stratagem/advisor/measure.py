@@ -122,6 +122,7 @@ class SegmentCounts:
     bwd_unaligned_flops: int = 0
     fwd_param_op_bytes: int = 0
     bwd_param_op_bytes: int = 0
+    bwd_largest_output_bytes: int = 0
 
 
 @dataclass
@@ -175,6 +176,7 @@ class _CostCounter(FlopCounterMode):
         self._record = record
         self._state_names = state_names
         self._gradient_shapes = gradient_shapes  # (shape, dtype) of the trainable parameters
+        self._parameter_shapes = {shape for shape, _ in gradient_shapes}
         self._has_blocks = has_blocks
         self._fwd_after_blocks = False
         self._bwd_after_blocks = False
@@ -205,6 +207,9 @@ class _CostCounter(FlopCounterMode):
         if func_packet not in _UNCOUNTED_OPS:
             batch, sized = (0, 0) if formula is not None else self._bytes_moved(func_packet, args, out)
             if self.mod_tracker.is_bw:
+                largest = max((_nbytes([t]) for t in _written(func_packet, out, args)
+                               if tuple(t.shape) not in self._parameter_shapes), default=0)  # not a weight's gradient
+                counts.bwd_largest_output_bytes = max(counts.bwd_largest_output_bytes, largest)
                 counts.bwd_ops += 1
                 counts.bwd_op_bytes += batch
                 counts.bwd_param_op_bytes += sized

@@ -40,7 +40,9 @@ HOST_MEMORY_PER_DEVICE_MEMORY = 2.0
 HOST_USABLE_FRACTION = 0.8
 # Gradients the loss's backward holds at once of the head's output (the logits): that of the
 # loss's input and that of the head's output before the loss's own ops (cross-entropy: the
-# log-softmax's output and input), each the logits' size; the reason chunked cross-entropy exists.
+# log-softmax's output and input), each the logits' size in the loss's dtype (fp32 under autocast,
+# twice the bf16 logits': measured on an H200, GPT-2 at 16 × 1024 tokens peaks 2 × 3.07 GiB above
+# its saved activations); the reason chunked cross-entropy exists.
 LOSS_GRADIENT_COPIES = 2
 # Korthikanti et al. 2022, eq. 2: without SP, 10 of a block's 34·sbh bytes stay replicated
 # over the TP group (layer-norm inputs, attention and MLP inputs, dropout masks): five tensors
@@ -256,9 +258,16 @@ def _rank_activations(profile: ModelProfile, plan: Plan, *, rank: int) -> RankAc
     head = [s for s in rank_stages(profile, plan)[rank].segments if s is profile.head]
     rebuilt = _rebuilt_block(profile, plan, rank=rank)
     return RankActivations(estimate_activations(profile, plan, rank=rank) + _stage_outputs(profile, plan, rank=rank),
-                           loss_grads=LOSS_GRADIENT_COPIES * scale * sum(s.output_bytes for s in head),
+                           loss_grads=LOSS_GRADIENT_COPIES * scale * sum(_logits_gradient(s) for s in head),
                            released=scale * sum(s.saved_bytes for s in head),
                            block=rebuilt or _largest_block(profile, plan, rank=rank), rebuilt=rebuilt)
+
+
+def _logits_gradient(head: SegmentProfile) -> int:
+    """Bytes of one gradient of the logits as the loss's backward makes it: the largest tensor
+    the head's backward writes (the loss's dtype: fp32 under autocast), at least the head's
+    output (the profiled batch)."""
+    return max(head.output_bytes, head.bwd_largest_output_bytes)
 
 
 def _per_microbatch(stage: Stage, plan: Plan, *, scale: float) -> float:

@@ -53,6 +53,7 @@ class SegmentProfile:
     bwd_unaligned_flops: int = 0  # of bwd_flops, the same
     fwd_param_op_bytes: int = 0  # moved by parameter-sized ops (autocast's weight casts), as many at any batch; apart
     bwd_param_op_bytes: int = 0  # the same in backward (gradient casts, embedding gradients); not in *_op_bytes
+    bwd_largest_output_bytes: int = 0  # the largest non-weight-shaped tensor a backward op writes (the head's: loss grad)
     linears: tuple[LinearLayer, ...] = ()
     measured_as: str | None = None  # identical block whose measurement this one reuses
 

@@ -265,3 +265,12 @@ def test_parameter_sized_outputs_are_counted_apart_and_do_not_grow_with_the_batc
         assert 2 * one.bwd_op_bytes == pytest.approx(two.bwd_op_bytes, rel=0.05)
     fp32 = profile_model(Toy(), (_tokens(),), loss_fn=_ce, precision="fp32")
     assert all(s.fwd_param_op_bytes == 0 for s in fp32.segments)
+
+
+def test_the_head_s_largest_backward_output_is_the_loss_s_gradient_of_the_logits():
+    """Under autocast the head writes bf16 logits and the loss upcasts them: the largest tensor
+    its backward writes is their fp32 gradient (the tied weight's gradient, weight-shaped, is
+    not counted)."""
+    profile = profile_model(Toy(), (_tokens(2, 16),), loss_fn=_ce, precision="bf16-mixed")
+    assert profile.head.output_bytes == 2 * 16 * 97 * 2
+    assert profile.head.bwd_largest_output_bytes == 2 * 16 * 97 * 4
