@@ -163,6 +163,11 @@ def _nbytes(tensors: list[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def _largest(tensors: list[torch.Tensor], *, but: set[tuple[int, ...]]) -> int:
+    """Bytes of the largest of ``tensors`` whose shape is not in ``but``."""
+    return max((t.numel() * t.element_size() for t in tensors if tuple(t.shape) not in but), default=0)
+
+
 class _CostCounter(FlopCounterMode):
     """A FlopCounterMode that attributes FLOPs and tensor provenance to segments."""
 
@@ -205,11 +210,11 @@ class _CostCounter(FlopCounterMode):
         counts = self._record.segments[seg]
         formula = self.flop_registry.get(func_packet)
         if func_packet not in _UNCOUNTED_OPS:
-            batch, sized = (0, 0) if formula is not None else self._bytes_moved(func_packet, args, out)
+            written = _written(func_packet, out, args)
+            batch, sized = (0, 0) if formula is not None else self._bytes_moved(func_packet, args, out, written)
             if self.mod_tracker.is_bw:
-                largest = max((_nbytes([t]) for t in _written(func_packet, out, args)
-                               if tuple(t.shape) not in self._parameter_shapes), default=0)  # not a weight's gradient
-                counts.bwd_largest_output_bytes = max(counts.bwd_largest_output_bytes, largest)
+                counts.bwd_largest_output_bytes = max(counts.bwd_largest_output_bytes,
+                                                      _largest(written, but=self._parameter_shapes))  # no weight's grad
                 counts.bwd_ops += 1
                 counts.bwd_op_bytes += batch
                 counts.bwd_param_op_bytes += sized
@@ -231,11 +236,11 @@ class _CostCounter(FlopCounterMode):
         self._track_provenance(func_packet, out, args, seg)
         return out
 
-    def _bytes_moved(self, func_packet: Any, args: Any, out: Any) -> tuple[int, int]:
-        """Bytes an operator without FLOPs reads and writes (none for a view; a gather reads what
-        it writes, not its whole input), as (those that grow with the batch, the parameter-sized
-        ones: the outputs of :meth:`_parameter_sized` operators and their inputs of that shape)."""
-        written = _written(func_packet, out, args)
+    def _bytes_moved(self, func_packet: Any, args: Any, out: Any, written: list[torch.Tensor]) -> tuple[int, int]:
+        """Bytes an operator without FLOPs reads and writes (``written``: :func:`_written`; none
+        for a view; a gather reads what it writes, not its whole input), as (those that grow with
+        the batch, the parameter-sized ones: the outputs of :meth:`_parameter_sized` operators
+        and their inputs of that shape)."""
         if not written:
             return 0, 0
         read = written if func_packet in _GATHER_OPS else [

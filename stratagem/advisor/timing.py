@@ -337,7 +337,7 @@ def seconds_per_op_byte(cluster: Cluster) -> float:
 def estimate_compute_seconds(step: RankStep) -> float:
     """Forward and backward of every micro-batch on the rank, seconds: profiled FLOPs (measured:
     the profile) scaled to the micro-batch, the blocks' divided over TP, over achievable FLOP/s,
-    and the bytes the operators without FLOPs write (:meth:`RankStep.pass_seconds`), with the
+    and the bytes the operators without FLOPs move (:meth:`RankStep.pass_seconds`), with the
     data-parallel runtime's copies around its collectives (:func:`estimate_dp_copy_seconds`) and
     the gradients' accumulation over micro-batches (:func:`estimate_grad_accumulation_seconds`).
     Megatron splits the vocabulary projection too (Shoeybi et al. 2019, §3); the TP plugin keeps

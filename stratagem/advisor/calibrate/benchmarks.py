@@ -119,8 +119,9 @@ def compute_rates(sizes: Sequence[int], dtypes: Sequence[str], device: torch.dev
     """Sustained square matmuls of each of ``sizes`` in each of ``dtypes`` and the training steps
     of the two reference models (:func:`op_seconds`, :func:`op_byte_seconds`), all timed
     :func:`interleaved` (the second on CPU ranks only). The per-operator and per-byte costs are
-    what the steps take beyond their matmuls at the rates measured in the same rounds. A size whose single matmul would take
-    longer than :data:`BUDGET_SECONDS` (predicted from the size below it) is skipped."""
+    what the steps take beyond their matmuls at the rates measured in the same rounds. A size
+    whose single matmul would take longer than :data:`BUDGET_SECONDS` (predicted from the size
+    below it) is skipped."""
     benchmarks: dict[tuple[str, int], _Benchmark] = {}
     narrower: dict[str, _Benchmark] = {}
     for dtype in dtypes:

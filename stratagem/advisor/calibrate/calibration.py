@@ -81,11 +81,12 @@ class Calibration:
     largest n is the rate the cost model uses). ``memory_bandwidth``: bytes/s of a large copy.
     ``links``: per scope (``"intra"`` inside a node, ``"inter"`` across nodes) per collective per
     group size, the fit. ``unaligned_matmul``: per dtype, the share of the largest matmul's rate
-    that one with a matrix's rows off 16 bytes reaches (one column narrower). ``overlap``: the fraction of an all-reduce hidden under concurrent matmuls.
-    ``op_seconds``: host seconds per operator of a small model's training step beyond its matmul
-    FLOPs; ``op_byte_seconds``: seconds per byte operators without FLOPs move, beyond those and
-    the matmuls, in a larger model's step (CPU ranks), or at the copy's bandwidth (GPUs); ``dtensor_op_seconds``: per operator of an
-    optimizer step over DTensor parameters; ``optimizer_seconds``: per optimizer, its step's seconds
+    that one with a matrix's rows off 16 bytes reaches (one column narrower). ``overlap``: the
+    fraction of an all-reduce hidden under concurrent matmuls. ``op_seconds``: host seconds per
+    operator of a small model's training step beyond its matmul FLOPs; ``op_byte_seconds``:
+    seconds per byte operators without FLOPs move, beyond those and the matmuls, in a larger
+    model's step (CPU ranks), or at the copy's bandwidth (GPUs); ``dtensor_op_seconds``: per
+    operator of an optimizer step over DTensor parameters; ``optimizer_seconds``: per optimizer, its step's seconds
     per fp32 parameter and per parameter tensor. ``sync_seconds``: what a blocking collective waits
     beyond its own time when it follows compute (the ranks arriving apart). ``framework_bytes``: the
     memory a fresh process's first training steps take beyond their tensors.
@@ -125,7 +126,7 @@ class Calibration:
         measured), memory bandwidth, the in-node link (the all-reduce fit) and each collective's
         own fit per group size inside a node, the network (α, β, efficiency 1: the fit already is
         what collectives reach), how much communication hides under compute, the host seconds per
-        operator and per byte its operators without FLOPs write, the optimizers' steps, the wait
+        operator and per byte its operators without FLOPs move, the optimizers' steps, the wait
         of a collective after compute, and the framework's memory. The
         matmul rates of every size measured go along (``NodeSpec.matmul_curve``), and the share
         of them unaligned GEMMs reach (``NodeSpec.unaligned_matmul``). A note says so."""

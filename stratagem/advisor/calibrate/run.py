@@ -187,7 +187,6 @@ def _measure(cluster: Cluster, device: torch.device, settings: Settings, dtypes:
         notes=(ONE_PROCESS_NOTE,) if alone else ())
 
 
-
 def _groups(num_nodes: int, per_node: int) -> list[_Group]:
     """The groups measured: consecutive ranks inside a node for each power-of-two size, and the
     whole world across nodes. Every rank creates every group (``new_group`` is a collective)."""
