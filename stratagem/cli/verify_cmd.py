@@ -77,14 +77,14 @@ def _run_in_job(args: argparse.Namespace) -> int:
     (:func:`~stratagem.verify.verify_plan`); rank 0 reports."""
     import torch.distributed as dist
 
-    from stratagem.advisor.calibrate.processes import leaving_process_group
+    from stratagem.advisor.calibrate.processes import init_process_group, leaving_process_group
     from stratagem.advisor.hardware import gather_cluster, probe_local
     from stratagem.errors import UsageError
 
     if args.nproc is not None:
         raise UsageError("--nproc applies to a verify that spawns its ranks; in a launched job every rank runs\n"
                          "HINT: the launcher's --nproc-per-node sets the ranks")
-    dist.init_process_group("gloo")  # the plans run in groups of their own: this one only coordinates
+    init_process_group("gloo")  # the plans run in groups of their own: this one only coordinates
     with leaving_process_group():
         code = _advise_and_verify(gather_cluster(probe_local()), args, report=dist.get_rank() == 0)
     return code

@@ -40,6 +40,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from stratagem.advisor.calibrate.processes import import_group_defaults
 from stratagem.advisor.model_profile import ModelProfile
 from stratagem.advisor.plan import Plan
 from stratagem.errors import UsageError
@@ -156,6 +157,7 @@ class AutoParallelFabricStrategy(ModelParallelStrategy):
         stratagem_precision(self.precision.precision)
         if self._plan is not None:
             check_plan_precision(self._plan, self.precision.precision)
+        import_group_defaults()
         self._setup_distributed()
         release_at_exit(weakref.WeakMethod(self._drop_wrappers))
 

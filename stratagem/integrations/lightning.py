@@ -50,6 +50,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 from typing_extensions import override
 
+from stratagem.advisor.calibrate.processes import import_group_defaults
 from stratagem.advisor.model_profile import ModelProfile
 from stratagem.advisor.plan import Plan
 from stratagem.advisor.targets import target_excludes
@@ -218,6 +219,7 @@ class AutoParallelStrategy(ParallelStrategy):
                                        or _get_default_process_group_backend_for_device(self.root_device))
         assert self.cluster_environment is not None
         device_id = self.root_device if self.root_device.type != "cpu" else None
+        import_group_defaults()
         _init_dist_connection(self.cluster_environment, self._process_group_backend, timeout=self._timeout,
                               device_id=device_id)
         release_at_exit(weakref.WeakMethod(self._drop_wrappers))

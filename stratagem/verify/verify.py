@@ -21,7 +21,13 @@ from pathlib import Path
 
 import torch
 
-from stratagem.advisor.calibrate.processes import free_port, launched_job, leave_spawned_process, leaving_process_group
+from stratagem.advisor.calibrate.processes import (
+    free_port,
+    init_process_group,
+    launched_job,
+    leave_spawned_process,
+    leaving_process_group,
+)
 from stratagem.advisor.estimate import Estimate
 from stratagem.advisor.plan import Plan
 from stratagem.verify.runner import Measured, measure_plan, real_model
@@ -160,8 +166,6 @@ def _run_ranks(ranks: list[int], local_ranks: list[int], world_size: int, rendez
 def _worker(index: int, ranks: list[int], local_ranks: list[int], world_size: int, ranks_per_node: int,
             rendezvous: tuple[str, int], model: str, plan_json: str, seq_len: int | None, optimizer: str, steps: int, warmup: int, timeout: float,
             out: Path) -> None:
-    import torch.distributed as dist
-
     rank, local_rank = ranks[index], local_ranks[index]
     os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)  # torchrun's: this group's rank 0 hosts its own store
     os.environ.update(MASTER_ADDR=rendezvous[0], MASTER_PORT=str(rendezvous[1]), RANK=str(rank),
@@ -172,8 +176,8 @@ def _worker(index: int, ranks: list[int], local_ranks: list[int], world_size: in
     else:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks_per_node))
     # A rank whose peer died gives up after ``timeout`` instead of waiting in a collective for good.
-    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout))
+    init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world_size,
+                       timeout=datetime.timedelta(seconds=timeout))
     with leaving_process_group():
         try:
             measured = measure_plan(real_model(model, seq_len=seq_len), Plan.from_json(plan_json),

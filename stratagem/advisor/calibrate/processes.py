@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import importlib
 import os
 import resource
 import socket
@@ -11,13 +12,14 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["PeakMemory", "across_ranks", "free_port", "keep_freed_tensors", "launched_job", "leave_process_group",
-           "leave_spawned_process", "leaving_process_group", "return_freed_tensors"]
+__all__ = ["PeakMemory", "across_ranks", "free_port", "import_group_defaults", "init_process_group",
+           "keep_freed_tensors", "launched_job", "leave_process_group", "leave_spawned_process", "leaving_process_group",
+           "return_freed_tensors"]
 
 
 def launched_job() -> bool:
@@ -31,6 +33,21 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def import_group_defaults() -> None:
+    """Import ``torch.distributed.nn.functional`` before a process group exists: its functions
+    bind the default group as default arguments when it is first imported (the first optimizer
+    step imports it, through ``torch._dynamo``), and a live group bound there outlives
+    ``destroy_process_group``, its gloo threads running into the interpreter's teardown, where
+    gloo can abort the process (PLATFORM_NOTES)."""
+    importlib.import_module("torch.distributed.nn.functional")
+
+
+def init_process_group(backend: str, **kwargs: Any) -> None:
+    """``torch.distributed.init_process_group`` after :func:`import_group_defaults`."""
+    import_group_defaults()
+    dist.init_process_group(backend, **kwargs)
 
 
 def leave_process_group(*, together: bool = True) -> None:
@@ -63,9 +80,8 @@ def leaving_process_group() -> Iterator[None]:
 def leave_spawned_process() -> NoReturn:
     """End a process this package spawned, its results written and its group left, without the
     interpreter's teardown. torch keeps process groups referenced past ``destroy_process_group``
-    (the default arguments ``torch.distributed.nn.functional`` binds when it is first imported,
-    which the first optimizer step does; a ``DeviceMesh`` that DTensor's caches hold), and gloo
-    can abort the process when it tears them down at exit."""
+    (a ``DeviceMesh`` that DTensor's caches hold; :func:`import_group_defaults` steps around
+    another holder), and gloo can abort the process when it tears them down at exit."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

@@ -35,6 +35,7 @@ from stratagem.advisor.calibrate.calibration import COLLECTIVES, Calibration, Li
 from stratagem.advisor.calibrate.processes import (
     across_ranks,
     free_port,
+    init_process_group,
     launched_job,
     leave_spawned_process,
     leaving_process_group,
@@ -82,7 +83,7 @@ def calibrate(*, nproc: int | None = None, quick: bool = False, progress: bool =
     if initialized:
         return calibrate_on_group(quick=quick, progress=progress)
     if launched_job():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         with leaving_process_group():
             calibration = calibrate_on_group(quick=quick, progress=progress)
         return calibration
@@ -118,7 +119,7 @@ def _worker(rank: int, nproc: int, port: int, quick: bool, progress: bool, out: 
         torch.cuda.set_device(rank)
     else:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // nproc))
-    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=nproc)
+    init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=nproc)
     try:
         with leaving_process_group():
             calibration = calibrate_on_group(quick=quick, progress=progress)
