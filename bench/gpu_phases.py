@@ -2,7 +2,7 @@
 terms one by one: forward, backward and optimizer time (device-synchronised), the device time
 of the kernels by the kind of ATen operator that launched them (GEMMs, attention, the
 optimizer's multi-tensor operators, everything else: elementwise, norms, reductions, copies; the
-largest of those by name) and the peak memory after the forward and over the step;
+largest of those by name) and the peak memory within forward, backward and the optimizer step;
 for language models, the memory their forward and loss hold step by step; then the rate of a
 GEMM whose widths are multiples of 8 against one whose output width is not.
 
@@ -61,21 +61,26 @@ def run_case(spec: str, device: torch.device, *, steps: int = 3) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     dtype = torch.bfloat16
     phases: dict[str, list[float]] = {"forward": [], "backward": [], "optimizer": []}
-    after_forward = 0
+    peaks = {"forward": 0, "backward": 0, "optimizer": 0}  # the highest allocation within each phase
+
+    def phase_peak(phase: str) -> None:
+        if device.type == "cuda":
+            peaks[phase] = max(peaks[phase], torch.cuda.max_memory_allocated(device) - base)
+            torch.cuda.reset_peak_memory_stats(device)
 
     def step(record: bool) -> None:
-        nonlocal after_forward
         for _ in range(grad_accum):
             sync(device)
+            phase_peak("optimizer")  # what came before this forward
             start = time.perf_counter()
             with torch.autocast(device.type, dtype=dtype):
                 loss = preset.loss(model(*inputs), targets) / grad_accum
             sync(device)
             middle = time.perf_counter()
-            if device.type == "cuda":
-                after_forward = max(after_forward, torch.cuda.max_memory_allocated(device) - base)
+            phase_peak("forward")
             loss.backward()
             sync(device)
+            phase_peak("backward")
             if record:
                 phases["forward"].append(middle - start)
                 phases["backward"].append(time.perf_counter() - middle)
@@ -107,7 +112,6 @@ def run_case(spec: str, device: torch.device, *, steps: int = 3) -> None:
             others.append((seconds, event.key, event.count))
     per_step = {phase: statistics.median(times) * (grad_accum if phase != "optimizer" else 1)
                 for phase, times in phases.items()}
-    peak = torch.cuda.max_memory_allocated(device) - base if device.type == "cuda" else 0
     print(f"{spec}: step {sum(per_step.values()) * 1e3:.1f} ms = "
           + " + ".join(f"{phase} {seconds * 1e3:.1f}" for phase, seconds in per_step.items()))
     print("  device time per step by operator kind (ms): " + ", ".join(
@@ -115,7 +119,8 @@ def run_case(spec: str, device: torch.device, *, steps: int = 3) -> None:
     print("  the other operators' largest (ms, calls): " + ", ".join(
         f"{name[6:]} {seconds * 1e3:.1f} ({count})" for seconds, name, count in sorted(others, reverse=True)[:TOP_OTHER]))
     if device.type == "cuda":
-        print(f"  memory: after forward {after_forward / 2**30:.2f} GiB, step peak {peak / 2**30:.2f} GiB")
+        print("  memory peak within each phase (GiB): " + ", ".join(
+            f"{phase} {bytes_ / 2**30:.2f}" for phase, bytes_ in peaks.items()))
 
 
 def gemm_alignment(device: torch.device) -> None:
