@@ -179,6 +179,6 @@ def verification_table(results: list[Verified], *, cluster: Cluster) -> Table:
     sharding = max((r.measured.sharding_seconds for r in results if r.measured is not None), default=0.0)
     if sharding > 0:
         table.caption = (f"measured steps leave out DTensor's first sharding decisions for new shapes (up to "
-                         f"{format_seconds(sharding)} a step): a warm-up cost, paid again while routing yields new "
-                         "expert row counts; the advisor predicts the steady state")
+                         f"{format_seconds(sharding)} a step): a warm-up cost (which a mixture of experts pays again "
+                         "while routing yields new expert row counts); the advisor predicts the steady state")
     return table
