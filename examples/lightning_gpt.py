@@ -61,8 +61,9 @@ def main() -> None:
     torch.set_num_threads(1)
     (tokens,), targets = get_preset(args.preset).make_batch(args.steps * 2 * BATCH, seq_len=SEQ_LEN)
     loader = DataLoader(TensorDataset(tokens, targets), batch_size=BATCH)
-    trainer = pl.Trainer(accelerator=args.accelerator, devices=args.devices, strategy="auto-parallel", max_steps=args.steps, logger=False,
-                         enable_checkpointing=False, enable_model_summary=False, log_every_n_steps=1)
+    trainer = pl.Trainer(accelerator=args.accelerator, devices=args.devices, strategy="auto-parallel",
+                         max_steps=args.steps, logger=False, enable_checkpointing=False, enable_model_summary=False,
+                         log_every_n_steps=1)
     trainer.fit(LanguageModel(args.preset), loader)
     trainer.save_checkpoint(args.checkpoint, weights_only=False)  # with optimizer and loop state
     if trainer.is_global_zero:
