@@ -159,13 +159,9 @@ def _written(func_packet: Any, out: Any, args: Any) -> list[torch.Tensor]:
     return outputs
 
 
-def _nbytes(tensors: list[torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
 def _largest(tensors: list[torch.Tensor], *, but: set[tuple[int, ...]]) -> int:
     """Bytes of the largest of ``tensors`` whose shape is not in ``but``."""
-    return max((t.numel() * t.element_size() for t in tensors if tuple(t.shape) not in but), default=0)
+    return max((tensor_bytes(t) for t in tensors if tuple(t.shape) not in but), default=0)
 
 
 class _CostCounter(FlopCounterMode):
@@ -246,9 +242,9 @@ class _CostCounter(FlopCounterMode):
         read = written if func_packet in _GATHER_OPS else [
             t for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)]
         if not self._parameter_sized(func_packet, args, out):
-            return _nbytes(read) + _nbytes(written), 0
+            return tensor_bytes(read) + tensor_bytes(written), 0
         alike = [t for t in read if t.shape == written[0].shape]
-        return _nbytes(read) - _nbytes(alike), _nbytes(alike) + _nbytes(written)
+        return tensor_bytes(read) - tensor_bytes(alike), tensor_bytes(alike) + tensor_bytes(written)
 
     def _parameter_sized(self, func_packet: Any, args: Any, out: Any) -> bool:
         """Whether an operator writes as much at any batch size: an embedding's dense gradient;
