@@ -18,9 +18,15 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from stratagem.advisor.hardware import Cluster
+from stratagem.advisor.plan import Plan, Workload
+from stratagem.advisor.profiles import profile_spec
+from stratagem.advisor.timing import rank_step
 from stratagem.models import get_preset
 
 KINDS = {
@@ -118,9 +124,21 @@ def run_case(spec: str, device: torch.device, *, steps: int = 3) -> None:
         f"{kind} {seconds * 1e3:.1f}" for kind, seconds in sorted(kinds.items(), key=lambda item: -item[1])))
     print("  the other operators' largest (ms, calls): " + ", ".join(
         f"{name[6:]} {seconds * 1e3:.1f} ({count})" for seconds, name, count in sorted(others, reverse=True)[:TOP_OTHER]))
+    print(f"  the profile counts them moving {bytes_moved(name, micro_batch, grad_accum, seq_len) / 1e9:.1f} GB a step")
     if device.type == "cuda":
         print("  memory peak within each phase (GiB): " + ", ".join(
             f"{phase} {bytes_ / 2**30:.2f}" for phase, bytes_ in peaks.items()))
+
+
+def bytes_moved(name: str, micro_batch: int, grad_accum: int, seq_len: int | None) -> float:
+    """Bytes the cost model has operators without FLOPs move in a step of one device (its
+    ``RankStep``: the profile's per micro-batch, the parameter-sized ones once each)."""
+    profile = profile_spec(name, seq_len=seq_len)
+    plan = Plan(micro_batch_size=micro_batch, grad_accum=grad_accum)
+    step = rank_step(profile, cluster=Cluster.parse("1xcpu"), plan=plan,
+                     workload=Workload(global_batch_size=plan.global_batch_size, seq_len=profile.seq_len))
+    return step.num_microbatches * sum(step.per_microbatch(f"{d}_op_bytes") + step.per_tp_rank(f"{d}_param_op_bytes")
+                                       for d in ("fwd", "bwd"))
 
 
 def gemm_alignment(device: torch.device) -> None:
@@ -146,9 +164,23 @@ def gemm_alignment(device: torch.device) -> None:
         print(f"  GEMM {rows}x768x{width} TFLOP/s: " + ", ".join(rates))
 
 
+class _AfterEachOperator(TorchDispatchMode):
+    """Records each operator's name and ``reading()`` once it has run."""
+
+    def __init__(self, reading: Callable[[], int]) -> None:
+        super().__init__()
+        self.reading = reading
+        self.marks: list[tuple[str, int]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.marks.append((func.overloadpacket.__name__, self.reading()))
+        return out
+
+
 def loss_memory(spec: str, device: torch.device) -> None:
-    """CUDA: the memory a language model's forward and loss hold, step by step (GiB above the
-    model and its optimizer states): the logits, their fp32 copy, cross-entropy, and the peaks."""
+    """CUDA: the memory a language model's loss holds, operator by operator, and the peak of its
+    backward, in GiB above the model's parameters: what the memory model's loss terms predict."""
     if device.type != "cuda":
         return
     name, micro, _, seq = (spec.split(":") + ["", "", ""])[:4]
@@ -156,28 +188,24 @@ def loss_memory(spec: str, device: torch.device) -> None:
     (tokens,), targets = preset.make_batch(int(micro), int(seq) if seq else None, device=device)
     with torch.device(device):
         model = preset.build()
-    torch.cuda.synchronize(device)
     base = torch.cuda.memory_allocated(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    marks = []
 
-    def mark(label: str) -> None:
-        torch.cuda.synchronize(device)
-        marks.append(f"{label} {(torch.cuda.memory_allocated(device) - base) / 2**30:.2f} "
-                     f"(peak {(torch.cuda.max_memory_allocated(device) - base) / 2**30:.2f})")
+    def gib(num_bytes: int) -> str:
+        return f"{(num_bytes - base) / 2**30:.2f}"
 
     with torch.autocast("cuda", dtype=torch.bfloat16):
         logits = model(tokens)
-        mark("logits")
-        wide = logits.flatten(0, -2).float()
-        mark("fp32 copy")
-        loss = torch.nn.functional.cross_entropy(wide, targets.flatten())
-        mark("cross-entropy")
-    del wide
-    mark("copy freed")
+        logged = f"logits {gib(torch.cuda.memory_allocated(device))}"
+        with _AfterEachOperator(lambda: torch.cuda.memory_allocated(device)) as loss_ops:
+            loss = preset.loss(logits, targets)
+    del logits  # as in training, where the model's output goes straight into the loss
+    start = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
     loss.backward()
-    mark("backward")
-    print(f"  {spec} forward and loss, GiB live: " + ", ".join(marks))
+    peak = torch.cuda.max_memory_allocated(device)
+    print(f"  {spec} GiB live: {logged}; the loss's operators: "
+          + ", ".join(f"{op} {gib(after)}" for op, after in loss_ops.marks)
+          + f"; backward starts at {gib(start)}, peaks at {gib(peak)} (+{(peak - start) / 2**30:.2f})")
 
 
 def main(specs: list[str]) -> None:

@@ -41,8 +41,8 @@ HOST_USABLE_FRACTION = 0.8
 # Gradients the loss's backward holds at once of the head's output (the logits): that of the
 # loss's input and that of the head's output before the loss's own ops (cross-entropy: the
 # log-softmax's output and input), each the logits' size in the loss's dtype (fp32 under autocast,
-# twice the bf16 logits': measured on an H200, GPT-2 at 16 × 1024 tokens peaks 2 × 3.07 GiB above
-# its saved activations); the reason chunked cross-entropy exists.
+# twice the bf16 logits': on an H200, bench/gpu_phases.py's GPT-2 at 16 × 1024 tokens peaks
+# 2 × 3.07 GiB above what its backward starts with); the reason chunked cross-entropy exists.
 LOSS_GRADIENT_COPIES = 2
 # Korthikanti et al. 2022, eq. 2: without SP, 10 of a block's 34·sbh bytes stay replicated
 # over the TP group (layer-norm inputs, attention and MLP inputs, dropout masks): five tensors

@@ -45,8 +45,9 @@ ACHIEVABLE_FLOPS_FRACTION = {"gpu": 0.6, "cpu": 1.0}
 # Share of the aligned rate a GEMM reaches when a matrix's leading dimension is not a multiple of
 # 16 bytes (measure.unaligned_gemm: cuBLAS's unaligned kernels). GPU: measured on an H200
 # (torch 2.11, CUDA 13; bench/gpu_phases.py), [16384×768]·[768×50257] in bf16 at 120-151 TFLOP/s
-# against 686-790 for a width of 50304: 0.18. CPU: oneDNN's kernels lose little (0.92-0.95 for
-# n = 1024 here), so 1.0. Calibration measures it (NodeSpec.unaligned_matmul).
+# against 686-790 for a width of 50304: 0.18. CPU: fp32 loses little (`stratagem calibrate` here:
+# 93-96 % of the rate at n = 1024, --nproc 2 and 4), so 1.0. Calibration measures it
+# (NodeSpec.unaligned_matmul).
 UNALIGNED_MATMUL_FRACTION = {"gpu": 0.18, "cpu": 1.0}
 
 # fp32 training runs matmuls in full fp32: PyTorch >= 1.12 defaults

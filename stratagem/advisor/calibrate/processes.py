@@ -1,4 +1,5 @@
-"""Helpers for the processes calibration and verification spawn on this host."""
+"""Process groups as this package starts and ends them, and helpers for the processes
+calibration and verification spawn on this host."""
 
 from __future__ import annotations
 

@@ -181,6 +181,7 @@ def _measure(cluster: Cluster, device: torch.device, settings: Settings, dtypes:
         matmul={dtype: tuple(points) for dtype, points in compute.matmul.items()}, memory_bandwidth=bandwidth,
         unaligned_matmul=compute.unaligned,
         links=links, overlap=overlap, op_seconds=compute.op_seconds,
+        # GPUs: the copy's bandwidth prices the bytes (BYTES_REFERENCE says why not a reference step)
         op_byte_seconds=compute.op_byte_seconds if compute.op_byte_seconds is not None else 1 / bandwidth,
         dtensor_op_seconds=per_dtensor_op, optimizer_seconds=optimizers, sync_seconds=sync, framework_bytes=framework,
         seconds=time.perf_counter() - started,
