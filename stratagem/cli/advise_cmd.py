@@ -120,8 +120,7 @@ def model_workload(args: argparse.Namespace, cluster: Cluster) -> tuple[ModelPro
     from stratagem.advisor.plan import Workload
     from stratagem.advisor.profiles import profile_spec
 
-    profile = profile_spec(args.model, batch_size=1, seq_len=args.seq_len, precision=args.precision,
-                           cache=args.cache)
+    profile = profile_spec(args.model, seq_len=args.seq_len, precision=args.precision, cache=args.cache)
     workload = Workload(global_batch_size=args.global_batch_size or cluster.world_size, seq_len=profile.seq_len,
                         precision=args.precision, optimizer=args.optimizer)
     return profile, workload

@@ -72,12 +72,12 @@ def test_segments_partition_the_parameters_and_blocks_are_found():
 def test_linears_keep_the_rows_they_multiplied_a_routed_expert_its_share():
     from stratagem.advisor.profiles import profile_spec
 
-    moe = profile_spec("mixtral-tiny", seq_len=32, precision="fp32")  # 4 experts, top 2
+    moe = profile_spec("mixtral-tiny", seq_len=32, precision="fp32")  # 4 experts, top 2; two samples
     rows = {x.name: x.rows for x in moe.blocks[0].linears}
-    assert rows["attention.wq"] == rows["feed_forward.gate"] == 32
-    assert rows["feed_forward.experts.0.w1"] == rows["feed_forward.experts.3.w2"] == 32 * 2 // 4
+    assert rows["attention.wq"] == rows["feed_forward.gate"] == 2 * 32
+    assert rows["feed_forward.experts.0.w1"] == rows["feed_forward.experts.3.w2"] == 2 * 32 * 2 // 4
     vit = profile_spec("vit-tiny", precision="fp32")  # 32×32 images in 8×8 patches, and the class token
-    assert {x.rows for x in vit.blocks[0].linears} == {16 + 1}
+    assert {x.rows for x in vit.blocks[0].linears} == {2 * (16 + 1)}
 
 
 def test_reusing_identical_blocks_gives_the_same_numbers_as_measuring_each():

@@ -10,7 +10,7 @@ import pytest
 
 from stratagem.advisor import profiles
 from stratagem.advisor.model_profile import ModelProfile
-from stratagem.advisor.profiles import CACHE_ENV, profile_spec
+from stratagem.advisor.profiles import CACHE_ENV, PROFILE_BATCH, profile_spec
 
 
 @pytest.fixture
@@ -34,7 +34,7 @@ def test_what_the_profile_depends_on_is_in_the_key(cache):
     profile_spec("gpt2-tiny", seq_len=32)
     profile_spec("gpt2-tiny", seq_len=64)
     profile_spec("gpt2-tiny", seq_len=32, precision="fp32")
-    profile_spec("gpt2-tiny", seq_len=32, batch_size=2)
+    profile_spec("gpt2-tiny", seq_len=32, batch_size=4)
     assert len(list(cache.glob("*.json"))) == 4
 
 
@@ -65,3 +65,11 @@ def test_advise_from_a_cached_profile_imports_no_torch(cache):
     for expected_torch in (True, False):  # the first run measures, the second reads the cache
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
         assert f"TORCH {expected_torch} 0" in out.stderr
+
+
+def test_two_samples_count_the_copies_one_sample_would_see_as_views(cache):
+    """At one image a ViT's reshapes of transposed tensors are views; from two on they copy. The
+    advisor's profile (two samples) moves as many bytes per sample as one of four does."""
+    per_sample = {b: sum(s.fwd_op_bytes + s.bwd_op_bytes for s in profile_spec("vit-tiny", batch_size=b).segments) / b
+                  for b in (1, PROFILE_BATCH, 4)}
+    assert per_sample[PROFILE_BATCH] == pytest.approx(per_sample[4], rel=0.02) and per_sample[1] < per_sample[4]
