@@ -130,9 +130,9 @@ def test_round_trip_and_lookup_by_hardware(tmp_path: Path, monkeypatch: pytest.M
     calibration = _calibration(cluster, intra=LinkFit(5e-6, 200e9, ((1, 1e-5), (2, 2e-5))))
     calibration.save(calibration_path(calibration.hardware))
     assert Calibration.load(calibration_path(calibration.hardware)) == calibration
-    older = calibration.to_dict()
-    del older["unaligned_matmul"]  # a file from before it was measured: the cost model's estimate stands
-    assert Calibration.from_dict(older).unaligned_matmul == {}
+    older = {**calibration.to_dict(), "version": 5}  # its per-byte cost meant bytes written
+    with pytest.raises(UsageError, match="run `stratagem calibrate` again"):
+        Calibration.from_dict(older)
     assert find_calibration(cluster) == calibration
     assert calibrated(cluster).device.peak_bf16 == 700e12
     assert find_calibration(Cluster.parse("4xA100-SXM4-80GB")) is None  # other hardware

@@ -29,7 +29,7 @@ __all__ = ["COLLECTIVES", "Calibration", "LinkFit", "calibrated", "calibration_p
            "fit_link", "hardware_key", "ring_steps"]
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "p2p")
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6  # 6: op_byte_seconds per byte moved, not written; unaligned_matmul
 
 
 def ring_steps(op: str, group_size: int) -> int:
@@ -96,6 +96,7 @@ class Calibration:
     backend: str
     world_size: int
     matmul: dict[str, tuple[tuple[int, float], ...]]
+    unaligned_matmul: dict[str, float]
     memory_bandwidth: float
     links: dict[str, dict[str, dict[int, LinkFit]]]
     overlap: float | None
@@ -109,7 +110,6 @@ class Calibration:
     created: str
     version: int = FORMAT_VERSION
     notes: tuple[str, ...] = field(default=())
-    unaligned_matmul: dict[str, float] = field(default_factory=dict)
 
     def matmul_rate(self, dtype: str) -> float | None:
         """FLOP/s of the largest measured matmul in ``dtype``, or None when not measured."""
