@@ -62,6 +62,16 @@ def busiest_stage(profile: ModelProfile, plan: Plan) -> Stage:
     return max(rank_stages(profile, plan), key=lambda s: s.sums["fwd_flops"] + s.sums["bwd_flops"])
 
 
+@by_identity_and_fields(*PARTITION_FIELDS)
+def fill_share(profile: ModelProfile, plan: Plan) -> float:
+    """The other pipeline ranks' forward and backward FLOPs over the busiest rank's: how many of
+    its micro-batches a pipeline's fill and drain take (``pp − 1`` when the stages are equal,
+    fewer when the busiest rank holds more, such as the head)."""
+    loads = [s.sums["fwd_flops"] + s.sums["bwd_flops"] for s in rank_stages(profile, plan)]
+    busiest = max(loads)
+    return (sum(loads) - busiest) / busiest if busiest else plan.pp - 1.0
+
+
 def whole_model(profile: ModelProfile) -> Stage:
     """Every segment, as one stage: the model's totals without summing them again."""
     return _ranks(profile, 1, (len(profile.blocks),))[0]

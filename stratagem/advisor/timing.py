@@ -30,7 +30,7 @@ from stratagem.advisor.hardware.spec import Cluster
 from stratagem.advisor.plan import MeshAxis, Plan, Workload
 from stratagem.advisor.precision import Precision, get_precision
 from stratagem.advisor.model_profile import LinearLayer, ModelProfile, SegmentProfile
-from stratagem.advisor.stage import Stage, busiest_stage, whole_model
+from stratagem.advisor.stage import Stage, busiest_stage, fill_share, whole_model
 from stratagem.errors import UsageError
 
 # Fraction of the dense peak that profiled FLOPs (matmuls, attention) run at, by device kind.
@@ -212,7 +212,7 @@ def estimate_time(profile: ModelProfile, *, cluster: Cluster, workload: Workload
                                                  compute=compute, recompute=recompute),
         tp_comm=tp_comm,  # on the critical path: nothing overlaps it
         pp_comm=estimate_pp_comm_exposed_seconds(step, total=pp_comm, compute=compute + recompute),
-        bubble=estimate_bubble_seconds(step, ideal=compute + recompute + tp_comm),
+        bubble=estimate_bubble_seconds(step, ideal=compute + recompute + tp_comm + _host_seconds(step)),
         optimizer=optimizer,
         offload=estimate_offload_seconds(step),
         dispatch=estimate_dispatch_seconds(step, device_busy=compute + recompute + tp_comm + optimizer),
@@ -392,15 +392,20 @@ def estimate_recompute_seconds(step: RankStep) -> float:
 
 
 def estimate_bubble_seconds(step: RankStep, *, ideal: float) -> float:
-    """Pipeline fill and drain, seconds: ``(pp−1)/(m·v)`` of the ideal time of the stage's
-    micro-batches (``ideal``: compute, recompute, TP communication) — Narayanan et al. 2021, §2.2.1 eq. 1
-    (GPipe and 1F1B alike) and §2.2.2 (interleaved: divided by ``v`` virtual stages). Zero-bubble
+    """Pipeline fill and drain, seconds: the busiest rank waits one micro-batch of every other
+    rank before its first and after its last (:func:`~stratagem.advisor.stage.fill_share` of its
+    own, by FLOPs), so ``share/(m·v)`` of the ideal time of its micro-batches (``ideal``:
+    compute, recompute, TP communication, and on CPU ranks the host's launching of their
+    operators) — Narayanan et al. 2021, §2.2.1 eq. 1 (GPipe and 1F1B alike; ``share = p − 1``
+    for equal stages) and §2.2.2 (interleaved: divided by ``v`` virtual stages). Zero-bubble
     (``interleaved-zb``) fills it with weight-gradient passes: Qi et al. 2024 (ZB-H1, §3) leave
     ``(p−1)(T_F + T_B − T_W)`` of 1F1B's ``(p−1)(T_F + T_B + T_W)``, with the backward split into
     equal input (``T_B``) and weight (``T_W``) halves: the forward's share of the pass. CPU ranks
     that share cores lose only part of it (:func:`bubble_lost_share`)."""
     plan = step.plan
-    bubble = (plan.pp - 1) / (plan.microbatches * plan.pp_virtual) * ideal
+    if plan.pp == 1:
+        return 0.0
+    bubble = fill_share(step.profile, plan) / (plan.microbatches * plan.pp_virtual) * ideal
     if plan.pp_schedule == "interleaved-zb":
         forward, backward = step.stage.sums["fwd_flops"], step.stage.sums["bwd_flops"]
         bubble *= forward / (forward + backward) if forward + backward else 1.0
@@ -697,25 +702,44 @@ def estimate_offload_seconds(step: RankStep) -> float:
 
 def estimate_dispatch_seconds(step: RankStep, *, device_busy: float) -> float:
     """Host time launching the step's operators that the device's own work does not hide,
-    seconds: every operator the profile counted in forward and backward of each micro-batch
-    (the checkpointed blocks' forward again under full recomputation), at the node's seconds per
-    operator (calibrated, else :data:`OP_DISPATCH_SECONDS`), and the optimizer's
-    (:func:`_optimizer_dispatch_seconds`). TP does not divide them: every rank runs every
-    operator. A CPU rank runs each operator as it launches it, so all of it adds; a GPU runs behind
-    the host, which binds only when it launches slower than the GPU computes (``device_busy``: the
-    step's compute, recompute, TP collectives and optimizer). Operators on DTensors — a TP block's
-    Linears (:data:`DTENSOR_OPS_PER_TP_LINEAR`), the optimizer's over FSDP2 or TP parameters —
-    cost DTensor's dispatch instead (calibrated, else :data:`DTENSOR_OP_SECONDS`)."""
-    sums, plan, node = step.stage.sums, step.plan, step.cluster.node
-    per_microbatch = sums["fwd_ops"] + sums["bwd_ops"]
-    if plan.activation_checkpointing == "full":
-        per_microbatch += step.stage.block_sums["fwd_ops"]
-    plain, dtensor = node.op_seconds or OP_DISPATCH_SECONDS, node.dtensor_op_seconds or DTENSOR_OP_SECONDS
-    tp_linear_ops = sum(n * _num_tp_linears(plan, b) for b, n in step.stage.kinds) * DTENSOR_OPS_PER_TP_LINEAR \
-        if plan.tp > 1 else 0
-    host = step.num_microbatches * (plain * per_microbatch + (dtensor - plain) * tp_linear_ops) \
+    seconds: every micro-batch's (:func:`microbatch_dispatch_seconds`) and the optimizer's
+    (:func:`_optimizer_dispatch_seconds`). A CPU rank runs each operator as it launches it, so
+    all of it adds; a GPU runs behind the host, which binds only when it launches slower than
+    the GPU computes (``device_busy``: the step's compute, recompute, TP collectives and
+    optimizer)."""
+    plain, dtensor = _op_seconds(step)
+    host = step.num_microbatches * microbatch_dispatch_seconds(step) \
         + _optimizer_dispatch_seconds(step, plain=plain, dtensor=dtensor)
     return max(0.0, host - device_busy) if step.cluster.is_gpu else host
+
+
+def microbatch_dispatch_seconds(step: RankStep) -> float:
+    """Host seconds launching one micro-batch's operators: every operator the profile counted in
+    forward and backward (the checkpointed blocks' forward again under full recomputation), at
+    the node's seconds per operator (calibrated, else :data:`OP_DISPATCH_SECONDS`). TP does not
+    divide them: every rank runs every operator. A TP block's Linears run theirs on DTensors
+    (:data:`DTENSOR_OPS_PER_TP_LINEAR`), at DTensor's cost per operator (calibrated, else
+    :data:`DTENSOR_OP_SECONDS`)."""
+    sums, plan = step.stage.sums, step.plan
+    ops = sums["fwd_ops"] + sums["bwd_ops"]
+    if plan.activation_checkpointing == "full":
+        ops += step.stage.block_sums["fwd_ops"]
+    plain, dtensor = _op_seconds(step)
+    tp_linear_ops = sum(n * _num_tp_linears(plan, b) for b, n in step.stage.kinds) * DTENSOR_OPS_PER_TP_LINEAR \
+        if plan.tp > 1 else 0
+    return plain * ops + (dtensor - plain) * tp_linear_ops
+
+
+def _host_seconds(step: RankStep) -> float:
+    """The micro-batches' host time that runs in line with their compute: all of it on CPU
+    ranks, none on GPUs (which the host runs ahead of)."""
+    return 0.0 if step.cluster.is_gpu else step.num_microbatches * microbatch_dispatch_seconds(step)
+
+
+def _op_seconds(step: RankStep) -> tuple[float, float]:
+    """Host seconds per operator on plain tensors and on DTensors: calibrated, else the estimates."""
+    node = step.cluster.node
+    return node.op_seconds or OP_DISPATCH_SECONDS, node.dtensor_op_seconds or DTENSOR_OP_SECONDS
 
 
 def _optimizer_dispatch_seconds(step: RankStep, *, plain: float, dtensor: float) -> float:

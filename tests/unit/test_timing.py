@@ -114,15 +114,34 @@ def test_full_checkpointing_recomputes_the_block_forwards():
     assert selective.recompute == pytest.approx(time.recompute / 4)
 
 
-def test_bubble_is_pp_minus_1_over_microbatches_times_virtual_of_the_stage_time():
+def test_the_bubble_is_a_microbatch_of_every_other_rank_over_the_virtual_stages():
+    even = dataclasses.replace(TOY, head=_segment("head", params=10**6))  # four equal stages
     plan = Plan(pp=4, microbatches=8, dp_replicate=2)
-    time = _time(plan)
+    time = _time(plan, profile=even)
+    # equal stages: Narayanan et al. 2021 eq. 1, (p−1)/m of the ideal time of m micro-batches
     assert time.bubble == pytest.approx(3 / 8 * (time.compute + time.recompute + time.tp_comm))
+    # TOY's head (2e12 FLOPs) doubles the last rank's load: the three others fill and drain in
+    # 3 × 2e12 / 4e12 = 1.5 of its micro-batches
+    heavy = _time(plan)
+    assert heavy.bubble == pytest.approx(1.5 / 8 * (heavy.compute + heavy.recompute + heavy.tp_comm))
     interleaved = _time(Plan(pp=4, microbatches=8, dp_replicate=2, pp_schedule="interleaved-1f1b",
-                             pp_virtual=2))
+                             pp_virtual=2), profile=even)
     assert interleaved.bubble == pytest.approx(time.bubble / 2)
-    gpipe = _time(Plan(pp=4, microbatches=8, dp_replicate=2, pp_schedule="gpipe"))
+    gpipe = _time(Plan(pp=4, microbatches=8, dp_replicate=2, pp_schedule="gpipe"), profile=even)
     assert gpipe.bubble == time.bubble
+
+
+def test_a_cpu_rank_bubble_holds_the_host_time_of_the_other_ranks_microbatches():
+    block = dataclasses.replace(TOY.blocks[0], fwd_ops=100, bwd_ops=200)
+    even = dataclasses.replace(TOY, blocks=(block,) * 8, head=_segment("head", params=10**6))
+    plan = Plan(pp=4, microbatches=8)
+    cpu = Cluster.parse("4xcpu")
+    time = _time(plan, profile=even, cluster=cpu)
+    step = rank_step(even, cluster=cpu, plan=plan, workload=Workload(global_batch_size=8, seq_len=SEQ))
+    host = 8 * timing.microbatch_dispatch_seconds(step)
+    assert host > 0
+    lost = bubble_lost_share(4, cpu.ranks_per_core)
+    assert time.bubble == pytest.approx(3 / 8 * (time.compute + host) * lost)
 
 
 def test_cpu_ranks_sharing_cores_lose_only_the_bubble_no_busy_rank_can_take():
