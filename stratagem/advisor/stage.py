@@ -63,13 +63,14 @@ def busiest_stage(profile: ModelProfile, plan: Plan) -> Stage:
 
 
 @by_identity_and_fields(*PARTITION_FIELDS)
-def fill_share(profile: ModelProfile, plan: Plan) -> float:
-    """The other pipeline ranks' forward and backward FLOPs over the busiest rank's: how many of
-    its micro-batches a pipeline's fill and drain take (``pp − 1`` when the stages are equal,
-    fewer when the busiest rank holds more, such as the head)."""
-    loads = [s.sums["fwd_flops"] + s.sums["bwd_flops"] for s in rank_stages(profile, plan)]
-    busiest = max(loads)
-    return (sum(loads) - busiest) / busiest if busiest else plan.pp - 1.0
+def others_share(profile: ModelProfile, plan: Plan, *fields: str) -> float:
+    """The other pipeline ranks' ``fields`` (summed) over the busiest rank's (:func:`busiest_stage`):
+    ``pp − 1`` when the stages are equal, less when the busiest holds more, such as the head.
+    Of forward and backward FLOPs: how many of its micro-batches a pipeline's fill and drain take."""
+    busiest = busiest_stage(profile, plan)
+    own = sum(busiest.sums[f] for f in fields)
+    total = sum(stage.sums[f] for stage in rank_stages(profile, plan) for f in fields)
+    return (total - own) / own if own else plan.pp - 1.0
 
 
 def whole_model(profile: ModelProfile) -> Stage:

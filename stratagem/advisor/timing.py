@@ -30,7 +30,7 @@ from stratagem.advisor.hardware.spec import Cluster
 from stratagem.advisor.plan import MeshAxis, Plan, Workload
 from stratagem.advisor.precision import Precision, get_precision
 from stratagem.advisor.model_profile import LinearLayer, ModelProfile, SegmentProfile
-from stratagem.advisor.stage import Stage, busiest_stage, fill_share, whole_model
+from stratagem.advisor.stage import Stage, busiest_stage, others_share, whole_model
 from stratagem.errors import UsageError
 
 # Fraction of the dense peak that profiled FLOPs (matmuls, attention) run at, by device kind.
@@ -205,14 +205,16 @@ def estimate_time(profile: ModelProfile, *, cluster: Cluster, workload: Workload
     grads, gathers = estimate_grad_sync_seconds(step), estimate_param_gather_seconds(step)
     pp_comm = estimate_pp_comm_seconds(step)
     optimizer = estimate_optimizer_seconds(step)
+    dp_comm = estimate_dp_comm_exposed_seconds(step, grads=grads, gathers=gathers, compute=compute, recompute=recompute)
+    reductions = dp_comm - (gathers if plan.zero == 1 else 0.0)  # zero 1's post-step gathers are not the backward's
     return TimeBreakdown(
         compute=compute,
         recompute=recompute,
-        dp_comm=estimate_dp_comm_exposed_seconds(step, grads=grads, gathers=gathers,
-                                                 compute=compute, recompute=recompute),
+        dp_comm=dp_comm,
         tp_comm=tp_comm,  # on the critical path: nothing overlaps it
         pp_comm=estimate_pp_comm_exposed_seconds(step, total=pp_comm, compute=compute + recompute),
-        bubble=estimate_bubble_seconds(step, ideal=compute + recompute + tp_comm + _host_seconds(step)),
+        bubble=estimate_bubble_seconds(step, ideal=compute + recompute + tp_comm + _host_seconds(step),
+                                       reductions=reductions),
         optimizer=optimizer,
         offload=estimate_offload_seconds(step),
         dispatch=estimate_dispatch_seconds(step, device_busy=compute + recompute + tp_comm + optimizer),
@@ -391,9 +393,9 @@ def estimate_recompute_seconds(step: RankStep) -> float:
     return step.num_microbatches * per_microbatch
 
 
-def estimate_bubble_seconds(step: RankStep, *, ideal: float) -> float:
+def estimate_bubble_seconds(step: RankStep, *, ideal: float, reductions: float) -> float:
     """Pipeline fill and drain, seconds: the busiest rank waits one micro-batch of every other
-    rank before its first and after its last (:func:`~stratagem.advisor.stage.fill_share` of its
+    rank before its first and after its last (:func:`~stratagem.advisor.stage.others_share` of its
     own, by FLOPs), so ``share/(m·v)`` of the ideal time of its micro-batches (``ideal``:
     compute, recompute, TP communication, and on CPU ranks the host's launching of their
     operators) — Narayanan et al. 2021, §2.2.1 eq. 1 (GPipe and 1F1B alike; ``share = p − 1``
@@ -401,15 +403,22 @@ def estimate_bubble_seconds(step: RankStep, *, ideal: float) -> float:
     (``interleaved-zb``) fills it with weight-gradient passes: Qi et al. 2024 (ZB-H1, §3) leave
     ``(p−1)(T_F + T_B − T_W)`` of 1F1B's ``(p−1)(T_F + T_B + T_W)``, with the backward split into
     equal input (``T_B``) and weight (``T_W``) halves: the forward's share of the pass. CPU ranks
-    that share cores lose only part of it (:func:`bubble_lost_share`)."""
+    that share cores lose only part of it (:func:`bubble_lost_share`).
+
+    DDP (zero 0/1) reduces inside each stage's last backward, before its input gradient goes
+    upstream (torch.distributed.pipelining), so the drain also waits for the other ranks'
+    reductions: the rank's own exposed ones (``reductions``), scaled by the other ranks'
+    parameters over its own; waiting on communication, no busy rank takes those cores."""
     plan = step.plan
     if plan.pp == 1:
         return 0.0
-    bubble = fill_share(step.profile, plan) / (plan.microbatches * plan.pp_virtual) * ideal
+    share = others_share(step.profile, plan, "fwd_flops", "bwd_flops")
+    bubble = share / (plan.microbatches * plan.pp_virtual) * ideal
     if plan.pp_schedule == "interleaved-zb":
         forward, backward = step.stage.sums["fwd_flops"], step.stage.sums["bwd_flops"]
         bubble *= forward / (forward + backward) if forward + backward else 1.0
-    return bubble * bubble_lost_share(plan.pp, step.cluster.ranks_per_core)
+    drain = others_share(step.profile, plan, "num_params") * reductions if plan.zero <= 1 else 0.0
+    return bubble * bubble_lost_share(plan.pp, step.cluster.ranks_per_core) + drain
 
 
 def bubble_lost_share(pp: int, ranks_per_core: float) -> float:
@@ -542,7 +551,8 @@ def collective_wait_seconds(step: RankStep, group_size: int) -> float:
 def estimate_pp_comm_seconds(step: RankStep) -> float:
     """Pipeline p2p, seconds per step on one rank: every micro-batch sends its activation
     forward and its gradient backward across each of the rank's ``pp_virtual`` stage boundaries
-    (Narayanan et al. 2021, §2.2)."""
+    (Narayanan et al. 2021, §2.2), each message received by a rank that waits on it
+    (:func:`_pp_message_seconds`)."""
     plan = step.plan
     if plan.pp == 1:
         return 0.0
@@ -562,11 +572,14 @@ def estimate_pp_comm_exposed_seconds(step: RankStep, *, total: float, compute: f
 
 
 def _pp_message_seconds(step: RankStep) -> float:
-    """One boundary activation (as profiled, scaled to the micro-batch; split over TP with SP)."""
+    """One boundary activation (as profiled, scaled to the micro-batch; split over TP with SP),
+    and the receiver's wait for a sender that reaches it apart, as a blocking collective's
+    (:func:`collective_wait_seconds`: on CPU ranks that share cores, the sender's transfer
+    waits for a scheduler slice while the others compute)."""
     plan = step.plan
     num_bytes = step.stage.max_block_output_bytes * step.batch_scale
     num_bytes /= plan.tp if plan.sequence_parallel else 1
-    return estimate_p2p_seconds(num_bytes, **step.link(MeshAxis.PP, "p2p"))
+    return estimate_p2p_seconds(num_bytes, **step.link(MeshAxis.PP, "p2p")) + collective_wait_seconds(step, 2)
 
 
 # -- data-parallel communication -------------------------------------------------------------
@@ -624,9 +637,15 @@ def estimate_dp_comm_exposed_seconds(step: RankStep, *, grads: float, gathers: f
     = ``max(0, comm − window × efficiency)`` (:data:`DP_OVERLAP_EFFICIENCY`, or the calibrated
     overlap) plus the last bucket or unit, which
     starts when compute ends. zero 1's post-step parameter sync has nothing to hide behind.
-    ``grads`` and ``gathers``: the reductions' and gathers' full seconds; ``compute`` and
-    ``recompute``: the step's."""
-    fixed, hideable = (gathers, grads) if step.plan.zero == 1 else (0.0, grads + gathers)
+    Under a pipeline schedule (torch.distributed.pipelining), FSDP reduces once after the last
+    micro-batch (``perform_reduce_grad``), beside no compute (DDP's reductions inside the last
+    backward delay the pipeline's drain: :func:`estimate_bubble_seconds`). ``grads`` and
+    ``gathers``: the reductions' and gathers' full seconds; ``compute`` and ``recompute``: the
+    step's."""
+    plan = step.plan
+    fixed, hideable = (gathers, grads) if plan.zero == 1 else (0.0, grads + gathers)
+    if plan.pp > 1 and plan.zero >= 2:
+        fixed, hideable = grads, gathers
     if hideable == 0.0:
         return fixed
     overlap = step.cluster.node.comm_overlap

@@ -116,7 +116,7 @@ def test_full_checkpointing_recomputes_the_block_forwards():
 
 def test_the_bubble_is_a_microbatch_of_every_other_rank_over_the_virtual_stages():
     even = dataclasses.replace(TOY, head=_segment("head", params=10**6))  # four equal stages
-    plan = Plan(pp=4, microbatches=8, dp_replicate=2)
+    plan = Plan(pp=4, microbatches=8, dp_shard=2, zero=3)  # FSDP: no reduction in the drain
     time = _time(plan, profile=even)
     # equal stages: Narayanan et al. 2021 eq. 1, (p−1)/m of the ideal time of m micro-batches
     assert time.bubble == pytest.approx(3 / 8 * (time.compute + time.recompute + time.tp_comm))
@@ -124,11 +124,29 @@ def test_the_bubble_is_a_microbatch_of_every_other_rank_over_the_virtual_stages(
     # 3 × 2e12 / 4e12 = 1.5 of its micro-batches
     heavy = _time(plan)
     assert heavy.bubble == pytest.approx(1.5 / 8 * (heavy.compute + heavy.recompute + heavy.tp_comm))
-    interleaved = _time(Plan(pp=4, microbatches=8, dp_replicate=2, pp_schedule="interleaved-1f1b",
-                             pp_virtual=2), profile=even)
+    interleaved = _time(dataclasses.replace(plan, pp_schedule="interleaved-1f1b", pp_virtual=2), profile=even)
     assert interleaved.bubble == pytest.approx(time.bubble / 2)
-    gpipe = _time(Plan(pp=4, microbatches=8, dp_replicate=2, pp_schedule="gpipe"), profile=even)
+    gpipe = _time(dataclasses.replace(plan, pp_schedule="gpipe"), profile=even)
     assert gpipe.bubble == time.bubble
+
+
+def test_a_pipeline_drain_waits_for_every_stage_ddp_reduction_and_fsdp_reduces_after_it():
+    even = dataclasses.replace(TOY, head=_segment("head", params=10**6))
+    plan = Plan(pp=4, microbatches=8, dp_replicate=2)
+    ddp = _time(plan, profile=even)
+    # ranks hold 3, 2, 2 and 3 M parameters (embedding and head at the ends); the first is
+    # costed, and the drain waits for the other ranks' 7 M reducing as its own 3 M do
+    assert ddp.bubble == pytest.approx(3 / 8 * (ddp.compute + ddp.recompute + ddp.tp_comm) + 7 / 3 * ddp.dp_comm)
+    fsdp = dataclasses.replace(plan, dp_replicate=1, dp_shard=2, zero=2)
+    step = rank_step(even, cluster=H100, plan=fsdp,
+                     workload=Workload(global_batch_size=fsdp.global_batch_size, seq_len=SEQ))
+    grads = timing.estimate_grad_sync_seconds(step)
+    assert grads > 0
+    assert _time(fsdp, profile=even).dp_comm >= grads  # after the last micro-batch: nothing hides them
+    alone = dataclasses.replace(fsdp, pp=1, microbatches=1, grad_accum=8)
+    assert _time(alone, profile=even).dp_comm < timing.estimate_grad_sync_seconds(
+        rank_step(even, cluster=H100, plan=alone, workload=Workload(global_batch_size=alone.global_batch_size,
+                                                                    seq_len=SEQ)))
 
 
 def test_a_cpu_rank_bubble_holds_the_host_time_of_the_other_ranks_microbatches():
@@ -227,6 +245,9 @@ def test_pp_comm_sends_every_microbatch_both_ways_and_exposes_fill_and_drain():
     time = _time(plan)
     assert time.pp_comm_total == pytest.approx(2 * 4 * one)
     assert time.pp_comm == pytest.approx(2 * 1 * one)
+    # ranks that reach a message apart (calibrated on CPU ranks sharing cores) wait on each one
+    waiting = dataclasses.replace(H100, node=dataclasses.replace(H100.node, sync_seconds=1e-3))
+    assert _time(plan, cluster=waiting).pp_comm_total == pytest.approx(2 * 4 * (one + 1e-3))
 
 
 def test_ddp_all_reduces_fp32_gradients_once_per_step_bucket_by_bucket():
