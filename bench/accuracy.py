@@ -57,7 +57,7 @@ def seq_len(model: str, scale: str) -> int | None:
 
 
 def cases(nproc: int, scale: str) -> list[Case]:
-    """The same seven or nine plans for each of three model shapes (TP and TP×FSDP where the model
+    """The same eight or ten plans for each of three model shapes (TP and TP×FSDP where the model
     has a TP layout), so that each model's ranking compares as many pairs; plans for ``nproc``
     ranks (4 by default), each training the same global batch per step."""
     half = nproc // 2
@@ -74,6 +74,7 @@ def cases(nproc: int, scale: str) -> list[Case]:
             Plan(dp_shard=nproc, zero=2, **common, **blocks),
             Plan(dp_replicate=2, dp_shard=half, zero=3, **common, **blocks),
             Plan(pp=2, dp_replicate=half, microbatches=2, pp_schedule="1f1b", **common, **blocks),
+            Plan(pp=2, dp_shard=half, zero=3, microbatches=2, pp_schedule="1f1b", **common, **blocks),
         ]
         if profile.tp_layout:  # accumulating to the others' global batch: every plan trains the same samples
             tp = {"tp_layout": profile.tp_layout, **common, **blocks}

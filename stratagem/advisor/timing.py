@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from stratagem.advisor.collectives import (
     estimate_all_gather_seconds,
@@ -30,7 +30,7 @@ from stratagem.advisor.hardware.spec import Cluster
 from stratagem.advisor.plan import MeshAxis, Plan, Workload
 from stratagem.advisor.precision import Precision, get_precision
 from stratagem.advisor.model_profile import LinearLayer, ModelProfile, SegmentProfile
-from stratagem.advisor.stage import Stage, busiest_stage, others_share, whole_model
+from stratagem.advisor.stage import Stage, busiest_stage, others_share, rank_stages, whole_model
 from stratagem.errors import UsageError
 
 # Fraction of the dense peak that profiled FLOPs (matmuls, attention) run at, by device kind.
@@ -395,15 +395,18 @@ def estimate_recompute_seconds(step: RankStep) -> float:
 
 def estimate_bubble_seconds(step: RankStep, *, ideal: float, reductions: float) -> float:
     """Pipeline fill and drain, seconds: the busiest rank waits one micro-batch of every other
-    rank before its first and after its last (:func:`~stratagem.advisor.stage.others_share` of its
-    own, by FLOPs), so ``share/(m·v)`` of the ideal time of its micro-batches (``ideal``:
+    rank before its first and after its last (:func:`_others_share` of its own), so ``share/(m·v)`` of the ideal time of its micro-batches (``ideal``:
     compute, recompute, TP communication, and on CPU ranks the host's launching of their
     operators) — Narayanan et al. 2021, §2.2.1 eq. 1 (GPipe and 1F1B alike; ``share = p − 1``
     for equal stages) and §2.2.2 (interleaved: divided by ``v`` virtual stages). Zero-bubble
     (``interleaved-zb``) fills it with weight-gradient passes: Qi et al. 2024 (ZB-H1, §3) leave
     ``(p−1)(T_F + T_B − T_W)`` of 1F1B's ``(p−1)(T_F + T_B + T_W)``, with the backward split into
-    equal input (``T_B``) and weight (``T_W``) halves: the forward's share of the pass. CPU ranks
-    that share cores lose only part of it (:func:`bubble_lost_share`).
+    equal input (``T_B``) and weight (``T_W``) halves: the forward's share of the pass.
+
+    CPU ranks that share cores lose only part of it (:func:`bubble_lost_share`); for the rest,
+    the node's cores run every rank's micro-batches as they come, so the busiest rank's take the
+    ranks' mean time rather than its own (the lighter stages leave it their cores): where stages
+    differ, that part is negative.
 
     DDP (zero 0/1) reduces inside each stage's last backward, before its input gradient goes
     upstream (torch.distributed.pipelining), so the drain also waits for the other ranks'
@@ -412,13 +415,31 @@ def estimate_bubble_seconds(step: RankStep, *, ideal: float, reductions: float) 
     plan = step.plan
     if plan.pp == 1:
         return 0.0
-    share = others_share(step.profile, plan, "fwd_flops", "bwd_flops")
-    bubble = share / (plan.microbatches * plan.pp_virtual) * ideal
+    share = _others_share(step)
+    fill = share / (plan.microbatches * plan.pp_virtual) * ideal
     if plan.pp_schedule == "interleaved-zb":
         forward, backward = step.stage.sums["fwd_flops"], step.stage.sums["bwd_flops"]
-        bubble *= forward / (forward + backward) if forward + backward else 1.0
+        fill *= forward / (forward + backward) if forward + backward else 1.0
+    lost = bubble_lost_share(plan.pp, step.cluster.ranks_per_core)
+    spread = (1 - lost) * ((1 + share) / plan.pp - 1) * ideal
     drain = others_share(step.profile, plan, "num_params") * reductions if plan.zero <= 1 else 0.0
-    return bubble * bubble_lost_share(plan.pp, step.cluster.ranks_per_core) + drain
+    return lost * fill + spread + drain
+
+
+def _others_share(step: RankStep) -> float:
+    """The other pipeline ranks' micro-batches over the busiest rank's: by FLOPs on GPUs
+    (:func:`~stratagem.advisor.stage.others_share`); on CPU ranks, where the host's launching and
+    the bytes moved weigh as much as FLOPs (an embedding's gather has none), each rank's passes
+    and launching, costed at this rank's rates."""
+    if step.cluster.is_gpu:
+        return others_share(step.profile, step.plan, "fwd_flops", "bwd_flops")
+
+    def load(rank: RankStep) -> float:
+        return rank.pass_seconds("fwd") + rank.pass_seconds("bwd") + microbatch_dispatch_seconds(rank)
+
+    own = load(step)
+    total = sum(load(replace(step, stage=stage)) for stage in rank_stages(step.profile, step.plan))
+    return (total - own) / own if own else step.plan.pp - 1.0
 
 
 def bubble_lost_share(pp: int, ranks_per_core: float) -> float:

@@ -130,6 +130,16 @@ def test_the_bubble_is_a_microbatch_of_every_other_rank_over_the_virtual_stages(
     assert gpipe.bubble == time.bubble
 
 
+def test_ranks_sharing_cores_run_the_busiest_stage_at_the_ranks_mean_load():
+    cpu, host = Cluster.parse("4xcpu"), HostSpec(num_cores=2, num_physical_cores=2, memory_bytes=2**34)
+    shared = dataclasses.replace(cpu, node=dataclasses.replace(cpu.node, host=host))
+    plan = Plan(pp=2, dp_shard=2, zero=3, microbatches=4)  # 2 ranks a core: no bubble lost
+    time = _time(plan, cluster=shared)
+    # TOY's stages: 4 blocks (12e12 FLOPs a micro-batch) against 4 blocks and the head (18e12):
+    # the cores run both at their mean, 15/18 of the busiest's time
+    assert time.bubble == pytest.approx((15 / 18 - 1) * (time.compute + time.recompute + time.tp_comm))
+
+
 def test_a_pipeline_drain_waits_for_every_stage_ddp_reduction_and_fsdp_reduces_after_it():
     even = dataclasses.replace(TOY, head=_segment("head", params=10**6))
     plan = Plan(pp=4, microbatches=8, dp_replicate=2)
