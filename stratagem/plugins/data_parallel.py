@@ -69,8 +69,8 @@ def apply_fully_shard(module: nn.Module, plan: Plan, dp_mesh: DeviceMesh) -> Non
         "offload_policy": offload_policy(plan),
     }
     if plan.block_container is None:
-        log.warning("FSDP: the plan names no block_container, so the root is the only unit and the "
-                    "whole model is gathered at once")
+        log.warning("FSDP: no block units (the plan names no block_container, or this is a pipeline stage "
+                    "traced as one graph), so the root is the only unit and all of it is gathered at once")
         blocks = []
     else:
         blocks = find_blocks(module, plan)
