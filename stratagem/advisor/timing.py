@@ -205,7 +205,8 @@ def estimate_time(profile: ModelProfile, *, cluster: Cluster, workload: Workload
     grads, gathers = estimate_grad_sync_seconds(step), estimate_param_gather_seconds(step)
     pp_comm = estimate_pp_comm_seconds(step)
     optimizer = estimate_optimizer_seconds(step)
-    dp_comm = estimate_dp_comm_exposed_seconds(step, grads=grads, gathers=gathers, compute=compute, recompute=recompute)
+    dp_comm = estimate_dp_comm_exposed_seconds(step, grads=grads, gathers=gathers, compute=compute,
+                                               recompute=recompute)
     reductions = dp_comm - (gathers if plan.zero == 1 else 0.0)  # zero 1's post-step gathers are not the backward's
     return TimeBreakdown(
         compute=compute,
@@ -395,10 +396,11 @@ def estimate_recompute_seconds(step: RankStep) -> float:
 
 def estimate_bubble_seconds(step: RankStep, *, ideal: float, reductions: float) -> float:
     """Pipeline fill and drain, seconds: the busiest rank waits one micro-batch of every other
-    rank before its first and after its last (:func:`_others_share` of its own), so ``share/(m·v)`` of the ideal time of its micro-batches (``ideal``:
-    compute, recompute, TP communication, and on CPU ranks the host's launching of their
-    operators) — Narayanan et al. 2021, §2.2.1 eq. 1 (GPipe and 1F1B alike; ``share = p − 1``
-    for equal stages) and §2.2.2 (interleaved: divided by ``v`` virtual stages). Zero-bubble
+    rank before its first and after its last (:func:`_others_share` of its own), so
+    ``share/(m·v)`` of the ideal time of its micro-batches (``ideal``: compute, recompute, TP
+    communication, and on CPU ranks the host's launching of their operators) — Narayanan et al.
+    2021, §2.2.1 eq. 1 (GPipe and 1F1B alike; ``share = p − 1`` for equal stages) and §2.2.2
+    (interleaved: divided by ``v`` virtual stages). Zero-bubble
     (``interleaved-zb``) fills it with weight-gradient passes: Qi et al. 2024 (ZB-H1, §3) leave
     ``(p−1)(T_F + T_B − T_W)`` of 1F1B's ``(p−1)(T_F + T_B + T_W)``, with the backward split into
     equal input (``T_B``) and weight (``T_W``) halves: the forward's share of the pass.
