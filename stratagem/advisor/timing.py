@@ -97,7 +97,9 @@ DTENSOR_OP_SECONDS = 100e-6
 # the layout changes around it, the backward's two matmuls and theirs. Counted with
 # torch.profiler (DTensor dispatches, forward and backward, torch 2.13, TP 2 without FSDP):
 # bench/dtensor_ops.py prints 13.6 per TP Linear of llama-small, 10.4 of mixtral-small, 16.7 of
-# vit-small.
+# vit-small. Uncalibrated, a TP Linear's host time is these at DTENSOR_OP_SECONDS; calibration
+# measures a TP Linear's directly (NodeSpec.tp_linear_seconds: on 4 gloo ranks sharing 2 cores
+# about 0.95 ms, 13 × the optimizer's DTensor operator, whose sharding needs no propagation).
 DTENSOR_OPS_PER_TP_LINEAR = 12
 
 # Operators one optimizer step dispatches per parameter tensor (torch.optim's single-tensor
@@ -759,17 +761,25 @@ def microbatch_dispatch_seconds(step: RankStep) -> float:
     """Host seconds launching one micro-batch's operators: every operator the profile counted in
     forward and backward (the checkpointed blocks' forward again under full recomputation), at
     the node's seconds per operator (calibrated, else :data:`OP_DISPATCH_SECONDS`). TP does not
-    divide them: every rank runs every operator. A TP block's Linears run theirs on DTensors
-    (:data:`DTENSOR_OPS_PER_TP_LINEAR`), at DTensor's cost per operator (calibrated, else
-    :data:`DTENSOR_OP_SECONDS`)."""
+    divide them: every rank runs every operator. A TP block's Linears run on DTensors, which adds
+    the node's host seconds per TP Linear (:func:`_tp_linear_seconds`)."""
     sums, plan = step.stage.sums, step.plan
     ops = sums["fwd_ops"] + sums["bwd_ops"]
     if plan.activation_checkpointing == "full":
         ops += step.stage.block_sums["fwd_ops"]
+    tp_linears = sum(n * _num_tp_linears(plan, b) for b, n in step.stage.kinds) if plan.tp > 1 else 0
+    return _op_seconds(step)[0] * ops + tp_linears * _tp_linear_seconds(step)
+
+
+def _tp_linear_seconds(step: RankStep) -> float:
+    """Host seconds a TP Linear's forward and backward on DTensors add beyond a plain Linear's:
+    calibrated (``NodeSpec.tp_linear_seconds``), else :data:`DTENSOR_OPS_PER_TP_LINEAR` operators
+    at DTensor's cost per operator beyond a plain one's."""
+    measured = step.cluster.node.tp_linear_seconds
+    if measured is not None:
+        return measured
     plain, dtensor = _op_seconds(step)
-    tp_linear_ops = sum(n * _num_tp_linears(plan, b) for b, n in step.stage.kinds) * DTENSOR_OPS_PER_TP_LINEAR \
-        if plan.tp > 1 else 0
-    return plain * ops + (dtensor - plain) * tp_linear_ops
+    return DTENSOR_OPS_PER_TP_LINEAR * (dtensor - plain)
 
 
 def _host_seconds(step: RankStep) -> float:

@@ -89,6 +89,7 @@ def calibration_table(calibration: Calibration) -> Table:
         table.add_row("… per MiB moved without FLOPs", format_seconds(calibration.op_byte_seconds * 2**20))
     if calibration.dtensor_op_seconds is not None:
         table.add_row("… per optimizer operator on DTensors", format_seconds(calibration.dtensor_op_seconds))
+    table.add_row("… per TP Linear on DTensors (fwd + bwd)", format_seconds(calibration.tp_linear_seconds))
     for name, (per_param, per_tensor) in (calibration.optimizer_seconds or {}).items():
         table.add_row(f"{name} step per M params, per tensor",
                       f"{format_seconds(per_param * 1e6)}, {format_seconds(per_tensor)}")

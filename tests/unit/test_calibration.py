@@ -44,7 +44,8 @@ def _calibration(cluster: Cluster, **links: LinkFit) -> Calibration:
         matmul={"bf16": ((4096, 650e12), (8192, 700e12)), "fp32": ((4096, 50e12),)}, memory_bandwidth=3.0e12,
         links={scope: {"all_reduce": {cluster.devices_per_node if scope == "intra" else cluster.world_size: fit}}
                for scope, fit in links.items()},
-        overlap=0.7, op_seconds=4e-6, op_byte_seconds=2e-10, dtensor_op_seconds=1e-4, sync_seconds=2e-5,
+        overlap=0.7, op_seconds=4e-6, op_byte_seconds=2e-10, dtensor_op_seconds=1e-4, tp_linear_seconds=3e-4,
+        sync_seconds=2e-5,
         optimizer_seconds={"adamw": (2e-11, 1e-5), "sgd": (3e-12, 2e-6)}, framework_bytes=300 * 2**20,
         seconds=42.0, unaligned_matmul={"bf16": 0.2},
         created="2026-11-22T00:00:00+00:00")
@@ -62,7 +63,7 @@ def test_apply_replaces_catalog_figures() -> None:
     assert result.node.comm_overlap == 0.7 and Cluster.from_dict(result.to_dict()) == result
     assert result.node.collectives == (("all_reduce", 8, 300e9, 5e-6),)  # in-node fits only
     assert (result.node.op_seconds, result.node.op_byte_seconds, result.node.sync_seconds,
-            result.node.framework_bytes) == (4e-6, 2e-10, 2e-5, 300 * 2**20)
+            result.node.framework_bytes, result.node.tp_linear_seconds) == (4e-6, 2e-10, 2e-5, 300 * 2**20, 3e-4)
     assert result.node.optimizer_seconds == (("adamw", 2e-11, 1e-5), ("sgd", 3e-12, 2e-6))
     assert result.node.unaligned_matmul == (("bf16", 0.2),)
     assert result.spec.startswith("2x8xH100") and any(n.startswith("calibrated:") for n in result.notes)
@@ -121,6 +122,24 @@ def test_each_collective_costs_its_own_fit_and_the_measured_overheads_apply() ->
     assert ops > 0 and times["base", ddp.name].dispatch >= ops * 4e-6  # CPU ranks: all of it adds
     memory = evaluate(profile, base.apply(cluster), workload, ddp).memory
     assert memory.framework == 300 * 2**20 and memory.total > memory.framework
+
+
+def test_a_measured_tp_linear_host_time_prices_every_tp_linear_of_every_microbatch() -> None:
+    from stratagem.advisor.evaluate import evaluate
+    from stratagem.advisor.plan import Plan, Workload
+    from stratagem.advisor.profiles import profile_spec
+
+    cluster = Cluster.parse("4xcpu")
+    profile = profile_spec("llama-tiny", seq_len=32, precision="fp32")
+    plan = Plan(tp=2, dp_shard=2, zero=3, tp_layout=profile.tp_layout, block_container=profile.block_container,
+                micro_batch_size=2, grad_accum=2, precision="fp32")
+    workload = Workload(global_batch_size=8, seq_len=32, precision="fp32")
+    base = _calibration(cluster, intra=LinkFit(1e-3, 1e9, ()))
+    slower = dataclasses.replace(base, tp_linear_seconds=base.tp_linear_seconds + 1e-3)
+    added = (evaluate(profile, slower.apply(cluster), workload, plan).time.dispatch
+             - evaluate(profile, base.apply(cluster), workload, plan).time.dispatch)
+    linears = sum(style in ("colwise", "rowwise") for _, style in profile.tp_layout) * len(profile.blocks)
+    assert linears > 0 and added == pytest.approx(2 * linears * 1e-3)
 
 
 def test_round_trip_and_lookup_by_hardware(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

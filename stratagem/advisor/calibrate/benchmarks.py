@@ -26,7 +26,7 @@ from stratagem.advisor.model_profile import ModelProfile
 
 __all__ = ["ComputeRates", "collective_seconds", "compute_rates", "dtensor_op_seconds", "framework_bytes",
            "interleaved", "memory_bandwidth", "op_byte_seconds", "op_seconds", "optimizer_class", "optimizer_seconds",
-           "overlap_fraction", "sync_seconds", "timed"]
+           "overlap_fraction", "sync_seconds", "timed", "tp_linear_seconds"]
 
 BUDGET_SECONDS = 1.0
 """Time one measurement may take after its warm-up (the calibration aims at a minute per node)."""
@@ -352,6 +352,41 @@ def dtensor_op_seconds(device: torch.device, *, repeats: int) -> float:
         param.grad = torch.ones_like(param)
     optimizer = torch.optim.AdamW(params)
     return timed(optimizer.step, device, repeats=repeats) / (len(params) * OPTIMIZER_OPS_PER_TENSOR["adamw"])
+
+
+TP_LINEAR_SHAPE = (2, 16, 64, 20)
+"""(rows, width, hidden, steps per timing) of the MLP whose steps on DTensors measure a TP
+Linear's host time: small enough that its matmuls cost nothing beside the dispatch."""
+
+
+def tp_linear_seconds(device: torch.device, *, repeats: int) -> float:
+    """Host seconds a tensor-parallel Linear adds to a micro-batch's forward and backward on
+    DTensors beyond the same Linear on plain tensors (DTensor's dispatch, sharding propagation and
+    layout changes): a two-Linear MLP, column- then row-wise as the TP plugin splits a block,
+    stepped on a TP mesh of this rank alone (its collectives then cost nothing: the TP time model
+    prices them apart) against the plain MLP, timed :func:`interleaved`, the difference halved.
+    Every rank runs at once, as in training."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    rows, width, hidden, steps = TP_LINEAR_SHAPE
+    mesh = init_device_mesh(device.type, (dist.get_world_size(), 1), mesh_dim_names=("rank", "tp"))["tp"]
+
+    def mlp() -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Linear(width, hidden, bias=False), torch.nn.GELU(),
+                                   torch.nn.Linear(hidden, width, bias=False)).to(device)
+
+    x = torch.randn(rows, width, device=device)
+
+    def train(module: torch.nn.Module) -> Callable[[], None]:
+        def run() -> None:
+            for _ in range(steps):
+                module(x).sum().backward()
+        return run
+
+    split = parallelize_module(mlp(), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    plain, tensor_parallel = interleaved([train(mlp()), train(split)], device, repeats=repeats)
+    return max(tensor_parallel - plain, 0.0) / (2 * steps)
 
 
 def optimizer_class(name: str) -> type[torch.optim.Optimizer]:

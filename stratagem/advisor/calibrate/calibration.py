@@ -29,7 +29,7 @@ __all__ = ["COLLECTIVES", "Calibration", "LinkFit", "calibrated", "calibration_p
            "fit_link", "hardware_key", "ring_steps"]
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "p2p")
-FORMAT_VERSION = 6  # 6: op_byte_seconds per byte moved, not written; unaligned_matmul
+FORMAT_VERSION = 7  # 6: op_byte_seconds per byte moved, not written; unaligned_matmul. 7: tp_linear_seconds
 
 
 def ring_steps(op: str, group_size: int) -> int:
@@ -86,7 +86,9 @@ class Calibration:
     operator of a small model's training step beyond its matmul FLOPs; ``op_byte_seconds``:
     seconds per byte operators without FLOPs move, beyond those and the matmuls, in a larger
     model's step (CPU ranks), or at the copy's bandwidth (GPUs); ``dtensor_op_seconds``: per
-    operator of an optimizer step over DTensor parameters; ``optimizer_seconds``: per optimizer, its step's seconds
+    operator of an optimizer step over DTensor parameters; ``tp_linear_seconds``: what a
+    tensor-parallel Linear's forward and backward on DTensors add to the host's time beyond a
+    plain Linear's; ``optimizer_seconds``: per optimizer, its step's seconds
     per fp32 parameter and per parameter tensor. ``sync_seconds``: what a blocking collective waits
     beyond its own time when it follows compute (the ranks arriving apart). ``framework_bytes``: the
     memory a fresh process's first training steps take beyond their tensors.
@@ -103,6 +105,7 @@ class Calibration:
     op_seconds: float | None
     op_byte_seconds: float | None
     dtensor_op_seconds: float | None
+    tp_linear_seconds: float
     optimizer_seconds: dict[str, tuple[float, float]] | None
     sync_seconds: float | None
     framework_bytes: float | None
@@ -126,7 +129,8 @@ class Calibration:
         measured), memory bandwidth, the in-node link (the all-reduce fit) and each collective's
         own fit per group size inside a node, the network (α, β, efficiency 1: the fit already is
         what collectives reach), how much communication hides under compute, the host seconds per
-        operator and per byte its operators without FLOPs move, the optimizers' steps, the wait
+        operator and per byte its operators without FLOPs move, a TP Linear's on DTensors, the
+        optimizers' steps, the wait
         of a collective after compute, and the framework's memory. The
         matmul rates of every size measured go along (``NodeSpec.matmul_curve``), and the share
         of them unaligned GEMMs reach (``NodeSpec.unaligned_matmul``). A note says so."""
@@ -156,6 +160,7 @@ class Calibration:
                                    unaligned_matmul=tuple(self.unaligned_matmul.items()),
                                    op_byte_seconds=self.op_byte_seconds,
                                    dtensor_op_seconds=self.dtensor_op_seconds,
+                                   tp_linear_seconds=self.tp_linear_seconds,
                                    optimizer_seconds=tuple((name, *costs) for name, costs
                                                            in (self.optimizer_seconds or {}).items()),
                                    sync_seconds=self.sync_seconds, framework_bytes=self.framework_bytes)

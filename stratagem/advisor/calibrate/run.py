@@ -30,6 +30,7 @@ from stratagem.advisor.calibrate.benchmarks import (
     optimizer_seconds,
     overlap_fraction,
     sync_seconds,
+    tp_linear_seconds,
 )
 from stratagem.advisor.calibrate.calibration import COLLECTIVES, Calibration, LinkFit, fit_link, hardware_key
 from stratagem.advisor.calibrate.processes import (
@@ -161,6 +162,7 @@ def _measure(cluster: Cluster, device: torch.device, settings: Settings, dtypes:
     optimizers = optimizer_seconds(settings.copy_bytes // 16, device, repeats=settings.repeats)
     step("optimizer steps")
     per_dtensor_op = across_ranks(dtensor_op_seconds(device, repeats=settings.repeats))
+    per_tp_linear = tp_linear_seconds(device, repeats=settings.repeats)
     step("DTensor operator dispatch")
     alone = dist.get_world_size() == 1  # no collective to measure: their figures stay the catalog's
     sync = None if alone else sync_seconds(device, repeats=settings.repeats)
@@ -183,7 +185,8 @@ def _measure(cluster: Cluster, device: torch.device, settings: Settings, dtypes:
         links=links, overlap=overlap, op_seconds=compute.op_seconds,
         # GPUs: the copy's bandwidth prices the bytes (BYTES_REFERENCE says why not a reference step)
         op_byte_seconds=compute.op_byte_seconds if compute.op_byte_seconds is not None else 1 / bandwidth,
-        dtensor_op_seconds=per_dtensor_op, optimizer_seconds=optimizers, sync_seconds=sync, framework_bytes=framework,
+        dtensor_op_seconds=per_dtensor_op, tp_linear_seconds=per_tp_linear, optimizer_seconds=optimizers,
+        sync_seconds=sync, framework_bytes=framework,
         seconds=time.perf_counter() - started,
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         notes=(ONE_PROCESS_NOTE,) if alone else ())

@@ -171,6 +171,7 @@ class NodeSpec:
     op_seconds: float | None = None  # measured host seconds per operator of a small model's step
     op_byte_seconds: float | None = None  # measured seconds per byte operators without FLOPs read or write
     dtensor_op_seconds: float | None = None  # per optimizer operator on DTensor parameters
+    tp_linear_seconds: float | None = None  # measured host seconds a TP Linear adds on DTensors, fwd + bwd
     # Measured (optimizer, seconds per fp32 parameter, seconds per parameter tensor) of a step as
     # torch.optim runs it by default (``stratagem calibrate``); () costs it from memory bandwidth.
     optimizer_seconds: tuple[tuple[str, float, float], ...] = ()
@@ -198,6 +199,7 @@ class NodeSpec:
             op_seconds=data.get("op_seconds"),
             op_byte_seconds=data.get("op_byte_seconds"),
             dtensor_op_seconds=data.get("dtensor_op_seconds"),
+            tp_linear_seconds=data.get("tp_linear_seconds"),
             optimizer_seconds=tuple(tuple(c) for c in data.get("optimizer_seconds", ())),
             sync_seconds=data.get("sync_seconds"),
             framework_bytes=data.get("framework_bytes"),
