@@ -98,8 +98,9 @@ DTENSOR_OP_SECONDS = 100e-6
 # torch.profiler (DTensor dispatches, forward and backward, torch 2.13, TP 2 without FSDP):
 # bench/dtensor_ops.py prints 13.6 per TP Linear of llama-small, 10.4 of mixtral-small, 16.7 of
 # vit-small. Uncalibrated, a TP Linear's host time is these at DTENSOR_OP_SECONDS; calibration
-# measures a TP Linear's directly (NodeSpec.tp_linear_seconds: on 4 gloo ranks sharing 2 cores
-# about 0.95 ms, 13 × the optimizer's DTensor operator, whose sharding needs no propagation).
+# measures a TP Linear's directly (NodeSpec.tp_linear_seconds: `stratagem calibrate --nproc 4` on 2
+# cores printed 1.04 ms, where 12 of the optimizer's DTensor operators it printed, 26 µs each,
+# make 0.31 ms: elementwise operators on DTensors propagate no sharding a matmul's layout needs).
 DTENSOR_OPS_PER_TP_LINEAR = 12
 
 # Operators one optimizer step dispatches per parameter tensor (torch.optim's single-tensor

@@ -163,7 +163,7 @@ def _measure(cluster: Cluster, device: torch.device, settings: Settings, dtypes:
     step("optimizer steps")
     per_dtensor_op = across_ranks(dtensor_op_seconds(device, repeats=settings.repeats))
     per_tp_linear = tp_linear_seconds(device, repeats=settings.repeats)
-    step("DTensor operator dispatch")
+    step("DTensor dispatch: optimizer operators, TP Linears")
     alone = dist.get_world_size() == 1  # no collective to measure: their figures stay the catalog's
     sync = None if alone else sync_seconds(device, repeats=settings.repeats)
     step("collectives after compute")
