@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from stratagem.advisor.collectives import (
     estimate_all_gather_seconds,
@@ -210,15 +211,14 @@ def estimate_time(profile: ModelProfile, *, cluster: Cluster, workload: Workload
     optimizer = estimate_optimizer_seconds(step)
     dp_comm = estimate_dp_comm_exposed_seconds(step, grads=grads, gathers=gathers, compute=compute,
                                                recompute=recompute)
-    reductions = dp_comm - (gathers if plan.zero == 1 else 0.0)  # zero 1's post-step gathers are not the backward's
     return TimeBreakdown(
         compute=compute,
         recompute=recompute,
-        dp_comm=dp_comm,
+        dp_comm=dp_comm.exposed,
         tp_comm=tp_comm,  # on the critical path: nothing overlaps it
         pp_comm=estimate_pp_comm_exposed_seconds(step, total=pp_comm, compute=compute + recompute),
         bubble=estimate_bubble_seconds(step, ideal=compute + recompute + tp_comm + _host_seconds(step),
-                                       reductions=reductions),
+                                       reductions=dp_comm.in_backward),
         optimizer=optimizer,
         offload=estimate_offload_seconds(step),
         dispatch=estimate_dispatch_seconds(step, device_busy=compute + recompute + tp_comm + optimizer),
@@ -413,10 +413,10 @@ def estimate_bubble_seconds(step: RankStep, *, ideal: float, reductions: float) 
     ranks' mean time rather than its own (the lighter stages leave it their cores): where stages
     differ, that part is negative.
 
-    DDP (zero 0/1) reduces inside each stage's last backward, before its input gradient goes
-    upstream (torch.distributed.pipelining), so the drain also waits for the other ranks'
-    reductions: the rank's own exposed ones (``reductions``), scaled by the other ranks'
-    parameters over its own; waiting on communication, no busy rank takes those cores."""
+    The drain also waits for the other ranks' reductions that run inside their last backward
+    (DDP's, before the input gradient goes upstream): the rank's own exposed ones
+    (``reductions``: :attr:`DpExposure.in_backward`), scaled by the other ranks' parameters over
+    its own; waiting on communication, no busy rank takes those cores."""
     plan = step.plan
     if plan.pp == 1:
         return 0.0
@@ -427,7 +427,7 @@ def estimate_bubble_seconds(step: RankStep, *, ideal: float, reductions: float) 
         fill *= forward / (forward + backward) if forward + backward else 1.0
     lost = bubble_lost_share(plan.pp, step.cluster.ranks_per_core)
     spread = (1 - lost) * ((1 + share) / plan.pp - 1) * ideal
-    drain = others_share(step.profile, plan, "num_params") * reductions if plan.zero <= 1 else 0.0
+    drain = others_share(step.profile, plan, "num_params") * reductions
     return lost * fill + spread + drain
 
 
@@ -655,30 +655,39 @@ def estimate_param_gather_seconds(step: RankStep) -> float:
     return count * pieces * (gather + collective_wait_seconds(step, plan.dp_shard))
 
 
+class DpExposure(NamedTuple):
+    """DP communication no compute hides (``exposed``), and of it what reduces inside the last
+    backward (``in_backward``: DDP's buckets), which a pipeline's drain waits for on every stage
+    (:func:`estimate_bubble_seconds`)."""
+
+    exposed: float
+    in_backward: float
+
+
 def estimate_dp_comm_exposed_seconds(step: RankStep, *, grads: float, gathers: float,
-                                     compute: float, recompute: float) -> float:
+                                     compute: float, recompute: float) -> DpExposure:
     """The part of DP communication no compute hides, seconds.
 
     DDP and FSDP overlap reductions with backward, FSDP its gathers with forward too: exposed
     = ``max(0, comm − window × efficiency)`` (:data:`DP_OVERLAP_EFFICIENCY`, or the calibrated
     overlap) plus the last bucket or unit, which
     starts when compute ends. zero 1's post-step parameter sync has nothing to hide behind.
-    Under a pipeline schedule (torch.distributed.pipelining), FSDP reduces once after the last
-    micro-batch (``perform_reduce_grad``), beside no compute (DDP's reductions inside the last
-    backward delay the pipeline's drain: :func:`estimate_bubble_seconds`). ``grads`` and
-    ``gathers``: the reductions' and gathers' full seconds; ``compute`` and ``recompute``: the
-    step's."""
+    Under a pipeline schedule (torch.distributed.pipelining), DDP reduces inside each stage's
+    last backward, before its input gradient goes upstream; FSDP reduces once after the last
+    micro-batch (``perform_reduce_grad``), beside no compute. ``grads`` and ``gathers``: the
+    reductions' and gathers' full seconds; ``compute`` and ``recompute``: the step's."""
     plan = step.plan
     fixed, hideable = (gathers, grads) if plan.zero == 1 else (0.0, grads + gathers)
     if plan.pp > 1 and plan.zero >= 2:
         fixed, hideable = grads, gathers
     if hideable == 0.0:
-        return fixed
+        return DpExposure(fixed, 0.0)
     overlap = step.cluster.node.comm_overlap
     efficiency = DP_OVERLAP_EFFICIENCY if overlap is None else overlap
     window = _dp_overlap_window_seconds(step, compute=compute, recompute=recompute) * efficiency
     tail = hideable / _num_comm_units(step)
-    return fixed + min(hideable, max(0.0, hideable - window) + tail)
+    overlapped = min(hideable, max(0.0, hideable - window) + tail)
+    return DpExposure(fixed + overlapped, overlapped if plan.zero <= 1 else 0.0)
 
 
 def _dp_overlap_window_seconds(step: RankStep, *, compute: float, recompute: float) -> float:
@@ -752,9 +761,7 @@ def estimate_dispatch_seconds(step: RankStep, *, device_busy: float) -> float:
     all of it adds; a GPU runs behind the host, which binds only when it launches slower than
     the GPU computes (``device_busy``: the step's compute, recompute, TP collectives and
     optimizer)."""
-    plain, dtensor = _op_seconds(step)
-    host = step.num_microbatches * microbatch_dispatch_seconds(step) \
-        + _optimizer_dispatch_seconds(step, plain=plain, dtensor=dtensor)
+    host = step.num_microbatches * microbatch_dispatch_seconds(step) + _optimizer_dispatch_seconds(step)
     return max(0.0, host - device_busy) if step.cluster.is_gpu else host
 
 
@@ -795,12 +802,13 @@ def _op_seconds(step: RankStep) -> tuple[float, float]:
     return node.op_seconds or OP_DISPATCH_SECONDS, node.dtensor_op_seconds or DTENSOR_OP_SECONDS
 
 
-def _optimizer_dispatch_seconds(step: RankStep, *, plain: float, dtensor: float) -> float:
+def _optimizer_dispatch_seconds(step: RankStep) -> float:
     """Host seconds launching the optimizer step's operators: on DTensor parameters (FSDP2, TP)
-    :data:`OPTIMIZER_OPS_PER_TENSOR` per tensor at ``dtensor`` seconds each; on plain tensors the
-    calibrated seconds per tensor (``NodeSpec.optimizer_seconds``), else as many operators at
-    ``plain`` seconds, per tensor on CPU and per dtype group on GPUs (``foreach``)."""
-    plan = step.plan
+    :data:`OPTIMIZER_OPS_PER_TENSOR` per tensor at DTensor's seconds per operator each; on plain
+    tensors the calibrated seconds per tensor (``NodeSpec.optimizer_seconds``), else as many
+    operators at a plain one's seconds, per tensor on CPU and per dtype group on GPUs
+    (``foreach``); both per-operator costs from :func:`_op_seconds`."""
+    plan, (plain, dtensor) = step.plan, _op_seconds(step)
     tensors = step.stage.sums["num_tensors"] / (plan.dp_shard if plan.zero == 1 else 1)
     ops_per_tensor = OPTIMIZER_OPS_PER_TENSOR[step.optimizer]
     if plan.zero >= 2 or plan.tp > 1:

@@ -122,9 +122,9 @@ def measure_plan(model: RealModel, plan: Plan, *, optimizer: str, steps: int, wa
 
 
 def _load_tracing() -> None:
-    """Load what tracing a model into pipeline stages runs (torch.export's modules and caches:
-    about 30 MB of host memory on torch 2.13, once per process, whatever the model) by tracing a
-    two-Linear model into two stages: library code, left in the baseline as torch's own is."""
+    """Load what tracing a model into pipeline stages runs (torch.export's modules and caches,
+    loaded once per process whatever the model) by tracing a two-Linear model into two stages:
+    library code, left in the baseline as torch's own is."""
     from torch.distributed.pipelining import SplitPoint, pipeline
 
     tiny = nn.Sequential(nn.Linear(1, 1), nn.Linear(1, 1))
