@@ -32,11 +32,11 @@ import time
 from dataclasses import dataclass
 
 from stratagem.advisor.calibrate.run import calibrate
-from stratagem.advisor.estimate import Estimate
-from stratagem.advisor.evaluate import evaluate
-from stratagem.advisor.hardware import Cluster
-from stratagem.advisor.plan import Plan, Workload
-from stratagem.advisor.profiles import profile_spec
+from stratagem.advisor.cost.estimate import Estimate
+from stratagem.advisor.cost.evaluate import evaluate
+from stratagem.advisor.hardware import Cluster, parse_cluster
+from stratagem.plan import Plan, Workload
+from stratagem.advisor.profile.cache import profile_spec
 from stratagem.units import format_bytes, format_seconds
 from stratagem.verify import Verified, verify_plan
 
@@ -98,7 +98,7 @@ def _calibrated(nproc: int, *, quick: bool) -> Cluster:
           f"{calibration.matmul_rate('fp32') / 1e9:.1f} GFLOP/s per rank, all-reduce α "
           f"{format_seconds(calibration.link('intra').latency)}, β {format_bytes(calibration.link('intra').bandwidth)}/s",
           flush=True)
-    return calibration.apply(Cluster.parse(f"{nproc}xcpu"))
+    return calibration.apply(parse_cluster(f"{nproc}xcpu"))
 
 
 def kendall_tau(xs: list[float], ys: list[float]) -> float:

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from stratagem.advisor.profiles import CACHE_ENV
+from stratagem.advisor.profile.cache import CACHE_ENV
 
 ARGS = ["--model", "llama-2-70b", "--cluster", "128x8xH100-SXM-80GB:ib-ndr",
         "--global-batch-size", "1024", "--seq-len", "4096"]
@@ -43,13 +43,13 @@ def end_to_end() -> None:
 
 
 def search_only() -> None:
-    from stratagem.advisor.hardware import Cluster
-    from stratagem.advisor.profiles import profile_spec
-    from stratagem.advisor.plan import Workload
-    from stratagem.advisor.search import advise
+    from stratagem.advisor.hardware import parse_cluster
+    from stratagem.advisor.profile.cache import profile_spec
+    from stratagem.plan import Workload
+    from stratagem.advisor.search.advice import advise
 
     profile = profile_spec("llama-2-70b", seq_len=4096, cache=False)
-    cluster = Cluster.parse("128x8xH100-SXM-80GB:ib-ndr")
+    cluster = parse_cluster("128x8xH100-SXM-80GB:ib-ndr")
     workload = Workload(global_batch_size=1024, seq_len=4096)
     runs = [advise(profile, cluster, workload) for _ in range(3)]
     best = min(runs, key=lambda a: a.search_seconds)

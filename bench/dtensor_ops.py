@@ -19,9 +19,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from stratagem.advisor.calibrate.processes import free_port
-from stratagem.advisor.plan import Plan
-from stratagem.advisor.profiles import profile_spec
+from stratagem.distributed import free_port
+from stratagem.plan import Plan
+from stratagem.advisor.profile.cache import profile_spec
 from stratagem.models import PRESETS
 from stratagem.plugins import apply_plan, build_mesh
 from stratagem.verify.runner import real_model

@@ -23,10 +23,10 @@ from collections.abc import Callable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from stratagem.advisor.hardware import Cluster
-from stratagem.advisor.plan import Plan, Workload
-from stratagem.advisor.profiles import profile_spec
-from stratagem.advisor.timing import rank_step
+from stratagem.advisor.hardware import parse_cluster
+from stratagem.plan import Plan, Workload
+from stratagem.advisor.profile.cache import profile_spec
+from stratagem.advisor.cost.timing import rank_step
 from stratagem.models import get_preset
 
 KINDS = {
@@ -135,7 +135,7 @@ def bytes_moved(name: str, micro_batch: int, grad_accum: int, seq_len: int | Non
     ``RankStep``: the profile's per micro-batch, the parameter-sized ones once each)."""
     profile = profile_spec(name, seq_len=seq_len)
     plan = Plan(micro_batch_size=micro_batch, grad_accum=grad_accum)
-    step = rank_step(profile, cluster=Cluster.parse("1xcpu"), plan=plan,
+    step = rank_step(profile, cluster=parse_cluster("1xcpu"), plan=plan,
                      workload=Workload(global_batch_size=plan.global_batch_size, seq_len=profile.seq_len))
     return step.num_microbatches * sum(step.per_microbatch(f"{d}_op_bytes") + step.per_tp_rank(f"{d}_param_op_bytes")
                                        for d in ("fwd", "bwd"))

@@ -22,9 +22,9 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from stratagem.advisor.partition import balanced_stage_blocks
-from stratagem.advisor.plan import Plan, even_stage_blocks
-from stratagem.advisor.profile import profile_model
+from stratagem.advisor.search.partition import balanced_stage_blocks
+from stratagem.plan import Plan, even_stage_blocks
+from stratagem.advisor.profile.profiler import profile_model
 from stratagem.models import get_preset
 from stratagem.models.transformer import Transformer
 from stratagem.plugins.pipeline import split_stages

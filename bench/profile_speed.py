@@ -24,9 +24,9 @@ DEFAULT_MODELS = ("llama-2-70b", "mixtral-8x7b")
 def _child(model: str) -> None:
     started = time.perf_counter()
     # FakeTensorMode imports torch._dynamo on first use: count it with the imports.
-    for module in ("torch._dynamo", "stratagem.advisor.profile"):
+    for module in ("torch._dynamo", "stratagem.advisor.profile.profiler"):
         importlib.import_module(module)
-    from stratagem.advisor.profiles import profile_spec
+    from stratagem.advisor.profile.cache import profile_spec
 
     imported = time.perf_counter()
     profile = profile_spec(model, batch_size=1, seq_len=4096, precision="bf16-mixed", cache=False)

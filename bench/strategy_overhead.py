@@ -33,7 +33,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from torch.utils.data import DataLoader, TensorDataset
 
 import stratagem.integrations.lightning as auto_parallel
-from stratagem.advisor.plan import Plan
+from stratagem.plan import Plan
 from stratagem.integrations.lightning import AutoParallelStrategy
 from stratagem.models import get_preset
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from stratagem.advisor.plan import Plan
+from stratagem.plan import Plan
 from stratagem.integrations.accelerate import make_accelerator
 from stratagem.models import get_preset
 

@@ -46,17 +46,17 @@ def build(batch_size: int = 8):
 def main(cluster_spec: str = "8xA100") -> None:
     from rich.console import Console
 
-    from stratagem.advisor.hardware import Cluster
-    from stratagem.advisor.plan import Workload
-    from stratagem.advisor.profile import profile_model
-    from stratagem.advisor.report import render_table
-    from stratagem.advisor.search import advise
+    from stratagem.advisor.hardware import parse_cluster
+    from stratagem.plan import Workload
+    from stratagem.advisor.profile.profiler import profile_model
+    from stratagem.advisor.report.render import render_table
+    from stratagem.advisor.search.advice import advise
 
     # Fake tensors allocate nothing; the profile reuses this mode, so the loss's labels fit in.
     with FakeTensorMode():
         model, inputs, loss = build(batch_size=1)
     profile = profile_model(model, inputs, loss_fn=loss, precision="bf16-mixed", name="UNetish")
-    cluster = Cluster.parse(cluster_spec)
+    cluster = parse_cluster(cluster_spec)
     advice = advise(profile, cluster, Workload(global_batch_size=8 * cluster.world_size))
     Console().print(render_table(advice))
 

@@ -18,9 +18,9 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from stratagem.advisor.partition import balanced_stage_blocks
-from stratagem.advisor.plan import Plan
-from stratagem.advisor.profiles import profile_spec
+from stratagem.advisor.search.partition import balanced_stage_blocks
+from stratagem.plan import Plan
+from stratagem.advisor.profile.cache import profile_spec
 from stratagem.integrations.lightning import AutoParallelStrategy
 from stratagem.models import get_preset
 

@@ -9,7 +9,7 @@ import socket
 import pytest
 import torch.distributed as dist
 
-from stratagem.advisor.profiles import CACHE_ENV
+from stratagem.advisor.profile.cache import CACHE_ENV
 
 
 @pytest.fixture(autouse=True, scope="session")

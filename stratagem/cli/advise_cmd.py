@@ -12,19 +12,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stratagem.advisor.plan import OPTIMIZERS  # light: the planning modules import no torch
-from stratagem.advisor.search import OBJECTIVES
-from stratagem.advisor.targets import TARGETS
+from stratagem.advisor.search.targets import TARGETS  # light: the planning modules import no torch
+from stratagem.cli.common import EXIT_NOTHING_FITS, add_model_arguments, model_workload, positive_int
 from stratagem.cli.emit import EMIT_FILES, export_config, search_target
 
 if TYPE_CHECKING:
-    from stratagem.advisor.advice import Advice
-    from stratagem.advisor.hardware import Cluster
-    from stratagem.advisor.model_profile import ModelProfile
-    from stratagem.advisor.plan import Workload
+    from stratagem.advisor.search.advice import Advice
 
 FORMATS = ("table", "json", "markdown", "html")
-EXIT_NOTHING_FITS = 1
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -40,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--cluster", metavar="SPEC", default="local",
                         help="cluster spec such as '8xA100', '4x8xH100:ib-ndr', or 'local' to probe "
                         "this machine (default: local)")
-    parser.add_argument("--top", type=_positive_int, metavar="K", default=5, help="plans to show (default: 5)")
+    parser.add_argument("--top", type=positive_int, metavar="K", default=5, help="plans to show (default: 5)")
     parser.add_argument("--target", choices=TARGETS, default=None,
                         help="keep only plans this runtime can run; the report says what that costs against "
                         "the best plan overall (default: the --emit runtime, else any)")
@@ -56,40 +51,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         + ", ".join(f"{name} for {runtime}" for runtime, name in EMIT_FILES.items()))
     parser.add_argument("--no-calibration", dest="calibration", action="store_false",
                         help="use catalog figures even when `stratagem calibrate` measured this cluster")
-    parser.add_argument("--verify", type=_positive_int, metavar="K", default=None,
+    parser.add_argument("--verify", type=positive_int, metavar="K", default=None,
                         help="then run the K best plans for a few steps on this host and compare "
                         "(the cluster must be this host: 'local' or 'Nxcpu'; see `stratagem verify`)")
     parser.set_defaults(handler=run)
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """The model, workload and ranking arguments ``advise`` and ``verify`` share."""
-    parser.add_argument("--objective", choices=tuple(OBJECTIVES), default="throughput",
-                        help="rank plans by the fastest step (throughput, the default) or the least memory per "
-                        "device (memory)")
-    parser.add_argument("--model", required=True, metavar="MODEL",
-                        help="a preset (e.g. llama-2-7b), 'pkg.module:factory' or 'hf:PATH/config.json'")
-    parser.add_argument("--global-batch-size", type=_positive_int, metavar="N", default=None,
-                        help="samples per optimizer step (default: one per device)")
-    parser.add_argument("--seq-len", type=_positive_int, metavar="S", default=None,
-                        help="tokens per sample (default: the model's; not for image models)")
-    parser.add_argument("--precision", metavar="P", default="bf16-mixed",
-                        help="fp32, bf16-mixed, fp16-mixed or bf16-true (default: bf16-mixed)")
-    parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw",
-                        help="the optimizer whose states count in memory (default: adamw)")
-    parser.add_argument("--no-cache", dest="cache", action="store_false",
-                        help="profile the model again instead of reading a cached profile")
-
-
 def run(args: argparse.Namespace) -> int:
     """Profile, search and report; returns the exit status."""
     from stratagem.advisor.calibrate import calibrated
-    from stratagem.advisor.hardware import Cluster
-    from stratagem.advisor.search import advise
+    from stratagem.advisor.hardware import parse_cluster
+    from stratagem.advisor.search.advice import advise
 
-    cluster = Cluster.parse(args.cluster)
+    cluster = parse_cluster(args.cluster)
     if args.verify:
-        from stratagem.advisor.calibrate.processes import launched_job
+        from stratagem.distributed import launched_job
         from stratagem.cli.verify_cmd import check_this_host
         from stratagem.errors import UsageError
 
@@ -115,22 +91,11 @@ def run(args: argparse.Namespace) -> int:
     return 0 if advice.best else EXIT_NOTHING_FITS
 
 
-def model_workload(args: argparse.Namespace, cluster: Cluster) -> tuple[ModelProfile, Workload]:
-    """The profile of ``--model`` and the workload the model arguments describe on ``cluster``."""
-    from stratagem.advisor.plan import Workload
-    from stratagem.advisor.profiles import profile_spec
-
-    profile = profile_spec(args.model, seq_len=args.seq_len, precision=args.precision, cache=args.cache)
-    workload = Workload(global_batch_size=args.global_batch_size or cluster.world_size, seq_len=profile.seq_len,
-                        precision=args.precision, optimizer=args.optimizer)
-    return profile, workload
-
-
 def _write(advice: Advice, fmt: str, output: Path | None) -> None:
     """Render ``advice`` in ``fmt`` to ``output`` (a file) or standard output."""
     from rich.console import Console
 
-    from stratagem.advisor import report
+    from stratagem.advisor.report import render as report
     from stratagem.errors import UsageError
 
     if fmt == "table" and output is None:
@@ -152,14 +117,3 @@ def _write(advice: Advice, fmt: str, output: Path | None) -> None:
         raise UsageError(f"cannot write the report to {output}: {err.strerror}\n"
                          "HINT: give --output a path in a folder that exists and is writable") from None
     print(f"advise: wrote the {fmt} report to {output}", file=sys.stderr)
-
-
-def _positive_int(text: str) -> int:
-    """argparse type: an integer of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value

@@ -38,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Calibrate, store and summarise; returns the exit status."""
     from stratagem.advisor.calibrate.calibration import calibration_path
-    from stratagem.advisor.calibrate.processes import launched_job
+    from stratagem.distributed import launched_job
     from stratagem.advisor.calibrate.run import calibrate
     from stratagem.errors import UsageError
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from stratagem.advisor.advice import Advice
+    from stratagem.advisor.search.advice import Advice
 
 EMIT_FILES = {"accelerate": "accelerate.yaml", "deepspeed": "ds_config.json", "lightning": "trainer.yaml"}
 """Runtime → the file ``--emit`` writes when ``--output`` is not given."""

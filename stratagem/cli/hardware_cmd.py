@@ -29,9 +29,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Describe the cluster; returns the exit status."""
     from stratagem.advisor.calibrate import calibrated
-    from stratagem.advisor.hardware import Cluster
+    from stratagem.advisor.hardware import parse_cluster
 
-    cluster = calibrated(Cluster.parse(args.cluster))
+    cluster = calibrated(parse_cluster(args.cluster))
     if args.json:
         print(json.dumps(cluster.to_dict(), indent=2))
         return 0

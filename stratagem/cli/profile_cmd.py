@@ -27,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Profile and print; returns the exit status."""
-    from stratagem.advisor.profiles import profile_spec
+    from stratagem.advisor.profile.cache import profile_spec
 
     profile = profile_spec(args.model, batch_size=args.batch_size, seq_len=args.seq_len,
                            precision=args.precision, cache=args.cache)
@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         from rich.console import Console
 
-        from stratagem.advisor.profile_table import profile_table
+        from stratagem.advisor.report.profile_table import profile_table
 
         Console().print(profile_table(profile))
     return 0

@@ -7,13 +7,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stratagem.advisor.targets import TARGETS
-from stratagem.cli.advise_cmd import EXIT_NOTHING_FITS, add_model_arguments, model_workload
+from stratagem.advisor.search.targets import TARGETS
+from stratagem.cli.common import EXIT_NOTHING_FITS, add_model_arguments, model_workload
 
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from stratagem.advisor.advice import Advice
+    from stratagem.advisor.search.advice import Advice
     from stratagem.advisor.hardware import Cluster
     from stratagem.verify import Verified
 
@@ -51,8 +51,8 @@ def run(args: argparse.Namespace) -> int:
     """Advise for this host, run the top plans, report; returns the exit status."""
     import torch
 
-    from stratagem.advisor.calibrate.processes import launched_job
-    from stratagem.advisor.hardware import Cluster, probe_local
+    from stratagem.advisor.hardware import parse_cluster, probe_local
+    from stratagem.distributed import launched_job
     from stratagem.errors import UsageError
 
     for name in ("top", "steps"):
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         if args.nproc is not None and args.nproc < 1:
             raise UsageError(f"--nproc must be at least 1, got {args.nproc}")
-        cluster = Cluster.parse(f"{args.nproc or 2}xcpu")
+        cluster = parse_cluster(f"{args.nproc or 2}xcpu")
     return _advise_and_verify(cluster, args)
 
 
@@ -77,7 +77,7 @@ def _run_in_job(args: argparse.Namespace) -> int:
     (:func:`~stratagem.verify.verify_plan`); rank 0 reports."""
     import torch.distributed as dist
 
-    from stratagem.advisor.calibrate.processes import init_process_group, leaving_process_group
+    from stratagem.distributed import init_process_group, leaving_process_group
     from stratagem.advisor.hardware import gather_cluster, probe_local
     from stratagem.errors import UsageError
 
@@ -94,13 +94,13 @@ def _advise_and_verify(cluster: Cluster, args: argparse.Namespace, *, report: bo
     """Advise for ``cluster`` (its stored calibration applied unless ``--no-calibration``) and
     verify the top plans; only a ``report``ing rank prints."""
     from stratagem.advisor.calibrate import calibrated
-    from stratagem.advisor.search import advise
+    from stratagem.advisor.search.advice import advise
 
     cluster = calibrated(cluster) if args.calibration else cluster
     profile, workload = model_workload(args, cluster)
     advice = advise(profile, cluster, workload, top=args.top, target=args.target, objective=args.objective)
     if advice.best is None:
-        from stratagem.advisor.report import render_table
+        from stratagem.advisor.report.render import render_table
         from rich.console import Console
 
         if report:
@@ -116,7 +116,7 @@ def verify_advice(advice: Advice, args: argparse.Namespace, *, top: int, output:
     did. ``args`` carries the model arguments."""
     from rich.console import Console
 
-    from stratagem.advisor.calibrate.processes import launched_job
+    from stratagem.distributed import launched_job
     from stratagem.verify import measured_winner, verify_estimates
 
     if not launched_job():

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stratagem.advisor.hardware import Cluster
-from stratagem.advisor.plan import Plan
-from stratagem.advisor.targets import accelerate_excludes, deepspeed_excludes
+from stratagem.plan import Plan
+from stratagem.advisor.search.targets import accelerate_excludes, deepspeed_excludes
 from stratagem.errors import UsageError
 
 if TYPE_CHECKING:

@@ -15,8 +15,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from stratagem.advisor.plan import Plan
-from stratagem.advisor.targets import deepspeed_excludes
+from stratagem.plan import Plan
+from stratagem.advisor.search.targets import deepspeed_excludes
 from stratagem.errors import UsageError
 
 __all__ = ["check_deepspeed_plan", "deepspeed_notes", "export_deepspeed_config", "to_deepspeed_config",

@@ -40,9 +40,9 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from stratagem.advisor.calibrate.processes import import_group_defaults
-from stratagem.advisor.model_profile import ModelProfile
-from stratagem.advisor.plan import Plan
+from stratagem.distributed import import_group_defaults
+from stratagem.advisor.profile.model_profile import ModelProfile
+from stratagem.plan import Plan
 from stratagem.errors import UsageError
 from stratagem.integrations.planning import (
     PlanPrecision,

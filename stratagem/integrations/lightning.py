@@ -50,10 +50,10 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from stratagem.advisor.calibrate.processes import import_group_defaults
-from stratagem.advisor.model_profile import ModelProfile
-from stratagem.advisor.plan import Plan
-from stratagem.advisor.targets import target_excludes
+from stratagem.distributed import import_group_defaults
+from stratagem.advisor.profile.model_profile import ModelProfile
+from stratagem.plan import Plan
+from stratagem.advisor.search.targets import target_excludes
 from stratagem.errors import UsageError
 from stratagem.integrations.planning import (
     PlanPrecision,
@@ -77,7 +77,7 @@ from stratagem.plugins.state_dict import (
     optimizer_state_dict,
     save_sharded_checkpoint,
 )
-from stratagem.stages import removal_convention
+from stratagem.plan.stages import removal_convention
 
 __all__ = ["AutoParallelStrategy", "register_strategies"]
 

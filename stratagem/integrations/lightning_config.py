@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from stratagem.advisor.hardware import Cluster
-from stratagem.advisor.plan import Plan
+from stratagem.plan import Plan
 from stratagem.errors import UsageError
 
 __all__ = ["builtin_strategy", "export_lightning_config", "lightning_precision", "trainer_arguments"]

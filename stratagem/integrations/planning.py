@@ -19,14 +19,14 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from stratagem.advisor.calibrate.processes import leave_process_group
-from stratagem.advisor.plan import Plan, Workload
+from stratagem.distributed import leave_process_group
+from stratagem.plan import Plan, Workload
 from stratagem.errors import UsageError
 
 if TYPE_CHECKING:
     from torch.optim import Optimizer
 
-    from stratagem.advisor.model_profile import ModelProfile
+    from stratagem.advisor.profile.model_profile import ModelProfile
 
 __all__ = ["LIGHTNING_PRECISIONS", "PlanPrecision", "check_choice", "check_plan_precision", "choose_plan",
            "constructor_options", "forward_inputs", "load_plan", "plan_hyperparams", "release_at_exit", "sampler_kwargs",
@@ -109,8 +109,8 @@ def constructor_options(optimizer: Optimizer) -> dict[str, Any]:
 def check_choice(*, target: str, objective: str, constraints: Mapping[str, Any] | None) -> dict[str, Any]:
     """Validate what a strategy was asked to choose by (before any process starts); returns the
     constraints as a dict. ``micro_batch_size`` and ``grad_accum`` are the dataloader's to set."""
-    from stratagem.advisor.search import OBJECTIVES
-    from stratagem.advisor.targets import check_target
+    from stratagem.advisor.search.advice import OBJECTIVES
+    from stratagem.advisor.search.targets import check_target
 
     check_target(target)
     if objective not in OBJECTIVES:
@@ -141,7 +141,7 @@ def choose_plan(module: nn.Module, example_inputs: Callable[[], Any], *, precisi
     splits it into ``microbatches`` and its ranks share it (the global batch is the batch × the
     data-parallel degree). Each pipeline shape is searched on its own and the best plan over all
     is taken (:func:`_advise`). ``objective`` and ``constraints`` (Plan fields
-    pinned, as :func:`~stratagem.advisor.search.advise` takes them) steer the search. Ranks with
+    pinned, as :func:`~stratagem.advisor.search.advice.advise` takes them) steer the search. Ranks with
     the same ``node_rank`` (the strategy's; default:
     :func:`~stratagem.advisor.hardware.gather.this_node`) count as one node. ``pipelined`` gives
     the profile the pipeline facts (``pp_unavailable``, ``pp_traced``) of what pipeline plans
@@ -165,9 +165,9 @@ def choose_plan(module: nn.Module, example_inputs: Callable[[], Any], *, precisi
 def _advise(module: nn.Module, example_inputs: Any, cluster: Any, *, precision: str, target: str, objective: str,
             constraints: dict[str, Any], verbose: bool,
             pipelined: Callable[[ModelProfile], ModelProfile] | None) -> Plan:
-    from stratagem.advisor.profile import profile_model
-    from stratagem.advisor.report import render_table
-    from stratagem.advisor.search import advise, rank_estimates
+    from stratagem.advisor.profile.profiler import profile_model
+    from stratagem.advisor.report.render import render_table
+    from stratagem.advisor.search.advice import advise, rank_estimates
 
     inputs = example_inputs if isinstance(example_inputs, (tuple, list, Mapping)) else (example_inputs,)
     profile = profile_model(module, inputs, precision=precision)
@@ -212,7 +212,7 @@ def _pipeline_shapes(profile: ModelProfile, world: int, constraints: Mapping[str
     pipeline, and each pipeline degree dividing the world with each number of micro-batches
     dividing the batch, at least one per stage (fewer leave stages idle for the whole step), as
     far as ``constraints`` pin them."""
-    from stratagem.advisor.targets import divisors
+    from stratagem.advisor.search.targets import divisors
 
     shapes = [(1, 1)]
     if profile.pp_unavailable is None:
@@ -265,7 +265,7 @@ _RELEASE: list[weakref.WeakMethod] = []
 def release_at_exit(drop_wrappers: weakref.WeakMethod) -> None:
     """At interpreter exit, call ``drop_wrappers`` (if its object still lives) and release the
     default process group as gloo survives it (PLATFORM_NOTES): wrapped modules dropped, then
-    :func:`~stratagem.advisor.calibrate.processes.leave_process_group`. Registers one exit handler
+    :func:`~stratagem.distributed.leave_process_group`. Registers one exit handler
     per process."""
     if not _RELEASE:
         atexit.register(_release)

@@ -19,6 +19,7 @@ from stratagem.errors import UsageError
 from stratagem.models.config import TransformerConfig
 from stratagem.models.feed_forward import INIT_STD, FeedForward, init_linear
 from stratagem.models.moe import MoEFeedForward
+from stratagem.plan.stages import RemovalConvention
 
 __all__ = ["Attention", "Block", "Transformer", "rope_tables", "rotate_pairs"]
 
@@ -156,6 +157,8 @@ class Transformer(nn.Module):
     without ``tok_embeddings`` (and ``pos_embeddings``) its input is hidden states
     ``[b, s, dim]``; without ``norm`` and ``output`` it returns hidden states.
     """
+
+    pipeline_removal = RemovalConvention(embed=("tok_embeddings", "pos_embeddings"), head=("norm", "output"))
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()

@@ -20,8 +20,8 @@ Pipeline parallelism (``pp > 1``): ``apply_plan`` returns this rank's
     loss = pipe.step(*inputs, target=targets)  # forward + backward of all micro-batches
     optimizer.step(); optimizer.zero_grad()
 
-This package imports ``stratagem.advisor.plan`` (and the precision table it uses) and nothing
-else from the advisor.
+This package imports :mod:`stratagem.plan` (the Plan, precisions, how stages are built) and
+nothing of the advisor.
 """
 
 from stratagem.plugins.apply import apply_plan, check_applicable

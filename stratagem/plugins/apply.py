@@ -31,7 +31,7 @@ from typing import Any
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from stratagem.advisor.plan import MeshAxis, Plan
+from stratagem.plan import MeshAxis, Plan
 from stratagem.errors import UsageError
 from stratagem.plugins.checkpointing import apply_activation_checkpointing
 from stratagem.plugins.data_parallel import apply_data_parallel, build_optimizer
@@ -44,7 +44,7 @@ from stratagem.plugins.pipeline import (
 )
 from stratagem.plugins.precision import apply_param_dtype
 from stratagem.plugins.tensor_parallel import apply_tensor_parallel, check_tp_layout_given, match_tp_layout
-from stratagem.stages import removal_convention
+from stratagem.plan.stages import removal_convention
 
 __all__ = ["apply_plan", "build_optimizer", "check_applicable"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from stratagem.advisor.plan import Plan
+from stratagem.plan import Plan
 from stratagem.errors import UsageError
 
 __all__ = ["find_blocks"]

@@ -23,7 +23,7 @@ from torch import nn
 from torch.distributed._composable import checkpoint
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-from stratagem.advisor.plan import Plan
+from stratagem.plan import Plan
 from stratagem.plugins.blocks import find_blocks
 
 __all__ = ["SAVED_OPS", "apply_activation_checkpointing", "selective_policy"]

@@ -1,7 +1,7 @@
 """Build the DeviceMesh a Plan runs on, and find the sub-meshes each technique uses.
 
 The mesh keeps the Plan's axis order, ``pp`` (outermost) × ``dp_replicate`` × ``dp_shard`` ×
-``tp`` (innermost), named by :class:`~stratagem.advisor.plan.MeshAxis`. Axes of degree 1 are
+``tp`` (innermost), named by :class:`~stratagem.plan.MeshAxis`. Axes of degree 1 are
 dropped, so a collective never runs over a group of one, with two exceptions:
 
 * ``dp_shard`` stays (even at degree 1) when ``zero >= 2``: FSDP needs an axis to shard over,
@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from stratagem.advisor.plan import MeshAxis, Plan
+from stratagem.plan import MeshAxis, Plan
 from stratagem.errors import UsageError
 
 __all__ = ["build_mesh", "check_world_size", "data_parallel_axes", "mesh_axes", "submesh"]

@@ -7,12 +7,12 @@ before the blocks (embedding), the last stage what runs after them (norm, head);
 restructured; a stage module keeps the original parameter FQNs, so a stage's state dict loads
 into the unsplit model. Two ways to build a stage:
 
-* by removal (:func:`stratagem.stages.removal_convention` recognizes the models), for models
+* by removal (:func:`stratagem.plan.stages.removal_convention` recognizes the models), for models
   whose forward passes hidden states through what a stage does not hold: ``nn.Sequential``
   (whose blocks are its own children), the reference :class:`~stratagem.models.Transformer`
   (``tok_embeddings``/``pos_embeddings`` set to None: the input is hidden states; ``norm`` and
   ``output`` set to None: it returns them) and Hugging Face Llama-family decoders
-  (:data:`~stratagem.stages.HF_DECODERS`: ``embed_tokens``, ``norm`` and ``lm_head`` replaced by
+  (:data:`~stratagem.plan.stages.HF_DECODERS`: ``embed_tokens``, ``norm`` and ``lm_head`` replaced by
   ``nn.Identity``). The stage is a shallow copy of the model with the other blocks dropped
   (kept blocks keep their indices), so tensor parallelism, activation checkpointing and
   per-block FSDP apply to it unchanged;
@@ -26,7 +26,7 @@ Schedules (``plan.pp_schedule``): ``gpipe`` → ``ScheduleGPipe``, ``1f1b`` → 
 ``interleaved-1f1b`` → ``ScheduleInterleaved1F1B``, ``interleaved-zb`` →
 ``ScheduleInterleavedZeroBubble`` (weight-gradient passes apart from input-gradient passes,
 filling the bubble; not with data parallelism or checkpointing:
-:func:`~stratagem.advisor.plan.zero_bubble_refuses`); ``plan.microbatches`` micro-batches per
+:func:`~stratagem.plan.zero_bubble_refuses`); ``plan.microbatches`` micro-batches per
 step, gradients scaled by the schedule to the mean over micro-batches (``scale_grads``).
 """
 
@@ -54,11 +54,11 @@ from torch.distributed.pipelining import (
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils._pytree import tree_leaves, tree_map_only
 
-from stratagem.advisor.plan import INTERLEAVED_SCHEDULES, MeshAxis, Plan
+from stratagem.plan import INTERLEAVED_SCHEDULES, MeshAxis, Plan
 from stratagem.errors import UsageError
 from stratagem.plugins.blocks import find_blocks
 from stratagem.plugins.precision import autocast_context
-from stratagem.stages import TRACED_STAGE_LIMITS, RemovalConvention, removal_convention, traced_stages_allow
+from stratagem.plan.stages import TRACED_STAGE_LIMITS, RemovalConvention, removal_convention, traced_stages_allow
 
 __all__ = ["Pipeline", "build_schedule", "rank_module", "split_stages", "stage_indices"]
 

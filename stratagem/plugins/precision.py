@@ -23,8 +23,8 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
-from stratagem.advisor.plan import Plan
-from stratagem.advisor.precision import get_precision, torch_dtype
+from stratagem.plan import Plan
+from stratagem.plan.precision import get_precision, torch_dtype
 
 __all__ = ["apply_param_dtype", "autocast_context", "mixed_precision_policy"]
 

@@ -48,7 +48,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from stratagem.advisor.plan import Plan
+from stratagem.plan import Plan
 from stratagem.errors import UsageError
 from stratagem.plugins.blocks import find_blocks
 

@@ -4,7 +4,7 @@ measure the step time and this rank's peak memory.
 Peak memory is what the cost model predicts, over the model's construction and the warm-up
 steps (:data:`MEMORY_STEPS` at least), above the process as it stands with its process groups
 (and, for a pipeline, the machinery that traces stages: :func:`_load_tracing`) just before the
-model is built (:class:`~stratagem.advisor.calibrate.processes.PeakMemory`): on
+model is built (:class:`~stratagem.peak_memory.PeakMemory`): on
 CUDA ``max_memory_allocated`` (and ``max_memory_reserved`` beside it); on CPU the anonymous
 resident set, the allocator handing freed tensors back. What the framework takes beyond the
 plan's tensors is in it, as the calibrated cost model's ``framework`` term. Step time is the
@@ -28,8 +28,9 @@ import torch
 from torch import Tensor, nn
 
 from stratagem.advisor.calibrate.benchmarks import optimizer_class
-from stratagem.advisor.calibrate.processes import PeakMemory, across_ranks
-from stratagem.advisor.plan import Plan
+from stratagem.distributed import across_ranks
+from stratagem.peak_memory import PeakMemory
+from stratagem.plan import Plan
 from stratagem.errors import UsageError
 from stratagem.plugins import apply_plan, autocast_context, build_mesh, build_optimizer
 from stratagem.verify.sharding_cache import ShardingCacheMisses

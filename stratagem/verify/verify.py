@@ -21,15 +21,15 @@ from pathlib import Path
 
 import torch
 
-from stratagem.advisor.calibrate.processes import (
+from stratagem.distributed import (
     free_port,
     init_process_group,
     launched_job,
     leave_spawned_process,
     leaving_process_group,
 )
-from stratagem.advisor.estimate import Estimate
-from stratagem.advisor.plan import Plan
+from stratagem.advisor.cost.estimate import Estimate
+from stratagem.plan import Plan
 from stratagem.verify.runner import Measured, measure_plan, real_model
 
 __all__ = ["Verified", "measured_winner", "verify_estimates", "verify_plan"]
@@ -89,7 +89,7 @@ def verify_plan(model: str, plan: Plan, *, seq_len: int | None, optimizer: str, 
                 timeout: float = 300.0) -> Measured:
     """Train ``plan`` on the preset ``model`` in fresh processes and measure it
     (:func:`~stratagem.verify.runner.measure_plan`): ``plan.world_size`` spawned on this host, or,
-    inside a launched job (:func:`~stratagem.advisor.calibrate.processes.launched_job`, its process
+    inside a launched job (:func:`~stratagem.distributed.launched_job`, its process
     group up), one per rank of the job, on that rank's node, joined in a group of their own. Every
     rank of a job must call it. Raises RuntimeError with the error of the rank that failed first
     (the cause: its peers fail after it), or when the run exceeds ``timeout`` seconds; the job's

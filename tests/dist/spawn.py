@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from stratagem.advisor.calibrate.processes import free_port, leave_process_group, leave_spawned_process
+from stratagem.distributed import free_port, leave_process_group, leave_spawned_process
 
 __all__ = ["RANK_THREADS", "TIMEOUT", "free_port", "run_on_ranks"]
 

@@ -18,7 +18,7 @@ import torch
 from spawn import free_port
 from training import SEED, SEQ_LEN, STEPS, Case, train_single
 
-from stratagem.advisor.plan import Plan
+from stratagem.plan import Plan
 
 ROOT = Path(__file__).resolve().parents[2]
 ACCELERATE = Path(sys.executable).with_name("accelerate")

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from training import Case, Run, initial_weights, train_single
 
-from stratagem.advisor.plan import Plan
+from stratagem.plan import Plan
 
 FP32 = {"rtol": 1e-5, "atol": 1e-6}
 TIED_FP32 = {"rtol": 1e-5, "atol": 1e-5}

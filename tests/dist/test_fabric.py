@@ -28,7 +28,7 @@ from test_tensor_parallel import TP_FP32, TWO_RANKS
 from torch.utils.data import DataLoader, TensorDataset
 from training import OPTIMIZERS, SEED, SEQ_LEN, STEPS, Case, Run, global_batches, initial_weights
 
-from stratagem.advisor.plan import Plan
+from stratagem.plan import Plan
 from stratagem.integrations.fabric import AutoParallelFabricStrategy
 from stratagem.plugins.state_dict import model_state_dict
 

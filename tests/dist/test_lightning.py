@@ -25,7 +25,7 @@ from test_tensor_parallel import LLAMA_LAYOUT, TP_FP32
 from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader, TensorDataset
 
-from stratagem.advisor.plan import Plan
+from stratagem.plan import Plan
 from stratagem.errors import UsageError
 from stratagem.integrations.lightning import AutoParallelStrategy
 from stratagem.models import get_preset

@@ -24,9 +24,9 @@ from test_data_parallel import FP32, TIED_FP32, assert_matches_single_process
 from test_tensor_parallel import LLAMA_LAYOUT, TP_FP32
 from training import SEQ_LEN, Case, global_batches, train_single
 
-from stratagem.advisor.memory import estimate_activations
-from stratagem.advisor.plan import Plan
-from stratagem.advisor.profile import profile_model
+from stratagem.advisor.cost.memory import estimate_activations
+from stratagem.plan import Plan
+from stratagem.advisor.profile.profiler import profile_model
 from stratagem.errors import UsageError
 from stratagem.models import get_preset
 from stratagem.models.transformer import Transformer

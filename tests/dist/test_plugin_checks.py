@@ -9,7 +9,7 @@ import torch
 from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from stratagem.advisor.plan import MeshAxis, Plan
+from stratagem.plan import MeshAxis, Plan
 from stratagem.errors import UsageError
 from stratagem.models import get_preset
 from stratagem.plugins import apply_activation_checkpointing, apply_plan, autocast_context

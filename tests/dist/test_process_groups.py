@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from stratagem.advisor.calibrate.processes import free_port, init_process_group
+from stratagem.distributed import free_port, init_process_group
 
 init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
 weight = torch.nn.Parameter(torch.ones(4))

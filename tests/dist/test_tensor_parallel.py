@@ -18,7 +18,7 @@ import torch
 from test_data_parallel import assert_matches_single_process
 from training import Case
 
-from stratagem.advisor.plan import Plan
+from stratagem.plan import Plan
 from stratagem.errors import UsageError
 from stratagem.models import get_preset
 from stratagem.plugins import apply_plan

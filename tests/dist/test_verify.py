@@ -10,8 +10,8 @@ from pathlib import Path
 
 from jobs import torchrun
 
-from stratagem.advisor.plan import Plan
-from stratagem.advisor.estimate import Estimate
+from stratagem.plan import Plan
+from stratagem.advisor.cost.estimate import Estimate
 from stratagem.verify import verify_estimates
 
 _TINY = ["--model", "llama-tiny", "--global-batch-size", "4", "--seq-len", "16", "--precision", "fp32"]
@@ -129,11 +129,11 @@ def test_advise_verify_in_a_launched_job_points_to_verify(tmp_path: Path) -> Non
 
 
 def _estimate(plan: Plan) -> Estimate:
-    from stratagem.advisor.evaluate import evaluate
-    from stratagem.advisor.hardware import Cluster
-    from stratagem.advisor.plan import Workload
-    from stratagem.advisor.profiles import profile_spec
+    from stratagem.advisor.cost.evaluate import evaluate
+    from stratagem.advisor.hardware import Cluster, parse_cluster
+    from stratagem.plan import Workload
+    from stratagem.advisor.profile.cache import profile_spec
 
     profile = profile_spec("llama-tiny", seq_len=16, precision="fp32")
     workload = Workload(global_batch_size=plan.global_batch_size, seq_len=16, precision="fp32")
-    return evaluate(profile, Cluster.parse("2xcpu"), workload, plan)
+    return evaluate(profile, parse_cluster("2xcpu"), workload, plan)

@@ -24,7 +24,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.func import functional_call
 from torch.nn.parallel import DistributedDataParallel
 
-from stratagem.advisor.plan import Plan
+from stratagem.plan import Plan
 from stratagem.models import Preset, get_preset
 from stratagem.plugins import apply_plan, autocast_context, build_mesh, build_optimizer
 from spawn import RANK_THREADS

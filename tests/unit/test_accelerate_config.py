@@ -24,16 +24,16 @@ from accelerate.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin
 from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
 
 import stratagem.integrations.accelerate as acc
-from stratagem.advisor.evaluate import evaluate
-from stratagem.advisor.explain import explain_target_cost
-from stratagem.advisor.hardware import Cluster
-from stratagem.advisor.plan import Plan, Workload
-from stratagem.advisor.profiles import profile_spec
+from stratagem.advisor.cost.evaluate import evaluate
+from stratagem.advisor.search.explain import explain_target_cost
+from stratagem.advisor.hardware import parse_cluster
+from stratagem.plan import Plan, Workload
+from stratagem.advisor.profile.cache import profile_spec
 from stratagem.cli import main
 from stratagem.errors import UsageError
 
-TWO_NODES = Cluster.parse("2x8xH100-SXM-80GB:ib-ndr")
-ONE_NODE = Cluster.parse("8xH100-SXM-80GB")
+TWO_NODES = parse_cluster("2x8xH100-SXM-80GB:ib-ndr")
+ONE_NODE = parse_cluster("8xH100-SXM-80GB")
 BLOCKS = ("TransformerBlock",)
 
 # name → (plan, cluster, through DeepSpeed)
@@ -131,7 +131,7 @@ GOLDEN_CASES = {
     "hsdp-2-nodes.yaml": (Plan(dp_replicate=2, dp_shard=8, zero=3, activation_checkpointing="full", grad_accum=2),
                           TWO_NODES, False),
     "deepspeed-zero2-offload.yaml": (Plan(dp_shard=8, zero=2, offload="optimizer", grad_accum=4), ONE_NODE, True),
-    "ddp-2-cpu.yaml": (Plan(dp_replicate=2, precision="fp32"), Cluster.parse("2xcpu"), False),
+    "ddp-2-cpu.yaml": (Plan(dp_replicate=2, precision="fp32"), parse_cluster("2xcpu"), False),
 }
 
 
@@ -159,7 +159,7 @@ def test_notes_are_comments_and_the_rest_is_accelerates_yaml(tmp_path):
 
 def test_cpu_ranks_run_ddp_through_torchrun(tmp_path):
     plan = Plan(dp_replicate=2, precision="fp32")
-    path = acc.export_accelerate_config(plan, Cluster.parse("2xcpu"), tmp_path / "a.yaml")
+    path = acc.export_accelerate_config(plan, parse_cluster("2xcpu"), tmp_path / "a.yaml")
     assert "ACCELERATE_USE_CPU=1" in path.read_text()
     assert load_config_from_file(str(path)).use_cpu
     launcher, env = _launch_env(path)
@@ -175,7 +175,7 @@ def test_cpu_ranks_run_ddp_through_torchrun(tmp_path):
     (Plan(dp_shard=8, zero=3, precision="bf16-true"), ONE_NODE, False, "no bf16-true mode"),
     (Plan(tp=2, dp_shard=4, zero=3, sequence_parallel=True), ONE_NODE, False, "sequence parallelism"),
     (Plan(tp=2, dp_shard=4, zero=3), ONE_NODE, True, "tensor parallelism \\(not in DeepSpeed"),
-    (Plan(dp_shard=2, zero=3, precision="fp32"), Cluster.parse("2xcpu"), False, "only DDP on CPU"),
+    (Plan(dp_shard=2, zero=3, precision="fp32"), parse_cluster("2xcpu"), False, "only DDP on CPU"),
     (Plan(dp_replicate=4), ONE_NODE, False, "world size is 8"),
 ])
 def test_what_accelerate_cannot_run_is_a_usage_error(plan, cluster, deepspeed, match):
@@ -235,7 +235,7 @@ def test_advise_target_reports_what_it_leaves_out_and_the_cost(capsys):
 def test_the_cost_of_a_target_is_said_in_numbers():
     profile = profile_spec("gpt2-tiny")
     workload = Workload(global_batch_size=32, seq_len=profile.seq_len)
-    cluster = Cluster.parse("2x4xA100:ib-hdr")
+    cluster = parse_cluster("2x4xA100:ib-hdr")
     fast, slow = (evaluate(profile, cluster, workload, plan) for plan in (
         Plan(dp_shard=8, zero=2, micro_batch_size=4), Plan(dp_shard=8, zero=3, micro_batch_size=1, grad_accum=4,
                                                            activation_checkpointing="full")))

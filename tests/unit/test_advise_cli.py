@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from stratagem.advisor.plan import Plan
+from stratagem.plan import Plan
 from stratagem.cli import main
 
 

@@ -17,7 +17,7 @@ from stratagem.advisor.calibrate.calibration import (
     fit_link,
     hardware_key,
 )
-from stratagem.advisor.hardware import Cluster
+from stratagem.advisor.hardware import Cluster, parse_cluster
 from stratagem.errors import UsageError
 
 SIZES = (2**12, 2**16, 2**20, 2**24)
@@ -52,7 +52,7 @@ def _calibration(cluster: Cluster, **links: LinkFit) -> Calibration:
 
 
 def test_apply_replaces_catalog_figures() -> None:
-    cluster = Cluster.parse("2x8xH100-SXM-80GB:ib-ndr")
+    cluster = parse_cluster("2x8xH100-SXM-80GB:ib-ndr")
     result = _calibration(cluster, intra=LinkFit(5e-6, 300e9, ()), inter=LinkFit(15e-6, 40e9, ())).apply(cluster)
     assert result.device.peak_bf16 == 700e12 and result.device.peak_fp32 == 50e12
     assert result.device.peak_fp16 == cluster.device.peak_fp16  # not measured: the catalog's
@@ -70,11 +70,11 @@ def test_apply_replaces_catalog_figures() -> None:
 
 
 def test_measured_overlap_replaces_the_constant_in_the_time_model() -> None:
-    from stratagem.advisor.evaluate import evaluate
-    from stratagem.advisor.plan import Plan, Workload
-    from stratagem.advisor.profiles import profile_spec
+    from stratagem.advisor.cost.evaluate import evaluate
+    from stratagem.plan import Plan, Workload
+    from stratagem.advisor.profile.cache import profile_spec
 
-    cluster = Cluster.parse("2x8xH100-SXM-80GB:ib-ndr")
+    cluster = parse_cluster("2x8xH100-SXM-80GB:ib-ndr")
     profile = profile_spec("llama-2-7b", seq_len=4096)
     plan, workload = Plan(dp_shard=16, zero=3, micro_batch_size=1), Workload(global_batch_size=16, seq_len=4096)
     exposed = [evaluate(profile, dataclasses.replace(cluster, node=dataclasses.replace(cluster.node, comm_overlap=o)),
@@ -86,11 +86,11 @@ def test_measured_overlap_replaces_the_constant_in_the_time_model() -> None:
 def test_a_calibrated_matmul_rate_is_achieved_already_and_a_catalog_peak_is_not() -> None:
     """The catalog's peak is discounted to what GEMMs reach; the benchmark measured what they
     reach, so its rate is used as it is (it was discounted twice before)."""
-    from stratagem.advisor import timing
-    from stratagem.advisor.plan import Plan, Workload
-    from stratagem.advisor.profiles import profile_spec
+    from stratagem.advisor.cost import timing
+    from stratagem.plan import Plan, Workload
+    from stratagem.advisor.profile.cache import profile_spec
 
-    cluster = Cluster.parse("1xH100")
+    cluster = parse_cluster("1xH100")
     profile = profile_spec("llama-tiny")
     plan, workload = Plan(), Workload(global_batch_size=1, seq_len=profile.seq_len)
     catalog = timing.rank_step(profile, cluster=cluster, workload=workload, plan=plan)
@@ -102,11 +102,11 @@ def test_a_calibrated_matmul_rate_is_achieved_already_and_a_catalog_peak_is_not(
 def test_each_collective_costs_its_own_fit_and_the_measured_overheads_apply() -> None:
     """A backend whose all-gathers are slower than its all-reduces makes FSDP slower, not DDP; the
     measured seconds per operator and framework memory reach the time and memory models."""
-    from stratagem.advisor.evaluate import evaluate
-    from stratagem.advisor.plan import Plan, Workload
-    from stratagem.advisor.profiles import profile_spec
+    from stratagem.advisor.cost.evaluate import evaluate
+    from stratagem.plan import Plan, Workload
+    from stratagem.advisor.profile.cache import profile_spec
 
-    cluster = Cluster.parse("4xcpu")
+    cluster = parse_cluster("4xcpu")
     profile = profile_spec("llama-tiny", seq_len=32, precision="fp32")
     workload = Workload(global_batch_size=8, seq_len=32, precision="fp32")
     ddp, fsdp = Plan(dp_replicate=4, micro_batch_size=2, precision="fp32"), \
@@ -125,11 +125,11 @@ def test_each_collective_costs_its_own_fit_and_the_measured_overheads_apply() ->
 
 
 def test_a_measured_tp_linear_host_time_prices_every_tp_linear_of_every_microbatch() -> None:
-    from stratagem.advisor.evaluate import evaluate
-    from stratagem.advisor.plan import Plan, Workload
-    from stratagem.advisor.profiles import profile_spec
+    from stratagem.advisor.cost.evaluate import evaluate
+    from stratagem.plan import Plan, Workload
+    from stratagem.advisor.profile.cache import profile_spec
 
-    cluster = Cluster.parse("4xcpu")
+    cluster = parse_cluster("4xcpu")
     profile = profile_spec("llama-tiny", seq_len=32, precision="fp32")
     plan = Plan(tp=2, dp_shard=2, zero=3, tp_layout=profile.tp_layout, block_container=profile.block_container,
                 micro_batch_size=2, grad_accum=2, precision="fp32")
@@ -144,7 +144,7 @@ def test_a_measured_tp_linear_host_time_prices_every_tp_linear_of_every_microbat
 
 def test_round_trip_and_lookup_by_hardware(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STRATAGEM_CACHE_DIR", str(tmp_path))
-    cluster = Cluster.parse("8xA100-SXM4-80GB")
+    cluster = parse_cluster("8xA100-SXM4-80GB")
     assert find_calibration(cluster) is None and calibrated(cluster) is cluster
     calibration = _calibration(cluster, intra=LinkFit(5e-6, 200e9, ((1, 1e-5), (2, 2e-5))))
     calibration.save(calibration_path(calibration.hardware))
@@ -154,7 +154,7 @@ def test_round_trip_and_lookup_by_hardware(tmp_path: Path, monkeypatch: pytest.M
         Calibration.from_dict(older)
     assert find_calibration(cluster) == calibration
     assert calibrated(cluster).device.peak_bf16 == 700e12
-    assert find_calibration(Cluster.parse("4xA100-SXM4-80GB")) is None  # other hardware
+    assert find_calibration(parse_cluster("4xA100-SXM4-80GB")) is None  # other hardware
 
 
 def test_unreadable_calibration_is_a_usage_error(tmp_path: Path) -> None:

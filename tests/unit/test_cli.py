@@ -47,7 +47,7 @@ def test_console_scripts_and_module_entry_point():
 
 
 def test_importing_stratagem_and_the_cli_stays_light():
-    code = ("import sys, stratagem, stratagem.cli, stratagem.advisor.profile; "
+    code = ("import sys, stratagem, stratagem.cli, stratagem.advisor.profile.profiler; "
             "print(sorted(m for m in ('lightning', 'accelerate', 'transformers', 'rich') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

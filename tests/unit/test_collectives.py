@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from stratagem.advisor.collectives import (
+from stratagem.advisor.cost.collectives import (
     axis_stride,
     estimate_all_gather_seconds,
     estimate_all_reduce_seconds,
@@ -15,8 +15,8 @@ from stratagem.advisor.collectives import (
     estimate_reduce_scatter_seconds,
     group_link,
 )
-from stratagem.advisor.hardware import Cluster
-from stratagem.advisor.plan import MeshAxis, Plan
+from stratagem.advisor.hardware import parse_cluster
+from stratagem.plan import MeshAxis, Plan
 from stratagem.errors import UsageError
 
 GIB = 2**30
@@ -60,12 +60,12 @@ def test_axis_strides_follow_the_mesh_order():
 
 
 def test_tp8_on_one_h100_node_uses_nvlink():
-    cluster = Cluster.parse("1x8xH100")
+    cluster = parse_cluster("1x8xH100")
     assert group_link(cluster, Plan(tp=8), MeshAxis.TP) == (pytest.approx(450e9 * 0.75), 3e-6)
 
 
 def test_dp_across_four_nodes_gets_one_nic_per_gpu():
-    cluster = Cluster.parse("4x8xH100:ib-ndr")  # 8 NDR NICs per node (rails)
+    cluster = parse_cluster("4x8xH100:ib-ndr")  # 8 NDR NICs per node (rails)
     plan = Plan(tp=8, dp_replicate=4)
     bandwidth, latency = group_link(cluster, plan, MeshAxis.DP_REPLICATE)
     assert bandwidth == pytest.approx(400e9 / 8 * 0.92)  # 50 GB/s per NIC, 92 % efficiency
@@ -73,20 +73,20 @@ def test_dp_across_four_nodes_gets_one_nic_per_gpu():
 
 
 def test_group_with_all_ranks_of_each_node_gets_the_node_nics_capped_by_nvlink():
-    cluster = Cluster.parse("4x8xH100:ib-ndr")
+    cluster = parse_cluster("4x8xH100:ib-ndr")
     bandwidth, latency = group_link(cluster, Plan(dp_shard=32, zero=3), MeshAxis.DP_SHARD)
     assert bandwidth == pytest.approx(min(8 * 50e9 * 0.92, 450e9 * 0.75))
     assert latency == 5e-6
 
 
 def test_one_nic_per_node_is_shared_by_the_node_ranks():
-    cluster = Cluster.parse("2x8xH100:eth-100-x1")
+    cluster = parse_cluster("2x8xH100:eth-100-x1")
     bandwidth, _ = group_link(cluster, Plan(tp=8, dp_replicate=2), MeshAxis.DP_REPLICATE)
     assert bandwidth == pytest.approx(100e9 / 8 * 0.7 / 8)
 
 
 def test_bridged_pairs_fall_back_to_pcie_beyond_a_pair():
-    cluster = Cluster.parse("1x4xA100-PCIe-80GB+bridge")
+    cluster = parse_cluster("1x4xA100-PCIe-80GB+bridge")
     bridge = 300e9 * 0.75
     pcie = cluster.node.host_link.effective_bandwidth
     assert group_link(cluster, Plan(tp=2, dp_replicate=2), MeshAxis.TP)[0] == pytest.approx(bridge)
@@ -97,14 +97,14 @@ def test_bridged_pairs_fall_back_to_pcie_beyond_a_pair():
 
 
 def test_cpu_ranks_use_the_loopback_figures():
-    cluster = Cluster.parse("1x2xcpu")
+    cluster = parse_cluster("1x2xcpu")
     assert group_link(cluster, Plan(dp_replicate=2), MeshAxis.DP_REPLICATE) == (5e9, 30e-6)
 
 
 def test_a_group_of_one_crosses_nothing():
-    assert group_link(Cluster.parse("1x8xH100"), Plan(tp=8), MeshAxis.PP) == (math.inf, 0.0)
+    assert group_link(parse_cluster("1x8xH100"), Plan(tp=8), MeshAxis.PP) == (math.inf, 0.0)
 
 
 def test_spanning_nodes_without_a_network_is_a_usage_error():
     with pytest.raises(UsageError, match="HINT"):
-        group_link(Cluster.parse("2x8xH100"), Plan(tp=8, dp_replicate=2), MeshAxis.DP_REPLICATE)
+        group_link(parse_cluster("2x8xH100"), Plan(tp=8, dp_replicate=2), MeshAxis.DP_REPLICATE)

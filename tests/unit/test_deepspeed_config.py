@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from stratagem.advisor.plan import Plan
+from stratagem.plan import Plan
 from stratagem.cli import main
 from stratagem.errors import UsageError
 from stratagem.integrations.deepspeed import (

@@ -12,7 +12,7 @@ import torch
 from lightning.fabric import Fabric
 from torch import nn
 
-from stratagem.advisor.plan import Plan
+from stratagem.plan import Plan
 from stratagem.errors import UsageError
 from stratagem.integrations.fabric import AutoParallelFabricStrategy
 from stratagem.integrations.planning import sampler_kwargs

@@ -10,14 +10,14 @@ import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from stratagem.advisor.calibrate.processes import free_port
-from stratagem.advisor.hardware import Cluster, combine_clusters, gather_cluster, probe_local
+from stratagem.distributed import free_port
+from stratagem.advisor.hardware import Cluster, combine_clusters, gather_cluster, parse_cluster, probe_local
 from stratagem.advisor.hardware.gather import LAUNCHER_NODE_RANKS, this_node
 from stratagem.errors import UsageError
 
 
 def test_without_a_process_group_the_local_cluster_comes_back():
-    local = Cluster.parse("8xH100")
+    local = parse_cluster("8xH100")
     assert not dist.is_initialized()
     assert gather_cluster(local) is local
 
@@ -32,14 +32,14 @@ def test_a_launcher_s_node_rank_names_the_node(monkeypatch, variable):
 
 
 def test_identical_nodes_combine():
-    node = Cluster.parse("8xH100:ib-ndr")
+    node = parse_cluster("8xH100:ib-ndr")
     combined = combine_clusters([(f"n{i // 8}", node) for i in range(32)])
     assert (combined.num_nodes, combined.world_size, combined.source) == (4, 32, "gather")
     assert combined.node == node.node and combined.notes == ()
 
 
 def test_heterogeneous_nodes_plan_for_the_weakest():
-    big, small = Cluster.parse("2xH200:ib-ndr"), Cluster.parse("2xH100:ib-hdr")
+    big, small = parse_cluster("2xH200:ib-ndr"), parse_cluster("2xH100:ib-hdr")
     combined = combine_clusters([("a", big), ("a", big), ("b", small), ("b", small)])
     assert combined.device.name == "H100-SXM5-80GB" and combined.network.name == "ib-hdr"
     notes = " | ".join(combined.notes)
@@ -47,13 +47,13 @@ def test_heterogeneous_nodes_plan_for_the_weakest():
 
 
 def test_uneven_ranks_per_node_is_a_usage_error():
-    node = Cluster.parse("8xH100:ib-ndr")
+    node = parse_cluster("8xH100:ib-ndr")
     with pytest.raises(UsageError, match=r"ranks per node differ: \{'a': 2, 'b': 1\}(.|\n)*HINT"):
         combine_clusters([("a", node), ("a", node), ("b", node)])
 
 
 def test_gpu_nodes_running_fewer_ranks_than_gpus():
-    combined = combine_clusters([("a", Cluster.parse("8xH100")), ("a", Cluster.parse("8xH100"))])
+    combined = combine_clusters([("a", parse_cluster("8xH100")), ("a", parse_cluster("8xH100"))])
     assert combined.world_size == 2 and combined.node.link.domain_size == 2
     assert any("2 rank(s) per node on 8 device(s)" in note for note in combined.notes)
 
@@ -64,7 +64,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     try:
         same_host = gather_cluster(probe_local(sysfs_root=out_dir))
         net = "ib-ndr" if rank == 0 else "ib-hdr"
-        two_nodes = gather_cluster(Cluster.parse(f"8xH100:{net}"), node_key=f"node{rank}")
+        two_nodes = gather_cluster(parse_cluster(f"8xH100:{net}"), node_key=f"node{rank}")
         result = {"same_host": same_host.to_dict(), "two_nodes": two_nodes.to_dict()}
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
         dist.barrier()

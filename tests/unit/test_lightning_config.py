@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from stratagem.advisor.hardware import Cluster
-from stratagem.advisor.plan import Plan
+from stratagem.advisor.hardware import parse_cluster
+from stratagem.plan import Plan
 from stratagem.cli import main
 from stratagem.errors import UsageError
 from stratagem.integrations.lightning_config import builtin_strategy, export_lightning_config, trainer_arguments
 
-TWO_NODES = Cluster.parse("2x8xH100-SXM-80GB:ib-ndr")
+TWO_NODES = parse_cluster("2x8xH100-SXM-80GB:ib-ndr")
 
 
 def test_trainer_arguments_pin_the_plan():
@@ -58,7 +58,7 @@ def test_the_written_config_trains_with_the_auto_parallel_strategy(tmp_path, mon
 
     monkeypatch.chdir(tmp_path)
     plan = Plan(precision="fp32", micro_batch_size=2, grad_accum=2, block_container="layers")
-    path = export_lightning_config(plan, Cluster.parse("1xcpu"), "trainer.yaml", block_classes=("TransformerBlock",))
+    path = export_lightning_config(plan, parse_cluster("1xcpu"), "trainer.yaml", block_classes=("TransformerBlock",))
     assert "No built-in" not in path.read_text() and '"auto"' in path.read_text()
     arguments = yaml.safe_load(path.read_text())["trainer"]
     strategy = arguments.pop("strategy")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from stratagem.advisor.memo import by_identity, by_identity_and_fields
-from stratagem.advisor.plan import Plan
+from stratagem.plan import Plan
 
 
 def test_by_identity_keys_on_the_object_not_its_value():

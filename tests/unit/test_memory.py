@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 import torch
 
-from stratagem.advisor.hardware import Cluster
-from stratagem.advisor.memory import (
+from stratagem.advisor.hardware import parse_cluster
+from stratagem.advisor.cost.memory import (
     estimate_activations,
     estimate_block_activations,
     estimate_memory,
@@ -17,11 +17,11 @@ from stratagem.advisor.memory import (
     in_flight_microbatches,
     state_layout,
 )
-from stratagem.advisor.plan import Plan, Workload
-from stratagem.advisor.profile import ModelProfile, SegmentProfile, profile_model
-from stratagem.advisor.profiles import profile_spec
-from stratagem.advisor.search import search_plans
-from stratagem.advisor.stage import candidate_ranks
+from stratagem.plan import Plan, Workload
+from stratagem.advisor.profile.profiler import ModelProfile, SegmentProfile, profile_model
+from stratagem.advisor.profile.cache import profile_spec
+from stratagem.advisor.search.enumeration import search_plans
+from stratagem.advisor.cost.stages import candidate_ranks
 from stratagem.models import Transformer, get_preset
 
 
@@ -117,7 +117,7 @@ def test_memory_costed_once_per_layout_equals_each_plan_costed_afresh(runtime, o
     candidate ranks costed afresh (estimate_rank_memory caches nothing)."""
     profile = profile_spec("llama-2-7b", seq_len=2048)
     workload = Workload(global_batch_size=64, seq_len=2048, optimizer=optimizer)
-    plans = [p for group in search_plans(profile, Cluster.parse("2x4xA100-SXM4-80GB:ib-hdr"), workload) for p in group]
+    plans = [p for group in search_plans(profile, parse_cluster("2x4xA100-SXM4-80GB:ib-hdr"), workload) for p in group]
     layout = state_layout(workload.precision, optimizer, runtime=runtime)
     assert len(plans) > 1000 and any(len(candidate_ranks(profile, p)) > 1 for p in plans)
     for plan in plans:

@@ -7,8 +7,8 @@ import json
 import pytest
 from torch._subclasses.fake_tensor import FakeTensor
 
-from stratagem.advisor.model_source import load_model
-from stratagem.advisor.profiles import profile_spec
+from stratagem.advisor.profile.sources import load_model
+from stratagem.advisor.profile.cache import profile_spec
 from stratagem.errors import UsageError
 
 LLAMA_2_7B_CONFIG = {

@@ -9,13 +9,14 @@ from collections import Counter
 
 import pytest
 
-from stratagem.advisor.hardware import Cluster
-from stratagem.advisor.model_profile import ModelProfile, SegmentProfile
-from stratagem.advisor.partition import balanced_stage_blocks, stage_costs
-from stratagem.advisor.plan import Plan, Workload, even_stage_blocks
-from stratagem.advisor.search import advise, search_plans
-from stratagem.advisor.stage import busiest_stage, rank_stages
-from stratagem.advisor.targets import pp_degrees
+from stratagem.advisor.hardware import parse_cluster
+from stratagem.advisor.profile.model_profile import ModelProfile, SegmentProfile
+from stratagem.advisor.search.partition import balanced_stage_blocks, stage_costs
+from stratagem.plan import Plan, Workload, even_stage_blocks
+from stratagem.advisor.search.advice import advise
+from stratagem.advisor.search.enumeration import search_plans
+from stratagem.advisor.cost.stages import busiest_stage, rank_stages
+from stratagem.advisor.search.targets import pp_degrees
 from stratagem.errors import UsageError
 
 
@@ -131,7 +132,7 @@ def test_pp_degrees_need_no_divisibility_but_a_splittable_model():
 
 
 def test_search_fills_the_balanced_partition_and_honours_a_pinned_one():
-    profile, cluster = _profile(6, head=3), Cluster.parse("2xA100")
+    profile, cluster = _profile(6, head=3), parse_cluster("2xA100")
     workload = Workload(global_batch_size=4, precision="fp32")
     plans = [p for group in search_plans(profile, cluster, workload) for p in group if p.pp == 2 and p.pp_virtual == 1]
     assert plans and {p.stage_blocks for p in plans} == {balanced_stage_blocks(profile, 2)}
@@ -142,7 +143,7 @@ def test_search_fills_the_balanced_partition_and_honours_a_pinned_one():
 
 
 def test_unsplittable_model_gets_no_pipeline_plans_and_a_note():
-    profile, cluster = _profile(4, pp_unavailable="tied weights"), Cluster.parse("2xA100")
+    profile, cluster = _profile(4, pp_unavailable="tied weights"), parse_cluster("2xA100")
     excluded: Counter = Counter()
     plans = [p for group in search_plans(profile, cluster, Workload(global_batch_size=4), excluded=excluded) for p in group]
     assert all(p.pp == 1 for p in plans)

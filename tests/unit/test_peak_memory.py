@@ -7,7 +7,7 @@ import sys
 
 SCRIPT = """
 import torch
-from stratagem.advisor.calibrate.processes import PeakMemory
+from stratagem.peak_memory import PeakMemory
 
 memory = PeakMemory(torch.device("cpu"))
 held = torch.ones(4 * 2**20)  # 16 MiB held

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stratagem.advisor.plan import MeshAxis, Plan, Workload
+from stratagem.plan import MeshAxis, Plan, Workload
 from stratagem.errors import UsageError
 
 

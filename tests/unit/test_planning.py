@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from stratagem.advisor.plan import Plan
+from stratagem.plan import Plan
 from stratagem.errors import UsageError
 from stratagem.integrations.planning import (
     check_choice,
@@ -124,7 +124,7 @@ def test_lightning_advises_pipelines_for_the_child_it_splits() -> None:
 
     import lightning.pytorch as pl
 
-    from stratagem.advisor.profiles import profile_spec
+    from stratagem.advisor.profile.cache import profile_spec
     from stratagem.integrations.lightning import _as_pipelined
 
     profile = dataclasses.replace(profile_spec("llama-tiny"), block_container="model.layers", pp_traced=True)
@@ -141,7 +141,7 @@ def test_a_dataloader_batch_runs_unpiped_or_split_into_micro_batches() -> None:
     micro-batch per stage; constraints narrow the shapes, and a model without stages gets none."""
     import dataclasses
 
-    from stratagem.advisor.profiles import profile_spec
+    from stratagem.advisor.profile.cache import profile_spec
     from stratagem.integrations.planning import _pipeline_shapes
 
     profile = dataclasses.replace(profile_spec("llama-tiny"), batch_size=4)

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from stratagem.advisor.measure import CPU_ATTENTION_FLOPS
-from stratagem.advisor.profile import profile_model
+from stratagem.advisor.profile.measure import CPU_ATTENTION_FLOPS
+from stratagem.advisor.profile.profiler import profile_model
 from stratagem.errors import UsageError
 
 
@@ -70,7 +70,7 @@ def test_segments_partition_the_parameters_and_blocks_are_found():
 
 
 def test_linears_keep_the_rows_they_multiplied_a_routed_expert_its_share():
-    from stratagem.advisor.profiles import profile_spec
+    from stratagem.advisor.profile.cache import profile_spec
 
     moe = profile_spec("mixtral-tiny", seq_len=32, precision="fp32")  # 4 experts, top 2; two samples
     rows = {x.name: x.rows for x in moe.blocks[0].linears}

@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 import torch
 
-from stratagem.advisor.profiles import profile_spec
-from stratagem.advisor.profile import profile_model
+from stratagem.advisor.profile.cache import profile_spec
+from stratagem.advisor.profile.profiler import profile_model
 from stratagem.models import Transformer, get_preset
 
 

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from stratagem.advisor import profiles
-from stratagem.advisor.model_profile import ModelProfile
-from stratagem.advisor.profiles import CACHE_ENV, PROFILE_BATCH, profile_spec
+from stratagem.advisor.profile import cache as profiles
+from stratagem.advisor.profile.model_profile import ModelProfile
+from stratagem.advisor.profile.cache import CACHE_ENV, PROFILE_BATCH, profile_spec
 
 
 @pytest.fixture

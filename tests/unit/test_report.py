@@ -12,15 +12,15 @@ from html.parser import HTMLParser
 import pytest
 from rich.console import Console
 
-from stratagem.advisor.advice import Advice
-from stratagem.advisor.estimate import Estimate, MemoryBreakdown, TimeBreakdown
-from stratagem.advisor.hardware import Cluster
-from stratagem.advisor.profiles import profile_spec
-from stratagem.advisor.plan import Plan, Workload
-from stratagem.advisor.report import _wrap_name, render_html, render_json, render_markdown, render_table
+from stratagem.advisor.search.advice import Advice
+from stratagem.advisor.cost.estimate import Estimate, MemoryBreakdown, TimeBreakdown
+from stratagem.advisor.hardware import parse_cluster
+from stratagem.advisor.profile.cache import profile_spec
+from stratagem.plan import Plan, Workload
+from stratagem.advisor.report.render import _wrap_name, render_html, render_json, render_markdown, render_table
 from stratagem.units import format_seconds
-from stratagem.advisor.report_schedule import pipeline_order, simulate_pipeline
-from stratagem.advisor.report_svg import pipeline_timeline
+from stratagem.advisor.report.schedule import pipeline_order, simulate_pipeline
+from stratagem.advisor.report.svg import pipeline_timeline
 
 GiB = 2**30
 PLANS = (
@@ -47,7 +47,7 @@ def make_estimate(plan: Plan, *, gib: float = 40.0, step: float = 1.2, capacity_
 def advice() -> Advice:
     profile = profile_spec("gpt2-tiny")
     return Advice(
-        profile=profile, cluster=Cluster.parse("2x8xH100-SXM-80GB:ib-ndr"),
+        profile=profile, cluster=parse_cluster("2x8xH100-SXM-80GB:ib-ndr"),
         workload=Workload(global_batch_size=64, seq_len=profile.seq_len), target="any",
         plans=tuple(make_estimate(p, gib=60 - 10 * i, step=1.2 + 0.1 * i) for i, p in enumerate(PLANS)),
         reasons=("tp2+sp keeps tensor-parallel traffic on NVLink.", "The runner-up loses 8% to its bubble."),

@@ -6,10 +6,11 @@ import dataclasses
 
 import pytest
 
-from stratagem.advisor.hardware import Cluster
-from stratagem.advisor.profiles import profile_spec
-from stratagem.advisor.plan import PP_SCHEDULES, Plan, Workload
-from stratagem.advisor.search import advise, rank_estimates, search_plans
+from stratagem.advisor.hardware import parse_cluster
+from stratagem.advisor.profile.cache import profile_spec
+from stratagem.plan import PP_SCHEDULES, Plan, Workload
+from stratagem.advisor.search.advice import advise, rank_estimates
+from stratagem.advisor.search.enumeration import search_plans
 from stratagem.errors import UsageError
 
 
@@ -24,14 +25,14 @@ def gpt2():
 
 
 def test_tp_plans_carry_the_profile_s_layout(llama7b):
-    advice = advise(llama7b, Cluster.parse("8xA100"), Workload(global_batch_size=8, seq_len=2048),
+    advice = advise(llama7b, parse_cluster("8xA100"), Workload(global_batch_size=8, seq_len=2048),
                     constraints={"tp": (2, 4)})
     assert advice.plans and all(e.plan.tp_layout == llama7b.tp_layout for e in advice.plans)
     assert ("layers.*.attention.wo", "rowwise") in llama7b.tp_layout
 
 
 def test_every_plan_fits_the_world_the_batch_and_the_device(llama7b):
-    cluster = Cluster.parse("2x8xH100-SXM-80GB:ib-ndr")
+    cluster = parse_cluster("2x8xH100-SXM-80GB:ib-ndr")
     workload = Workload(global_batch_size=64, seq_len=2048)
     advice = advise(llama7b, cluster, workload, top=5)
     assert len(advice.plans) == 5 and advice.reasons
@@ -47,7 +48,7 @@ def test_every_plan_fits_the_world_the_batch_and_the_device(llama7b):
 
 
 def test_enumeration_covers_the_vocabulary(llama7b):
-    cluster = Cluster.parse("2x8xH100-SXM-80GB:ib-ndr")
+    cluster = parse_cluster("2x8xH100-SXM-80GB:ib-ndr")
     plans = [p for group in search_plans(llama7b, cluster, Workload(global_batch_size=64, seq_len=2048))
              for p in group]
     seen = lambda field: {getattr(p, field) for p in plans}  # noqa: E731
@@ -64,21 +65,21 @@ def test_enumeration_covers_the_vocabulary(llama7b):
 
 def test_nothing_fits_says_by_how_much_and_what_would(llama7b):
     big = profile_spec("llama-2-70b", seq_len=2048)
-    advice = advise(big, Cluster.parse("1xL4"), Workload(global_batch_size=4, seq_len=2048))
+    advice = advise(big, parse_cluster("1xL4"), Workload(global_batch_size=4, seq_len=2048))
     assert advice.best is None and not advice.reasons
     text = " ".join(advice.suggestions)
     assert "The leanest plan found" in text and "GiB usable" in text and "would fit on" in text
 
 
 def test_one_gpu_may_offload_what_it_cannot_hold(llama7b):
-    advice = advise(llama7b, Cluster.parse("1xA100-SXM4-80GB"), Workload(global_batch_size=8, seq_len=2048))
+    advice = advise(llama7b, parse_cluster("1xA100-SXM4-80GB"), Workload(global_batch_size=8, seq_len=2048))
     best = advice.best.plan
     assert best.offload != "none" and best.dp_shard == 1 and best.zero >= 2
     assert advice.best.memory.host > 0 and advice.best.memory.host <= advice.best.host_capacity_bytes
 
 
 def test_targets_leave_out_what_their_runtime_cannot_run(gpt2):
-    cluster = Cluster.parse("2x8xA100-SXM4-80GB:ib-hdr")
+    cluster = parse_cluster("2x8xA100-SXM4-80GB:ib-hdr")
     workload = Workload(global_batch_size=64, seq_len=1024)
     untied = dataclasses.replace(gpt2, pp_unavailable=None)  # GPT-2's tied head keeps it off pipelines
     accelerate = advise(untied, cluster, workload, target="accelerate")
@@ -91,7 +92,7 @@ def test_targets_leave_out_what_their_runtime_cannot_run(gpt2):
 
 
 def test_constraints_pin_plan_fields(gpt2):
-    cluster = Cluster.parse("8xA100")
+    cluster = parse_cluster("8xA100")
     advice = advise(gpt2, cluster, Workload(global_batch_size=64, seq_len=1024), constraints={"tp": 2, "zero": (2, 3)})
     assert advice.plans and all(e.plan.tp == 2 and e.plan.zero in (2, 3) for e in advice.plans)
     with pytest.raises(UsageError, match="unknown constraint"):
@@ -100,14 +101,14 @@ def test_constraints_pin_plan_fields(gpt2):
 
 def test_models_without_a_tp_layout_get_no_tensor_parallel_plans():
     resnet = profile_spec("resnet-50")
-    advice = advise(resnet, Cluster.parse("8xA100"), Workload(global_batch_size=256), top=20)
+    advice = advise(resnet, parse_cluster("8xA100"), Workload(global_batch_size=256), top=20)
     assert all(e.plan.tp == 1 for e in advice.plans)
     assert any("pair no column-split Linear" in note for note in advice.notes)
     assert advice.plans[0].throughput_unit == "samples/s"
 
 
 def test_near_ties_go_to_the_simpler_plan(gpt2):
-    cluster = Cluster.parse("8xA100")
+    cluster = parse_cluster("8xA100")
     workload = Workload(global_batch_size=64, seq_len=1024)
     simple = advise(gpt2, cluster, workload, constraints={"zero": 0, "activation_checkpointing": "none"}).best
     fancy = dataclasses.replace(simple, plan=Plan(dp_shard=8, zero=3, micro_batch_size=8),
@@ -119,11 +120,11 @@ def test_near_ties_go_to_the_simpler_plan(gpt2):
 
 def test_an_impossible_workload_is_a_usage_error(gpt2):
     with pytest.raises(UsageError, match="global batch of 3 on 16 devices.*not dividing the global batch"):
-        advise(gpt2, Cluster.parse("2x8xH100:ib-ndr"), Workload(global_batch_size=3, seq_len=1024))
+        advise(gpt2, parse_cluster("2x8xH100:ib-ndr"), Workload(global_batch_size=3, seq_len=1024))
 
 
 def test_optimizer_only_offload_is_for_deepspeed(llama7b):
-    cluster = Cluster.parse("8xA100")
+    cluster = parse_cluster("8xA100")
     workload = Workload(global_batch_size=8, seq_len=2048)
     torch_plans = advise(llama7b, cluster, workload, top=50)
     assert all(e.plan.offload != "optimizer" for e in torch_plans.plans)
@@ -131,7 +132,7 @@ def test_optimizer_only_offload_is_for_deepspeed(llama7b):
 
 
 def test_tensor_parallel_plans_shard_data_parallelism_with_fsdp(llama7b):
-    advice = advise(llama7b, Cluster.parse("2x8xH100:ib-ndr"), Workload(global_batch_size=64, seq_len=2048), top=50)
+    advice = advise(llama7b, parse_cluster("2x8xH100:ib-ndr"), Workload(global_batch_size=64, seq_len=2048), top=50)
     assert all(e.plan.zero >= 2 or e.plan.dp == 1 for e in advice.plans if e.plan.tp > 1)
     assert any("DDP over tensor-parallel" in reason for reason in advice.excluded)
 
@@ -142,7 +143,7 @@ def test_traced_pipeline_stages_get_neither_tp_nor_checkpointing(name, traced):
     parallelism or checkpointing; the reference Transformer's are built by removal and take both."""
     profile = profile_spec(name)
     assert profile.pp_traced is traced
-    cluster, workload = Cluster.parse("8xA100"), Workload(global_batch_size=64, seq_len=profile.seq_len)
+    cluster, workload = parse_cluster("8xA100"), Workload(global_batch_size=64, seq_len=profile.seq_len)
     pipelines = [p for group in search_plans(profile, cluster, workload) for p in group if p.pp > 1]
     limited = [p for p in pipelines if p.tp > 1 or p.activation_checkpointing != "none"]
     assert pipelines and bool(limited) is not traced
@@ -161,7 +162,7 @@ def test_tensor_parallel_routed_experts_get_a_warm_up_note(name):
     DTensor a sharding decision: the report says the predicted step is the steady state."""
     profile = profile_spec(name)
     workload = Workload(global_batch_size=8, seq_len=profile.seq_len)
-    advice = advise(profile, Cluster.parse("4xcpu"), workload, top=5, constraints={"tp": (2,)})
+    advice = advise(profile, parse_cluster("4xcpu"), workload, top=5, constraints={"tp": (2,)})
     assert advice.plans and all(e.plan.tp == 2 for e in advice.plans)
     noted = [n for n in advice.notes if "routed experts" in n]
     assert noted == ([f"Tensor-parallel plans ({len(advice.plans)} of those ranked) split {name}'s routed experts, "
@@ -169,12 +170,12 @@ def test_tensor_parallel_routed_experts_get_a_warm_up_note(name):
                       "every row count it has not met yet (milliseconds each): their first tens to hundreds of steps "
                       "run slower than the step time predicted here, which is the steady state (`verify` reports "
                       "that warm-up beside the step)."] if name.startswith("mixtral") else [])
-    untouched = advise(profile, Cluster.parse("4xcpu"), workload, top=5, constraints={"tp": (1,)})
+    untouched = advise(profile, parse_cluster("4xcpu"), workload, top=5, constraints={"tp": (1,)})
     assert not [n for n in untouched.notes if "routed experts" in n]
 
 
 def test_lightning_target_leaves_out_what_the_strategy_refuses():
-    from stratagem.advisor.targets import target_excludes
+    from stratagem.advisor.search.targets import target_excludes
 
     common = {"micro_batch_size": 1, "microbatches": 4, "block_container": "layers"}
     interleaved = {"pp": 2, "pp_virtual": 2, "pp_schedule": "interleaved-1f1b", **common}
@@ -191,7 +192,7 @@ def test_lightning_target_leaves_out_what_the_strategy_refuses():
 
 def test_objective_memory_ranks_the_leanest_plan_first():
     profile = profile_spec("llama-2-7b", seq_len=4096)
-    cluster, workload = Cluster.parse("8xH100"), Workload(global_batch_size=64, seq_len=4096)
+    cluster, workload = parse_cluster("8xH100"), Workload(global_batch_size=64, seq_len=4096)
     lean = advise(profile, cluster, workload, objective="memory", top=50)
     assert lean.best.memory.total == min(e.memory.total for e in lean.plans)
     assert any("objective memory" in note for note in lean.notes)
@@ -205,9 +206,9 @@ def test_a_target_rules_a_group_alike_and_every_searched_plan_is_valid(llama7b, 
     """search_plans asks a target about a group's first plan only, and checks only each kept
     group's first plan (the others differ in micro-batching alone): every target's rules read no
     micro-batching, and every plan it yields passes Plan's own checks."""
-    from stratagem.advisor.targets import TARGETS, target_excludes
+    from stratagem.advisor.search.targets import TARGETS, target_excludes
 
-    cluster = Cluster.parse("2x4xA100-SXM4-80GB:ib-hdr")
+    cluster = parse_cluster("2x4xA100-SXM4-80GB:ib-hdr")
     groups = [list(group) for group in search_plans(dataclasses.replace(llama7b, pp_traced=traced), cluster,
                                                      Workload(global_batch_size=64, seq_len=2048))]
     assert sum(len(group) > 1 for group in groups) > 100

@@ -8,18 +8,18 @@ import math
 
 import pytest
 
-from stratagem.advisor import timing
-from stratagem.advisor.collectives import estimate_all_reduce_seconds, estimate_p2p_seconds
-from stratagem.advisor.estimate import TimeBreakdown
-from stratagem.advisor.hardware import Cluster, HostSpec
-from stratagem.advisor.profiles import profile_spec
-from stratagem.advisor.plan import Plan, Workload
-from stratagem.advisor.profile import ModelProfile, SegmentProfile
-from stratagem.advisor.structure import LinearLayer
-from stratagem.advisor.timing import bubble_lost_share, estimate_time, mfu, rank_step, tokens_per_second
+from stratagem.advisor.cost import timing
+from stratagem.advisor.cost.collectives import estimate_all_reduce_seconds, estimate_p2p_seconds
+from stratagem.advisor.cost.estimate import TimeBreakdown
+from stratagem.advisor.hardware import Cluster, HostSpec, parse_cluster
+from stratagem.advisor.profile.cache import profile_spec
+from stratagem.plan import Plan, Workload
+from stratagem.advisor.profile.profiler import ModelProfile, SegmentProfile
+from stratagem.advisor.profile.structure import LinearLayer
+from stratagem.advisor.cost.timing import bubble_lost_share, estimate_time, mfu, rank_step, tokens_per_second
 from stratagem.errors import UsageError
 
-H100 = Cluster.parse("1x8xH100")
+H100 = parse_cluster("1x8xH100")
 H100_ACHIEVED = 989e12 * timing.ACHIEVABLE_FLOPS_FRACTION["gpu"]
 SEQ = 1024
 WIDTH = 512
@@ -53,7 +53,7 @@ TOY = _toy()
 
 def _cpu(cores: int) -> Cluster:
     """Four CPU ranks on a host of ``cores`` cores (not this machine's: what the test names)."""
-    cpu, host = Cluster.parse("4xcpu"), HostSpec(num_cores=cores, num_physical_cores=cores, memory_bytes=2**34)
+    cpu, host = parse_cluster("4xcpu"), HostSpec(num_cores=cores, num_physical_cores=cores, memory_bytes=2**34)
     return dataclasses.replace(cpu, node=dataclasses.replace(cpu.node, host=host))
 
 
@@ -92,7 +92,7 @@ def test_sgd_streams_fewer_bytes_than_adamw():
 def test_a_calibrated_optimizer_step_replaces_streaming_and_launching_estimates():
     """Measured seconds per fp32 parameter and per tensor: the optimizer term is the rank's
     parameters at the first (halved for bf16 parameters), its dispatch the tensors at the second."""
-    cpu = Cluster.parse("2xcpu")
+    cpu = parse_cluster("2xcpu")
     measured = dataclasses.replace(cpu, node=dataclasses.replace(
         cpu.node, optimizer_seconds=(("adamw", 1e-8, 3e-5), ("sgd", 1e-9, 5e-6))))
     profile = dataclasses.replace(TOY, blocks=tuple(dataclasses.replace(b, num_tensors=3) for b in TOY.blocks))
@@ -323,7 +323,7 @@ def test_exposed_dp_comm_never_exceeds_the_total_and_overlap_hides_most_of_fsdp(
 
 
 def test_hsdp_adds_an_all_reduce_across_nodes():
-    cluster = Cluster.parse("4x8xH100:ib-ndr")
+    cluster = parse_cluster("4x8xH100:ib-ndr")
     fsdp = _time(Plan(dp_shard=8, zero=3), cluster=cluster).dp_comm_total
     hsdp = _time(Plan(dp_replicate=4, dp_shard=8, zero=3), cluster=cluster).dp_comm_total
     assert hsdp > fsdp
@@ -406,7 +406,7 @@ def test_zero_bubble_leaves_the_forwards_share_of_the_interleaved_bubble():
 def test_block_matmuls_run_at_the_calibrated_rate_for_their_size():
     """A 128-token × 256 × 256 GEMM is a square matmul of side 203, log-interpolated on the curve;
     split over TP 2 (colwise), of side 161."""
-    from stratagem.advisor.stage import whole_model
+    from stratagem.advisor.cost.stages import whole_model
 
     block = _segment("block", fwd=2 * 128 * 256 * 256, width=256)
     profile = ModelProfile(name="gemm", precision="fp32", batch_size=1, seq_len=128, embed=_segment("embed"),
@@ -433,7 +433,7 @@ def test_gemms_with_unaligned_rows_run_at_their_share_of_the_rate():
     measured = dataclasses.replace(H100, node=dataclasses.replace(H100.node, unaligned_matmul=(("bf16", 0.5),)))
     assert _time(Plan(), profile=odd, cluster=measured).compute - _time(Plan(), cluster=measured).compute == \
         pytest.approx(6e12 / H100_ACHIEVED)
-    cpu = Cluster.parse("2xcpu")
+    cpu = parse_cluster("2xcpu")
     assert _time(Plan(), profile=odd, cluster=cpu).compute == pytest.approx(_time(Plan(), cluster=cpu).compute)
 
 

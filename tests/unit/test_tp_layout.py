@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stratagem.advisor.profile import profile_model
-from stratagem.advisor.profiles import profile_spec
+from stratagem.advisor.profile.profiler import profile_model
+from stratagem.advisor.profile.cache import profile_spec
 
 LLAMA = {
     "attention.wq": "colwise", "attention.wk": "colwise", "attention.wv": "colwise", "attention.wo": "rowwise",

@@ -6,10 +6,10 @@ import io
 
 from rich.console import Console
 
-from stratagem.advisor.evaluate import evaluate
-from stratagem.advisor.hardware import Cluster
-from stratagem.advisor.plan import Plan, Workload
-from stratagem.advisor.profiles import profile_spec
+from stratagem.advisor.cost.evaluate import evaluate
+from stratagem.advisor.hardware import parse_cluster
+from stratagem.plan import Plan, Workload
+from stratagem.advisor.profile.cache import profile_spec
 from stratagem.cli.verify_cmd import verification_table
 from stratagem.verify import Measured, Verified
 
@@ -17,7 +17,7 @@ from stratagem.verify import Measured, Verified
 def _rendered(*measured: Measured) -> str:
     profile = profile_spec("llama-tiny", seq_len=16, precision="fp32")
     plan = Plan(dp_replicate=2, micro_batch_size=2, precision="fp32")
-    cluster = Cluster.parse("2xcpu")
+    cluster = parse_cluster("2xcpu")
     estimate = evaluate(profile, cluster, Workload(global_batch_size=4, seq_len=16, precision="fp32"), plan)
     out = io.StringIO()
     Console(file=out, width=200).print(verification_table([Verified(estimate, m) for m in measured], cluster=cluster))

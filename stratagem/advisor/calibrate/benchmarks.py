@@ -21,8 +21,9 @@ import torch
 import torch.distributed as dist
 
 from stratagem.advisor.calibrate.calibration import COLLECTIVES
-from stratagem.advisor.calibrate.processes import PeakMemory, across_ranks
-from stratagem.advisor.model_profile import ModelProfile
+from stratagem.distributed import across_ranks
+from stratagem.peak_memory import PeakMemory
+from stratagem.advisor.profile.model_profile import ModelProfile
 
 __all__ = ["ComputeRates", "collective_seconds", "compute_rates", "dtensor_op_seconds", "framework_bytes",
            "interleaved", "memory_bandwidth", "op_byte_seconds", "op_seconds", "optimizer_class", "optimizer_seconds",
@@ -279,7 +280,7 @@ class _ReferenceStep:
 def _reference_step(model: str, batch: int, seq_len: int, device: torch.device) -> _ReferenceStep:
     """Forward and backward of ``model`` on ``batch`` sequences of ``seq_len`` tokens (ten at a
     time for a step of at most 64 tokens), and its profile (taken at one sequence)."""
-    from stratagem.advisor.profiles import profile_spec
+    from stratagem.advisor.profile.cache import profile_spec
     from stratagem.models import PRESETS
 
     profile = profile_spec(model, seq_len=seq_len, precision="fp32")
@@ -317,12 +318,12 @@ def op_byte_seconds(step_seconds: float, profile: ModelProfile, batch: int, curv
     elementwise arithmetic) read or write: ``step_seconds`` of forward and backward of
     :data:`BYTES_REFERENCE` on ``batch`` sequences beyond its matmuls (at the measured ``curve``'s
     rates for their sizes, as the cost model runs them:
-    :func:`~stratagem.advisor.timing.block_matmul_efficiency`) and its operators at ``per_op``
+    :func:`~stratagem.advisor.cost.timing.block_matmul_efficiency`) and its operators at ``per_op``
     seconds each, over the bytes its profile counts them moving (the count the cost model
     multiplies by). What the curve misses of the model's own matmuls lands here too."""
-    from stratagem.advisor.plan import Plan
-    from stratagem.advisor.stage import whole_model
-    from stratagem.advisor.timing import block_matmul_efficiency
+    from stratagem.plan import Plan
+    from stratagem.advisor.cost.stages import whole_model
+    from stratagem.advisor.cost.timing import block_matmul_efficiency
 
     scale = batch / profile.batch_size
     stage = whole_model(profile)
@@ -339,11 +340,11 @@ def op_byte_seconds(step_seconds: float, profile: ModelProfile, batch: int, curv
 def dtensor_op_seconds(device: torch.device, *, repeats: int) -> float:
     """Host seconds per operator of an AdamW step over parameters that are DTensors sharded over
     every rank (what FSDP2 and TP parameters are): the step's time over eight small parameters,
-    over the operators it runs per tensor (:data:`~stratagem.advisor.timing.OPTIMIZER_OPS_PER_TENSOR`)."""
+    over the operators it runs per tensor (:data:`~stratagem.advisor.cost.timing.OPTIMIZER_OPS_PER_TENSOR`)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    from stratagem.advisor.timing import OPTIMIZER_OPS_PER_TENSOR
+    from stratagem.advisor.cost.timing import OPTIMIZER_OPS_PER_TENSOR
 
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     params = [torch.nn.Parameter(distribute_tensor(torch.ones(64 * mesh.size(), device=device), mesh, [Shard(0)]))
@@ -391,7 +392,7 @@ def tp_linear_seconds(device: torch.device, *, repeats: int) -> float:
 
 def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
     """The torch.optim class of an optimizer the cost model knows by ``name``
-    (:data:`~stratagem.advisor.plan.OPTIMIZERS`)."""
+    (:data:`~stratagem.plan.OPTIMIZERS`)."""
     return {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[name]
 
 
@@ -400,12 +401,12 @@ OPTIMIZER_SMALL_TENSORS = (512, 64)
 
 
 def optimizer_seconds(num_params: int, device: torch.device, *, repeats: int) -> dict[str, tuple[float, float]]:
-    """Per optimizer of :data:`~stratagem.advisor.plan.OPTIMIZERS`, as torch.optim runs it by
+    """Per optimizer of :data:`~stratagem.plan.OPTIMIZERS`, as torch.optim runs it by
     default on ``device`` (one tensor at a time on CPU, ``foreach`` on GPUs): seconds of its step
     per fp32 parameter (streaming the parameters, gradients and states) and per parameter tensor
     (launching its operators), solved from two steps timed :func:`interleaved`: over
     ``num_params`` parameters in eight tensors, and over :data:`OPTIMIZER_SMALL_TENSORS`."""
-    from stratagem.advisor.plan import OPTIMIZERS
+    from stratagem.plan import OPTIMIZERS
 
     shapes = ((8, num_params // 8), OPTIMIZER_SMALL_TENSORS)
     steps = []
@@ -432,7 +433,7 @@ def framework_bytes(device: torch.device) -> float:
     """Memory a training process takes beyond its tensors, bytes: how far a matmul's forward and
     backward at :data:`WORKSPACE_GEMM` and two AdamW steps of the tiny reference Llama
     (``llama-tiny``, one sequence of 8 tokens) raise the process's peak
-    (:class:`~stratagem.advisor.calibrate.processes.PeakMemory`, as verification measures), less
+    (:class:`~stratagem.peak_memory.PeakMemory`, as verification measures), less
     the Llama's parameters, gradients and optimizer states (its activations are a few KiB).
     Kernel libraries' workspaces (on CPU they depend on the matrices' shapes), the autograd
     engine and allocator bookkeeping remain. Run it first in a fresh process: it measures what a

@@ -1,7 +1,7 @@
 """A calibration: what the cluster measured, fitted to the cost model's terms, and applied to a
 :class:`Cluster` in place of catalog figures. Plain data (no torch), stored as JSON.
 
-The fits follow the cost model's own forms (:mod:`stratagem.advisor.collectives`): a ring
+The fits follow the cost model's own forms (:mod:`stratagem.advisor.cost.collectives`): a ring
 collective over ``n`` ranks takes ``steps·α + (steps/n)·bytes/β`` with ``steps = 2(n−1)`` for
 all-reduce and ``n−1`` for all-gather and reduce-scatter; point-to-point ``α + bytes/β``. A
 least-squares line through the measured (bytes, seconds) points gives α and β per collective
@@ -210,7 +210,7 @@ def hardware_key(cluster: Cluster) -> str:
 def calibration_path(hardware: str) -> Path:
     """Where the calibration of the hardware keyed ``hardware`` (:func:`hardware_key`) is stored,
     in the profile cache's directory."""
-    from stratagem.advisor.profiles import cache_dir
+    from stratagem.advisor.profile.cache import cache_dir
 
     slug = re.sub(r"[^A-Za-z0-9.+-]+", "_", hardware).strip("_")
     return cache_dir() / "calibration" / f"{slug}.json"

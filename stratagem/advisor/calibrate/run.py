@@ -33,7 +33,7 @@ from stratagem.advisor.calibrate.benchmarks import (
     tp_linear_seconds,
 )
 from stratagem.advisor.calibrate.calibration import COLLECTIVES, Calibration, LinkFit, fit_link, hardware_key
-from stratagem.advisor.calibrate.processes import (
+from stratagem.distributed import (
     across_ranks,
     free_port,
     init_process_group,

@@ -1,6 +1,6 @@
 """The cluster a plan runs on: devices, intra-node links, the network between nodes.
 
-Build a :class:`Cluster` from a spec string (``Cluster.parse("4x8xH100:ib-ndr")``), by probing
+Build a :class:`Cluster` from a spec string (``parse_cluster("4x8xH100:ib-ndr")``), by probing
 this machine (:func:`probe_local`: NVML, psutil, sysfs), or inside a running job from every
 node's probe (:func:`gather_cluster`). Every figure comes from :mod:`.catalog`, which names a
 source for each and flags estimates. Importing this package loads neither torch nor pynvml.

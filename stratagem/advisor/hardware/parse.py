@@ -19,8 +19,9 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from stratagem.advisor.hardware import lookup
-from stratagem.advisor.hardware.spec import Cluster, HostSpec, NetworkSpec, NodeSpec
+from stratagem.advisor.hardware import lookup, probe
+from stratagem.advisor.hardware.host import cpu_node, probe_host
+from stratagem.advisor.hardware.spec import Cluster, NetworkSpec, NodeSpec
 from stratagem.errors import UsageError
 
 _SPEC = re.compile(r"^(?:(\d+)x)?(?:(\d+)x)?([^:+]+)(\+bridge)?(?::(.+))?$", re.IGNORECASE)
@@ -32,9 +33,7 @@ def parse_cluster(spec: str) -> Cluster:
     """The :class:`Cluster` a spec string names (see the module docstring for the grammar)."""
     text = re.sub(r"\s+", "", spec)
     if text.lower() == "local":
-        from stratagem.advisor.hardware.probe import probe_local
-
-        return probe_local()
+        return probe.probe_local()
     match = _SPEC.match(text)
     if not match:
         raise UsageError(f"cannot read cluster spec {spec!r}: expected {FORM}"
@@ -54,7 +53,7 @@ def _node(spec: str, *, device: str, num_devices: int, bridge: bool) -> NodeSpec
         if bridge:
             raise UsageError(f"'+bridge' in {spec!r} applies to GPUs, not cpu"
                              "\nHINT: drop '+bridge'")
-        return cpu_node(_host(), num_ranks=num_devices, network=None)
+        return cpu_node(probe_host(), num_ranks=num_devices, network=None)
     entry = lookup.find_gpu(device)
     if entry is None:
         raise UsageError(
@@ -109,14 +108,3 @@ def parse_network(text: str, *, spec: str, node: NodeSpec) -> NetworkSpec:
     return lookup.network_from_name(name, nics_per_node=nics)
 
 
-def cpu_node(host: HostSpec, *, num_ranks: int, network: NetworkSpec | None) -> NodeSpec:
-    """A node of ``num_ranks`` gloo ranks sharing ``host``."""
-    return NodeSpec(device=lookup.cpu_device(host, num_ranks=num_ranks), num_devices=num_ranks,
-                    link=lookup.loopback_link(num_ranks=num_ranks), host_link=None,
-                    network=network, host=host)
-
-
-def _host() -> HostSpec:
-    from stratagem.advisor.hardware.probe import probe_host
-
-    return probe_host()

@@ -9,8 +9,6 @@ CUDA the GPUs are matched to torch's devices by PCI bus id.
 
 from __future__ import annotations
 
-import os
-import platform
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -19,7 +17,7 @@ from typing import Any
 
 from stratagem.advisor.hardware import lookup
 from stratagem.advisor.hardware.network import probe_network
-from stratagem.advisor.hardware.parse import cpu_node
+from stratagem.advisor.hardware.host import cpu_node, probe_host
 from stratagem.advisor.hardware.spec import (
     Cluster,
     DeviceSpec,
@@ -33,26 +31,6 @@ MAX_NVLINKS = 64  # safety cap; the loop stops at NotSupported/InvalidArgument f
 # nvmlDeviceGetNvLinkVersion returns an enum (NVML_NVLINK_VERSION_*), not the generation.
 NVLINK_VERSION_TO_GEN = {1: 1, 2: 2, 3: 2, 4: 3, 5: 3, 6: 4, 7: 5, 8: 6}
 GEN_BY_CC_MAJOR = {7: 2, 8: 3, 9: 4, 10: 5}  # NVLink generation of SXM parts, by architecture
-
-
-def probe_host() -> HostSpec:
-    """This host's usable cores (CPU affinity) and RAM, via psutil."""
-    import psutil
-
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    return HostSpec(num_cores=cores or psutil.cpu_count(logical=True) or 1,
-                    num_physical_cores=psutil.cpu_count(logical=False),
-                    memory_bytes=psutil.virtual_memory().total, cpu_name=_cpu_name())
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def probe_local(*, sysfs_root: str | Path = "/sys") -> Cluster:

@@ -2,7 +2,7 @@
 
 All classes are frozen plain data in SI units (bytes, bytes/s, FLOP/s, seconds) and round-trip
 through ``to_dict``/``from_dict`` for JSON. A :class:`Cluster` is ``num_nodes`` identical
-:class:`NodeSpec`\\ s; build one with :meth:`Cluster.parse` (a spec string, or ``"local"``),
+:class:`NodeSpec`\\ s; build one with :func:`parse_cluster` (a spec string, or ``"local"``),
 :func:`~stratagem.advisor.hardware.probe_local` or
 :func:`~stratagem.advisor.hardware.gather_cluster`.
 """
@@ -218,14 +218,6 @@ class Cluster:
 
     def __post_init__(self) -> None:
         assert self.num_nodes >= 1 and self.node.num_devices >= 1, "a cluster needs devices"
-
-    @classmethod
-    def parse(cls, spec: str) -> Cluster:
-        """Build from a spec such as ``4x8xH100:ib-ndr`` or ``local``; see
-        :func:`~stratagem.advisor.hardware.parse.parse_cluster` for the grammar."""
-        from stratagem.advisor.hardware.parse import parse_cluster
-
-        return parse_cluster(spec)
 
     @property
     def devices_per_node(self) -> int:

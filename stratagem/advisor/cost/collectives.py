@@ -1,0 +1,155 @@
+"""α–β costs of collectives, and which link a mesh-axis group crosses.
+
+A collective over ``n`` ranks costs ``steps · α + factor · bytes / β``: α the per-message
+latency, β the bandwidth each rank reaches per direction (after efficiency), ``factor`` the bus
+bandwidth factor nccl-tests defines (PERFORMANCE.md: all-reduce moves ``2(n−1)/n`` of the
+buffer over each rank's link, reduce-scatter and all-gather ``(n−1)/n``, point-to-point 1).
+Latency terms are those of the ring algorithms (Thakur, Rabenseifner & Gropp 2005, §4; Ben-Nun
+& Hoefler 2019, Table 4): ``n−1`` steps for reduce-scatter and all-gather, ``2(n−1)`` for
+all-reduce. ``num_bytes`` is always the full buffer: for all-gather the gathered result, for
+reduce-scatter the unsharded input.
+"""
+
+from __future__ import annotations
+
+import math
+
+from stratagem.advisor.hardware.spec import Cluster, LinkSpec, NetworkSpec
+from stratagem.advisor.memo import by_identity
+from stratagem.plan import MeshAxis, Plan
+from stratagem.errors import UsageError
+
+
+def estimate_all_reduce_seconds(num_bytes: float, *, group_size: int, bandwidth: float,
+                                latency: float) -> float:
+    """Seconds for a ring all-reduce of ``num_bytes`` over ``group_size`` ranks, each reaching
+    ``bandwidth`` bytes/s per direction with ``latency`` seconds per step.
+
+    Source: Thakur et al. 2005, §4.4 (reduce-scatter + all-gather); busbw factor 2(n−1)/n
+    (nccl-tests PERFORMANCE.md)."""
+    return _ring_seconds(num_bytes, group_size=group_size, bandwidth=bandwidth, latency=latency,
+                         passes=2)
+
+
+def estimate_all_gather_seconds(num_bytes: float, *, group_size: int, bandwidth: float,
+                                latency: float) -> float:
+    """Seconds for a ring all-gather whose gathered result is ``num_bytes``.
+
+    Source: Thakur et al. 2005, §4.1; busbw factor (n−1)/n (nccl-tests PERFORMANCE.md)."""
+    return _ring_seconds(num_bytes, group_size=group_size, bandwidth=bandwidth, latency=latency,
+                         passes=1)
+
+
+def estimate_reduce_scatter_seconds(num_bytes: float, *, group_size: int, bandwidth: float,
+                                    latency: float) -> float:
+    """Seconds for a ring reduce-scatter of an unsharded input of ``num_bytes``.
+
+    Source: Thakur et al. 2005, §4.3; busbw factor (n−1)/n (nccl-tests PERFORMANCE.md)."""
+    return _ring_seconds(num_bytes, group_size=group_size, bandwidth=bandwidth, latency=latency,
+                         passes=1)
+
+
+def estimate_p2p_seconds(num_bytes: float, *, bandwidth: float, latency: float) -> float:
+    """Seconds to send ``num_bytes`` from one rank to another: ``α + bytes/β``.
+
+    Source: the α–β (Hockney) model, Ben-Nun & Hoefler 2019, §3.2."""
+    if num_bytes <= 0:
+        return 0.0
+    return latency + num_bytes / bandwidth
+
+
+def _ring_seconds(num_bytes: float, *, group_size: int, bandwidth: float, latency: float,
+                  passes: int) -> float:
+    """``passes`` rounds of ``n−1`` ring steps, each moving ``bytes/n`` per rank."""
+    if group_size <= 1 or num_bytes <= 0:
+        return 0.0
+    steps = passes * (group_size - 1)
+    return steps * latency + steps / group_size * num_bytes / bandwidth
+
+
+# -- which link a group crosses -----------------------------------------------------------
+
+
+def axis_stride(plan: Plan, axis: MeshAxis | str) -> int:
+    """Rank distance between neighbours of one ``axis`` group, from the mesh order
+    pp × dp_replicate × dp_shard × tp (tp innermost, stride 1)."""
+    return _stride(plan.tp, plan.dp_shard, plan.dp_replicate, MeshAxis(axis))
+
+
+def _stride(tp: int, dp_shard: int, dp_replicate: int, axis: MeshAxis) -> int:
+    inner = {MeshAxis.TP: 1, MeshAxis.DP_SHARD: tp, MeshAxis.DP_REPLICATE: tp * dp_shard,
+             MeshAxis.PP: tp * dp_shard * dp_replicate}
+    return inner[axis]
+
+
+def group_link(cluster: Cluster, plan: Plan, axis: MeshAxis | str) -> tuple[float, float]:
+    """``(bandwidth, latency)`` one rank of an ``axis`` group reaches: bytes/s per direction
+    after efficiency, and seconds per message. A group of one rank crosses nothing: ``(inf, 0)``.
+
+    Ranks ``stride`` apart are neighbours (:func:`axis_stride`); ``devices_per_node`` ranks fill
+    a node. A group inside one node uses the node's link when its span fits the link's domain
+    (NVSwitch: the node; bridged pairs: 2), else the host link (PCIe through the root complex).
+    A group that spans nodes runs a ring whose inter-node hops carry each node's whole share
+    (a node's egress equals one rank's: nccl-tests busbw across nodes ≈ the node's NIC
+    bandwidth). Every group along the axis runs at once, so a group gets the NICs in proportion
+    to its ranks on the node: ``m`` members per node get ``m · node_bandwidth · efficiency /
+    devices_per_node`` (with rails, one NIC per GPU: ``m`` NICs), capped by the in-node link.
+    CPU clusters (gloo, ``loopback``) use their link figures as given.
+    """
+    return mesh_links(cluster, plan)[MeshAxis(axis)]
+
+
+def mesh_links(cluster: Cluster, plan: Plan, op: str | None = None) -> dict[MeshAxis, tuple[float, float]]:
+    """:func:`group_link` for every mesh axis of ``plan`` at once (memoized per cluster and
+    mesh shape: the search asks for the same few meshes thousands of times). With ``op``
+    (``all_reduce``, ``all_gather``, ``reduce_scatter``, ``p2p``), a group inside one node uses
+    that collective's own calibrated α and β where the node has them
+    (``NodeSpec.collectives``, the fit for the group's size or the nearest measured): backends
+    reach different rates for each."""
+    return _mesh_links(cluster, plan.pp, plan.dp_replicate, plan.dp_shard, plan.tp, op)
+
+
+@by_identity
+def _mesh_links(cluster: Cluster, pp: int, dp_replicate: int, dp_shard: int,
+                tp: int, op: str | None) -> dict[MeshAxis, tuple[float, float]]:
+    return {axis: _group_link(cluster, pp, dp_replicate, dp_shard, tp, axis, op) for axis in MeshAxis}
+
+
+def _group_link(cluster: Cluster, pp: int, dp_replicate: int, dp_shard: int, tp: int,
+                axis: MeshAxis, op: str | None = None) -> tuple[float, float]:
+    size = {MeshAxis.PP: pp, MeshAxis.DP_REPLICATE: dp_replicate, MeshAxis.DP_SHARD: dp_shard,
+            MeshAxis.TP: tp}[axis]
+    if size == 1:
+        return math.inf, 0.0
+    stride = _stride(tp, dp_shard, dp_replicate, axis)
+    per_node = cluster.devices_per_node
+    members_per_node = max(1, min(size, per_node // stride))
+    intra = _in_node_link(cluster, span=stride * (members_per_node - 1) + 1)
+    if members_per_node == size:
+        fits = [(abs(n - size), bandwidth, latency) for name, n, bandwidth, latency in cluster.node.collectives
+                if name == op]
+        if fits:
+            _, bandwidth, latency = min(fits)
+            return bandwidth, latency
+        return intra.effective_bandwidth, intra.latency
+    network = _network(cluster, axis, size)
+    per_rank = members_per_node * network.node_bandwidth * network.efficiency / per_node
+    if members_per_node > 1:
+        per_rank = min(per_rank, intra.effective_bandwidth)
+    return per_rank, max(network.latency, intra.latency if members_per_node > 1 else 0.0)
+
+
+def _in_node_link(cluster: Cluster, *, span: int) -> LinkSpec:
+    """The link ranks within ``span`` consecutive devices of a node use."""
+    link = cluster.node.link
+    if span <= link.domain_size or cluster.node.host_link is None:
+        return link
+    return cluster.node.host_link
+
+
+def _network(cluster: Cluster, axis: MeshAxis, size: int) -> NetworkSpec:
+    if cluster.network is None:
+        raise UsageError(f"a {axis} group of {size} ranks spans nodes, but the cluster "
+                         f"{cluster.spec} names no network between its {cluster.num_nodes} nodes\n"
+                         "HINT: add the network to the spec, e.g. '4x8xH100:ib-ndr'")
+    return cluster.network

@@ -1,0 +1,153 @@
+"""Pipeline stages of a profile, with the sums the cost models read, computed once per stage.
+
+The search costs tens of thousands of plans for one profile and a handful of partitions;
+summing 80 blocks for every plan would dominate it. A :class:`Stage` holds one rank's segments,
+their per-field sums, and its blocks folded into kinds (identical blocks with a count), so a
+cost term is a few multiplications, and a plan's stages are looked up by the fields they follow
+from (:data:`PARTITION_FIELDS`), not rebuilt per plan. The stages are exactly the plan's partition
+(:meth:`~stratagem.plan.Plan.blocks_per_stage`): pipeline rank ``r`` holds stages
+``r, r + pp, …`` (one per virtual stage), the embedding with stage 0, the head with the last.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from stratagem.advisor.memo import by_identity, by_identity_and_fields
+from stratagem.advisor.profile.model_profile import ModelProfile, SegmentProfile
+from stratagem.plan import Plan
+
+_SUMMED = tuple(f.name for f in fields(SegmentProfile) if f.type in ("int", int))
+PARTITION_FIELDS = ("pp", "pp_virtual", "stage_blocks")
+"""The Plan fields its stages follow from (:meth:`~stratagem.plan.Plan.blocks_per_stage`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """The segments one pipeline rank holds: the blocks of its stages, plus the embedding (on
+    the rank of the first stage) and the head (on the rank of the last); every segment when
+    pp = 1."""
+
+    segments: tuple[SegmentProfile, ...]
+    blocks: tuple[SegmentProfile, ...]
+    kinds: tuple[tuple[SegmentProfile, int], ...]  # each distinct block once, with its count
+    sums: dict[str, int]  # every integer field of SegmentProfile, summed over ``segments``
+    block_sums: dict[str, int]  # the same over ``blocks`` only
+    largest_block_params: int  # the largest block: FSDP's largest unit but the root
+    max_block_output_bytes: int  # the largest block output (profiled batch): a pipeline message
+
+    @property
+    def num_params(self) -> int:
+        return self.sums["num_params"]
+
+    def outside_blocks(self, field: str) -> int:
+        """``field`` summed over the segments outside the blocks: the embedding, head and final norm."""
+        return self.sums[field] - self.block_sums[field]
+
+    @property
+    def root_params(self) -> int:
+        """Parameters outside the blocks: FSDP's root unit."""
+        return self.outside_blocks("num_params")
+
+    def per_tp_rank(self, field: str, tp: int) -> float:
+        """``field`` summed over the stage as one of ``tp`` tensor-parallel ranks holds or runs it:
+        TP splits the blocks; the embedding, final norm and head stay whole on every TP rank
+        (:mod:`stratagem.plugins.tensor_parallel`)."""
+        return self.block_sums[field] / tp + self.outside_blocks(field)
+
+
+@by_identity_and_fields(*PARTITION_FIELDS)
+def busiest_stage(profile: ModelProfile, plan: Plan) -> Stage:
+    """The pipeline rank with the most FLOPs, all its stages together."""
+    return max(rank_stages(profile, plan), key=lambda s: s.sums["fwd_flops"] + s.sums["bwd_flops"])
+
+
+@by_identity_and_fields(*PARTITION_FIELDS)
+def others_share(profile: ModelProfile, plan: Plan, *fields: str) -> float:
+    """The other pipeline ranks' ``fields`` (summed) over the busiest rank's (:func:`busiest_stage`):
+    ``pp − 1`` when the stages are equal, less when the busiest holds more, such as the head.
+    Of forward and backward FLOPs: how many of its micro-batches a pipeline's fill and drain take."""
+    busiest = busiest_stage(profile, plan)
+    own = sum(busiest.sums[f] for f in fields)
+    total = sum(stage.sums[f] for stage in rank_stages(profile, plan) for f in fields)
+    return (total - own) / own if own else plan.pp - 1.0
+
+
+def whole_model(profile: ModelProfile) -> Stage:
+    """Every segment, as one stage: the model's totals without summing them again."""
+    return _ranks(profile, 1, (len(profile.blocks),))[0]
+
+
+@by_identity_and_fields(*PARTITION_FIELDS)
+def rank_stages(profile: ModelProfile, plan: Plan) -> tuple[Stage, ...]:
+    """One :class:`Stage` per pipeline rank, for the partition ``plan`` carries."""
+    return _ranks(profile, plan.pp, plan.blocks_per_stage(len(profile.blocks)))
+
+
+@by_identity_and_fields(*PARTITION_FIELDS)
+def candidate_ranks(profile: ModelProfile, plan: Plan) -> tuple[int, ...]:
+    """The pipeline ranks that may be the most loaded in memory: those no lower rank dominates.
+    A lower rank keeps at least as many micro-batches in flight under every schedule, so one
+    that also holds at least as much of everything (each block kind, every summed field, the
+    activations outside the blocks, the largest block) needs at least as much memory."""
+    kinds = sorted({b.measured_as or b.name for b in profile.blocks})
+
+    def load(stage: Stage) -> tuple[int, ...]:
+        counts = {b.measured_as or b.name: n for b, n in stage.kinds}
+        return (*stage.sums.values(), stage.outside_blocks("saved_bytes"), stage.largest_block_params,
+                *(counts.get(k, 0) for k in kinds))
+
+    # virtual stage by virtual stage: a lower rank keeps at least as many in flight on each
+    pp, parts = plan.pp, _parts(profile, plan.blocks_per_stage(len(profile.blocks)))
+    loads = [tuple(x for part in parts[rank::pp] for x in load(part)) for rank in range(pp)]
+    return tuple(r for r, mine in enumerate(loads)
+                 if not any(all(a >= b for a, b in zip(loads[lower], mine)) for lower in range(r)))
+
+
+def virtual_stages(profile: ModelProfile, plan: Plan, *, rank: int) -> tuple[Stage, ...]:
+    """Pipeline rank ``rank``'s stages one by one (``pp_virtual`` of them), in schedule order."""
+    return _parts(profile, plan.blocks_per_stage(len(profile.blocks)))[rank::plan.pp]
+
+
+@by_identity
+def _parts(profile: ModelProfile, stage_blocks: tuple[int, ...]) -> tuple[Stage, ...]:
+    parts, start = [], 0
+    for index, count in enumerate(stage_blocks):
+        blocks = profile.blocks[start:start + count]
+        segments = ((profile.embed,) if index == 0 else ()) + blocks + \
+            ((profile.head,) if index == len(stage_blocks) - 1 else ())
+        parts.append(_stage(segments, blocks))
+        start += count
+    return tuple(parts)
+
+
+@by_identity
+def _ranks(profile: ModelProfile, pp: int, stage_blocks: tuple[int, ...]) -> tuple[Stage, ...]:
+    bounds = [0]
+    for count in stage_blocks:
+        bounds.append(bounds[-1] + count)
+    last = len(stage_blocks) - 1
+    ranks = []
+    for rank in range(pp):
+        stages = range(rank, len(stage_blocks), pp)
+        blocks = tuple(b for s in stages for b in profile.blocks[bounds[s]:bounds[s + 1]])
+        segments = ((profile.embed,) if rank == 0 else ()) + blocks + ((profile.head,) if last in stages else ())
+        ranks.append(_stage(segments, blocks))
+    return tuple(ranks)
+
+
+def _stage(segments: tuple[SegmentProfile, ...], blocks: tuple[SegmentProfile, ...]) -> Stage:
+    counts: dict[str, int] = {}
+    first_of: dict[str, SegmentProfile] = {}
+    for block in blocks:
+        kind = block.measured_as or block.name
+        counts[kind] = counts.get(kind, 0) + 1
+        first_of.setdefault(kind, block)
+    return Stage(
+        segments=segments, blocks=blocks,
+        kinds=tuple((first_of[k], n) for k, n in counts.items()),
+        sums={f: sum(getattr(s, f) for s in segments) for f in _SUMMED},
+        block_sums={f: sum(getattr(b, f) for b in blocks) for f in _SUMMED},
+        largest_block_params=max((b.num_params for b in blocks), default=0),
+        max_block_output_bytes=max((b.output_bytes for b in blocks), default=0),
+    )

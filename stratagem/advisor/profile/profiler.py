@@ -1,0 +1,259 @@
+"""``profile_model``: measure what a model costs per block, on fake tensors.
+
+``profile_model`` runs one forward and backward step on ``FakeTensorMode`` (CPU): no weight or
+activation is ever allocated, so a 70B model profiles in seconds on a laptop. The profile keeps,
+per segment (the embedding, every block, the head with the loss), the parameters, forward and
+backward FLOPs, bytes saved for backward and the bytes flowing in and out. Later parts read it:
+the cost models scale it by micro-batch size and divide it by parallel degrees, the plugins take
+its blocks as FSDP, checkpoint and pipeline units.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch._guards import detect_fake_mode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+from stratagem.advisor.profile.measure import EMBED, HEAD, RunRecord, SegmentCounts, quiet_fake_tensor_log, run_fake_step
+from stratagem.plan.precision import Precision, get_precision, torch_dtype
+from stratagem.advisor.profile.model_profile import ModelProfile, SegmentProfile
+from stratagem.advisor.profile.structure import attention_heads, find_blocks, linear_layers, pp_unavailable
+from stratagem.advisor.profile.tp_layout import LinearCallRecorder, find_tp_layout
+from stratagem.errors import UsageError
+from stratagem.plan.stages import removal_convention
+
+__all__ = ["ModelProfile", "SegmentProfile", "profile_model"]
+
+
+def profile_model(
+    model: nn.Module,
+    example_inputs: Sequence[Any] | Mapping[str, Any],
+    *,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    precision: str = "bf16-mixed",
+    name: str | None = None,
+    batch_size: int | None = None,
+    seq_len: int | None = None,
+    reuse_identical_blocks: bool = True,
+) -> ModelProfile:
+    """Profile one training step of ``model`` on ``example_inputs`` without allocating anything.
+
+    ``model`` may live on any device, meta included; it is not modified. ``example_inputs`` is a
+    tuple of positional arguments or a dict of keyword arguments; only their shapes and dtypes
+    matter. ``loss_fn(output) -> scalar`` seeds the backward pass; without it a scalar output
+    (or an output's ``.loss``) is used, else the sum of the outputs (the profile says so).
+    ``batch_size`` defaults to the first input's leading dimension; ``seq_len`` to its second
+    when that input holds integer token ids. ``reuse_identical_blocks=False`` measures every
+    block instead of one per group of identical blocks (slower; the same numbers).
+    """
+    started = time.perf_counter()
+    prec = get_precision(precision)
+    structure = find_blocks(model)
+    args, kwargs = _split_inputs(example_inputs)
+    batch_size, seq_len = _batch_shape(args, kwargs, batch_size, seq_len)
+    notes: list[str] = []
+    # Inputs made under a FakeTensorMode (a factory's, see model_source) keep their mode, so
+    # tensors a loss function closes over stay compatible with the step's.
+    fake_mode = detect_fake_mode(tree_flatten((args, kwargs))[0]) or FakeTensorMode(allow_non_fake_inputs=True)
+    with fake_mode:
+        state = _fake_state(model, prec)
+        args, kwargs = tree_map(_fake_like, (args, kwargs))
+        with LinearCallRecorder(model, structure.blocks) as calls, _model_errors(name or type(model).__name__):
+            record = run_fake_step(
+                model, state, args, kwargs,
+                blocks=structure.blocks,
+                loss_fn=_resolve_loss(loss_fn, notes),
+                autocast_dtype=torch_dtype(prec.compute_dtype) if prec.autocast else None,
+                seq_len=seq_len,
+                batch_size=batch_size,
+                reuse_identical_blocks=reuse_identical_blocks,
+            )
+        tp_layout, tp_unavailable = find_tp_layout(model, structure.container, calls, state)
+    heads, kv_heads = attention_heads(model)
+    return ModelProfile(
+        name=name or type(model).__name__,
+        precision=prec.name,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        block_container=structure.container,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        tp_layout=tp_layout,
+        tp_unavailable=tp_unavailable,
+        pp_unavailable=pp_unavailable(model, structure),
+        pp_traced=removal_convention(model, block_container=structure.container) is None,
+        notes=tuple(notes),
+        profile_seconds=time.perf_counter() - started,
+        **_assemble(model, structure.blocks, record, prec, notes, calls),
+    )
+
+
+@contextlib.contextmanager
+def _model_errors(name: str) -> Iterator[None]:
+    """A model that fails on its example inputs is the user's to fix: say so without a traceback."""
+    try:
+        with quiet_fake_tensor_log():
+            yield
+    except UsageError:
+        raise
+    except Exception as err:
+        first_line = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise UsageError(f"{name} failed on its example inputs (fake tensors): {type(err).__name__}: "
+                         f"{first_line}\nHINT: check that the inputs fit the model (batch size, "
+                         "sequence length, image size) by running one real batch through it") from err
+
+
+def _split_inputs(example_inputs: Sequence[Any] | Mapping[str, Any]) -> tuple[tuple, dict]:
+    if isinstance(example_inputs, Mapping):
+        return (), dict(example_inputs)
+    if isinstance(example_inputs, torch.Tensor):
+        return (example_inputs,), {}
+    return tuple(example_inputs), {}
+
+
+def _batch_shape(args: tuple, kwargs: dict, batch_size: int | None, seq_len: int | None) -> tuple[int, int | None]:
+    tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.dim() > 0]
+    if not tensors:
+        raise UsageError("example_inputs hold no tensor with a batch dimension; "
+                         "HINT: pass the model's inputs for one batch, e.g. (tokens,) or {'input_ids': ids}")
+    first = tensors[0]
+    if batch_size is None:
+        batch_size = int(first.shape[0])
+    if seq_len is None and first.dim() == 2 and not first.is_floating_point():
+        seq_len = int(first.shape[1])
+    return batch_size, seq_len
+
+
+def _fake_like(value: Any) -> Any:
+    """A fake CPU tensor with ``value``'s shape and dtype (values never matter here); fake
+    tensors stay as they are."""
+    if not isinstance(value, torch.Tensor) or isinstance(value, FakeTensor):
+        return value
+    return torch.empty(value.shape, dtype=value.dtype, device="cpu", requires_grad=value.requires_grad)
+
+
+def _fake_state(model: nn.Module, prec: Precision) -> dict[str, torch.Tensor]:
+    """Fake parameters (leaves, in the precision's parameter dtype) and buffers for every name,
+    tied names sharing one tensor."""
+    made: dict[int, torch.Tensor] = {}
+    state: dict[str, torch.Tensor] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) not in made:
+            dtype = torch_dtype(prec.param_dtype) if param.is_floating_point() else param.dtype
+            made[id(param)] = torch.empty(param.shape, dtype=dtype, device="cpu", requires_grad=param.requires_grad)
+        state[name] = made[id(param)]
+    for name, buf in model.named_buffers(remove_duplicate=False):
+        if id(buf) not in made:
+            made[id(buf)] = torch.empty(buf.shape, dtype=buf.dtype, device="cpu")
+        state[name] = made[id(buf)]
+    return state
+
+
+def _resolve_loss(loss_fn: Callable | None, notes: list[str]) -> Callable[[Any], torch.Tensor]:
+    if loss_fn is not None:
+        return loss_fn
+
+    def default_loss(output: Any) -> torch.Tensor:
+        loss = getattr(output, "loss", None)
+        if isinstance(loss, torch.Tensor) and loss.dim() == 0:
+            return loss
+        if isinstance(output, torch.Tensor) and output.dim() == 0:
+            return output
+        notes.append("no loss function given: backward was seeded with the sum of the outputs, "
+                     "so the loss's own cost is not included")
+        leaves = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+        return sum(t.float().sum() for t in leaves)
+
+    return default_loss
+
+
+def _assemble(model: nn.Module, blocks: tuple[str, ...], record: RunRecord, prec: Precision,
+              notes: list[str], calls: LinearCallRecorder) -> dict[str, Any]:
+    """Turn the raw run record into the embed/blocks/head segment profiles (each block's Linears
+    with the rows ``calls`` saw them multiply)."""
+    owner = _state_owners(model, blocks, record, notes)
+    sizes = _state_sizes(model, prec)
+    by_segment: dict[str, list[str]] = {}
+    for state_name, seg in owner.items():
+        by_segment.setdefault(seg, []).append(state_name)
+
+    def make(seg: str, kind: str, counts: SegmentCounts, **extra: Any) -> SegmentProfile:
+        names = by_segment.get(seg, [])
+        params = [sizes[n] for n in names if sizes[n][2]]
+        buffers = [sizes[n] for n in names if not sizes[n][2]]
+        return SegmentProfile(
+            name=seg, kind=kind,
+            num_params=sum(n for n, _, _ in params), num_tensors=len(params),
+            param_bytes=sum(b for _, b, _ in params),
+            buffer_bytes=sum(b for _, b, _ in buffers),
+            fwd_flops=counts.fwd_flops, bwd_flops=counts.bwd_flops,
+            saved_bytes=counts.saved_bytes, saved_param_copy_bytes=counts.saved_param_copy_bytes,
+            attention_fwd_flops=counts.attention_fwd_flops, attention_saved_bytes=counts.attention_saved_bytes,
+            input_bytes=counts.input_bytes, output_bytes=counts.output_bytes,
+            fwd_ops=counts.fwd_ops, bwd_ops=counts.bwd_ops,
+            fwd_op_bytes=counts.fwd_op_bytes, bwd_op_bytes=counts.bwd_op_bytes,
+            fwd_unaligned_flops=counts.fwd_unaligned_flops, bwd_unaligned_flops=counts.bwd_unaligned_flops,
+            fwd_param_op_bytes=counts.fwd_param_op_bytes, bwd_param_op_bytes=counts.bwd_param_op_bytes,
+            bwd_largest_output_bytes=counts.bwd_largest_output_bytes,
+            **extra,
+        )
+
+    block_profiles = []
+    for fqn in blocks:
+        rep = record.measured_as.get(fqn)
+        module = model.get_submodule(fqn)
+        block_profiles.append(make(fqn, type(module).__name__, record.segments[rep or fqn],
+                                   linears=linear_layers(module, calls.rows(rep or fqn)), measured_as=rep))
+    embed_counts = record.segments[EMBED]
+    embed_counts.output_bytes = block_profiles[0].input_bytes if block_profiles else record.output_bytes
+    head_counts = record.segments[HEAD]
+    head_counts.input_bytes = block_profiles[-1].output_bytes if block_profiles else 0
+    head_counts.output_bytes = record.output_bytes if block_profiles else 0
+    return {
+        "embed": make(EMBED, EMBED, embed_counts),
+        "blocks": tuple(block_profiles),
+        "head": make(HEAD, HEAD, head_counts),
+    }
+
+
+def _state_owners(model: nn.Module, blocks: tuple[str, ...], record: RunRecord, notes: list[str]) -> dict[str, str]:
+    """Segment owning each unique parameter/buffer: its block, else the first segment to use it."""
+    owners: dict[str, str] = {}
+    seen: set[int] = set()
+    unused = 0
+    prefixes = tuple((f"{b}.", b) for b in blocks)
+    named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    for name, tensor in named:
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        block = next((b for prefix, b in prefixes if name.startswith(prefix)), None)
+        if block is not None:
+            owners[name] = block
+        elif name in record.param_segment:
+            owners[name] = record.param_segment[name]
+        else:
+            owners[name] = EMBED
+            unused += tensor.numel()
+    if unused:
+        notes.append(f"{unused:,} parameter/buffer elements outside the blocks were never used in the "
+                     "profiled step; they are counted with the embedding")
+    return owners
+
+
+def _state_sizes(model: nn.Module, prec: Precision) -> dict[str, tuple[int, int, bool]]:
+    """(elements, bytes in the profiled dtype, is-parameter) per state name."""
+    sizes: dict[str, tuple[int, int, bool]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        dtype = torch_dtype(prec.param_dtype) if p.is_floating_point() else p.dtype
+        sizes[name] = (p.numel(), p.numel() * dtype.itemsize, True)
+    for name, b in model.named_buffers(remove_duplicate=False):
+        sizes[name] = (b.numel(), b.numel() * b.element_size(), False)
+    return sizes

@@ -1,0 +1,185 @@
+"""Find how tensor parallelism can split a model, from what its blocks do, and prove it on fake tensors.
+
+During the profiling step we record, per block, the order in which its Linear layers run and
+which tensor each reads. Linears that read the same tensor form a column group (attention's
+q/k/v, SwiGLU's gate and up projections); the first later Linear that reads one of the group's
+widths and writes the block's width back is its row partner (attention's output projection,
+the MLP's down projection). That is Megatron's pairing (Shoeybi et al. 2019, §3): split the
+group's outputs, the partner's inputs, one all-reduce per pair.
+
+Names alone prove nothing, so the layout is then tried: each block runs once more on fake
+tensors with the column weights' outputs and the row weights' inputs halved (two-way tensor
+parallelism). A block that hard-codes its head count, or mixes features between the pair,
+fails that run or changes its output's shape — and the model gets no TP layout, with the reason.
+
+A model that declares its own plan — Hugging Face's ``config.base_model_tp_plan`` — gets that
+plan instead of the structural pairing, when every entry splits a block's Linear by column or row
+(entries such as ``packed_colwise`` or ``moe_tp_experts`` have no equivalent here; the structure
+then decides). The declared plan is proven by the same two-way split.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from stratagem.advisor.profile.measure import quiet_fake_tensor_log
+
+Layout = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _LinearCall:
+    name: str  # FQN relative to the block
+    reads: int  # id of the input tensor (views of one storage are different inputs)
+    in_features: int
+    out_features: int
+    rows: int  # rows the call multiplied: its input's elements over in_features
+
+
+class LinearCallRecorder:
+    """While active, records each block's first call (its inputs) and its Linears' calls."""
+
+    def __init__(self, model: nn.Module, blocks: tuple[str, ...]) -> None:
+        self._model = model
+        self._blocks = blocks
+        self.inputs: dict[str, tuple[tuple, dict]] = {}
+        self.calls: dict[str, list[_LinearCall]] = {b: [] for b in blocks}
+        self._inputs_seen: list[torch.Tensor] = []  # keeps the ids in ``reads`` unique
+        self._handles: list = []
+
+    def __enter__(self) -> LinearCallRecorder:
+        for fqn in self._blocks:
+            block = self._model.get_submodule(fqn)
+            self._handles.append(block.register_forward_pre_hook(self._block_hook(fqn), with_kwargs=True))
+            for name, sub in block.named_modules():
+                if isinstance(sub, nn.Linear):
+                    self._handles.append(sub.register_forward_hook(self._linear_hook(fqn, name)))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+    def _block_hook(self, fqn: str):
+        def hook(module, args, kwargs):
+            self.inputs.setdefault(fqn, (args, kwargs))
+        return hook
+
+    def _linear_hook(self, block: str, name: str):
+        def hook(module, args, output):
+            calls = self.calls[block]
+            if not any(c.name == name for c in calls):
+                self._inputs_seen.append(args[0])
+                calls.append(_LinearCall(name, id(args[0]), module.in_features, module.out_features,
+                                         args[0].numel() // max(module.in_features, 1)))
+        return hook
+
+    def rows(self, block: str) -> dict[str, int]:
+        """Rows each of ``block``'s Linears multiplied in its first call."""
+        return {call.name: call.rows for call in self.calls.get(block, [])}
+
+
+def pair_linears(calls: list[_LinearCall]) -> dict[str, str]:
+    """``{linear: "colwise" | "rowwise"}`` for every column group with a row partner."""
+    styles: dict[str, str] = {}
+    seen_reads: list[int] = []
+    for call in calls:
+        if call.reads not in seen_reads:
+            seen_reads.append(call.reads)
+    for reads in seen_reads:
+        group = [c for c in calls if c.reads == reads and c.name not in styles]
+        if not group:
+            continue
+        last = max(calls.index(c) for c in group)
+        widths = {c.out_features for c in group}
+        partner = next((c for c in calls[last + 1:] if c.name not in styles and c.reads != reads
+                        and c.in_features in widths and c.out_features == group[0].in_features), None)
+        if partner is not None:
+            styles.update({c.name: "colwise" for c in group})
+            styles[partner.name] = "rowwise"
+    return styles
+
+
+def find_tp_layout(model: nn.Module, container: str | None, recorder: LinearCallRecorder,
+                   state: dict[str, torch.Tensor]) -> tuple[Layout, str | None]:
+    """The model's TP layout (patterns with ``*`` for the block index) and, when there is none,
+    why. Must run inside the fake mode that made ``state`` and the recorded inputs."""
+    if container is None:
+        return (), "the model has no repeated blocks to split"
+    kinds: dict[str, dict[str, str]] = {}
+    for fqn, calls in recorder.calls.items():
+        if fqn in recorder.inputs and calls:
+            kinds[fqn] = pair_linears(calls)
+    layouts = {tuple(sorted(styles.items())) for styles in kinds.values()}
+    declared = declared_styles(model, container)
+    if declared is not None:
+        kinds = {fqn: declared for fqn in kinds}
+    if not kinds or not any(kinds.values()):
+        return (), "its blocks pair no column-split Linear with a row-split one"
+    if len(layouts) > 1:
+        return (), "its blocks split differently from one another"
+    for fqn, styles in kinds.items():
+        failure = _try_split(model.get_submodule(fqn), fqn, styles, recorder.inputs[fqn], state)
+        if failure:
+            return (), f"splitting {fqn} two ways fails ({failure})"
+    styles = next(iter(kinds.values()))
+    block = model.get_submodule(next(iter(kinds)))
+    # Norms run on sequence shards under SP; Hugging Face's are their own classes (LlamaRMSNorm).
+    norms = [name for name, sub in block.named_modules() if name and type(sub).__name__.endswith("Norm")]
+    layout = [(f"{container}.*.{name}", style) for name, style in styles.items()]
+    layout += [(f"{container}.*.{name}", "sequence_parallel") for name in norms]
+    return tuple(layout), None
+
+
+def declared_styles(model: nn.Module, container: str) -> dict[str, str] | None:
+    """``{linear: style}`` (relative to a block) from the model's own ``config.base_model_tp_plan``,
+    or None when it declares none or one with entries other than colwise/rowwise Linears of the
+    blocks in ``container``."""
+    declared = getattr(getattr(model, "config", None), "base_model_tp_plan", None)
+    if not declared:
+        return None
+    blocks_name = container.rpartition(".")[2]  # the plan's keys are relative to the base model
+    linears = {name for name, sub in model.get_submodule(container)[0].named_modules() if isinstance(sub, nn.Linear)}
+    styles = {}
+    for pattern, style in declared.items():
+        head, star, name = pattern.partition(".*.")
+        if head != blocks_name or not star or name not in linears or style not in ("colwise", "rowwise"):
+            return None
+        styles[name] = style
+    return styles
+
+
+def _try_split(block: nn.Module, fqn: str, styles: dict[str, str], inputs: tuple[tuple, dict],
+               state: dict[str, torch.Tensor]) -> str | None:
+    """Run ``block`` on fake weights split two ways as ``styles`` says; why it fails, or None."""
+    own = {name[len(fqn) + 1:]: t for name, t in state.items() if name.startswith(f"{fqn}.")}
+    args, kwargs = inputs
+    try:  # a failing split is an answer here, not an error to log
+        split = {name: _halved(name, t, styles) for name, t in own.items()}
+        with torch.no_grad(), quiet_fake_tensor_log():
+            whole = torch.func.functional_call(block, own, args, kwargs)
+            halves = torch.func.functional_call(block, split, args, kwargs)
+    except Exception as err:  # noqa: BLE001 — any failure means the split is unsafe
+        return f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"
+    shapes = [tuple(t.shape) for t in tree_flatten(whole)[0] if isinstance(t, torch.Tensor)]
+    if shapes != [tuple(t.shape) for t in tree_flatten(halves)[0] if isinstance(t, torch.Tensor)]:
+        return "the output changes shape"
+    return None
+
+
+def _halved(name: str, tensor: torch.Tensor, styles: dict[str, str]) -> torch.Tensor:
+    module, _, kind = name.rpartition(".")
+    style = styles.get(module)
+    if style == "colwise" or (style == "rowwise" and kind == "weight"):
+        dim = 0 if style == "colwise" else 1
+        shape = list(tensor.shape)
+        if shape[dim] % 2:
+            raise ValueError(f"{name} has an odd width ({shape[dim]})")
+        shape[dim] //= 2
+        return torch.empty(shape, dtype=tensor.dtype, device=tensor.device)
+    return tensor

@@ -1,0 +1,232 @@
+"""``advise``: cost the candidate plans (memory first: a plan that does not fit is not timed, and
+larger micro-batches of a plan that does not fit are skipped), keep those that fit, rank them and
+explain the ranking; :class:`Advice` is what it returns.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import Any, NamedTuple
+
+from stratagem.advisor.cost.estimate import Estimate, MemoryBreakdown, TimeBreakdown
+from stratagem.advisor.cost.evaluate import evaluate
+from stratagem.advisor.cost.memory import estimate_memory, framework_bytes, overflow
+from stratagem.advisor.cost.timing import estimate_time, splits_routed_experts, tokens_per_second
+from stratagem.advisor.hardware import Cluster
+from stratagem.advisor.profile.model_profile import ModelProfile
+from stratagem.advisor.search.enumeration import search_plans
+from stratagem.advisor.search.explain import NEAR_TIE, explain_ranking, suggest_fixes
+from stratagem.advisor.search.targets import check_target, runtime_for, tp_degrees
+from stratagem.errors import UsageError
+from stratagem.plan import Plan, Workload
+from stratagem.plan.stages import TRACED_STAGE_LIMITS
+
+OBJECTIVES = {"throughput": "the fastest step", "memory": "the least memory per device"}
+"""What ``advise`` can rank plans by, and how the report says it."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Advice:
+    """The advisor's answer for one model, cluster and workload.
+
+    ``plans`` are the top fitting plans, best first (empty when nothing fits; then
+    ``suggestions`` say what would make the model fit). ``reasons`` explain the winner and why
+    the runner-up loses; ``excluded`` counts the plans the target runtime cannot run, by reason;
+    ``notes`` carry caveats from the profile and the cluster. ``overall`` is the best plan with
+    no target restriction, when a target restricted the search (see :meth:`against`).
+    """
+
+    profile: ModelProfile
+    cluster: Cluster
+    workload: Workload
+    target: str
+    plans: tuple[Estimate, ...]
+    reasons: tuple[str, ...] = ()
+    suggestions: tuple[str, ...] = ()
+    excluded: dict[str, int] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    num_evaluated: int = 0
+    search_seconds: float = 0.0
+    overall: Estimate | None = None
+
+    @property
+    def best(self) -> Estimate | None:
+        """The recommended plan, or None when nothing fits."""
+        return self.plans[0] if self.plans else None
+
+    def against(self, overall: Estimate | None) -> Advice:
+        """This advice with ``overall``, the best plan of the unrestricted search, to say what
+        the target's restriction costs."""
+        return replace(self, overall=overall)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document of ``advise --format json``."""
+        p = self.profile
+        return {
+            "model": {"name": p.name, "parameters": p.num_params, "flops_per_step": p.flops_per_step,
+                      "profiled_batch_size": p.batch_size, "seq_len": p.seq_len,
+                      "num_blocks": len(p.blocks), "num_heads": p.num_heads, "num_kv_heads": p.num_kv_heads},
+            "cluster": self.cluster.to_dict(),
+            "workload": self.workload.to_dict(),
+            "target": self.target,
+            "plans": [e.to_dict() for e in self.plans],
+            "reasons": list(self.reasons),
+            "suggestions": list(self.suggestions),
+            "excluded": dict(self.excluded),
+            "notes": list(self.notes),
+            "num_evaluated": self.num_evaluated,
+            "search_seconds": self.search_seconds,
+            "overall": self.overall.to_dict() if self.overall else None,
+        }
+
+
+class _Timed(NamedTuple):
+    """A plan that fits, as the ranking reads it; :func:`evaluate` makes the full
+    :class:`~stratagem.advisor.cost.estimate.Estimate` only of the plans the advice keeps."""
+
+    plan: Plan
+    memory: MemoryBreakdown
+    time: TimeBreakdown
+    throughput: float
+
+
+def advise(profile: ModelProfile, cluster: Cluster, workload: Workload, *, top: int = 5,
+           target: str = "any", constraints: dict | None = None, objective: str = "throughput") -> Advice:
+    """Rank every plan that fits ``cluster`` for ``profile`` under ``workload``; best first.
+
+    ``target`` keeps only plans a runtime can run (``any``, ``lightning``, ``accelerate``,
+    ``deepspeed``); ``constraints`` pins Plan fields (``{"tp": 2}``, ``{"zero": (2, 3)}``);
+    ``objective`` is what ranks them (:data:`OBJECTIVES`).
+    """
+    started = time.perf_counter()
+    check_target(target)
+    if objective not in OBJECTIVES:
+        raise UsageError(f"unknown objective {objective!r}; valid: {', '.join(OBJECTIVES)}")
+    if top < 1:
+        raise UsageError(f"top must be at least 1, got {top}")
+    pinned = _check_constraints(constraints or {})
+    pinned_stages = pinned.get("stage_blocks", (None,))[0]
+    if pinned_stages is not None and sum(pinned_stages) != len(profile.blocks):
+        raise UsageError(f"the pinned stage_blocks {list(pinned_stages)} cover {sum(pinned_stages)} blocks, but "
+                         f"{profile.name} has {len(profile.blocks)}\nHINT: give one block count per pipeline "
+                         "stage, adding up to the model's blocks")
+    runtime, framework = runtime_for(target), framework_bytes(cluster)
+    excluded: Counter = Counter()
+    fitting, smallest, evaluated = [], None, 0
+    for group in search_plans(profile, cluster, workload, excluded=excluded, stage_blocks=pinned_stages,
+                              target=target):
+        for plan in group:
+            reason = _pinned_out(plan, pinned)
+            if reason:
+                excluded[reason] += 1
+                continue
+            evaluated += 1
+            memory = estimate_memory(profile, workload, plan, runtime=runtime, framework=framework)
+            fullness = overflow(memory, cluster)
+            if smallest is None or fullness < smallest[0]:
+                smallest = (fullness, plan, memory)
+            if fullness > 1:
+                break  # a larger micro-batch needs more memory still
+            step = estimate_time(profile, cluster=cluster, workload=workload, plan=plan)
+            fitting.append(_Timed(plan, memory, step, tokens_per_second(profile, workload=workload, time=step)))
+    if evaluated == 0:
+        raise _no_candidates(cluster, workload, excluded)
+    ranked = [evaluate(profile, cluster, workload, t.plan, runtime=runtime, memory=t.memory, time=t.time)
+              for t in _distinct_layouts(rank_estimates(fitting, objective))]
+    reasons = explain_ranking(ranked) if ranked else ()
+    suggestions = () if ranked else suggest_fixes(profile, cluster, workload, smallest and smallest[1:], runtime=runtime,
+                                                       candidates=search_plans)
+    return Advice(
+        profile=profile, cluster=cluster, workload=workload, target=target, plans=tuple(ranked[:top]),
+        reasons=reasons, suggestions=suggestions, excluded=dict(excluded),
+        notes=(*_model_notes(profile, cluster), *_warm_up_note(profile, ranked[:top]), *_objective_note(objective),
+               *profile.notes, *cluster.notes),
+        num_evaluated=evaluated,
+        search_seconds=time.perf_counter() - started,
+    )
+
+
+def _model_notes(profile: ModelProfile, cluster: Cluster) -> tuple[str, ...]:
+    """What the model itself rules out, said once."""
+    _, no_tp = tp_degrees(profile, cluster.devices_per_node)
+    notes = (f"No tensor-parallel plans: {no_tp}.",) if no_tp else ()
+    if profile.pp_unavailable and cluster.world_size > 1:
+        notes += (f"No pipeline plans: {profile.pp_unavailable}.",)
+    elif profile.pp_traced and cluster.world_size > 1:
+        notes += (f"Pipeline plans only with tp=1 and no activation checkpointing: {profile.name}'s stages are "
+                  f"built by tracing, and {TRACED_STAGE_LIMITS}.",)
+    return notes
+
+
+def _warm_up_note(profile: ModelProfile, ranked: list) -> tuple[str, ...]:
+    """What the predicted step time, a steady state, leaves out for the ranked plans that split
+    routed experts over tensor parallelism."""
+    count = sum(splits_routed_experts(profile, e.plan) for e in ranked)
+    if not count:
+        return ()
+    return (f"Tensor-parallel plans ({count} of those ranked) split {profile.name}'s routed experts, whose row "
+            "counts follow the routing, and DTensor decides how to shard each operator anew for every row count it "
+            "has not met yet (milliseconds each): their first tens to hundreds of steps run slower than the step "
+            "time predicted here, which is the steady state (`verify` reports that warm-up beside the step).",)
+
+
+def _no_candidates(cluster: Cluster, workload: Workload, excluded: Counter) -> UsageError:
+    """Not a memory problem: no plan at all can run this workload here (or for this target)."""
+    why = "; ".join(f"{reason} ({count})" for reason, count in excluded.most_common(3)) or "none"
+    return UsageError(
+        f"no plan can train a global batch of {workload.global_batch_size} on {cluster.world_size} "
+        f"devices: every layout was left out (most often: {why})\n"
+        f"HINT: use a global batch divisible by the data-parallel degree, e.g. a multiple of "
+        f"{cluster.world_size}, with enough micro-batches per replica to fill a pipeline")
+
+
+def _objective_note(objective: str) -> tuple[str, ...]:
+    return () if objective == "throughput" else (f"Ranked by {OBJECTIVES[objective]} (objective {objective}).",)
+
+
+def rank_estimates(estimates: list, objective: str = "throughput") -> list:
+    """Fastest first (objective ``throughput``; among plans within NEAR_TIE of the fastest, the
+    simplest leads), or least memory per device first (``memory``; the faster of equals first).
+    ``estimates``: Estimates, or anything with their ``plan``, ``memory`` and ``throughput``."""
+    if objective == "memory":
+        return sorted(estimates, key=lambda e: (e.memory.total, -e.throughput))
+    ranked = sorted(estimates, key=lambda e: -e.throughput)
+    if not ranked:
+        return ranked
+    cutoff = ranked[0].throughput * (1 - NEAR_TIE)
+    tied = [e for e in ranked if e.throughput >= cutoff]
+    leader = min(tied, key=lambda e: (e.plan.complexity, -e.throughput))
+    return [leader, *(e for e in ranked if e is not leader)]
+
+
+def _distinct_layouts(ranked: list) -> list:
+    """The best plan of each mesh layout (degrees, ZeRO stage, SP, schedule): the top list
+    offers real alternatives, not the winner again with checkpointing or a smaller micro-batch."""
+    seen, out = set(), []
+    for estimate in ranked:
+        p = estimate.plan
+        key = (p.tp, p.pp, p.dp_replicate, p.dp_shard, p.zero, p.sequence_parallel, p.pp_schedule, p.pp_virtual)
+        if key not in seen:
+            seen.add(key)
+            out.append(estimate)
+    return out
+
+
+def _check_constraints(constraints: dict) -> dict[str, tuple]:
+    fields = set(Plan.__dataclass_fields__)
+    unknown = sorted(set(constraints) - fields)
+    if unknown:
+        raise UsageError(f"unknown constraint(s) {', '.join(unknown)}; valid: {', '.join(sorted(fields))}")
+    pinned = {k: tuple(v) if isinstance(v, (tuple, list, set)) else (v,) for k, v in constraints.items()}
+    if constraints.get("stage_blocks") is not None:  # one partition, not a set of choices
+        pinned["stage_blocks"] = (tuple(constraints["stage_blocks"]),)
+    return pinned
+
+
+def _pinned_out(plan: Plan, pinned: dict[str, tuple]) -> str | None:
+    for name, allowed in pinned.items():
+        if getattr(plan, name) not in allowed:
+            return f"constraint {name} in {list(allowed)}"
+    return None

@@ -1,0 +1,154 @@
+"""Enumerate the plans worth costing for a model, cluster and workload.
+
+``search_plans`` yields mesh factorizations (tp inside a node and dividing the heads, pp up to
+the number of blocks), ZeRO stages and HSDP, sequence parallelism, pipeline schedules and virtual
+stages, each with its balanced stage partition (or the user's), micro-batch sizes with the
+accumulation that reaches the global batch, activation checkpointing and CPU offload;
+:func:`~stratagem.advisor.search.advice.advise` costs and ranks them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import chain
+from typing import Any
+
+from stratagem.advisor.hardware import Cluster
+from stratagem.advisor.profile.model_profile import ModelProfile
+from stratagem.advisor.search.partition import balanced_stage_blocks
+from stratagem.advisor.search.targets import divisors, pp_degrees, target_excludes, tp_degrees
+from stratagem.plan import CHECKPOINTING, INTERLEAVED_SCHEDULES, Plan, Workload, zero_bubble_refuses
+from stratagem.plan.stages import TRACED_STAGE_LIMITS, traced_stages_allow
+
+VIRTUAL_STAGES = (2, 4)
+
+Batching = dict[str, int]
+"""A plan's micro-batching: its ``micro_batch_size``, ``microbatches`` and ``grad_accum``."""
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """One way to lay a plan's mesh and sharding, before micro-batching."""
+
+    tp: int
+    pp: int
+    dp_replicate: int
+    dp_shard: int
+    zero: int
+
+
+def _layouts(profile: ModelProfile, cluster: Cluster) -> Iterator[_Layout]:
+    world, per_node = cluster.world_size, cluster.devices_per_node
+    tps, _ = tp_degrees(profile, per_node)
+    for tp in tps:
+        for pp in pp_degrees(profile, world // tp):
+            dp = world // (tp * pp)
+            yield _Layout(tp, pp, dp, 1, 0)
+            if dp == 1:
+                yield _Layout(tp, pp, 1, 1, 3)  # FSDP on one rank, for its CPU offload
+                continue
+            yield _Layout(tp, pp, 1, dp, 1)
+            shard_in_node = per_node // tp
+            for zero in (2, 3):
+                yield _Layout(tp, pp, 1, dp, zero)
+                if 1 < shard_in_node < dp and dp % shard_in_node == 0:
+                    yield _Layout(tp, pp, dp // shard_in_node, shard_in_node, zero)  # HSDP
+
+
+def _schedules(pp: int, num_blocks: int) -> Iterator[tuple[str, int]]:
+    if pp == 1:
+        yield "1f1b", 1
+        return
+    yield "gpipe", 1
+    yield "1f1b", 1
+    for v in VIRTUAL_STAGES:
+        if num_blocks >= pp * v:
+            yield from ((schedule, v) for schedule in INTERLEAVED_SCHEDULES)
+
+
+def _offloads(layout: _Layout, cluster: Cluster) -> tuple[str, ...]:
+    if layout.zero < 2:
+        return ("none",)
+    offloads = ("optimizer", "params") if layout.zero == 3 else ("optimizer",)
+    if not cluster.is_gpu:
+        return () if layout.dp_shard == 1 else ("none",)  # CPU ranks have nothing to offload to
+    return offloads if layout.dp_shard == 1 else ("none", *offloads)
+
+
+def _micro_batching(layout: _Layout, local_batch: int, schedule: str, v: int) -> Iterator[Batching]:
+    """The micro-batchings reaching ``local_batch`` per replica, smallest micro-batch first."""
+    for mbs in divisors(local_batch):
+        m = local_batch // mbs
+        if layout.pp == 1:
+            yield {"micro_batch_size": mbs, "microbatches": 1, "grad_accum": m}
+        elif m >= layout.pp and (v == 1 or m % layout.pp == 0):  # fewer: some stage always idles
+            yield {"micro_batch_size": mbs, "microbatches": m, "grad_accum": 1}
+
+
+def _partition(profile: ModelProfile, pp: int, v: int,
+               pinned: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """The stage partition for ``pp × v`` stages: ``pinned`` where it has that many stages (a
+    plan with another number is left out by the constraint), else the balanced one."""
+    if pp == 1:
+        return None
+    if pinned is not None and len(pinned) == pp * v:
+        return pinned
+    return balanced_stage_blocks(profile, pp * v)
+
+
+def search_plans(profile: ModelProfile, cluster: Cluster, workload: Workload, *,
+                 excluded: Counter | None = None, stage_blocks: tuple[int, ...] | None = None,
+                 target: str | None = None) -> Iterator[Iterator[Plan]]:
+    """Candidate plans in groups that differ only by micro-batch size (ascending), so that a
+    caller can stop a group at its first plan that does not fit; a group builds its plans after
+    the first lazily, so the rest of a stopped group costs nothing. Pipeline plans carry the
+    balanced partition, or ``stage_blocks`` (a user's) where its length fits. A model whose
+    stages are traced (``profile.pp_traced``) gets pipeline plans only without TP or
+    checkpointing. With ``target``, a group that target cannot run is left out whole, counted in
+    ``excluded``: a target's rules read no micro-batching, so a group's first plan answers for
+    all of it. Plan checks run once per group, on its first plan: the others differ from it only
+    in a micro-batching that :func:`_micro_batching` builds valid."""
+    excluded = Counter() if excluded is None else excluded
+    for fields, batchings in _layout_groups(profile, cluster, workload, excluded, stage_blocks):
+        plans = (Plan.unchecked(*fields, batching) for batching in batchings)
+        first = next(plans, None)
+        if first is None:
+            continue
+        reason = target and target_excludes(target, first, on_gpu=cluster.is_gpu, traced=profile.pp_traced)
+        if reason:
+            excluded[f"not runnable by {target}: {reason}"] += len(batchings)
+            continue
+        first.validate()
+        yield chain((first,), plans)
+
+
+def _layout_groups(profile: ModelProfile, cluster: Cluster, workload: Workload, excluded: Counter,
+                   stage_blocks: tuple[int, ...] | None) -> Iterator[tuple[tuple[dict[str, Any], ...],
+                                                                           tuple[Batching, ...]]]:
+    """Each group of :func:`search_plans` as the Plan fields its plans share (in dicts, some shared
+    with other groups) and their micro-batchings (smallest micro-batch first)."""
+    for layout in _layouts(profile, cluster):
+        dp = layout.dp_replicate * layout.dp_shard
+        if workload.global_batch_size % dp:
+            excluded[f"data-parallel degree not dividing the global batch ({workload.global_batch_size})"] += 1
+            continue
+        local = workload.global_batch_size // dp
+        for sp in (False, True) if layout.tp > 1 else (False,):
+            for schedule, v in _schedules(layout.pp, len(profile.blocks)):
+                shared = dict(tp=layout.tp, pp=layout.pp, dp_replicate=layout.dp_replicate,
+                              dp_shard=layout.dp_shard, zero=layout.zero, sequence_parallel=sp,
+                              pp_schedule=schedule, pp_virtual=v, precision=workload.precision,
+                              block_container=profile.block_container,
+                              tp_layout=profile.tp_layout if layout.tp > 1 else (),
+                              stage_blocks=_partition(profile, layout.pp, v, stage_blocks))
+                batchings = tuple(_micro_batching(layout, local, schedule, v))
+                for ckpt in CHECKPOINTING:
+                    if schedule == "interleaved-zb" and zero_bubble_refuses(dp=dp, activation_checkpointing=ckpt):
+                        continue  # not a plan (Plan validation says why)
+                    if (layout.pp > 1 and profile.pp_traced
+                            and not traced_stages_allow(tp=layout.tp, activation_checkpointing=ckpt)):
+                        excluded[TRACED_STAGE_LIMITS] += 1
+                        continue
+                    for offload in _offloads(layout, cluster):
+                        yield (shared, {"activation_checkpointing": ckpt, "offload": offload}), batchings

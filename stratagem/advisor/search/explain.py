@@ -1,0 +1,166 @@
+"""Why the best plan wins, why the runner-up loses, and what would make a model fit at all.
+
+Every sentence names numbers a user can check against the breakdowns in the report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
+
+from stratagem.advisor.cost.estimate import Estimate, MemoryBreakdown
+from stratagem.advisor.hardware import Cluster
+from stratagem.advisor.hardware.lookup import device_from_entry, find_gpu, gpu_names
+from stratagem.advisor.cost.memory import (
+    HOST_MEMORY_PER_DEVICE_MEMORY,
+    estimate_memory,
+    framework_bytes,
+    overflow,
+    usable_bytes,
+    usable_host_bytes_per_rank,
+)
+from stratagem.plan import Plan, Workload
+from stratagem.advisor.profile.model_profile import ModelProfile
+from stratagem.units import format_bytes, format_seconds
+
+TERM_LABELS = {
+    "compute": "compute",
+    "recompute": "recomputing checkpointed activations",
+    "dp_comm": "exposed data-parallel collectives",
+    "tp_comm": "tensor-parallel collectives",
+    "pp_comm": "pipeline sends",
+    "bubble": "pipeline bubbles",
+    "optimizer": "optimizer steps",
+    "offload": "CPU offload transfers",
+    "dispatch": "launching operators (host-bound)",
+}
+# Step times within this fraction count as tied; the simpler plan ranks first.
+NEAR_TIE = 0.01
+# Above this share of usable memory, memory is what binds a plan.
+MEMORY_BOUND = 0.9
+# Above this share of the step in compute, a plan is compute-bound.
+COMPUTE_BOUND = 0.7
+# Node counts tried, as multiples of the cluster's, when nothing fits.
+GROWTH = (2, 4, 8, 16, 32, 64)
+
+
+def _terms(estimate: Estimate) -> dict[str, float]:
+    return {name: getattr(estimate.time, name) for name in TERM_LABELS}
+
+
+def explain_winner(best: Estimate) -> str:
+    """What binds the winner: memory, compute, or its largest overhead."""
+    step = best.time.step_seconds
+    used = best.memory.total / best.capacity_bytes
+    if used > MEMORY_BOUND:
+        return (f"Memory binds {best.plan.name}: it uses {format_bytes(best.memory.total)} of "
+                f"{format_bytes(best.capacity_bytes)} usable per GPU ({used:.0%}), so nothing larger fits.")
+    terms = _terms(best)
+    if terms["compute"] / step > COMPUTE_BOUND:
+        return (f"{best.plan.name} is compute-bound: {terms['compute'] / step:.0%} of its "
+                f"{format_seconds(step)} step is compute (MFU {best.mfu:.0%}).")
+    name, seconds = max(((k, v) for k, v in terms.items() if k != "compute"), key=lambda kv: kv[1])
+    return (f"{best.plan.name} spends {seconds / step:.0%} of its {format_seconds(step)} step on "
+            f"{TERM_LABELS[name]}, its largest cost after compute ({terms['compute'] / step:.0%}).")
+
+
+def explain_loser(best: Estimate, other: Estimate) -> str:
+    """Why ``other`` ranks below ``best``: the term that grows most, or the tie-break."""
+    slower = other.time.step_seconds / best.time.step_seconds - 1
+    if abs(slower) <= NEAR_TIE:
+        why = "as the simpler plan" if best.plan.complexity < other.plan.complexity else "as the faster"
+        return (f"The runner-up, {other.plan.name}, is within {NEAR_TIE:.0%} ({slower:+.1%} step time), "
+                f"a tie: {best.plan.name} ranks first {why}.")
+    deltas = {k: v - getattr(best.time, k) for k, v in _terms(other).items()}
+    name = max(deltas, key=deltas.get)
+    return (f"The runner-up, {other.plan.name}, is {slower:.0%} slower: {TERM_LABELS[name]} "
+            f"add {format_seconds(deltas[name])} per step.")
+
+
+def explain_ranking(ranked: Sequence[Estimate]) -> tuple[str, ...]:
+    """One or two plain sentences: the winner's binding constraint and the runner-up's loss."""
+    reasons = [explain_winner(ranked[0])]
+    if len(ranked) > 1:
+        reasons.append(explain_loser(ranked[0], ranked[1]))
+    return tuple(reasons)
+
+
+def explain_target_cost(target: str, best: Estimate | None, overall: Estimate | None) -> str | None:
+    """What restricting the search to ``target`` costs: ``best`` (the target's) against
+    ``overall`` (the best plan of the unrestricted search); None when there is nothing to compare."""
+    if overall is None:
+        return None
+    if best is None:
+        return (f"Nothing {target} can run fits, but {overall.plan.name} does "
+                f"({format_seconds(overall.time.step_seconds)} per step).")
+    slower = overall.throughput / best.throughput - 1
+    if overall.plan == best.plan or slower <= NEAR_TIE:
+        return f"What {target} leaves out costs nothing here: its best plan is as fast as the best overall."
+    return (f"What {target} leaves out costs {slower:.0%} throughput: the best plan overall, {overall.plan.name}, "
+            f"takes {format_seconds(overall.time.step_seconds)} per step against "
+            f"{format_seconds(best.time.step_seconds)} for {best.plan.name}.")
+
+
+Candidates = Callable[[ModelProfile, Cluster, Workload], Iterator[Iterator[Plan]]]
+
+
+def suggest_fixes(profile: ModelProfile, cluster: Cluster, workload: Workload,
+                  smallest: tuple[Plan, MemoryBreakdown], *, runtime: str,
+                  candidates: Candidates) -> tuple[str, ...]:
+    """When nothing fits: how short the leanest plan falls, and what would close the gap.
+
+    ``candidates`` enumerates plans for a cluster (the search's own enumeration), grouped with
+    the smallest micro-batch first."""
+    plan, memory = smallest
+    out = [_shortfall(plan, memory, cluster)]
+    out.extend(s for s in (_more_devices(profile, cluster, workload, runtime=runtime, candidates=candidates),
+                           _bigger_gpu(memory, cluster)) if s)
+    if plan.activation_checkpointing == "full" and memory.activations > usable_bytes(cluster.device.memory_bytes) / 2:
+        out.append(f"Activations of one micro-batch take {format_bytes(memory.activations)} even with full "
+                   "checkpointing: a shorter sequence would shrink them.")
+    return tuple(out)
+
+
+def _shortfall(plan: Plan, memory: MemoryBreakdown, cluster: Cluster) -> str:
+    device = usable_bytes(cluster.device.memory_bytes)
+    host = usable_host_bytes_per_rank(cluster)
+    parts = []
+    if memory.total > device:
+        parts.append(f"needs {format_bytes(memory.total)} per GPU where {cluster.device.name} offers "
+                     f"{format_bytes(device)} usable")
+    if memory.host > host:
+        known = "" if cluster.node.host else f" (assumed {HOST_MEMORY_PER_DEVICE_MEMORY:g}× device memory)"
+        parts.append(f"offloads {format_bytes(memory.host)} per GPU to host memory, which holds "
+                     f"{format_bytes(host)} per GPU{known}")
+    return f"The leanest plan found, {plan.name}, {' and '.join(parts)}."
+
+
+def _more_devices(profile: ModelProfile, cluster: Cluster, workload: Workload, *, runtime: str,
+                  candidates: Candidates) -> str | None:
+    """The smallest cluster of this node kind that fits: a fuller node first, then more nodes."""
+    node = cluster.node
+    fuller = [replace(cluster, node=replace(node, num_devices=n))
+              for n in (2, 4, 8) if cluster.num_nodes == 1 and n > node.num_devices]
+    more = [replace(cluster, num_nodes=cluster.num_nodes * f, node=replace(node, num_devices=max(8, node.num_devices)))
+            for f in GROWTH]
+    for bigger in (*fuller, *more):
+        for group in candidates(profile, bigger, workload):
+            plan = next(group, None)  # the group's smallest micro-batch
+            if plan and overflow(estimate_memory(profile, workload, plan, runtime=runtime,
+                                                 framework=framework_bytes(bigger)), bigger) <= 1:
+                where = (f"one node of {bigger.devices_per_node}" if bigger.num_nodes == 1
+                         else f"{bigger.num_nodes} nodes of {bigger.devices_per_node}")
+                return f"It would fit on {where} {cluster.device.name} ({bigger.world_size} GPUs), e.g. as {plan.name}."
+    return None
+
+
+def _bigger_gpu(memory: MemoryBreakdown, cluster: Cluster) -> str | None:
+    fits = []
+    for name in gpu_names():
+        device = device_from_entry(find_gpu(name))
+        other = replace(cluster, node=replace(cluster.node, device=device))
+        if device.memory_bytes > cluster.device.memory_bytes and overflow(memory, other) <= 1:
+            fits.append((device.memory_bytes, name))
+    if not fits:
+        return None
+    return f"The same number of {min(fits)[1]} (or larger) GPUs would fit its leanest plan."

@@ -1,0 +1,32 @@
+"""The Workload: what one optimizer step processes, which every plan for it must serve."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from stratagem.plan.checks import check_choice, check_positive
+from stratagem.plan.precision import PRECISIONS
+
+OPTIMIZERS = ("adamw", "sgd")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Workload:
+    """What one optimizer step processes: ``global_batch_size`` samples of ``seq_len`` tokens
+    (None for non-sequence models) in ``precision``, updated by ``optimizer``."""
+
+    global_batch_size: int
+    seq_len: int | None = None
+    precision: str = "bf16-mixed"
+    optimizer: str = "adamw"
+
+    def __post_init__(self) -> None:
+        check_positive("Workload.global_batch_size", self.global_batch_size)
+        if self.seq_len is not None:
+            check_positive("Workload.seq_len", self.seq_len)
+        check_choice("Workload.precision", self.precision, tuple(PRECISIONS))
+        check_choice("Workload.optimizer", self.optimizer, OPTIMIZERS)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
