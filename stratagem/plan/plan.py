@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from enum import StrEnum
+from types import MappingProxyType
 from typing import Any
 
 from stratagem.errors import UsageError
@@ -147,19 +149,19 @@ class Plan:
             _check_tp_layout.__wrapped__(self.tp_layout)
 
     def _check_data_parallel(self) -> None:
-        if self.zero == 0 and self.dp_shard > 1:
+        if not self.shards_optimizer and self.dp_shard > 1:
             raise UsageError(f"Plan.dp_shard={self.dp_shard} with zero=0: without ZeRO nothing is sharded\n"
                              "HINT: use dp_replicate for plain data parallelism, or zero>=1")
-        if self.zero >= 1 and self.dp_shard == 1 and self.offload == "none":
+        if self.shards_optimizer and self.dp_shard == 1 and not self.offloads:
             # FSDP over one rank only makes sense for its CPU offload.
             raise UsageError(f"Plan.zero={self.zero} shards over dp_shard, which is 1\n"
                              "HINT: set zero=0, or dp_shard to the data-parallel degree")
-        if self.zero == 1 and self.dp_replicate > 1:
+        if self.shards_optimizer_only and self.dp_replicate > 1:
             raise UsageError("Plan.zero=1 shards optimizer states over every data-parallel rank; "
                              f"dp_replicate={self.dp_replicate} must be 1\nHINT: put the degree in dp_shard")
-        if self.offload != "none" and self.zero < 2:
+        if self.offloads and not self.uses_fsdp:
             raise UsageError(f"Plan.offload={self.offload!r} needs zero>=2 (FSDP's CPU offload)")
-        if self.offload == "params" and self.zero != 3:
+        if self.offloads_parameters and not self.shards_parameters:
             raise UsageError("Plan.offload='params' needs zero=3: parameters live sharded on the CPU")
 
     def _check_pipeline(self) -> None:
@@ -169,19 +171,18 @@ class Plan:
                                  f"with pp=1 both must be 1 (got {self.pp_virtual}, {self.microbatches})\n"
                                  "HINT: use grad_accum to split a batch without pipelining")
             return
-        interleaved = self.pp_schedule in INTERLEAVED_SCHEDULES
-        if interleaved and self.pp_virtual < 2:
+        if self.is_interleaved and self.pp_virtual < 2:
             raise UsageError(f"Plan.pp_schedule={self.pp_schedule!r} needs pp_virtual >= 2 stages per rank")
-        if not interleaved and self.pp_virtual != 1:
+        if not self.is_interleaved and self.pp_virtual != 1:
             raise UsageError(f"Plan.pp_virtual={self.pp_virtual} needs an interleaved pp_schedule "
                              f"({', '.join(INTERLEAVED_SCHEDULES)})")
-        if self.pp_schedule == "interleaved-zb" and (reason := zero_bubble_refuses(
+        if self.is_zero_bubble and (reason := zero_bubble_refuses(
                 dp=self.dp, activation_checkpointing=self.activation_checkpointing)):
             raise UsageError(f"Plan.pp_schedule='interleaved-zb' {reason}\nHINT: use interleaved-1f1b")
         if self.microbatches < self.pp and self.pp_schedule != "gpipe":
             raise UsageError(f"Plan.microbatches={self.microbatches} < pp={self.pp}: {self.pp_schedule} "
                              "needs at least one micro-batch per stage")
-        if interleaved and self.microbatches % self.pp:
+        if self.is_interleaved and self.microbatches % self.pp:
             raise UsageError(f"{self.pp_schedule} needs microbatches ({self.microbatches}) "
                              f"divisible by pp ({self.pp})")
 
@@ -220,18 +221,96 @@ class Plan:
         return self.micro_batch_size * self.microbatches * self.grad_accum * self.dp
 
     @property
+    def mesh_degrees(self) -> tuple[int, int, int, int]:
+        """The degrees of :class:`MeshAxis`' axes in their order: pp, dp_replicate, dp_shard, tp."""
+        return self.pp, self.dp_replicate, self.dp_shard, self.tp
+
+    @property
     def mesh_shape(self) -> dict[MeshAxis, int]:
         """Degree per mesh axis, outermost first."""
-        return {MeshAxis.PP: self.pp, MeshAxis.DP_REPLICATE: self.dp_replicate,
-                MeshAxis.DP_SHARD: self.dp_shard, MeshAxis.TP: self.tp}
+        return dict(zip(MeshAxis, self.mesh_degrees))
+
+    @property
+    def mesh_strides(self) -> Mapping[MeshAxis, int]:
+        """Rank distance between neighbours of each axis's groups (:func:`mesh_strides`)."""
+        return mesh_strides(self.mesh_degrees)
+
+    # ZeRO stages as the runtimes apply them: 1 is torch's ZeroRedundancyOptimizer under DDP,
+    # 2 and 3 are FSDP2 over dp_shard (HSDP with dp_replicate > 1).
+
+    @property
+    def shards_optimizer(self) -> bool:
+        """Optimizer states are sharded over ``dp_shard`` (ZeRO-1 and up)."""
+        return self.zero >= 1
+
+    @property
+    def shards_optimizer_only(self) -> bool:
+        """ZeRO-1: DDP replicates weights and gradients, ZeroRedundancyOptimizer shards its states."""
+        return self.zero == 1
+
+    @property
+    def shards_gradients(self) -> bool:
+        """Gradients are reduce-scattered to shards over ``dp_shard`` (ZeRO-2 and up)."""
+        return self.zero >= 2
+
+    @property
+    def shards_parameters(self) -> bool:
+        """ZeRO-3: weights stay sharded between uses, gathered before each forward and backward."""
+        return self.zero == 3
+
+    @property
+    def uses_fsdp(self) -> bool:
+        """FSDP2 (``fully_shard``) applies the data parallelism (ZeRO-2/3); else DDP does."""
+        return self.zero >= 2
+
+    @property
+    def is_hsdp(self) -> bool:
+        """FSDP inside each ``dp_shard`` group, replicated over ``dp_replicate``."""
+        return self.uses_fsdp and self.dp_replicate > 1
+
+    @property
+    def block_tp_styles(self) -> dict[str, str]:
+        """``tp_layout``'s styles by module name inside a block (``layers.*.attention.wq`` →
+        ``attention.wq``): how TP splits each block's modules."""
+        return _block_styles(self.tp_layout, self.block_container)
+
+    @property
+    def checkpoints(self) -> bool:
+        """Some activations are recomputed in backward (``selective`` or ``full``)."""
+        return self.activation_checkpointing != "none"
+
+    @property
+    def recomputes_blocks(self) -> bool:
+        """Full checkpointing: each block keeps only its input and runs its forward again."""
+        return self.activation_checkpointing == "full"
+
+    @property
+    def offloads(self) -> bool:
+        """Model states live in host memory (``optimizer`` or ``params``)."""
+        return self.offload != "none"
+
+    @property
+    def offloads_parameters(self) -> bool:
+        """The weights' shards live in host memory too, uploaded before each gather."""
+        return self.offload == "params"
+
+    @property
+    def is_interleaved(self) -> bool:
+        """The schedule loops over ``pp_virtual`` stages per rank."""
+        return self.pp_schedule in INTERLEAVED_SCHEDULES
+
+    @property
+    def is_zero_bubble(self) -> bool:
+        """The schedule runs weight gradients apart from input gradients (``interleaved-zb``)."""
+        return self.pp_schedule == "interleaved-zb"
 
     @property
     def complexity(self) -> int:
         """How many moving parts the plan has; near-ties in speed go to the simpler plan."""
         return (
             (self.tp > 1) + (self.pp > 1) + self.sequence_parallel + (self.pp_virtual > 1)
-            + (self.zero > 0) + (self.dp_replicate > 1 and self.dp_shard > 1)
-            + (self.activation_checkpointing != "none") + 2 * (self.offload != "none") + (self.grad_accum > 1)
+            + self.shards_optimizer + (self.dp_replicate > 1 and self.dp_shard > 1)
+            + self.checkpoints + 2 * self.offloads + (self.grad_accum > 1)
         )
 
     @property
@@ -246,13 +325,13 @@ class Plan:
         if self.dp_replicate > 1:
             degrees.append(f"dp{self.dp_replicate}")
         if self.dp_shard > 1:
-            degrees.append(f"fsdp{self.dp_shard}" if self.zero >= 2 else f"dp{self.dp_shard}")
+            degrees.append(f"fsdp{self.dp_shard}" if self.uses_fsdp else f"dp{self.dp_shard}")
         words = ["·".join(degrees) or "single"]
         if self.zero:
             words.append(f"zero{self.zero}")
-        if self.activation_checkpointing != "none":
+        if self.checkpoints:
             words.append(f"ckpt={self.activation_checkpointing}")
-        if self.offload != "none":
+        if self.offloads:
             words.append(f"offload={self.offload}")
         words.append(f"mb={self.micro_batch_size}")
         if self.microbatches > 1:
@@ -337,6 +416,23 @@ class Plan:
 
 # Each field's slot setter: what object.__setattr__ calls for a frozen Plan, without its lookups.
 _SET_FIELD = {f.name: Plan.__dict__[f.name].__set__ for f in fields(Plan)}
+
+
+@functools.lru_cache(maxsize=256)
+def _block_styles(layout: tuple[tuple[str, str], ...], container: str | None) -> dict[str, str]:
+    prefix = f"{container}.*."
+    return {pattern[len(prefix):]: style for pattern, style in layout if pattern.startswith(prefix)}
+
+
+@functools.lru_cache(maxsize=256)
+def mesh_strides(degrees: tuple[int, ...]) -> Mapping[MeshAxis, int]:
+    """Rank distance between neighbours of each axis's groups on a mesh of ``degrees`` (in
+    :class:`MeshAxis` order): the product of the degrees inside the axis (``tp``: 1)."""
+    strides, inner = {}, 1
+    for axis, degree in reversed(tuple(zip(MeshAxis, degrees))):
+        strides[axis] = inner
+        inner *= degree
+    return MappingProxyType(strides)
 
 
 def even_stage_blocks(num_blocks: int, num_stages: int) -> tuple[int, ...]:

@@ -98,3 +98,27 @@ def test_an_unchecked_plan_equals_the_checked_one_and_validates_on_demand():
     unchecked.validate()
     with pytest.raises(UsageError, match="Plan.zero=4 is not one of"):
         Plan.unchecked(shared, {"micro_batch_size": 1, "zero": 4}).validate()
+
+
+@pytest.mark.parametrize(("zero", "optimizer", "only", "gradients", "parameters", "fsdp"), [
+    (0, False, False, False, False, False), (1, True, True, False, False, False),
+    (2, True, False, True, False, True), (3, True, False, True, True, True)])
+def test_zero_stages_say_what_they_shard(zero, optimizer, only, gradients, parameters, fsdp):
+    plan = Plan(dp_shard=4 if zero else 1, dp_replicate=1 if zero else 4, zero=zero)
+    assert (plan.shards_optimizer, plan.shards_optimizer_only, plan.shards_gradients, plan.shards_parameters,
+            plan.uses_fsdp) == (optimizer, only, gradients, parameters, fsdp)
+    assert not plan.is_hsdp
+
+
+def test_derived_meanings_of_the_other_fields():
+    plan = Plan(pp=2, dp_replicate=2, dp_shard=2, tp=2, zero=3, pp_schedule="interleaved-1f1b", pp_virtual=2,
+                microbatches=4, activation_checkpointing="full", offload="params", block_container="layers",
+                tp_layout=(("layers.*.attention.wq", "colwise"), ("output", "colwise")))
+    assert plan.is_hsdp and plan.is_interleaved and not plan.is_zero_bubble
+    assert plan.checkpoints and plan.recomputes_blocks and plan.offloads and plan.offloads_parameters
+    assert plan.block_tp_styles == {"attention.wq": "colwise"}
+    assert plan.mesh_degrees == (2, 2, 2, 2)
+    assert dict(plan.mesh_strides) == {MeshAxis.TP: 1, MeshAxis.DP_SHARD: 2, MeshAxis.DP_REPLICATE: 4,
+                                       MeshAxis.PP: 8}
+    selective = Plan(activation_checkpointing="selective")
+    assert selective.checkpoints and not selective.recomputes_blocks and not selective.offloads
