@@ -26,7 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from stratagem.advisor.hardware import parse_cluster
 from stratagem.plan import Plan, Workload
 from stratagem.advisor.profile.cache import profile_spec
-from stratagem.advisor.cost.timing import rank_step
+from stratagem.advisor.cost.rank_step import rank_step
 from stratagem.models import get_preset
 
 KINDS = {

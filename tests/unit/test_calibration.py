@@ -86,16 +86,16 @@ def test_measured_overlap_replaces_the_constant_in_the_time_model() -> None:
 def test_a_calibrated_matmul_rate_is_achieved_already_and_a_catalog_peak_is_not() -> None:
     """The catalog's peak is discounted to what GEMMs reach; the benchmark measured what they
     reach, so its rate is used as it is (it was discounted twice before)."""
-    from stratagem.advisor.cost import timing
+    from stratagem.advisor.cost import rank_step, rates
     from stratagem.plan import Plan, Workload
     from stratagem.advisor.profile.cache import profile_spec
 
     cluster = parse_cluster("1xH100")
     profile = profile_spec("llama-tiny")
     plan, workload = Plan(), Workload(global_batch_size=1, seq_len=profile.seq_len)
-    catalog = timing.rank_step(profile, cluster=cluster, workload=workload, plan=plan)
-    assert catalog.flops_per_second == pytest.approx(989e12 * timing.ACHIEVABLE_FLOPS_FRACTION["gpu"])
-    measured = timing.rank_step(profile, cluster=_calibration(cluster).apply(cluster), workload=workload, plan=plan)
+    catalog = rank_step.rank_step(profile, cluster=cluster, workload=workload, plan=plan)
+    assert catalog.flops_per_second == pytest.approx(989e12 * rates.ACHIEVABLE_FLOPS_FRACTION["gpu"])
+    measured = rank_step.rank_step(profile, cluster=_calibration(cluster).apply(cluster), workload=workload, plan=plan)
     assert measured.flops_per_second == 700e12
 
 

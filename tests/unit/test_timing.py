@@ -8,7 +8,8 @@ import math
 
 import pytest
 
-from stratagem.advisor.cost import timing
+from stratagem.advisor.cost import communication, compute, rates
+from stratagem.advisor.cost import host as host_terms
 from stratagem.advisor.cost.collectives import estimate_all_reduce_seconds, estimate_p2p_seconds
 from stratagem.advisor.cost.estimate import TimeBreakdown
 from stratagem.advisor.hardware import Cluster, HostSpec, parse_cluster
@@ -16,11 +17,13 @@ from stratagem.advisor.profile.cache import profile_spec
 from stratagem.plan import Plan, Workload
 from stratagem.advisor.profile.profiler import ModelProfile, SegmentProfile
 from stratagem.advisor.profile.structure import LinearLayer
-from stratagem.advisor.cost.timing import bubble_lost_share, estimate_time, mfu, rank_step, tokens_per_second
+from stratagem.advisor.cost.pipeline import bubble_lost_share
+from stratagem.advisor.cost.rank_step import rank_step
+from stratagem.advisor.cost.timing import estimate_time, mfu, tokens_per_second
 from stratagem.errors import UsageError
 
 H100 = parse_cluster("1x8xH100")
-H100_ACHIEVED = 989e12 * timing.ACHIEVABLE_FLOPS_FRACTION["gpu"]
+H100_ACHIEVED = 989e12 * rates.ACHIEVABLE_FLOPS_FRACTION["gpu"]
 SEQ = 1024
 WIDTH = 512
 
@@ -78,7 +81,7 @@ def test_single_device_is_compute_plus_optimizer_only():
     params = 10 * 10**6
     assert time.compute == pytest.approx(flops / H100_ACHIEVED)
     adamw_bytes = params * 20 * 4  # torch.optim's AdamW operators' reads and writes; fp32
-    bandwidth = 3350e9 * timing.MEMORY_BANDWIDTH_EFFICIENCY
+    bandwidth = 3350e9 * rates.MEMORY_BANDWIDTH_EFFICIENCY
     assert time.optimizer == pytest.approx(adamw_bytes / bandwidth)
     assert time.step_seconds == pytest.approx(time.compute + time.optimizer)
     assert time.to_dict()["step_seconds"] == time.step_seconds
@@ -101,7 +104,7 @@ def test_a_calibrated_optimizer_step_replaces_streaming_and_launching_estimates(
             time = _time(plan, profile=profile, cluster=measured, optimizer=optimizer)
             before = _time(plan, profile=profile, cluster=cpu, optimizer=optimizer)
             assert time.optimizer == pytest.approx(10**7 / shard * per_param)
-            launches = per_tensor - timing.OP_DISPATCH_SECONDS * timing.OPTIMIZER_OPS_PER_TENSOR[optimizer]
+            launches = per_tensor - host_terms.OP_DISPATCH_SECONDS * host_terms.OPTIMIZER_OPS_PER_TENSOR[optimizer]
             assert time.dispatch - before.dispatch == pytest.approx(8 * 3 / shard * launches)
     bf16 = Plan(dp_replicate=2, precision="bf16-true")
     assert _time(bf16, profile=profile, cluster=measured).optimizer == pytest.approx(10**7 * 1e-8 / 2)
@@ -154,11 +157,11 @@ def test_a_pipeline_drain_waits_for_every_stage_ddp_reduction_and_fsdp_reduces_a
     fsdp = dataclasses.replace(plan, dp_replicate=1, dp_shard=2, zero=2)
     step = rank_step(even, cluster=H100, plan=fsdp,
                      workload=Workload(global_batch_size=fsdp.global_batch_size, seq_len=SEQ))
-    grads = timing.estimate_grad_sync_seconds(step)
+    grads = communication.estimate_grad_sync_seconds(step)
     assert grads > 0
     assert _time(fsdp, profile=even).dp_comm >= grads  # after the last micro-batch: nothing hides them
     alone = dataclasses.replace(fsdp, pp=1, microbatches=1, grad_accum=8)
-    assert _time(alone, profile=even).dp_comm < timing.estimate_grad_sync_seconds(
+    assert _time(alone, profile=even).dp_comm < communication.estimate_grad_sync_seconds(
         rank_step(even, cluster=H100, plan=alone, workload=Workload(global_batch_size=alone.global_batch_size,
                                                                     seq_len=SEQ)))
 
@@ -170,7 +173,7 @@ def test_a_cpu_rank_bubble_holds_the_host_time_of_the_other_ranks_microbatches()
     cpu = _cpu(cores=4)  # a core each: the whole bubble is lost
     time = _time(plan, profile=even, cluster=cpu)
     step = rank_step(even, cluster=cpu, plan=plan, workload=Workload(global_batch_size=8, seq_len=SEQ))
-    host = 8 * timing.microbatch_dispatch_seconds(step)
+    host = 8 * host_terms.microbatch_dispatch_seconds(step)
     assert host > 0
     assert time.bubble == pytest.approx(3 / 8 * (time.compute + host))
 
@@ -217,12 +220,12 @@ def test_tp_reduces_per_linear_as_torch_s_colwise_and_rowwise_styles_do():
     workload = Workload(global_batch_size=1, seq_len=SEQ)
     fields = {"tp": 2, "tp_layout": layout, "block_container": "layers"}
     step = rank_step(profile, cluster=H100, workload=workload, plan=Plan(**fields))
-    forward, backward = timing.tp_collectives(step, profile.blocks[0])
+    forward, backward = communication.tp_collectives(step, profile.blocks[0])
     token = SEQ * 2  # bf16
     assert forward == (("all_reduce", token * WIDTH),) * 2
     assert backward == (("all_reduce", token * WIDTH),) * 5  # the down projection reads 4 × WIDTH: rowwise
     sp = rank_step(profile, cluster=H100, workload=workload, plan=Plan(**fields, sequence_parallel=True))
-    forward, backward = timing.tp_collectives(sp, profile.blocks[0])
+    forward, backward = communication.tp_collectives(sp, profile.blocks[0])
     assert [op for op, _ in forward] == ["all_gather", "reduce_scatter", "reduce_scatter"]
     assert [op for op, _ in backward] == ["reduce_scatter", "all_gather", "all_gather"]
 
@@ -234,13 +237,13 @@ def test_tp_messages_carry_the_rows_each_linear_multiplies():
     plan = Plan(tp=2, tp_layout=vit.tp_layout, block_container=vit.block_container, micro_batch_size=2,
                 precision="fp32")
     step = rank_step(vit, cluster=H100, workload=Workload(global_batch_size=2, precision="fp32"), plan=plan)
-    forward, _ = timing.tp_collectives(step, vit.blocks[0])
+    forward, _ = communication.tp_collectives(step, vit.blocks[0])
     assert forward == (("all_reduce", 2 * 65 * 256 * 4),) * 2  # 64 patches and the class token, width 256
     moe = profile_spec("mixtral-small", seq_len=128, precision="fp32")
     plan = Plan(tp=2, tp_layout=moe.tp_layout, block_container=moe.block_container, precision="fp32")
     step = rank_step(moe, cluster=H100, workload=Workload(global_batch_size=1, seq_len=128, precision="fp32"),
                      plan=plan)
-    forward, _ = timing.tp_collectives(step, moe.blocks[0])
+    forward, _ = communication.tp_collectives(step, moe.blocks[0])
     assert forward == (("all_reduce", 128 * 256 * 4),) + (("all_reduce", 64 * 256 * 4),) * 4  # wo, 4 experts' w2
 
 
@@ -344,8 +347,8 @@ def test_offload_copies_over_pcie_and_steps_on_the_host():
 
 
 def test_fp32_runs_at_the_fp32_peak_not_tf32():
-    assert timing.estimate_peak_flops(H100, precision="fp32") == 67e12
-    assert timing.estimate_peak_flops(H100, precision="bf16-mixed") == 989e12
+    assert rates.estimate_peak_flops(H100, precision="fp32") == 67e12
+    assert rates.estimate_peak_flops(H100, precision="bf16-mixed") == 989e12
 
 
 def test_profile_and_workload_must_agree_with_the_plan():
@@ -414,13 +417,13 @@ def test_block_matmuls_run_at_the_calibrated_rate_for_their_size():
     curve = [(128, 10e12), (1024, 40e12)]
     side = (128 * 256 * 256) ** (1 / 3)
     expected = (10e12 + 30e12 * math.log(side / 128) / math.log(8)) / 40e12
-    alone = timing.block_matmul_efficiency(profile, Plan(precision="fp32"), whole_model(profile), curve)
+    alone = rates.block_matmul_efficiency(profile, Plan(precision="fp32"), whole_model(profile), curve)
     assert alone == pytest.approx(expected)
     split = Plan(precision="fp32", tp=2, tp_layout=(("layers.*.proj", "colwise"),), block_container="layers")
     side = (128 * 256 * 128) ** (1 / 3)
-    assert timing.block_matmul_efficiency(profile, split, whole_model(profile), curve) == \
+    assert rates.block_matmul_efficiency(profile, split, whole_model(profile), curve) == \
         pytest.approx((10e12 + 30e12 * math.log(side / 128) / math.log(8)) / 40e12)
-    assert timing.block_matmul_efficiency(profile, Plan(precision="fp32"), whole_model(profile), []) == 1.0
+    assert rates.block_matmul_efficiency(profile, Plan(precision="fp32"), whole_model(profile), []) == 1.0
 
 
 def test_gemms_with_unaligned_rows_run_at_their_share_of_the_rate():
@@ -428,7 +431,7 @@ def test_gemms_with_unaligned_rows_run_at_their_share_of_the_rate():
     times as long on a GPU (the catalog's share), or the calibrated share; on CPU ranks no longer."""
     head = dataclasses.replace(TOY.head, fwd_unaligned_flops=2 * 10**12, bwd_unaligned_flops=4 * 10**12)
     odd = dataclasses.replace(TOY, head=head)
-    extra = 6e12 * (1 / timing.UNALIGNED_MATMUL_FRACTION["gpu"] - 1) / H100_ACHIEVED
+    extra = 6e12 * (1 / rates.UNALIGNED_MATMUL_FRACTION["gpu"] - 1) / H100_ACHIEVED
     assert _time(Plan(), profile=odd).compute - _time(Plan()).compute == pytest.approx(extra)
     measured = dataclasses.replace(H100, node=dataclasses.replace(H100.node, unaligned_matmul=(("bf16", 0.5),)))
     assert _time(Plan(), profile=odd, cluster=measured).compute - _time(Plan(), cluster=measured).compute == \
@@ -449,12 +452,12 @@ def test_parameter_sized_bytes_do_not_grow_with_the_micro_batch_and_gradients_ac
         extra = _time(plan, profile=casts).compute - _time(plan).compute
         assert extra == pytest.approx(plan.grad_accum * 3e9 * step.seconds_per_op_byte)
     params = TOY.num_params
-    assert timing.estimate_grad_accumulation_seconds(step) == 0.0
+    assert compute.estimate_grad_accumulation_seconds(step) == 0.0
     accumulating = rank_step(TOY, cluster=H100, workload=Workload(global_batch_size=4, seq_len=SEQ),
                              plan=Plan(grad_accum=4))
-    assert timing.estimate_grad_accumulation_seconds(accumulating) == pytest.approx(
+    assert compute.estimate_grad_accumulation_seconds(accumulating) == pytest.approx(
         3 * 3 * params * 4 * step.seconds_per_op_byte)
     sharded = rank_step(TOY, cluster=H100, workload=Workload(global_batch_size=32, seq_len=SEQ),
                         plan=Plan(grad_accum=4, dp_shard=8, zero=3, block_container="layers"))
-    assert timing.estimate_grad_accumulation_seconds(sharded) == pytest.approx(
+    assert compute.estimate_grad_accumulation_seconds(sharded) == pytest.approx(
         3 * 3 * params / 8 * 4 * step.seconds_per_op_byte)

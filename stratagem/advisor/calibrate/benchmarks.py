@@ -318,12 +318,12 @@ def op_byte_seconds(step_seconds: float, profile: ModelProfile, batch: int, curv
     elementwise arithmetic) read or write: ``step_seconds`` of forward and backward of
     :data:`BYTES_REFERENCE` on ``batch`` sequences beyond its matmuls (at the measured ``curve``'s
     rates for their sizes, as the cost model runs them:
-    :func:`~stratagem.advisor.cost.timing.block_matmul_efficiency`) and its operators at ``per_op``
+    :func:`~stratagem.advisor.cost.rates.block_matmul_efficiency`) and its operators at ``per_op``
     seconds each, over the bytes its profile counts them moving (the count the cost model
     multiplies by). What the curve misses of the model's own matmuls lands here too."""
     from stratagem.plan import Plan
     from stratagem.advisor.cost.stages import whole_model
-    from stratagem.advisor.cost.timing import block_matmul_efficiency
+    from stratagem.advisor.cost.rates import block_matmul_efficiency
 
     scale = batch / profile.batch_size
     stage = whole_model(profile)
@@ -340,11 +340,11 @@ def op_byte_seconds(step_seconds: float, profile: ModelProfile, batch: int, curv
 def dtensor_op_seconds(device: torch.device, *, repeats: int) -> float:
     """Host seconds per operator of an AdamW step over parameters that are DTensors sharded over
     every rank (what FSDP2 and TP parameters are): the step's time over eight small parameters,
-    over the operators it runs per tensor (:data:`~stratagem.advisor.cost.timing.OPTIMIZER_OPS_PER_TENSOR`)."""
+    over the operators it runs per tensor (:data:`~stratagem.advisor.cost.host.OPTIMIZER_OPS_PER_TENSOR`)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    from stratagem.advisor.cost.timing import OPTIMIZER_OPS_PER_TENSOR
+    from stratagem.advisor.cost.host import OPTIMIZER_OPS_PER_TENSOR
 
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     params = [torch.nn.Parameter(distribute_tensor(torch.ones(64 * mesh.size(), device=device), mesh, [Shard(0)]))

@@ -13,7 +13,8 @@ from typing import Any, NamedTuple
 from stratagem.advisor.cost.estimate import Estimate, MemoryBreakdown, TimeBreakdown
 from stratagem.advisor.cost.evaluate import evaluate
 from stratagem.advisor.cost.memory import estimate_memory, framework_bytes, overflow
-from stratagem.advisor.cost.timing import estimate_time, splits_routed_experts, tokens_per_second
+from stratagem.advisor.cost.communication import splits_routed_experts
+from stratagem.advisor.cost.timing import estimate_time, tokens_per_second
 from stratagem.advisor.hardware import Cluster
 from stratagem.advisor.profile.model_profile import ModelProfile
 from stratagem.advisor.search.enumeration import search_plans

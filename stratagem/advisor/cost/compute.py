@@ -1,0 +1,57 @@
+"""Compute terms of a step: the forward and backward passes, what checkpointing runs again, and
+the copies and additions around gradients that run on the compute stream (or core)."""
+
+from __future__ import annotations
+
+from stratagem.advisor.cost.rank_step import RankStep
+
+
+def estimate_compute_seconds(step: RankStep) -> float:
+    """Forward and backward of every micro-batch on the rank, seconds: profiled FLOPs scaled to the
+    micro-batch (the blocks' divided over TP) at the achievable rate, and the bytes operators
+    without FLOPs move (:meth:`RankStep.pass_seconds`), with the data-parallel runtime's copies
+    (:func:`estimate_dp_copy_seconds`) and the gradients' accumulation
+    (:func:`estimate_grad_accumulation_seconds`). The embedding and head stay whole on every TP
+    rank, as the TP plugin applies them (Megatron splits the vocabulary too: Shoeybi et al. 2019, §3)."""
+    passes = step.num_microbatches * (step.pass_seconds("fwd") + step.pass_seconds("bwd"))
+    return passes + estimate_dp_copy_seconds(step) + estimate_grad_accumulation_seconds(step)
+
+
+def estimate_grad_accumulation_seconds(step: RankStep) -> float:
+    """Adding each micro-batch's gradients to those before it, seconds: autograd adds into
+    ``.grad`` in place after the first (two tensors read, one written, in the parameter dtype, at
+    the rank's cost per byte moved); FSDP2 adds its reduced shards."""
+    return ((step.num_microbatches - 1) * 3 * step.gradient_params * step.precision.param_bytes
+            * step.seconds_per_op_byte)
+
+
+def estimate_dp_copy_seconds(step: RankStep) -> float:
+    """The data-parallel runtime's copies around its collectives, seconds, each byte read and
+    written at the rank's cost per byte moved. DDP copies every gradient into its buckets and back
+    (``gradient_as_bucket_view=False``, the plugins' default); FSDP2 copies a unit's shard into
+    each all-gather's input and the gathered unit out, in the compute dtype, and the unit's
+    gradients into each reduce-scatter's input, in the parameter dtype."""
+    plan = step.plan
+    if plan.dp == 1:
+        return 0.0
+    params, prec = step.params_per_rank, step.precision
+    if not plan.uses_fsdp:
+        copied = 2 * params * prec.param_bytes
+    else:
+        gathers = 2 * step.num_microbatches if plan.shards_parameters else 1
+        copied = (gathers * params * prec.compute_bytes * (1 + 1 / plan.dp_shard)
+                  + step.num_reductions * params * prec.param_bytes)
+    return 2 * copied * step.seconds_per_op_byte
+
+
+def estimate_recompute_seconds(step: RankStep) -> float:
+    """Forward run again in backward, seconds: every block's forward under ``full`` checkpointing,
+    its attention core's FLOPs under ``selective`` (Korthikanti et al. 2022, §5, Table 2)."""
+    plan = step.plan
+    if not plan.checkpoints:
+        return 0.0
+    if plan.recomputes_blocks:
+        per_microbatch = step.pass_seconds("fwd", blocks_only=True)
+    else:
+        per_microbatch = step.per_microbatch("attention_fwd_flops", blocks_only=True) / step.flops_per_second
+    return step.num_microbatches * per_microbatch

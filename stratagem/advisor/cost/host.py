@@ -1,0 +1,85 @@
+"""Host terms of a step: the time the CPU spends launching operators (Python, the dispatcher,
+autograd, DTensor's sharding propagation), and the part of it the device does not hide."""
+
+from __future__ import annotations
+
+from stratagem.advisor.cost.communication import num_tp_linears
+from stratagem.advisor.cost.optimizer import calibrated_optimizer
+from stratagem.advisor.cost.rank_step import RankStep
+
+# Host seconds to dispatch one eager operator whatever its size: ≈ 3 µs without autograd (He
+# 2022, "Making Deep Learning Go Brrrr"), more with autograd and hooks. Estimate; calibrated.
+OP_DISPATCH_SECONDS = 10e-6
+
+# Host seconds per operator on DTensors (FSDP2 and TP parameters): ≈ 0.2 ms per AdamW operator on
+# FSDP2 parameters in torch 2.13's profiler, one busy core. Estimate; calibrated.
+DTENSOR_OP_SECONDS = 100e-6
+
+# DTensor operators a TP Linear runs per micro-batch beyond a plain one's (matmuls and the layout
+# changes around them, forward and backward): bench/dtensor_ops.py counts 10-17 on the reference
+# presets. Used uncalibrated only; `stratagem calibrate` times a TP Linear directly.
+DTENSOR_OPS_PER_TP_LINEAR = 12
+
+# Operators one optimizer step dispatches per parameter tensor (torch.optim's single-tensor update,
+# zero_grad included), counted with a dispatch-mode counter on torch 2.13.
+OPTIMIZER_OPS_PER_TENSOR = {"adamw": 10, "sgd": 3}
+
+
+def estimate_dispatch_seconds(step: RankStep, *, device_busy: float) -> float:
+    """Host time launching the step's operators that the device's own work does not hide, seconds:
+    every micro-batch's and the optimizer's. A CPU rank runs each operator as it launches it, so
+    all of it adds; a GPU runs behind the host, which binds only when it launches slower than the
+    GPU computes (``device_busy``: the step's compute, recompute, TP collectives and optimizer)."""
+    host = step.num_microbatches * microbatch_dispatch_seconds(step) + _optimizer_dispatch_seconds(step)
+    return max(0.0, host - device_busy) if step.cluster.is_gpu else host
+
+
+def in_line_host_seconds(step: RankStep) -> float:
+    """The micro-batches' host time that runs in line with their compute: all of it on CPU ranks,
+    none on GPUs (which the host runs ahead of)."""
+    return 0.0 if step.cluster.is_gpu else step.num_microbatches * microbatch_dispatch_seconds(step)
+
+
+def microbatch_dispatch_seconds(step: RankStep) -> float:
+    """Host seconds launching one micro-batch's operators: every operator the profile counted in
+    forward and backward (the checkpointed blocks' forward again under full recomputation; TP
+    does not divide them), at the node's seconds per operator, and each TP Linear's DTensor
+    overhead (:func:`_tp_linear_seconds`)."""
+    sums, plan = step.stage.sums, step.plan
+    ops = sums["fwd_ops"] + sums["bwd_ops"]
+    if plan.recomputes_blocks:
+        ops += step.stage.block_sums["fwd_ops"]
+    tp_linears = sum(n * num_tp_linears(plan, b) for b, n in step.stage.kinds) if plan.tp > 1 else 0
+    return _op_seconds(step)[0] * ops + tp_linears * _tp_linear_seconds(step)
+
+
+def _tp_linear_seconds(step: RankStep) -> float:
+    """Host seconds a TP Linear's forward and backward on DTensors add beyond a plain Linear's:
+    calibrated (``NodeSpec.tp_linear_seconds``), else :data:`DTENSOR_OPS_PER_TP_LINEAR` operators
+    at DTensor's cost per operator beyond a plain one's."""
+    measured = step.cluster.node.tp_linear_seconds
+    if measured is not None:
+        return measured
+    plain, dtensor = _op_seconds(step)
+    return DTENSOR_OPS_PER_TP_LINEAR * (dtensor - plain)
+
+
+def _op_seconds(step: RankStep) -> tuple[float, float]:
+    """Host seconds per operator on plain tensors and on DTensors: calibrated, else the estimates."""
+    node = step.cluster.node
+    return node.op_seconds or OP_DISPATCH_SECONDS, node.dtensor_op_seconds or DTENSOR_OP_SECONDS
+
+
+def _optimizer_dispatch_seconds(step: RankStep) -> float:
+    """Host seconds launching the optimizer step's operators: on DTensor parameters (FSDP2, TP)
+    :data:`OPTIMIZER_OPS_PER_TENSOR` per tensor at DTensor's cost each; on plain tensors the
+    calibrated seconds per tensor, else as many operators at a plain one's cost, per tensor on CPU
+    and per dtype group on GPUs (torch.optim's ``foreach`` default there)."""
+    plan, (plain, dtensor) = step.plan, _op_seconds(step)
+    tensors = step.stage.sums["num_tensors"] / (plan.dp_shard if plan.shards_optimizer_only else 1)
+    ops_per_tensor = OPTIMIZER_OPS_PER_TENSOR[step.optimizer]
+    if plan.uses_fsdp or plan.tp > 1:
+        return dtensor * ops_per_tensor * tensors
+    if (measured := calibrated_optimizer(step)) is not None:
+        return measured[1] * tensors
+    return plain * ops_per_tensor * (1 if step.cluster.is_gpu else tensors)

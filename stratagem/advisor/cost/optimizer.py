@@ -1,0 +1,54 @@
+"""Optimizer terms of a step: the update itself (on the device, or on the host when offloaded)
+and the host-link copies that CPU offload adds."""
+
+from __future__ import annotations
+
+from stratagem.advisor.cost.collectives import estimate_p2p_seconds
+from stratagem.advisor.cost.rank_step import RankStep
+from stratagem.advisor.cost.rates import MEMORY_BANDWIDTH_EFFICIENCY
+
+# Tensor reads + writes per parameter in one torch.optim step (foreach or single-tensor: the same
+# operators), counted from torch 2.13's adam.py: AdamW 20 (weight decay 2, both moments 5, the
+# denominator 6, addcdiv 4; a fused kernel would move 7), SGD without momentum 3. Calibrated.
+OPTIMIZER_TENSOR_PASSES = {"adamw": 20, "sgd": 3}
+
+# Host memory bandwidth torch's CPU optimizer reaches per node when offloaded, bytes/s, shared by
+# the node's ranks (a two-socket DDR5 host streams a few hundred GB/s; foreach kernels a fraction). Estimate.
+HOST_OPTIMIZER_BANDWIDTH_PER_NODE = 50e9
+
+
+def estimate_optimizer_seconds(step: RankStep) -> float:
+    """One optimizer step on the rank's shard, seconds, beyond launching its operators: the
+    calibrated seconds per parameter (``NodeSpec.optimizer_seconds``, fp32, scaled by the
+    parameter dtype's bytes), else memory-bound streaming of :data:`OPTIMIZER_TENSOR_PASSES`
+    tensors (roofline, Williams et al. 2009); offloaded, on the host at
+    :data:`HOST_OPTIMIZER_BANDWIDTH_PER_NODE` shared by the node's ranks."""
+    num_bytes = (step.optimizer_params * OPTIMIZER_TENSOR_PASSES[step.optimizer]
+                 * step.precision.param_bytes)
+    if step.plan.offloads:
+        return num_bytes / (HOST_OPTIMIZER_BANDWIDTH_PER_NODE / step.cluster.devices_per_node)
+    if (measured := calibrated_optimizer(step)) is not None:
+        return step.optimizer_params * measured[0] * step.precision.param_bytes / 4
+    return num_bytes / (step.cluster.device.memory_bandwidth * MEMORY_BANDWIDTH_EFFICIENCY)
+
+
+def calibrated_optimizer(step: RankStep) -> tuple[float, float] | None:
+    """(seconds per fp32 parameter, seconds per parameter tensor) of the step's optimizer as
+    calibrated on the node, or None."""
+    return next(((per_param, per_tensor) for name, per_param, per_tensor in step.cluster.node.optimizer_seconds
+                 if name == step.optimizer), None)
+
+
+def estimate_offload_seconds(step: RankStep) -> float:
+    """Host-link (PCIe) copies per step, seconds, all exposed (conservative): each gradient
+    reduction copies the rank's gradient shard to the host; updated parameters return once
+    (``optimizer``, ZeRO-Offload: Ren et al. 2021, §4.1) or before every parameter all-gather
+    (``params``, FSDP2's CPUOffloadPolicy). CPU ranks have no host link: nothing moves."""
+    plan, host_link = step.plan, step.cluster.node.host_link
+    if not plan.offloads or host_link is None:
+        return 0.0
+    shard_bytes = step.optimizer_params * step.precision.param_bytes
+    uploads = 2 * step.num_microbatches if plan.offloads_parameters else 1
+    copy = estimate_p2p_seconds(shard_bytes, bandwidth=host_link.effective_bandwidth,
+                                latency=host_link.latency)
+    return (step.num_reductions + uploads) * copy

@@ -1,0 +1,110 @@
+"""Pipeline terms of a step: the bubble (fill and drain) and the point-to-point messages between
+stages, as torch.distributed.pipelining's schedules run them (docs/cost-model.md, "Pipeline")."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from stratagem.advisor.cost.collectives import estimate_p2p_seconds
+from stratagem.advisor.cost.communication import collective_wait_seconds
+from stratagem.advisor.cost.host import microbatch_dispatch_seconds
+from stratagem.advisor.cost.rank_step import RankStep
+from stratagem.advisor.cost.stages import others_share, rank_stages
+from stratagem.plan import MeshAxis
+
+
+def estimate_bubble_seconds(step: RankStep, *, ideal: float, reductions: float) -> float:
+    """Pipeline fill and drain, seconds. ``ideal``: the rank's micro-batches' compute, recompute,
+    TP communication and, on CPU ranks, host time; ``reductions``: its DP reductions that run
+    inside its last backward (:attr:`~stratagem.advisor.cost.communication.DpExposure.in_backward`).
+
+    The rank waits one micro-batch of every other rank (:func:`_others_share` of its own) before
+    its first and after its last: ``share/(m·v)`` of ``ideal`` (Narayanan et al. 2021, §2.2.1
+    eq. 1, ``share = p − 1`` for equal stages; §2.2.2 for ``v`` virtual stages); zero-bubble keeps
+    only the forward's part (:func:`_zero_bubble_share`). Ranks sharing cores lose only part of
+    it (:func:`_shared_core_seconds`). The drain waits for the other ranks' in-backward reductions too."""
+    plan = step.plan
+    if plan.pp == 1:
+        return 0.0
+    share = _others_share(step)
+    fill = share / (plan.microbatches * plan.pp_virtual) * ideal * _zero_bubble_share(step)
+    lost = bubble_lost_share(plan.pp, step.cluster.ranks_per_core)
+    drain = others_share(step.profile, plan, "num_params") * reductions
+    return lost * fill + _shared_core_seconds(step, share=share, lost=lost, ideal=ideal) + drain
+
+
+def _zero_bubble_share(step: RankStep) -> float:
+    """The share of the bubble ``interleaved-zb`` leaves: Qi et al. 2024 (ZB-H1, §3) fill
+    ``(p−1)(T_F + T_B + T_W)`` down to ``(p−1)(T_F + T_B − T_W)`` with the backward split into
+    equal input and weight halves, i.e. the forward's share of a pass; 1 for other schedules."""
+    if not step.plan.is_zero_bubble:
+        return 1.0
+    forward, backward = step.stage.sums["fwd_flops"], step.stage.sums["bwd_flops"]
+    return forward / (forward + backward) if forward + backward else 1.0
+
+
+def _shared_core_seconds(step: RankStep, *, share: float, lost: float, ideal: float) -> float:
+    """Where ranks share cores, the part of the bubble the node keeps busy (``1 − lost``) runs
+    every rank's micro-batches as they come: the busiest rank's take the ranks' mean time rather
+    than its own, ``((1 + share)/pp − 1)`` of ``ideal`` (negative where stages differ)."""
+    return (1 - lost) * ((1 + share) / step.plan.pp - 1) * ideal
+
+
+def _others_share(step: RankStep) -> float:
+    """The other pipeline ranks' micro-batches over the busiest rank's: by FLOPs on GPUs
+    (:func:`~stratagem.advisor.cost.stages.others_share`); on CPU ranks, where host time and bytes
+    moved weigh as much as FLOPs (an embedding's gather has none), each rank's passes and
+    launching, costed at this rank's rates."""
+    if step.cluster.is_gpu:
+        return others_share(step.profile, step.plan, "fwd_flops", "bwd_flops")
+
+    def load(rank: RankStep) -> float:
+        return rank.pass_seconds("fwd") + rank.pass_seconds("bwd") + microbatch_dispatch_seconds(rank)
+
+    own = load(step)
+    total = sum(load(replace(step, stage=stage)) for stage in rank_stages(step.profile, step.plan))
+    return (total - own) / own if own else step.plan.pp - 1.0
+
+
+def bubble_lost_share(pp: int, ranks_per_core: float) -> float:
+    """The share of a pipeline's bubble a node loses when ``ranks_per_core`` ranks share each core.
+
+    The bubble fills and drains in ``pp − 1`` steps, ``j/pp`` of the ranks busy at step ``j``:
+    with a core each, the idle ``1 − j/pp`` is lost; sharing cores, the busy ranks take the idle
+    ones' cores, so the node loses only ``max(0, 1 − ranks_per_core · j/pp)``. 1 for ranks with a
+    device each; 0 where the busy stage's ranks fill the cores."""
+    steps = range(1, pp)
+    idle = sum(1 - j / pp for j in steps)
+    if not idle or ranks_per_core <= 1:
+        return 1.0
+    return sum(max(0.0, 1 - ranks_per_core * j / pp) for j in steps) / idle
+
+
+def estimate_pp_comm_seconds(step: RankStep) -> float:
+    """Pipeline p2p, seconds per step on one rank: every micro-batch sends its activation forward
+    and its gradient backward across each of the rank's ``pp_virtual`` stage boundaries
+    (Narayanan et al. 2021, §2.2), each received by a rank that waits on it."""
+    plan = step.plan
+    if plan.pp == 1:
+        return 0.0
+    return 2 * step.num_microbatches * plan.pp_virtual * _pp_message_seconds(step)
+
+
+def estimate_pp_comm_exposed_seconds(step: RankStep, *, total: float, compute: float) -> float:
+    """The part of pipeline p2p no compute hides, seconds (``total``: all of the rank's p2p):
+    the first micro-batch's activation crosses all ``pp·v − 1`` boundaries before the last stage
+    starts and its gradient crosses back (on the critical path); steady-state sends run beside
+    compute (``compute``, recompute included), exposed only beyond it."""
+    if total == 0.0:
+        return 0.0
+    fill_drain = 2 * (step.plan.num_stages - 1) * _pp_message_seconds(step)
+    return min(total, fill_drain + max(0.0, total - compute))
+
+
+def _pp_message_seconds(step: RankStep) -> float:
+    """One boundary activation (as profiled, scaled to the micro-batch; split over TP with SP),
+    and the receiver's wait for a sender that reaches it apart, as a blocking collective's."""
+    plan = step.plan
+    num_bytes = step.stage.max_block_output_bytes * step.batch_scale
+    num_bytes /= plan.tp if plan.sequence_parallel else 1
+    return estimate_p2p_seconds(num_bytes, **step.link(MeshAxis.PP, "p2p")) + collective_wait_seconds(step, 2)

@@ -1,0 +1,138 @@
+"""What the most loaded rank does in one optimizer step: :class:`RankStep`, built once per plan
+and handed to every time term."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stratagem.advisor.cost.collectives import mesh_links
+from stratagem.advisor.cost.rates import (
+    achievable_fraction,
+    block_matmul_efficiency,
+    estimate_peak_flops,
+    matmul_curve,
+    seconds_per_op_byte,
+    unaligned_matmul_fraction,
+)
+from stratagem.advisor.cost.stages import Stage, busiest_stage
+from stratagem.advisor.hardware.spec import Cluster
+from stratagem.advisor.profile.model_profile import ModelProfile
+from stratagem.errors import UsageError
+from stratagem.plan import MeshAxis, Plan, Workload
+from stratagem.plan.precision import Precision, get_precision
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankStep:
+    """What one rank of the most loaded pipeline stage does in one optimizer step.
+
+    ``stage`` holds the stage's segments (its blocks, plus the embedding or head where they
+    sit) and their sums; ``flops_per_second`` is the rank's achievable FLOP/s,
+    ``block_matmul_efficiency`` the share of it the blocks' matmuls reach at their sizes,
+    ``unaligned_matmul_fraction`` the share GEMMs with unaligned matrices reach,
+    ``seconds_per_op_byte`` what each byte operators without FLOPs move costs
+    (:mod:`~stratagem.advisor.cost.rates`)."""
+
+    profile: ModelProfile
+    cluster: Cluster
+    plan: Plan
+    optimizer: str
+    precision: Precision
+    stage: Stage
+    links: dict[MeshAxis, tuple[float, float]]  # (bytes/s, seconds) per mesh axis: group_link
+    flops_per_second: float
+    block_matmul_efficiency: float
+    unaligned_matmul_fraction: float
+    seconds_per_op_byte: float
+
+    def link(self, axis: MeshAxis, op: str) -> dict[str, float]:
+        """``bandwidth`` and ``latency`` of ``op`` on the ``axis`` group (the collective's own
+        calibrated fit inside a node, when measured), as keyword arguments."""
+        bandwidth, latency = mesh_links(self.cluster, self.plan, op)[axis]
+        return {"bandwidth": bandwidth, "latency": latency}
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches the rank runs per step: pipeline micro-batches × accumulation steps."""
+        return self.plan.microbatches * self.plan.grad_accum
+
+    @property
+    def num_reductions(self) -> int:
+        """Gradient reductions per step: once, except under ZeRO-3 (once per accumulation step:
+        sharded gradients cannot accumulate unreduced)."""
+        return self.plan.grad_accum if self.plan.shards_parameters else 1
+
+    @property
+    def batch_scale(self) -> float:
+        """Micro-batch size over the profiled batch size: what profiled FLOPs and bytes scale by."""
+        return self.plan.micro_batch_size / self.profile.batch_size
+
+    @property
+    def tokens_per_microbatch(self) -> int:
+        """Tokens (samples, for non-sequence models) in one micro-batch."""
+        return self.plan.micro_batch_size * (self.profile.seq_len or 1)
+
+    @property
+    def params_per_rank(self) -> float:
+        """Parameters of the stage on one TP rank (before any data-parallel sharding)."""
+        return self.stage.per_tp_rank("num_params", self.plan.tp)
+
+    @property
+    def optimizer_params(self) -> float:
+        """Parameters whose optimizer state this rank updates: ZeRO shards them over dp_shard."""
+        return self.params_per_rank / (self.plan.dp_shard if self.plan.shards_optimizer else 1)
+
+    @property
+    def gradient_params(self) -> float:
+        """Parameters whose gradients this rank keeps after a reduction: ZeRO-2/3 shards them."""
+        return self.params_per_rank / (self.plan.dp_shard if self.plan.shards_gradients else 1)
+
+    def per_tp_rank(self, field: str, *, blocks_only: bool = False) -> float:
+        """A profiled quantity summed over the stage (or its blocks only) as one TP rank runs it
+        (the blocks split over the TP group, the embedding and head whole), at the profiled batch."""
+        if blocks_only:
+            return self.stage.block_sums[field] / self.plan.tp
+        return self.stage.per_tp_rank(field, self.plan.tp)
+
+    def per_microbatch(self, field: str, *, blocks_only: bool = False) -> float:
+        """A profiled quantity that grows with the batch (``fwd_flops``, ``bwd_op_bytes``, …) for
+        one micro-batch: :meth:`per_tp_rank` scaled by :attr:`batch_scale`."""
+        return self.per_tp_rank(field, blocks_only=blocks_only) * self.batch_scale
+
+    def pass_seconds(self, direction: str, *, blocks_only: bool = False) -> float:
+        """Seconds of one micro-batch's forward (``"fwd"``) or backward (``"bwd"``) over the stage
+        (or its blocks only) on one TP rank: the blocks' FLOPs at :attr:`block_matmul_efficiency`
+        of the rate, the embedding's and head's at all of it, unaligned GEMMs at
+        :attr:`unaligned_matmul_fraction` of either; plus the bytes operators without FLOPs move
+        (those of parameter-sized outputs, autocast's weight casts, at any micro-batch size)."""
+        flops = f"{direction}_flops"
+        blocks = self.per_microbatch(flops, blocks_only=True)
+        outside = 0.0 if blocks_only else self.per_microbatch(flops) - blocks
+        unaligned = self.per_microbatch(f"{direction}_unaligned_flops", blocks_only=blocks_only)
+        return ((blocks / self.block_matmul_efficiency + outside
+                 + unaligned * (1 / self.unaligned_matmul_fraction - 1)) / self.flops_per_second
+                + (self.per_microbatch(f"{direction}_op_bytes", blocks_only=blocks_only)
+                   + self.per_tp_rank(f"{direction}_param_op_bytes", blocks_only=blocks_only)) * self.seconds_per_op_byte)
+
+
+def rank_step(profile: ModelProfile, *, cluster: Cluster, workload: Workload,
+              plan: Plan) -> RankStep:
+    """Describe the most loaded rank's work (the pipeline rank whose stages have the most FLOPs);
+    :class:`UsageError` when the profile, workload and plan disagree on what a step is."""
+    if workload.seq_len and profile.seq_len and workload.seq_len != profile.seq_len:
+        raise UsageError(f"the profile was taken at seq_len={profile.seq_len}, the workload has "
+                         f"{workload.seq_len}: attention FLOPs do not scale linearly\n"
+                         f"HINT: profile the model at seq_len={workload.seq_len}")
+    if plan.global_batch_size != workload.global_batch_size:
+        raise UsageError(f"{plan.name} processes {plan.global_batch_size} samples per step, the "
+                         f"workload {workload.global_batch_size}\nHINT: micro_batch_size × "
+                         "microbatches × grad_accum × dp must equal the global batch")
+    curve = matmul_curve(cluster, plan.precision)
+    stage = busiest_stage(profile, plan)
+    return RankStep(profile=profile, cluster=cluster, plan=plan, optimizer=workload.optimizer,
+                    precision=get_precision(plan.precision), stage=stage, links=mesh_links(cluster, plan),
+                    flops_per_second=achievable_fraction(cluster, curve) * estimate_peak_flops(
+                        cluster, precision=plan.precision),
+                    block_matmul_efficiency=block_matmul_efficiency(profile, plan, stage, curve),
+                    unaligned_matmul_fraction=unaligned_matmul_fraction(cluster, plan.precision),
+                    seconds_per_op_byte=seconds_per_op_byte(cluster))
