@@ -435,6 +435,7 @@ def mesh_strides(degrees: tuple[int, ...]) -> Mapping[MeshAxis, int]:
     return MappingProxyType(strides)
 
 
+@functools.lru_cache(maxsize=1024)
 def even_stage_blocks(num_blocks: int, num_stages: int) -> tuple[int, ...]:
     """``num_blocks`` split into ``num_stages`` contiguous stages as evenly as possible (the
     earlier stages take the remainder)."""

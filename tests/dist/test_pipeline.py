@@ -24,7 +24,8 @@ from test_data_parallel import FP32, TIED_FP32, assert_matches_single_process
 from test_tensor_parallel import LLAMA_LAYOUT, TP_FP32
 from training import SEQ_LEN, Case, global_batches, train_single
 
-from stratagem.advisor.cost.memory import estimate_activations
+from stratagem.advisor.cost.activations import estimate_activations
+from stratagem.advisor.cost.rank_view import rank_view
 from stratagem.plan import Plan
 from stratagem.advisor.profile.profiler import profile_model
 from stratagem.errors import UsageError
@@ -130,7 +131,7 @@ def test_memory_model_holds_what_each_stage_holds(request, world, name):
     (tokens,), _ = preset.make_batch(case.plan.micro_batch_size, SEQ_LEN)
     profile = profile_model(preset.build(), (tokens,), precision="fp32",
                             loss_fn=lambda out: preset.loss(out, torch.zeros(out.shape[:-1], dtype=torch.long)))
-    estimated = [estimate_activations(profile, case.plan, rank=r) for r in range(case.plan.pp)]
+    estimated = [estimate_activations(rank_view(profile, case.plan, r)) for r in range(case.plan.pp)]
     assert run.facts["peak_saved_bytes"] == pytest.approx(estimated, rel=0.01)
 
 

@@ -8,15 +8,9 @@ import pytest
 import torch
 
 from stratagem.advisor.hardware import parse_cluster
-from stratagem.advisor.cost.memory import (
-    estimate_activations,
-    estimate_block_activations,
-    estimate_memory,
-    estimate_rank_memory,
-    StateLayout,
-    in_flight_microbatches,
-    state_layout,
-)
+from stratagem.advisor.cost.activations import estimate_activations, estimate_block_activations
+from stratagem.advisor.cost.memory import StateLayout, estimate_memory, estimate_rank_memory, state_layout
+from stratagem.advisor.cost.rank_view import in_flight_microbatches, rank_view
 from stratagem.plan import Plan, Workload
 from stratagem.advisor.profile.profiler import ModelProfile, SegmentProfile, profile_model
 from stratagem.advisor.profile.cache import profile_spec
@@ -93,12 +87,12 @@ def test_activations_scale_with_micro_batch_and_split_over_pipeline_stages():
     profile = _states_only(1000, num_blocks=8)
     profile = dataclasses.replace(profile, batch_size=2, blocks=tuple(
         dataclasses.replace(b, saved_bytes=1000, input_bytes=100) for b in profile.blocks))
-    base = estimate_activations(profile, Plan(micro_batch_size=2))
+    base = estimate_activations(rank_view(profile, Plan(micro_batch_size=2)))
     assert base == 8 * 1000
-    assert estimate_activations(profile, Plan(micro_batch_size=4)) == 2 * base
+    assert estimate_activations(rank_view(profile, Plan(micro_batch_size=4))) == 2 * base
     # 1F1B on 4 stages: the first holds 2 blocks × 4 micro-batches in flight = the whole model's.
-    assert estimate_activations(profile, Plan(pp=4, microbatches=8, micro_batch_size=2)) == base
-    assert estimate_activations(profile, Plan(pp=4, microbatches=8, micro_batch_size=2, pp_schedule="gpipe")) == 2 * base
+    assert estimate_activations(rank_view(profile, Plan(pp=4, microbatches=8, micro_batch_size=2))) == base
+    assert estimate_activations(rank_view(profile, Plan(pp=4, microbatches=8, micro_batch_size=2, pp_schedule="gpipe"))) == 2 * base
 
 
 def test_interleaving_keeps_korthikanti_s_share_of_layers():
@@ -107,7 +101,7 @@ def test_interleaving_keeps_korthikanti_s_share_of_layers():
         dataclasses.replace(b, saved_bytes=1000, input_bytes=100) for b in profile.blocks))
     plan = Plan(pp=4, microbatches=8, pp_schedule="interleaved-1f1b", pp_virtual=2)
     # §4.2.3: the first stage holds L·(1 + (p−1)/(p·v)) layers' activations, L = 8 layers.
-    assert estimate_activations(profile, plan) == pytest.approx(8 * 1000 * (1 + 3 / 8))
+    assert estimate_activations(rank_view(profile, plan)) == pytest.approx(8 * 1000 * (1 + 3 / 8))
 
 
 @pytest.mark.parametrize("runtime, optimizer", [("torch", "adamw"), ("deepspeed", "sgd")])

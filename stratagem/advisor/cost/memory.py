@@ -1,17 +1,18 @@
-"""Memory per rank for a Plan: model states sharded by ZeRO/TP/PP, activations, transient buffers.
+"""Memory per rank for a Plan: model states sharded by ZeRO/TP/PP, activations, buffers, and
+the moment of the step at which they peak together.
 
 Pipeline ranks differ: the first keeps the most micro-batches in flight, and the partition
 (``Plan.stage_blocks``) gives each rank its own blocks, the first the embedding and the last the
 head. :func:`estimate_memory` costs every rank that may be the most loaded
-(:func:`~stratagem.advisor.cost.stages.candidate_ranks`) and reports the fullest. Every term is a
-named ``estimate_*`` function returning bytes for one pipeline rank (``rank``, 0 by default);
-:func:`estimate_rank_memory` is their visible sum. The search costs thousands of plans that share
-most of them: :func:`estimate_memory` costs the model states once per layout (plans that differ
-only in micro-batching) and activations once per what they depend on, both exactly as
-:func:`estimate_rank_memory` would.
+(:func:`~stratagem.advisor.cost.stages.candidate_ranks`), each through its
+:class:`~stratagem.advisor.cost.rank_view.RankView`, and reports the fullest. Every term is a
+named ``estimate_*`` function returning bytes for one rank; :func:`estimate_rank_memory` is their
+visible sum. The search costs thousands of plans that share most of them: :func:`estimate_memory`
+costs the model states once per layout and activations once per what they depend on
+(:func:`~stratagem.advisor.memo.by_identity_and_plan`), exactly as :func:`estimate_rank_memory` would.
 
 Sources: model states — Rajbhandari et al. 2020 (ZeRO), §3 and Table 1; activations —
-Korthikanti et al. 2022, §4 (eq. 1–5) and §4.2.3 (in-flight micro-batches per schedule).
+:mod:`~stratagem.advisor.cost.activations`.
 """
 
 from __future__ import annotations
@@ -20,34 +21,35 @@ import functools
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from stratagem.advisor.cost.activations import RankActivations, rank_activations
 from stratagem.advisor.cost.estimate import MemoryBreakdown, device_bytes
+from stratagem.advisor.cost.rank_view import RankView, rank_view
+from stratagem.advisor.cost.stages import candidate_ranks
 from stratagem.advisor.hardware import Cluster
+from stratagem.advisor.memo import by_identity, by_identity_and_plan
+from stratagem.advisor.profile.model_profile import ModelProfile
 from stratagem.plan import Plan, Workload
 from stratagem.plan.precision import get_precision
-from stratagem.advisor.profile.model_profile import ModelProfile, SegmentProfile
-from stratagem.advisor.memo import by_identity, by_identity_and_fields
-from stratagem.advisor.cost.stages import PARTITION_FIELDS, Stage, candidate_ranks, rank_stages, virtual_stages
 
-# Kept free on every device: CUDA context, NCCL buffers and allocator fragmentation. The
-# context takes ~0.5 GiB on H100 (CUDA 12); NCCL reserves up to ~1 GiB per communicator set.
+# Device memory kept free: the CUDA context (~0.5 GiB on H100, CUDA 12), NCCL's buffers (up to
+# ~1 GiB per communicator set) and allocator fragmentation. Estimate; `calibrate` measures the
+# framework's own bytes apart (framework_bytes).
 RESERVED_BYTES = 2 * 2**30
 RESERVED_FRACTION = 0.05
-# Host memory of a catalog node whose RAM is unknown, per device: DGX A100/H100 carry 2 TiB for
-# 8 × 40-80 GB GPUs, cloud 8-GPU instances 1.1-2 TiB; twice the device memory is conservative.
+
+# Host RAM per byte of device memory on a catalog node whose RAM is unknown: DGX A100/H100 carry
+# 2 TiB for 8 × 40-80 GB GPUs, cloud 8-GPU instances 1.1-2 TiB (vendor specifications).
 HOST_MEMORY_PER_DEVICE_MEMORY = 2.0
-# Share of host memory offloaded states may take (the OS, data loaders and pinned buffers
-# need the rest). Estimate.
+
+# Share of host RAM offloaded states may take; the OS, data loaders and pinned buffers need the rest. Estimate.
 HOST_USABLE_FRACTION = 0.8
-# Gradients the loss's backward holds at once of the head's output (the logits): that of the
-# loss's input and that of the head's output before the loss's own ops (cross-entropy: the
-# log-softmax's output and input), each the logits' size in the loss's dtype (fp32 under autocast,
-# twice the bf16 logits': on an H200, bench/gpu_phases.py's GPT-2 at 16 × 1024 tokens peaks
-# 2 × 3.07 GiB above what its backward starts with); the reason chunked cross-entropy exists.
-LOSS_GRADIENT_COPIES = 2
-# Korthikanti et al. 2022, eq. 2: without SP, 10 of a block's 34·sbh bytes stay replicated
-# over the TP group (layer-norm inputs, attention and MLP inputs, dropout masks): five tensors
-# as wide as the block's input. Used until TP-sharded blocks are profiled directly.
-TP_REPLICATED_INPUT_WIDTHS = 5
+
+# What model states never depend on: a layout's plans differ only in these.
+_NOT_IN_MODEL_STATES = ("micro_batch_size", "microbatches", "grad_accum", "pp_schedule", "sequence_parallel",
+                        "activation_checkpointing", "tp_layout")
+# What activations never depend on: the data-parallel sharding, offload, precision (profiled in it).
+_NOT_IN_ACTIVATIONS = ("dp_replicate", "dp_shard", "zero", "offload", "precision", "grad_accum",
+                       "block_container", "tp_layout")
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,19 +117,19 @@ def _capacities(cluster: Cluster) -> tuple[float, float]:
     return usable_bytes(cluster.device.memory_bytes), usable_host_bytes_per_rank(cluster)
 
 
-def estimate_params_per_rank(profile: ModelProfile, plan: Plan, *, rank: int = 0) -> float:
-    """Parameters pipeline rank ``rank`` holds before ZeRO sharding: its blocks divided over TP,
-    the embedding and head whole (:meth:`~stratagem.advisor.cost.stages.Stage.per_tp_rank`)."""
-    return rank_stages(profile, plan)[rank].per_tp_rank("num_params", plan.tp)
+def estimate_params_per_rank(view: RankView) -> float:
+    """Parameters the rank holds before ZeRO sharding: its blocks divided over TP, the embedding
+    and head whole (:meth:`~stratagem.advisor.cost.stages.Stage.per_tp_rank`)."""
+    return view.per_tp_rank("num_params")
 
 
 def estimate_offloaded(params: float, plan: Plan, layout: StateLayout) -> float:
     """Model states held in host memory, bytes per rank: the rank's shard of gradients and
     optimizer states (``optimizer``), and of the weights too (``params``) — FSDP2's
     CPUOffloadPolicy, ZeRO-Offload (Ren et al. 2021). ``params``: the rank's before sharding."""
-    if plan.offload == "none":
+    if not plan.offloads:
         return 0.0
-    per_param = layout.grads + layout.optimizer + (layout.weights if plan.offload == "params" else 0)
+    per_param = layout.grads + layout.optimizer + (layout.weights if plan.offloads_parameters else 0)
     return per_param * params / plan.dp_shard
 
 
@@ -135,165 +137,45 @@ def estimate_parameters(params: float, plan: Plan, layout: StateLayout) -> float
     """Weights kept between steps, bytes per rank (``params``: the rank's before sharding):
     sharded over dp_shard by ZeRO-3 (ZeRO §3, P_os+g+p), and by ZeRO-2 where the runtime
     gathers them for the step (``layout.zero2_shards_weights``; the gathered copy is a buffer)."""
-    sharded = plan.zero == 3 or (plan.zero == 2 and layout.zero2_shards_weights)
+    sharded = plan.shards_parameters or (plan.shards_gradients and layout.zero2_shards_weights)
     shard = plan.dp_shard if sharded else 1
-    if plan.offload == "params":
+    if plan.offloads_parameters:
         return 0.0
     return layout.weights * params / shard
 
 
 def estimate_gradients(params: float, plan: Plan, layout: StateLayout) -> float:
     """Gradients, bytes per rank: sharded over dp_shard from ZeRO-2 (ZeRO §3, P_os+g)."""
-    if plan.offload != "none":
+    if plan.offloads:
         return 0.0  # offloaded shards are reduced straight to host memory
-    shard = plan.dp_shard if plan.zero >= 2 else 1
+    shard = plan.dp_shard if plan.shards_gradients else 1
     return layout.grads * params / shard
 
 
 def estimate_optimizer(params: float, plan: Plan, layout: StateLayout) -> float:
     """Optimizer states, bytes per rank: sharded over dp_shard from ZeRO-1 (ZeRO §3, P_os)."""
-    if plan.offload != "none":
+    if plan.offloads:
         return 0.0
-    shard = plan.dp_shard if plan.zero >= 1 else 1
+    shard = plan.dp_shard if plan.shards_optimizer else 1
     return layout.optimizer * params / shard
 
 
-def in_flight_microbatches(plan: Plan, *, rank: int = 0) -> float:
-    """Micro-batches whose activations pipeline rank ``rank`` holds at once, in units of the
-    rank's whole set of blocks (Korthikanti §4.2.3): the sum of :func:`in_flight_per_stage`
-    over ``pp_virtual`` — for rank 0 of interleaved 1F1B ``pp·(1 + (pp−1)/(pp·v))``, i.e.
-    L·(1 + (p−1)/(p·v)) layers' worth."""
-    return sum(in_flight_per_stage(plan, rank=rank)) / plan.pp_virtual
+def estimate_buffers(view: RankView, params: float) -> float:
+    """Bytes beyond the model states, ``params`` being the rank's parameters before sharding.
 
-
-def in_flight_per_stage(plan: Plan, *, rank: int) -> tuple[int, ...]:
-    """Micro-batches each of pipeline rank ``rank``'s (virtual) stages holds at the peak of its
-    schedule, as torch's schedules run them (``torch.distributed.pipelining.schedules``).
-
-    GPipe keeps every micro-batch. 1F1B runs ``pp − rank`` warm-up forwards before its first
-    backward: it holds ``min(pp − rank, m)``. Interleaved 1F1B runs ``(v − 1)·pp + 2·(pp −
-    rank − 1)`` warm-up forwards and one more before the first backward (of ``m·v`` at most),
-    forward ``k`` on virtual stage ``(k // pp) mod v``: the first virtual stages hold more.
-    Interleaved zero-bubble warms up the same way and is costed so (its deferred weight passes
-    keep their gradients' inputs a little longer; not counted).
-    """
-    return _in_flight(plan.pp, plan.pp_schedule, plan.pp_virtual, plan.microbatches, rank)
-
-
-@functools.lru_cache(maxsize=4096)
-def _in_flight(pp: int, schedule: str, v: int, m: int, rank: int) -> tuple[int, ...]:
-    if pp == 1 or schedule == "gpipe":
-        return (m,)
-    if schedule == "1f1b":
-        return (min(pp - rank, m),)
-    chunks = min((v - 1) * pp + 2 * (pp - rank - 1) + 1, m * v)
-    cycles, rest = divmod(chunks, pp * v)  # forwards go round the virtual stages, pp at a time
-    return tuple(cycles * pp + min(max(rest - j * pp, 0), pp) for j in range(v))
-
-
-def estimate_block_activations(block: SegmentProfile, plan: Plan, *, scale: float,
-                               checkpointing: str | None = None) -> float:
-    """Bytes one block keeps for backward for one micro-batch (``scale`` = micro-batch size /
-    profiled batch size), after checkpointing (the plan's, unless ``checkpointing`` is given),
-    TP and SP (Korthikanti eq. 1–5)."""
-    checkpointing = checkpointing or plan.activation_checkpointing
-    if checkpointing == "full":
-        kept = block.input_bytes * scale  # eq. 5: only the block's input (2sbh)
-        return kept / plan.tp if plan.sequence_parallel else kept
-    saved = block.saved_bytes
-    if checkpointing == "selective":
-        saved -= block.attention_saved_bytes  # eq. 4 drops 5as²b
-    saved *= scale
-    if plan.tp == 1 or plan.sequence_parallel:
-        return saved / plan.tp  # eq. 4: SP splits the replicated part too
-    replicated = min(saved, TP_REPLICATED_INPUT_WIDTHS * block.input_bytes * scale)
-    return replicated + (saved - replicated) / plan.tp  # eq. 2
-
-
-def estimate_activations(profile: ModelProfile, plan: Plan, *, rank: int = 0) -> float:
-    """Activation bytes on pipeline rank ``rank`` at the peak of its schedule: each of its
-    stages' activations per micro-batch times the micro-batches that stage holds
-    (:func:`in_flight_per_stage`).
-
-    With full checkpointing one block's activations are rebuilt at a time during backward:
-    that block's full saved bytes are added once.
-    """
-    scale = plan.micro_batch_size / profile.batch_size
-    total = sum(held * _per_microbatch(stage, plan, scale=scale) for stage, held in
-                zip(virtual_stages(profile, plan, rank=rank), in_flight_per_stage(plan, rank=rank)))
-    return total + _rebuilt_block(profile, plan, rank=rank)
-
-
-def _rebuilt_block(profile: ModelProfile, plan: Plan, *, rank: int) -> float:
-    """The largest of rank ``rank``'s blocks' full activations for one micro-batch under full
-    checkpointing (what its backward rebuilds, one block at a time); 0 without it."""
-    if plan.activation_checkpointing != "full":
-        return 0.0
-    return _largest_block(profile, plan, rank=rank, checkpointing="none")
-
-
-def _largest_block(profile: ModelProfile, plan: Plan, *, rank: int, checkpointing: str | None = None) -> float:
-    """The largest of :func:`estimate_block_activations` over rank ``rank``'s blocks (0 without)."""
-    scale = plan.micro_batch_size / profile.batch_size
-    return max((estimate_block_activations(b, plan, scale=scale, checkpointing=checkpointing)
-                for b, _ in rank_stages(profile, plan)[rank].kinds), default=0.0)
-
-
-def _stage_outputs(profile: ModelProfile, plan: Plan, *, rank: int) -> float:
-    """Bytes of the outputs pipeline rank ``rank``'s stages keep beside their saved activations:
-    torch's ``PipelineStage`` holds each in-flight micro-batch's output (the last stage's: the
-    logits) until that micro-batch's backward starts from it. None without a pipeline."""
-    if plan.pp == 1:
-        return 0.0
-    scale = plan.micro_batch_size / profile.batch_size
-    return scale * sum(held * stage.segments[-1].output_bytes for stage, held in
-                       zip(virtual_stages(profile, plan, rank=rank), in_flight_per_stage(plan, rank=rank)))
-
-
-def _rank_activations(profile: ModelProfile, plan: Plan, *, rank: int) -> RankActivations:
-    """:func:`estimate_activations` of rank ``rank`` and its stages' outputs (:func:`_stage_outputs`),
-    with the loss's gradients, what its backward frees first (the head's saved bytes, for one
-    micro-batch), holds per block and rebuilds (:func:`_rebuilt_block`)."""
-    scale = plan.micro_batch_size / profile.batch_size
-    head = [s for s in rank_stages(profile, plan)[rank].segments if s is profile.head]
-    rebuilt = _rebuilt_block(profile, plan, rank=rank)
-    return RankActivations(estimate_activations(profile, plan, rank=rank) + _stage_outputs(profile, plan, rank=rank),
-                           loss_grads=LOSS_GRADIENT_COPIES * scale * sum(_logits_gradient(s) for s in head),
-                           released=scale * sum(s.saved_bytes for s in head),
-                           block=rebuilt or _largest_block(profile, plan, rank=rank), rebuilt=rebuilt)
-
-
-def _logits_gradient(head: SegmentProfile) -> int:
-    """Bytes of one gradient of the logits as the loss's backward makes it: the largest tensor
-    the head's backward writes (the loss's dtype: fp32 under autocast), at least the head's
-    output (the profiled batch)."""
-    return max(head.output_bytes, head.bwd_largest_output_bytes)
-
-
-def _per_microbatch(stage: Stage, plan: Plan, *, scale: float) -> float:
-    """Bytes one micro-batch leaves saved on ``stage``: its blocks', and the embedding's or
-    head's (whole on every TP rank)."""
-    blocks = sum(n * estimate_block_activations(b, plan, scale=scale) for b, n in stage.kinds)
-    return blocks + stage.outside_blocks("saved_bytes") * scale
-
-
-def estimate_buffers(profile: ModelProfile, plan: Plan, params: float, *, rank: int = 0) -> float:
-    """Bytes beyond the model states: gathered FSDP units, DDP's gradient buckets, and
-    autocast's compute-dtype weight copies, which live from forward to backward. ``params``: the
-    rank's parameters before sharding. DDP (data parallelism over more than one rank, zero 0/1)
-    keeps a copy of every gradient in its buckets for the module's life (torch's
-    ``gradient_as_bucket_view=False``, the default, which the plugins keep). FSDP2 (ZeRO-3) holds the root unit (what lies outside the blocks: embedding, head)
-    gathered from its forward to its backward (it does not reshard the root after forward) and
-    a block unit and the next, prefetched; ZeRO-2 keeps every unit gathered until backward; a
-    plan without blocks has the root as its only unit."""
+    FSDP2 holds the root unit (embedding, head) gathered from its forward to its backward and a
+    block unit and the next, prefetched (ZeRO-3); ZeRO-2 keeps every unit gathered until backward;
+    a plan without blocks has the root as its only unit. DDP keeps a copy of every gradient in its
+    buckets for the module's life (``gradient_as_bucket_view=False``, torch's default, which the
+    plugins keep); autocast's compute-dtype weight copies live from forward to backward."""
+    plan = view.plan
     prec = get_precision(plan.precision)
-    stage = rank_stages(profile, plan)[rank]
-    if plan.zero >= 2:
-        if plan.zero == 2 or plan.block_container is None:
+    if plan.uses_fsdp:
+        if not plan.shards_parameters or plan.block_container is None:
             return params * prec.compute_bytes
-        return (stage.root_params + 2 * stage.largest_block_params / plan.tp) * prec.compute_bytes
-    copies = stage.per_tp_rank("saved_param_copy_bytes", plan.tp) if prec.autocast else 0.0
-    buckets = params * prec.param_bytes if plan.dp > 1 else 0.0  # DDP: a copy of every gradient, kept
+        return (view.stage.root_params + 2 * view.stage.largest_block_params / plan.tp) * prec.compute_bytes
+    copies = view.per_tp_rank("saved_param_copy_bytes") if prec.autocast else 0.0
+    buckets = params * prec.param_bytes if plan.dp > 1 else 0.0
     return buckets + copies
 
 
@@ -307,40 +189,23 @@ class RankStates(NamedTuple):
     unit_grads: float
 
 
-class RankActivations(NamedTuple):
-    """A rank's activations at the end of its forward (with a pipeline stage's kept outputs:
-    :func:`_stage_outputs`); ``loss_grads``: the gradients the loss's
-    backward makes of the head's output (on the last stage); ``released``: the activations its
-    backward frees first (the head's); ``block``: the largest block's alive while that block's
-    backward runs, for one micro-batch (as rebuilt under full checkpointing); ``rebuilt``: that
-    block's under full checkpointing, which the backward holds to its end (0 without it)."""
-
-    total: float
-    loss_grads: float
-    released: float
-    block: float
-    rebuilt: float
-
-
-def estimate_unsharded_gradients(profile: ModelProfile, plan: Plan, layout: StateLayout, *,
-                                 rank: int = 0) -> tuple[float, float]:
-    """Gradient bytes FSDP2 (ZeRO-2/3, torch's runtime) holds unsharded while backward runs,
-    beyond the sharded gradients: the root unit's head gradients, reduced only when the root's
-    backward ends (after the embedding's), and one block unit's, which the reduce-scatter then
-    copies into its input (two of them for a moment). Without FSDP, none: DDP reduces into its
-    buckets (:func:`estimate_buffers`); nor counted for a model without blocks (one unit)."""
-    if plan.zero < 2 or not layout.frees_gradients or plan.block_container is None:
+def estimate_unsharded_gradients(view: RankView, layout: StateLayout) -> tuple[float, float]:
+    """Gradient bytes FSDP2 holds unsharded while backward runs, beyond the sharded gradients: the
+    root unit's head gradients, reduced only when the root's backward ends (after the embedding's),
+    and one block unit's, which the reduce-scatter then copies into its input (two of them for a
+    moment). Without FSDP, none: DDP reduces into its buckets (:func:`estimate_buffers`); nor for a
+    model without blocks (one unit)."""
+    plan = view.plan
+    if not plan.uses_fsdp or not layout.frees_gradients or plan.block_container is None:
         return 0.0, 0.0
-    stage = rank_stages(profile, plan)[rank]
-    head = sum(s.num_params for s in stage.segments if s is profile.head)
-    return layout.grads * head, layout.grads * stage.largest_block_params / plan.tp
+    head = sum(s.num_params for s in view.head)
+    return layout.grads * head, layout.grads * view.stage.largest_block_params / plan.tp
 
 
 def estimate_memory(profile: ModelProfile, workload: Workload, plan: Plan, *, runtime: str = "torch",
                     framework: float = 0.0) -> MemoryBreakdown:
-    """Peak bytes per rank on the most loaded rank, term by term: every pipeline rank that may
-    be the most loaded is costed (:func:`~stratagem.advisor.cost.stages.candidate_ranks`), the
-    fullest reported. ``framework``: :func:`framework_bytes` of the cluster."""
+    """Peak bytes per rank on the most loaded rank, term by term: every pipeline rank that may be
+    the most loaded is costed, the fullest reported. ``framework``: :func:`framework_bytes`."""
     layout = state_layout(plan.precision, workload.optimizer, runtime=runtime)
     ranks = zip(_candidates_states(profile, plan, layout), _candidates_activations(profile, plan))
     apart = not gradients_meet_activations(plan, layout)
@@ -349,55 +214,52 @@ def estimate_memory(profile: ModelProfile, workload: Workload, plan: Plan, *, ru
 
 
 def gradients_meet_activations(plan: Plan, layout: StateLayout) -> bool:
-    """Whether a step's peak holds its gradients and its activations together. They meet where the
-    runtime keeps gradient buffers (``layout.frees_gradients`` false), and where a step runs
-    several forwards into the same gradients: gradient accumulation, and a pipeline's
-    micro-batches. Otherwise the gradients are None through the forward (``zero_grad(set_to_none=
-    True)``, torch's default) and come during backward as the activations they come from are freed:
-    the peak is the end of the forward (activations, no gradients) or of the backward (gradients,
-    activations freed), whichever holds more."""
+    """Whether a step's peak holds its gradients and its activations together: where the runtime
+    keeps gradient buffers (``layout.frees_gradients`` false), and where a step runs several
+    forwards into the same gradients (accumulation, a pipeline's micro-batches). Otherwise the
+    gradients are None through the forward (``zero_grad(set_to_none=True)``) and come during
+    backward as the activations they come from are freed."""
     return not layout.frees_gradients or plan.grad_accum > 1 or plan.pp > 1
 
 
 def framework_bytes(cluster: Cluster) -> float:
-    """Memory each rank's training process takes beyond the tensors of its plan (kernel
-    libraries' workspaces and caches, the autograd engine, allocator bookkeeping), bytes: as
-    ``stratagem calibrate`` measured it on the cluster (``NodeSpec.framework_bytes``); 0
-    uncalibrated, where the device reserve (:data:`RESERVED_BYTES`) stands for it."""
+    """Memory each rank's training process takes beyond its plan's tensors (kernel libraries'
+    workspaces, the autograd engine, allocator bookkeeping), bytes: as ``stratagem calibrate``
+    measured it (``NodeSpec.framework_bytes``); 0 uncalibrated, where :data:`RESERVED_BYTES` stands."""
     return cluster.node.framework_bytes or 0.0
 
 
 def estimate_rank_memory(profile: ModelProfile, plan: Plan, layout: StateLayout, *, rank: int,
                          framework: float = 0.0) -> MemoryBreakdown:
     """Peak bytes of pipeline rank ``rank``, term by term (``framework``: :func:`framework_bytes`)."""
-    return _with_activations(_model_states(profile, plan, layout, rank), _rank_activations(profile, plan, rank=rank),
-                             framework, not gradients_meet_activations(plan, layout))
+    view = rank_view(profile, plan, rank)
+    return _with_activations(_model_states(view, layout), rank_activations(view), framework,
+                             not gradients_meet_activations(plan, layout))
 
 
-def _model_states(profile: ModelProfile, plan: Plan, layout: StateLayout, rank: int) -> RankStates:
-    """Every term of rank ``rank`` but activations and framework: what micro-batching leaves alone."""
-    params = estimate_params_per_rank(profile, plan, rank=rank)
+def _model_states(view: RankView, layout: StateLayout) -> RankStates:
+    """Every term of the rank but activations and framework: what micro-batching leaves alone."""
+    plan = view.plan
+    params = estimate_params_per_rank(view)
     states = MemoryBreakdown(
         parameters=estimate_parameters(params, plan, layout),
         gradients=estimate_gradients(params, plan, layout),
         optimizer=estimate_optimizer(params, plan, layout),
         activations=0.0,
-        buffers=estimate_buffers(profile, plan, params, rank=rank),
+        buffers=estimate_buffers(view, params),
         host=estimate_offloaded(params, plan, layout),
     )
-    return RankStates(states, *estimate_unsharded_gradients(profile, plan, layout, rank=rank))
+    return RankStates(states, *estimate_unsharded_gradients(view, layout))
 
 
 def _alive_at_peak(states: RankStates, activations: RankActivations, apart: bool) -> tuple[float, float]:
-    """Gradients and activations at the peak. Where they meet (not ``apart``:
-    :func:`gradients_meet_activations`), all of both, with the unsharded ones
-    (:class:`RankStates`), and the loss's gradients (:class:`RankActivations`). Otherwise the
-    fullest of three moments: the loss's backward (every activation and the gradients of the
-    head's output, no parameter gradient yet); the end of the first block's backward (the
-    activations but the head's; the head's gradients and the block unit's twice, as the
-    reduce-scatter copies them, while the block's activations are freed: a block unit's
-    gradients grow as its activations go); the backward's end (every gradient, and the block
-    full checkpointing rebuilt last, likewise)."""
+    """Gradients and activations at the peak. Where they meet (not ``apart``), all of both, with
+    the unsharded gradients and the loss's. Otherwise the fullest of three moments: the loss's
+    backward (every activation and the gradients of the head's output, no parameter gradient
+    yet); the end of the first block's backward (the activations but the head's; the head's
+    gradients and the block unit's twice, as the reduce-scatter copies them, while the block's
+    activations are freed); the backward's end (every gradient, and the block full checkpointing
+    rebuilt last, likewise)."""
     unit = states.unit_grads
     unsharded = states.head_grads + 2 * unit
     if not apart:
@@ -426,18 +288,14 @@ def _fullness(states: RankStates, activations: RankActivations, framework: float
     return device_bytes(kept.parameters, gradients, kept.optimizer, alive, kept.buffers, framework), kept.host
 
 
-@by_identity_and_fields(*PARTITION_FIELDS, "tp", "zero", "dp_shard", "dp_replicate", "offload", "precision",
-                        "block_container")
+@by_identity_and_plan(ignoring=_NOT_IN_MODEL_STATES)
 def _candidates_states(profile: ModelProfile, plan: Plan, layout: StateLayout) -> tuple[RankStates, ...]:
-    """:func:`_model_states` of each of :func:`candidate_ranks`, costed once for the plans of a
-    layout: they differ only in micro-batching."""
-    return tuple(_model_states(profile, plan, layout, r) for r in candidate_ranks(profile, plan))
+    """:func:`_model_states` of each of :func:`candidate_ranks`, once for the plans of a layout."""
+    return tuple(_model_states(rank_view(profile, plan, r), layout) for r in candidate_ranks(profile, plan))
 
 
-@by_identity_and_fields(*PARTITION_FIELDS, "pp_schedule", "microbatches", "micro_batch_size", "tp",
-                        "sequence_parallel", "activation_checkpointing")
+@by_identity_and_plan(ignoring=_NOT_IN_ACTIVATIONS)
 def _candidates_activations(profile: ModelProfile, plan: Plan) -> tuple[RankActivations, ...]:
-    """:func:`_rank_activations` of each of :func:`candidate_ranks`, costed once for the plans
-    that differ only in what activations do not depend on (ZeRO stage, data-parallel degrees,
-    offload)."""
-    return tuple(_rank_activations(profile, plan, rank=r) for r in candidate_ranks(profile, plan))
+    """:func:`~stratagem.advisor.cost.activations.rank_activations` of each of :func:`candidate_ranks`,
+    once for the plans that differ only in what activations do not depend on."""
+    return tuple(rank_activations(rank_view(profile, plan, r)) for r in candidate_ranks(profile, plan))

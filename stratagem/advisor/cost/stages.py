@@ -3,23 +3,21 @@
 The search costs tens of thousands of plans for one profile and a handful of partitions;
 summing 80 blocks for every plan would dominate it. A :class:`Stage` holds one rank's segments,
 their per-field sums, and its blocks folded into kinds (identical blocks with a count), so a
-cost term is a few multiplications, and a plan's stages are looked up by the fields they follow
-from (:data:`PARTITION_FIELDS`), not rebuilt per plan. The stages are exactly the plan's partition
-(:meth:`~stratagem.plan.Plan.blocks_per_stage`): pipeline rank ``r`` holds stages
-``r, r + pp, …`` (one per virtual stage), the embedding with stage 0, the head with the last.
+cost term is a few multiplications. A plan's stages are looked up by its partition
+(:func:`partition`: the pipeline degree and the blocks per stage, which every function here
+keys on), not rebuilt per plan: pipeline rank ``r`` holds stages ``r, r + pp, …`` (one per
+virtual stage), the embedding with stage 0, the head with the last.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from stratagem.advisor.memo import by_identity, by_identity_and_fields
+from stratagem.advisor.memo import by_identity
 from stratagem.advisor.profile.model_profile import ModelProfile, SegmentProfile
 from stratagem.plan import Plan
 
 _SUMMED = tuple(f.name for f in fields(SegmentProfile) if f.type in ("int", int))
-PARTITION_FIELDS = ("pp", "pp_virtual", "stage_blocks")
-"""The Plan fields its stages follow from (:meth:`~stratagem.plan.Plan.blocks_per_stage`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,21 +54,22 @@ class Stage:
         return self.block_sums[field] / tp + self.outside_blocks(field)
 
 
-@by_identity_and_fields(*PARTITION_FIELDS)
+def partition(profile: ModelProfile, plan: Plan) -> tuple[int, tuple[int, ...]]:
+    """What a plan's stages follow from: its pipeline degree and blocks per stage
+    (:meth:`~stratagem.plan.Plan.blocks_per_stage`)."""
+    return plan.pp, plan.blocks_per_stage(len(profile.blocks))
+
+
 def busiest_stage(profile: ModelProfile, plan: Plan) -> Stage:
     """The pipeline rank with the most FLOPs, all its stages together."""
-    return max(rank_stages(profile, plan), key=lambda s: s.sums["fwd_flops"] + s.sums["bwd_flops"])
+    return _busiest(profile, *partition(profile, plan))
 
 
-@by_identity_and_fields(*PARTITION_FIELDS)
 def others_share(profile: ModelProfile, plan: Plan, *fields: str) -> float:
     """The other pipeline ranks' ``fields`` (summed) over the busiest rank's (:func:`busiest_stage`):
     ``pp − 1`` when the stages are equal, less when the busiest holds more, such as the head.
     Of forward and backward FLOPs: how many of its micro-batches a pipeline's fill and drain take."""
-    busiest = busiest_stage(profile, plan)
-    own = sum(busiest.sums[f] for f in fields)
-    total = sum(stage.sums[f] for stage in rank_stages(profile, plan) for f in fields)
-    return (total - own) / own if own else plan.pp - 1.0
+    return _others_share(profile, *partition(profile, plan), fields)
 
 
 def whole_model(profile: ModelProfile) -> Stage:
@@ -78,18 +77,40 @@ def whole_model(profile: ModelProfile) -> Stage:
     return _ranks(profile, 1, (len(profile.blocks),))[0]
 
 
-@by_identity_and_fields(*PARTITION_FIELDS)
 def rank_stages(profile: ModelProfile, plan: Plan) -> tuple[Stage, ...]:
     """One :class:`Stage` per pipeline rank, for the partition ``plan`` carries."""
-    return _ranks(profile, plan.pp, plan.blocks_per_stage(len(profile.blocks)))
+    return _ranks(profile, *partition(profile, plan))
 
 
-@by_identity_and_fields(*PARTITION_FIELDS)
 def candidate_ranks(profile: ModelProfile, plan: Plan) -> tuple[int, ...]:
     """The pipeline ranks that may be the most loaded in memory: those no lower rank dominates.
     A lower rank keeps at least as many micro-batches in flight under every schedule, so one
     that also holds at least as much of everything (each block kind, every summed field, the
     activations outside the blocks, the largest block) needs at least as much memory."""
+    return _candidates(profile, *partition(profile, plan))
+
+
+def virtual_stages(profile: ModelProfile, plan: Plan, *, rank: int) -> tuple[Stage, ...]:
+    """Pipeline rank ``rank``'s stages one by one (``pp_virtual`` of them), in schedule order."""
+    pp, stage_blocks = partition(profile, plan)
+    return _parts(profile, stage_blocks)[rank::pp]
+
+
+@by_identity
+def _busiest(profile: ModelProfile, pp: int, stage_blocks: tuple[int, ...]) -> Stage:
+    return max(_ranks(profile, pp, stage_blocks), key=lambda s: s.sums["fwd_flops"] + s.sums["bwd_flops"])
+
+
+@by_identity
+def _others_share(profile: ModelProfile, pp: int, stage_blocks: tuple[int, ...], fields: tuple[str, ...]) -> float:
+    busiest = _busiest(profile, pp, stage_blocks)
+    own = sum(busiest.sums[f] for f in fields)
+    total = sum(stage.sums[f] for stage in _ranks(profile, pp, stage_blocks) for f in fields)
+    return (total - own) / own if own else pp - 1.0
+
+
+@by_identity
+def _candidates(profile: ModelProfile, pp: int, stage_blocks: tuple[int, ...]) -> tuple[int, ...]:
     kinds = sorted({b.measured_as or b.name for b in profile.blocks})
 
     def load(stage: Stage) -> tuple[int, ...]:
@@ -98,15 +119,10 @@ def candidate_ranks(profile: ModelProfile, plan: Plan) -> tuple[int, ...]:
                 *(counts.get(k, 0) for k in kinds))
 
     # virtual stage by virtual stage: a lower rank keeps at least as many in flight on each
-    pp, parts = plan.pp, _parts(profile, plan.blocks_per_stage(len(profile.blocks)))
+    parts = _parts(profile, stage_blocks)
     loads = [tuple(x for part in parts[rank::pp] for x in load(part)) for rank in range(pp)]
     return tuple(r for r, mine in enumerate(loads)
                  if not any(all(a >= b for a, b in zip(loads[lower], mine)) for lower in range(r)))
-
-
-def virtual_stages(profile: ModelProfile, plan: Plan, *, rank: int) -> tuple[Stage, ...]:
-    """Pipeline rank ``rank``'s stages one by one (``pp_virtual`` of them), in schedule order."""
-    return _parts(profile, plan.blocks_per_stage(len(profile.blocks)))[rank::plan.pp]
 
 
 @by_identity

@@ -1,0 +1,114 @@
+"""Activation memory of one pipeline rank: what its blocks keep for backward per micro-batch,
+times the micro-batches its schedule holds, after checkpointing and TP/SP; the outputs a pipeline
+stage keeps; and the gradients the loss's backward makes of the logits.
+
+Sources: Korthikanti et al. 2022, §4 (eq. 1–5) and §4.2.3 (in-flight micro-batches per schedule).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from stratagem.advisor.cost.rank_view import RankView
+from stratagem.advisor.cost.stages import Stage
+from stratagem.advisor.profile.model_profile import SegmentProfile
+from stratagem.plan import Plan
+
+# Gradients of the logits the loss's backward holds at once (cross-entropy: its input's and the
+# head's output's), each the logits' size in the loss's dtype: measured by bench/gpu_phases.py.
+LOSS_GRADIENT_COPIES = 2
+
+# Tensors as wide as a block's input that stay replicated over the TP group without SP (layer-norm,
+# attention and MLP inputs, dropout masks): 10 of 34·sbh bytes, Korthikanti et al. 2022, eq. 2.
+TP_REPLICATED_INPUT_WIDTHS = 5
+
+
+class RankActivations(NamedTuple):
+    """A rank's activations at the end of its forward (with a pipeline stage's kept outputs);
+    ``loss_grads``: the gradients the loss's backward makes of the head's output (on the last
+    stage); ``released``: the activations its backward frees first (the head's); ``block``: the
+    largest block's, alive while that block's backward runs (as rebuilt under full checkpointing);
+    ``rebuilt``: that block's under full checkpointing, which the backward holds to its end (0
+    without it)."""
+
+    total: float
+    loss_grads: float
+    released: float
+    block: float
+    rebuilt: float
+
+
+def estimate_block_activations(block: SegmentProfile, plan: Plan, *, scale: float,
+                               checkpointing: str | None = None) -> float:
+    """Bytes one block keeps for backward for one micro-batch (``scale`` = micro-batch size /
+    profiled batch size), after checkpointing (the plan's, unless ``checkpointing`` is given),
+    TP and SP (Korthikanti eq. 1–5)."""
+    checkpointing = checkpointing or plan.activation_checkpointing
+    if checkpointing == "full":
+        kept = block.input_bytes * scale  # eq. 5: only the block's input (2sbh)
+        return kept / plan.tp if plan.sequence_parallel else kept
+    saved = block.saved_bytes
+    if checkpointing == "selective":
+        saved -= block.attention_saved_bytes  # eq. 4 drops 5as²b
+    saved *= scale
+    if plan.tp == 1 or plan.sequence_parallel:
+        return saved / plan.tp  # eq. 4: SP splits the replicated part too
+    replicated = min(saved, TP_REPLICATED_INPUT_WIDTHS * block.input_bytes * scale)
+    return replicated + (saved - replicated) / plan.tp  # eq. 2
+
+
+def estimate_activations(view: RankView) -> float:
+    """Activation bytes on the rank at the peak of its schedule: each of its stages' activations
+    per micro-batch times the micro-batches that stage holds; under full checkpointing, plus the
+    full activations of the one block its backward rebuilds at a time."""
+    total = sum(held * _per_microbatch(stage, view.plan, scale=view.scale)
+                for stage, held in zip(view.virtual, view.in_flight))
+    return total + _rebuilt_block(view)
+
+
+def rank_activations(view: RankView) -> RankActivations:
+    """:func:`estimate_activations` of the rank and its stages' kept outputs, with the loss's
+    gradients, what its backward frees first (the head's saved bytes, for one micro-batch), holds
+    per block and rebuilds."""
+    rebuilt = _rebuilt_block(view)
+    return RankActivations(estimate_activations(view) + _stage_outputs(view),
+                           loss_grads=LOSS_GRADIENT_COPIES * view.scale * sum(_logits_gradient(s) for s in view.head),
+                           released=view.scale * sum(s.saved_bytes for s in view.head),
+                           block=rebuilt or _largest_block(view), rebuilt=rebuilt)
+
+
+def _rebuilt_block(view: RankView) -> float:
+    """The largest of the rank's blocks' full activations for one micro-batch under full
+    checkpointing (what its backward rebuilds, one block at a time); 0 without it."""
+    if not view.plan.recomputes_blocks:
+        return 0.0
+    return _largest_block(view, checkpointing="none")
+
+
+def _largest_block(view: RankView, *, checkpointing: str | None = None) -> float:
+    """The largest of :func:`estimate_block_activations` over the rank's blocks (0 without)."""
+    return max((estimate_block_activations(b, view.plan, scale=view.scale, checkpointing=checkpointing)
+                for b, _ in view.stage.kinds), default=0.0)
+
+
+def _stage_outputs(view: RankView) -> float:
+    """Bytes of the outputs the rank's pipeline stages keep beside their saved activations: torch's
+    ``PipelineStage`` holds each in-flight micro-batch's output (the last stage's: the logits)
+    until that micro-batch's backward starts from it. None without a pipeline."""
+    if view.plan.pp == 1:
+        return 0.0
+    return view.scale * sum(held * stage.segments[-1].output_bytes
+                            for stage, held in zip(view.virtual, view.in_flight))
+
+
+def _logits_gradient(head: SegmentProfile) -> int:
+    """Bytes of one gradient of the logits as the loss's backward makes it: the largest tensor the
+    head's backward writes (the loss's dtype: fp32 under autocast), at least the head's output."""
+    return max(head.output_bytes, head.bwd_largest_output_bytes)
+
+
+def _per_microbatch(stage: Stage, plan: Plan, *, scale: float) -> float:
+    """Bytes one micro-batch leaves saved on ``stage``: its blocks', and the embedding's or
+    head's (whole on every TP rank)."""
+    blocks = sum(n * estimate_block_activations(b, plan, scale=scale) for b, n in stage.kinds)
+    return blocks + stage.outside_blocks("saved_bytes") * scale
