@@ -13,6 +13,7 @@ from stratagem.plan.plan import (
     TP_STYLES,
     MeshAxis,
     Plan,
+    admitted_offloads,
     even_stage_blocks,
     zero_bubble_refuses,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "MeshAxis",
     "Plan",
     "Workload",
+    "admitted_offloads",
     "even_stage_blocks",
     "zero_bubble_refuses",
 ]

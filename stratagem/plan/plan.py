@@ -57,6 +57,12 @@ def _check_tp_layout(layout: tuple[tuple[str, str], ...]) -> None:
 
 
 
+def admitted_offloads(zero: int) -> tuple[str, ...]:
+    """The ``offload`` values ZeRO stage ``zero`` admits: FSDP2's CPU offload moves sharded
+    optimizer states and gradients from ZeRO-2, and the parameters' shards too at ZeRO-3."""
+    return OFFLOAD[:1 + (zero >= 2) + (zero == 3)]
+
+
 def zero_bubble_refuses(*, dp: int, activation_checkpointing: str) -> str | None:
     """Why the ``interleaved-zb`` schedule (torch's ``ScheduleInterleavedZeroBubble``, which
     runs each weight-gradient pass apart from its input-gradient pass) cannot train with these
@@ -159,10 +165,10 @@ class Plan:
         if self.shards_optimizer_only and self.dp_replicate > 1:
             raise UsageError("Plan.zero=1 shards optimizer states over every data-parallel rank; "
                              f"dp_replicate={self.dp_replicate} must be 1\nHINT: put the degree in dp_shard")
-        if self.offloads and not self.uses_fsdp:
+        if self.offload not in admitted_offloads(self.zero):
+            if self.offloads_parameters and self.uses_fsdp:
+                raise UsageError("Plan.offload='params' needs zero=3: parameters live sharded on the CPU")
             raise UsageError(f"Plan.offload={self.offload!r} needs zero>=2 (FSDP's CPU offload)")
-        if self.offloads_parameters and not self.shards_parameters:
-            raise UsageError("Plan.offload='params' needs zero=3: parameters live sharded on the CPU")
 
     def _check_pipeline(self) -> None:
         if self.pp == 1:

@@ -110,13 +110,13 @@ def check_applicable(plan: Plan) -> None:
     """Raise :class:`UsageError` for the plan features the plugins cannot apply yet, and for
     checkpointing without blocks."""
     check_tp_layout_given(plan)
-    if plan.tp > 1 and plan.zero < 2 and plan.dp > 1:
+    if plan.tp > 1 and not plan.uses_fsdp and plan.dp > 1:
         # DDP cannot hold DTensor parameters: its initial broadcast fails on "mixed torch.Tensor and
         # DTensor"; torch's private pre_dp_module_transform workaround is untested for nested modules.
         raise UsageError(f"plan {plan.name}: DDP (zero {plan.zero}) does not compose with tensor "
                          f"parallelism here (DDP cannot hold TP's DTensor parameters)\nHINT: use zero=2 or "
                          "zero=3 (FSDP over dp_shard, or HSDP with dp_replicate), which shards DTensors")
-    if plan.activation_checkpointing != "none" and plan.block_container is None:
+    if plan.checkpoints and plan.block_container is None:
         raise UsageError(f"activation_checkpointing={plan.activation_checkpointing!r} checkpoints each "
                          "block, but the plan names no block_container\n"
                          "HINT: set Plan.block_container to the FQN of the ModuleList holding the blocks "

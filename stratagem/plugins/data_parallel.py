@@ -46,7 +46,7 @@ def apply_data_parallel(module: nn.Module, plan: Plan, mesh: DeviceMesh) -> nn.M
     """Wrap ``module`` in DDP (``zero`` 0/1) or shard it with FSDP2 (``zero >= 2``) on ``mesh``;
     returns the module to train (a new DDP wrapper, or ``module`` itself, changed in place)."""
     axes = data_parallel_axes(plan)
-    if plan.zero >= 2:
+    if plan.uses_fsdp:
         apply_fully_shard(module, plan, submesh(mesh, axes))
         return module
     if not axes:
@@ -56,7 +56,7 @@ def apply_data_parallel(module: nn.Module, plan: Plan, mesh: DeviceMesh) -> nn.M
     device = next(module.parameters()).device
     device_ids = [device] if device.type != "cpu" else None
     log.info("data parallel: DDP over %s (%d ranks)%s", axes[0], group.size(),
-             ", optimizer states sharded (ZeRO-1)" if plan.zero == 1 else "")
+             ", optimizer states sharded (ZeRO-1)" if plan.shards_optimizer_only else "")
     return DistributedDataParallel(module, device_ids=device_ids, process_group=group)
 
 
@@ -64,7 +64,7 @@ def apply_fully_shard(module: nn.Module, plan: Plan, dp_mesh: DeviceMesh) -> Non
     """``fully_shard`` each block, then the root, on ``dp_mesh`` (1-D FSDP or 2-D HSDP), in place."""
     options: dict[str, Any] = {
         "mesh": dp_mesh,
-        "reshard_after_forward": plan.zero == 3,
+        "reshard_after_forward": plan.shards_parameters,
         "mp_policy": mixed_precision_policy(plan),
         "offload_policy": offload_policy(plan),
     }
@@ -83,7 +83,7 @@ def apply_fully_shard(module: nn.Module, plan: Plan, dp_mesh: DeviceMesh) -> Non
 
 def offload_policy(plan: Plan) -> OffloadPolicy:
     """FSDP2's offload policy for ``plan.offload``; pinned memory only when CUDA is available."""
-    if plan.offload == "none":
+    if not plan.offloads:
         return OffloadPolicy()
     if plan.offload == "optimizer":
         raise UsageError("offload='optimizer' keeps parameters on the device and only optimizer "
@@ -101,7 +101,7 @@ def build_optimizer(module: nn.Module, plan: Plan, optimizer_cls: type[torch.opt
     bucket per rank (``parameters_as_bucket_view``): after its step each rank broadcasts its
     bucket, one collective per rank instead of one per parameter tensor. FSDP's parameters are
     already sharded (``zero >= 2``)."""
-    if plan.zero != 1:
+    if not plan.shards_optimizer_only:
         return optimizer_cls(module.parameters(), **optimizer_kwargs)
     wrapped = list(module) if isinstance(module, nn.ModuleList) else [module]
     if not all(isinstance(m, DistributedDataParallel) for m in wrapped):

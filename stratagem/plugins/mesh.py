@@ -26,7 +26,7 @@ def mesh_axes(plan: Plan) -> dict[MeshAxis, int]:
     """The axes :func:`build_mesh` keeps for ``plan`` and their degrees, outermost first."""
     kept = {
         axis: degree for axis, degree in plan.mesh_shape.items()
-        if degree > 1 or (axis is MeshAxis.DP_SHARD and plan.zero >= 2)
+        if degree > 1 or (axis is MeshAxis.DP_SHARD and plan.uses_fsdp)
     }
     return kept or {MeshAxis.DP_REPLICATE: 1}
 
@@ -59,9 +59,9 @@ def data_parallel_axes(plan: Plan) -> tuple[MeshAxis, ...]:
     ``dp_shard``; ``zero >= 2`` is FSDP over ``dp_shard``, HSDP over both when
     ``dp_replicate > 1``.
     """
-    if plan.zero == 0:
+    if not plan.shards_optimizer:
         return (MeshAxis.DP_REPLICATE,) if plan.dp_replicate > 1 else ()
-    if plan.zero == 1:
+    if plan.shards_optimizer_only:
         return (MeshAxis.DP_SHARD,)
     if plan.dp_replicate > 1:
         return (MeshAxis.DP_REPLICATE, MeshAxis.DP_SHARD)

@@ -54,7 +54,7 @@ from torch.distributed.pipelining import (
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils._pytree import tree_leaves, tree_map_only
 
-from stratagem.plan import INTERLEAVED_SCHEDULES, MeshAxis, Plan
+from stratagem.plan import MeshAxis, Plan
 from stratagem.errors import UsageError
 from stratagem.plugins.blocks import find_blocks
 from stratagem.plugins.precision import autocast_context
@@ -214,7 +214,7 @@ def build_schedule(stage_modules: list[nn.Module], plan: Plan, mesh: DeviceMesh,
     stages = [PipelineStage(m, index, plan.num_stages, device, group=pp_mesh.get_group())
               for m, index in zip(stage_modules, stage_indices(plan, pp_rank))]
     cls = _SCHEDULES[plan.pp_schedule]
-    first = stages if plan.pp_schedule in INTERLEAVED_SCHEDULES else stages[0]
+    first = stages if plan.is_interleaved else stages[0]
     return cls(first, plan.microbatches, loss_fn=loss_fn, scale_grads=True)
 
 

@@ -47,7 +47,7 @@ def autocast_context(plan: Plan, device_type: str) -> AbstractContextManager:
     ``*-mixed`` plans that DDP applies (``zero`` 0/1), a ``nullcontext`` otherwise (FSDP's
     mixed-precision policy casts for ``zero >= 2``; fp32 and bf16-true need no cast)."""
     precision = get_precision(plan.precision)
-    if not precision.autocast or plan.zero >= 2:
+    if not precision.autocast or plan.uses_fsdp:
         return nullcontext()
     return torch.autocast(device_type, dtype=torch_dtype(precision.compute_dtype))
 

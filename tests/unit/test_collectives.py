@@ -8,7 +8,6 @@ import math
 import pytest
 
 from stratagem.advisor.cost.collectives import (
-    axis_stride,
     estimate_all_gather_seconds,
     estimate_all_reduce_seconds,
     estimate_p2p_seconds,
@@ -54,7 +53,7 @@ def test_nothing_to_do_costs_nothing(estimate):
 
 def test_axis_strides_follow_the_mesh_order():
     plan = Plan(pp=2, dp_replicate=2, dp_shard=2, tp=4, zero=3, microbatches=2)
-    strides = {axis: axis_stride(plan, axis) for axis in MeshAxis}
+    strides = dict(plan.mesh_strides)
     assert strides == {MeshAxis.TP: 1, MeshAxis.DP_SHARD: 4, MeshAxis.DP_REPLICATE: 8,
                        MeshAxis.PP: 16}
 

@@ -17,6 +17,7 @@ import math
 from stratagem.advisor.hardware.spec import Cluster, LinkSpec, NetworkSpec
 from stratagem.advisor.memo import by_identity
 from stratagem.plan import MeshAxis, Plan
+from stratagem.plan.plan import mesh_strides
 from stratagem.errors import UsageError
 
 
@@ -70,23 +71,11 @@ def _ring_seconds(num_bytes: float, *, group_size: int, bandwidth: float, latenc
 # -- which link a group crosses -----------------------------------------------------------
 
 
-def axis_stride(plan: Plan, axis: MeshAxis | str) -> int:
-    """Rank distance between neighbours of one ``axis`` group, from the mesh order
-    pp × dp_replicate × dp_shard × tp (tp innermost, stride 1)."""
-    return _stride(plan.tp, plan.dp_shard, plan.dp_replicate, MeshAxis(axis))
-
-
-def _stride(tp: int, dp_shard: int, dp_replicate: int, axis: MeshAxis) -> int:
-    inner = {MeshAxis.TP: 1, MeshAxis.DP_SHARD: tp, MeshAxis.DP_REPLICATE: tp * dp_shard,
-             MeshAxis.PP: tp * dp_shard * dp_replicate}
-    return inner[axis]
-
-
 def group_link(cluster: Cluster, plan: Plan, axis: MeshAxis | str) -> tuple[float, float]:
     """``(bandwidth, latency)`` one rank of an ``axis`` group reaches: bytes/s per direction
     after efficiency, and seconds per message. A group of one rank crosses nothing: ``(inf, 0)``.
 
-    Ranks ``stride`` apart are neighbours (:func:`axis_stride`); ``devices_per_node`` ranks fill
+    Ranks ``stride`` apart are neighbours (``Plan.mesh_strides``); ``devices_per_node`` ranks fill
     a node. A group inside one node uses the node's link when its span fits the link's domain
     (NVSwitch: the node; bridged pairs: 2), else the host link (PCIe through the root complex).
     A group that spans nodes runs a ring whose inter-node hops carry each node's whole share
@@ -106,22 +95,19 @@ def mesh_links(cluster: Cluster, plan: Plan, op: str | None = None) -> dict[Mesh
     that collective's own calibrated α and β where the node has them
     (``NodeSpec.collectives``, the fit for the group's size or the nearest measured): backends
     reach different rates for each."""
-    return _mesh_links(cluster, plan.pp, plan.dp_replicate, plan.dp_shard, plan.tp, op)
+    return _mesh_links(cluster, plan.mesh_degrees, op)
 
 
 @by_identity
-def _mesh_links(cluster: Cluster, pp: int, dp_replicate: int, dp_shard: int,
-                tp: int, op: str | None) -> dict[MeshAxis, tuple[float, float]]:
-    return {axis: _group_link(cluster, pp, dp_replicate, dp_shard, tp, axis, op) for axis in MeshAxis}
+def _mesh_links(cluster: Cluster, degrees: tuple[int, ...], op: str | None) -> dict[MeshAxis, tuple[float, float]]:
+    strides = mesh_strides(degrees)
+    return {axis: _group_link(cluster, size, strides[axis], axis, op) for axis, size in zip(MeshAxis, degrees)}
 
 
-def _group_link(cluster: Cluster, pp: int, dp_replicate: int, dp_shard: int, tp: int,
-                axis: MeshAxis, op: str | None = None) -> tuple[float, float]:
-    size = {MeshAxis.PP: pp, MeshAxis.DP_REPLICATE: dp_replicate, MeshAxis.DP_SHARD: dp_shard,
-            MeshAxis.TP: tp}[axis]
+def _group_link(cluster: Cluster, size: int, stride: int, axis: MeshAxis, op: str | None) -> tuple[float, float]:
+    """:func:`group_link` of an ``axis`` group of ``size`` ranks ``stride`` apart."""
     if size == 1:
         return math.inf, 0.0
-    stride = _stride(tp, dp_shard, dp_replicate, axis)
     per_node = cluster.devices_per_node
     members_per_node = max(1, min(size, per_node // stride))
     intra = _in_node_link(cluster, span=stride * (members_per_node - 1) + 1)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from html import escape
 
-from stratagem.plan import INTERLEAVED_SCHEDULES, Plan
+from stratagem.plan import Plan
 from stratagem.advisor.report.content import TIME_TERMS, Term
 from stratagem.advisor.report.schedule import BACKWARD_UNITS, FORWARD_UNITS, Pass, simulate_pipeline
 
@@ -50,7 +50,7 @@ def drawable_plan(plan: Plan) -> Plan:
     multiple of ``pp`` for interleaved 1F1B."""
     slots = (WIDTH - TIMELINE_LEFT - 16) / MIN_FORWARD_PX / (FORWARD_UNITS + BACKWARD_UNITS)
     most = int((slots - plan.pp + 1) / plan.pp_virtual)
-    if plan.pp_schedule in INTERLEAVED_SCHEDULES:
+    if plan.is_interleaved:
         most -= most % plan.pp
     fewest = min(plan.pp, plan.microbatches) if plan.pp_schedule == "gpipe" else plan.pp
     return replace(plan, microbatches=min(plan.microbatches, max(most, fewest)))

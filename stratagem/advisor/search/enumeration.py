@@ -19,7 +19,7 @@ from stratagem.advisor.hardware import Cluster
 from stratagem.advisor.profile.model_profile import ModelProfile
 from stratagem.advisor.search.partition import balanced_stage_blocks
 from stratagem.advisor.search.targets import divisors, pp_degrees, target_excludes, tp_degrees
-from stratagem.plan import CHECKPOINTING, INTERLEAVED_SCHEDULES, Plan, Workload, zero_bubble_refuses
+from stratagem.plan import CHECKPOINTING, INTERLEAVED_SCHEDULES, Plan, Workload, admitted_offloads, zero_bubble_refuses
 from stratagem.plan.stages import TRACED_STAGE_LIMITS, traced_stages_allow
 
 VIRTUAL_STAGES = (2, 4)
@@ -68,9 +68,9 @@ def _schedules(pp: int, num_blocks: int) -> Iterator[tuple[str, int]]:
 
 
 def _offloads(layout: _Layout, cluster: Cluster) -> tuple[str, ...]:
-    if layout.zero < 2:
+    offloads = admitted_offloads(layout.zero)[1:]
+    if not offloads:
         return ("none",)
-    offloads = ("optimizer", "params") if layout.zero == 3 else ("optimizer",)
     if not cluster.is_gpu:
         return () if layout.dp_shard == 1 else ("none",)  # CPU ranks have nothing to offload to
     return offloads if layout.dp_shard == 1 else ("none", *offloads)

@@ -115,7 +115,7 @@ def suggest_fixes(profile: ModelProfile, cluster: Cluster, workload: Workload,
     out = [_shortfall(plan, memory, cluster)]
     out.extend(s for s in (_more_devices(profile, cluster, workload, runtime=runtime, candidates=candidates),
                            _bigger_gpu(memory, cluster)) if s)
-    if plan.activation_checkpointing == "full" and memory.activations > usable_bytes(cluster.device.memory_bytes) / 2:
+    if plan.recomputes_blocks and memory.activations > usable_bytes(cluster.device.memory_bytes) / 2:
         out.append(f"Activations of one micro-batch take {format_bytes(memory.activations)} even with full "
                    "checkpointing: a shorter sequence would shrink them.")
     return tuple(out)

@@ -32,19 +32,19 @@ def target_excludes(target: str, plan: Plan, *, on_gpu: bool = True, traced: boo
     """Why ``target`` cannot run ``plan`` (on GPUs, or on CPU ranks when not ``on_gpu``; for a
     model whose pipeline stages are ``traced``, see ``ModelProfile.pp_traced``), or None when it
     can."""
-    if plan.tp > 1 and plan.zero < 2 and plan.dp > 1:
+    if plan.tp > 1 and not plan.uses_fsdp and plan.dp > 1:
         return "DDP over tensor-parallel weights (DDP takes no DTensor parameters; FSDP/HSDP does)"
     if plan.offload == "optimizer" and target != "deepspeed":
         return OPTIMIZER_OFFLOAD
     if target == "accelerate":
         if plan.tp > 1:
             return "tensor parallelism (Accelerate needs a model carrying a TP plan)"
-        if not on_gpu and plan.zero >= 2:
+        if not on_gpu and plan.uses_fsdp:
             return "FSDP on CPU ranks (Accelerate runs only DDP there)"
         return accelerate_excludes(plan)
-    if target == "lightning" and plan.pp_virtual > 1 and plan.zero >= 2:
+    if target == "lightning" and plan.pp_virtual > 1 and plan.uses_fsdp:
         return "interleaved stages under FSDP (the auto-parallel strategy holds a rank's stages in one module)"
-    if target == "lightning" and plan.pp_schedule == "interleaved-zb":
+    if target == "lightning" and plan.is_zero_bubble:
         return "the zero-bubble schedule (not yet run through the auto-parallel strategy; apply_plan runs it)"
     if target == "lightning" and plan.pp_virtual > 1 and traced:
         return "interleaved traced stages (the auto-parallel strategy holds one traced stage per rank)"
@@ -61,11 +61,11 @@ def accelerate_excludes(plan: Plan) -> str | None:
         return OPTIMIZER_OFFLOAD
     if plan.pp > 1:
         return "pipeline parallelism (Accelerate trains none)"
-    if plan.zero == 1:
+    if plan.shards_optimizer_only:
         return "ZeRO-1 (Accelerate shards optimizer states alone only through DeepSpeed)"
     if plan.activation_checkpointing == "selective":
         return "selective activation checkpointing (Accelerate's FSDP checkpoints whole blocks)"
-    if plan.activation_checkpointing != "none" and plan.zero < 2:
+    if plan.checkpoints and not plan.uses_fsdp:
         return "activation checkpointing without FSDP (Accelerate's config sets it through FSDP only)"
     return None
 
@@ -75,7 +75,7 @@ def deepspeed_excludes(plan: Plan) -> str | None:
     DeepSpeed exporters)."""
     if plan.tp > 1:
         return "tensor parallelism (not in DeepSpeed training configs)"
-    if plan.pp > 1 and plan.zero >= 2:
+    if plan.pp > 1 and plan.uses_fsdp:
         return "ZeRO-2/3 with pipeline parallelism (DeepSpeed allows ZeRO-1 only)"
     if plan.pp > 1 and plan.pp_schedule != "1f1b":
         return f"{plan.pp_schedule} schedule (DeepSpeed pipelines run 1F1B)"
