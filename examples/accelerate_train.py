@@ -85,7 +85,7 @@ def main() -> None:
                                                           "distributed_type": accelerator.distributed_type.value,
                                                           "plan": plan.name, "losses": losses}))
         torch.save(weights, args.out / "weights.pt")
-    del model, optimizer  # PLATFORM_NOTES: gloo can abort at exit while DDP holds the group
+    del model, optimizer  # docs/platform.md: gloo can abort at exit while DDP holds the group
     gc.collect()
     accelerator.wait_for_everyone()
     accelerator.end_training()  # destroys the process group

@@ -37,7 +37,7 @@ def import_group_defaults() -> None:
     bind the default group as default arguments when it is first imported (the first optimizer
     step imports it, through ``torch._dynamo``), and a live group bound there outlives
     ``destroy_process_group``, its gloo threads running into the interpreter's teardown, where
-    gloo can abort the process (PLATFORM_NOTES)."""
+    gloo can abort the process (docs/platform.md)."""
     importlib.import_module("torch.distributed.nn.functional")
 
 
@@ -48,7 +48,7 @@ def init_process_group(backend: str, **kwargs: Any) -> None:
 
 
 def leave_process_group(*, together: bool = True) -> None:
-    """Destroy the default process group as PLATFORM_NOTES has gloo survive it (``terminate
+    """Destroy the default process group as docs/platform.md has gloo survive it (``terminate
     called without an active exception`` at exit while something still holds a group): collect
     the garbage that may hold one (wrapped modules in reference cycles), wait for every rank
     (``together``; leave it out when a rank failed and the others may be gone), then destroy.

@@ -80,7 +80,7 @@ def zero_bubble_refuses(*, dp: int, activation_checkpointing: str) -> str | None
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Plan:
-    """How to parallelize one training step (see ``DESIGN.md``, "The Plan").
+    """How to parallelize one training step (docs/design.md, "The Plan").
 
     ``zero``: 0 DDP · 1 optimizer states sharded · 2 + gradients sharded · 3 + parameters
     sharded (FSDP full shard), over ``dp_shard``; ``dp_replicate > 1`` with ``zero >= 2`` is HSDP.

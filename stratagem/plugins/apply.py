@@ -1,6 +1,6 @@
 """``apply_plan``: the one place that combines techniques, in one documented order.
 
-The order (STYLE §2, torchtitan's ``parallelize_llama``):
+The order (docs/design.md, torchtitan's ``parallelize_llama``):
 
 1. build on ``meta`` — the caller's job (only FSDP, ``zero >= 2``, accepts a meta module);
 2. split into pipeline stages: this rank's stage modules, as ``plan.stage_blocks`` says

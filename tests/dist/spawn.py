@@ -2,7 +2,7 @@
 
 Each rank runs ``fn(rank, world_size, *args)``; what rank 0 returns comes back to the caller
 (through a file, so the result may be any ``torch.save``-able object). Teardown follows the
-gloo-at-exit trap in PLATFORM_NOTES: ``fn`` drops its wrapped modules, then the rank leaves its
+gloo-at-exit trap in docs/platform.md: ``fn`` drops its wrapped modules, then the rank leaves its
 group and ends as the package's own spawned processes do (``leave_process_group``,
 ``leave_spawned_process``).
 """

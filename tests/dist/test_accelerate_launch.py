@@ -1,7 +1,7 @@
 """A real `accelerate launch` of the config `advise --emit accelerate` writes: two CPU processes
 train examples/accelerate_train.py with `make_accelerator(plan)`, and match one process.
 
-Accelerate runs only DDP on CPU (PLATFORM_NOTES), so for a CPU cluster the advisor recommends
+Accelerate runs only DDP on CPU (docs/platform.md), so for a CPU cluster the advisor recommends
 DDP; the emitted file starts both processes through `accelerate launch`'s own torchrun launcher.
 """
 

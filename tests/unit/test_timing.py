@@ -384,7 +384,7 @@ def test_full_checkpointing_adds_about_a_third_on_llama7b(llama7b):
 
 
 def test_llama7b_ddp_on_eight_h100_is_plausible(llama7b):
-    """Published 7B runs on H100 reach roughly 40-55 % MFU (HARDWARE_FACTS.md: 38-56 %) with fused
+    """Published 7B runs on H100 reach roughly 40-55 % MFU (docs/hardware.md: 38-56 %) with fused
     kernels; eager PyTorch, as profiled, also streams every norm's and elementwise op's output,
     autocast's weight casts and DDP's bucket copies through HBM: less. Measured eager on one
     H200 (verify, llama-2-7b mb=1 ga=4 at 2048 tokens): 1.02 s a step, 33 % of its dense peak."""

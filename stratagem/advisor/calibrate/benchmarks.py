@@ -197,15 +197,9 @@ small rank; TP's collectives come more often, FSDP's less)."""
 
 def sync_seconds(device: torch.device, *, repeats: int, collectives: int = 8) -> float:
     """Seconds a blocking collective waits for the ranks when it follows compute, beyond what the
-    calibrated compute rates already hold: ``repeats × collectives`` rounds of
-    :data:`SYNC_BURST_SECONDS` of matmuls then a small all-reduce over every rank, each rank
-    timing its own call. The last rank to arrive waits for nobody; the others wait for it, and a
-    step's segments end when their slowest rank's do, so the mean over ranks of a call's time
-    beyond the last arrival's is what the collective adds to the step. The wait grows with the
-    compute before it (ranks that share cores drift apart); the share of it that runs as long as
-    the matmul benchmarks' (:data:`SUSTAINED_SECONDS`) hold is in the compute rates already (they
-    are the slowest rank's, :func:`interleaved`), measured the same way and taken off. On GPUs, which run their bursts
-    alike, it is close to nothing."""
+    calibrated compute rates hold: the mean over ranks of a small all-reduce's time after
+    :data:`SYNC_BURST_SECONDS` of matmuls (ranks that share cores drift apart; GPUs hardly), less
+    the share a :data:`SUSTAINED_SECONDS` burst already puts in the rates (the slowest rank's)."""
     burst = _mean_wait(SYNC_BURST_SECONDS, device, calls=repeats * collectives)
     sustained = _mean_wait(SUSTAINED_SECONDS, device, calls=repeats)
     return max(0.0, burst - SYNC_BURST_SECONDS * sustained / SUSTAINED_SECONDS)

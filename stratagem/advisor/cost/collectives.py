@@ -72,19 +72,8 @@ def _ring_seconds(num_bytes: float, *, group_size: int, bandwidth: float, latenc
 
 
 def group_link(cluster: Cluster, plan: Plan, axis: MeshAxis | str) -> tuple[float, float]:
-    """``(bandwidth, latency)`` one rank of an ``axis`` group reaches: bytes/s per direction
-    after efficiency, and seconds per message. A group of one rank crosses nothing: ``(inf, 0)``.
-
-    Ranks ``stride`` apart are neighbours (``Plan.mesh_strides``); ``devices_per_node`` ranks fill
-    a node. A group inside one node uses the node's link when its span fits the link's domain
-    (NVSwitch: the node; bridged pairs: 2), else the host link (PCIe through the root complex).
-    A group that spans nodes runs a ring whose inter-node hops carry each node's whole share
-    (a node's egress equals one rank's: nccl-tests busbw across nodes ≈ the node's NIC
-    bandwidth). Every group along the axis runs at once, so a group gets the NICs in proportion
-    to its ranks on the node: ``m`` members per node get ``m · node_bandwidth · efficiency /
-    devices_per_node`` (with rails, one NIC per GPU: ``m`` NICs), capped by the in-node link.
-    CPU clusters (gloo, ``loopback``) use their link figures as given.
-    """
+    """``(bandwidth, latency)`` one rank of an ``axis`` group reaches: bytes/s per direction after
+    efficiency, and seconds per message (:func:`_group_link` says how it is chosen)."""
     return mesh_links(cluster, plan)[MeshAxis(axis)]
 
 
@@ -105,7 +94,15 @@ def _mesh_links(cluster: Cluster, degrees: tuple[int, ...], op: str | None) -> d
 
 
 def _group_link(cluster: Cluster, size: int, stride: int, axis: MeshAxis, op: str | None) -> tuple[float, float]:
-    """:func:`group_link` of an ``axis`` group of ``size`` ranks ``stride`` apart."""
+    """:func:`group_link` of an ``axis`` group of ``size`` ranks ``stride`` apart; one rank crosses
+    nothing: ``(inf, 0)``.
+
+    Inside one node (``devices_per_node`` ranks) a group uses the node's link when its span fits
+    the link's domain (NVSwitch: the node; bridged pairs: 2), else the host link (PCIe). A group
+    spanning nodes runs a ring whose inter-node hops carry each node's whole share (nccl-tests
+    busbw across nodes ≈ the node's NIC bandwidth); every group along the axis runs at once, so
+    ``m`` members per node get ``m · node_bandwidth · efficiency / devices_per_node``, capped by
+    the in-node link. CPU clusters (gloo, ``loopback``) use their link figures as given."""
     if size == 1:
         return math.inf, 0.0
     per_node = cluster.devices_per_node

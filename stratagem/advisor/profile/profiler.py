@@ -66,31 +66,19 @@ def profile_model(
         state = _fake_state(model, prec)
         args, kwargs = tree_map(_fake_like, (args, kwargs))
         with LinearCallRecorder(model, structure.blocks) as calls, _model_errors(name or type(model).__name__):
-            record = run_fake_step(
-                model, state, args, kwargs,
-                blocks=structure.blocks,
-                loss_fn=_resolve_loss(loss_fn, notes),
-                autocast_dtype=torch_dtype(prec.compute_dtype) if prec.autocast else None,
-                seq_len=seq_len,
-                batch_size=batch_size,
-                reuse_identical_blocks=reuse_identical_blocks,
-            )
+            record = run_fake_step(model, state, args, kwargs, blocks=structure.blocks,
+                                   loss_fn=_resolve_loss(loss_fn, notes),
+                                   autocast_dtype=torch_dtype(prec.compute_dtype) if prec.autocast else None,
+                                   seq_len=seq_len, batch_size=batch_size,
+                                   reuse_identical_blocks=reuse_identical_blocks)
         tp_layout, tp_unavailable = find_tp_layout(model, structure.container, calls, state)
     heads, kv_heads = attention_heads(model)
     return ModelProfile(
-        name=name or type(model).__name__,
-        precision=prec.name,
-        batch_size=batch_size,
-        seq_len=seq_len,
-        block_container=structure.container,
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        tp_layout=tp_layout,
-        tp_unavailable=tp_unavailable,
-        pp_unavailable=pp_unavailable(model, structure),
+        name=name or type(model).__name__, precision=prec.name, batch_size=batch_size, seq_len=seq_len,
+        block_container=structure.container, num_heads=heads, num_kv_heads=kv_heads,
+        tp_layout=tp_layout, tp_unavailable=tp_unavailable, pp_unavailable=pp_unavailable(model, structure),
         pp_traced=removal_convention(model, block_container=structure.container) is None,
-        notes=tuple(notes),
-        profile_seconds=time.perf_counter() - started,
+        notes=tuple(notes), profile_seconds=time.perf_counter() - started,
         **_assemble(model, structure.blocks, record, prec, notes, calls),
     )
 

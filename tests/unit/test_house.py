@@ -1,15 +1,18 @@
-"""The house's import rules, read from the source (no module is imported): no cycles inside
-``stratagem`` (module-level, inside functions or under ``TYPE_CHECKING``), and the directions
-docs/architecture.md states between the rooms."""
+"""The house's rules, read from the source (no module is imported): no import cycles inside
+``stratagem`` (module-level, inside functions or under ``TYPE_CHECKING``), the directions
+docs/architecture.md states between the rooms, rooms and functions of a readable size, and
+references to docs that a clone of the repository holds."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[2] / "stratagem"
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "stratagem"
 
 
 def _modules() -> dict[str, Path]:
@@ -116,3 +119,35 @@ def test_rooms_import_only_downward(room, forbidden):
     wrong = sorted((module, other) for module, imports in graph.items() if _inside(module, room)
                    for other in imports if any(_inside(other, f) for f in forbidden))
     assert wrong == []
+
+
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 60
+
+
+def test_modules_and_functions_stay_readable():
+    too_long = []
+    for name, path in MODULES.items():
+        source = path.read_text()
+        if len(source.splitlines()) > MAX_MODULE_LINES:
+            too_long.append(f"{name}: {len(source.splitlines())} lines")
+        too_long += [f"{name}.{node.name}: {node.end_lineno - node.lineno + 1} lines"
+                     for node in ast.walk(ast.parse(source))
+                     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                     and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+    assert too_long == []
+
+
+def _project_files() -> list[Path]:
+    return [*PACKAGE.rglob("*.py"), *(ROOT / "tests").rglob("*.py"), *(ROOT / "bench").rglob("*.py"),
+            *(ROOT / "examples").rglob("*.py"), ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]
+
+
+def test_references_resolve_inside_the_repository():
+    missing = sorted({f"{path.relative_to(ROOT)}: {ref}" for path in _project_files()
+                      for ref in re.findall(r"\bdocs/[\w./-]+\.md", path.read_text())
+                      if not (ROOT / ref).is_file()})
+    private = sorted({f"{path.relative_to(ROOT)}: {ref}" for path in _project_files() if path != Path(__file__)
+                      for ref in re.findall(r"PLATFORM_NOTES|HARDWARE_FACTS|STYLE\.md|STYLE §|DESIGN\.md|\.\./shared",
+                                            path.read_text())})
+    assert missing == [] and private == []
