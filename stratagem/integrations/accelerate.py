@@ -59,7 +59,7 @@ def distributed_type(plan: Plan, *, deepspeed: bool = False) -> str:
     """Accelerate's ``distributed_type`` for ``plan``: ``DEEPSPEED``, ``FSDP``, ``MULTI_GPU`` or ``NO``."""
     if deepspeed:
         return "DEEPSPEED"
-    if plan.zero >= 2 or plan.tp > 1:
+    if plan.uses_fsdp or plan.tp > 1:
         return "FSDP"
     return "MULTI_GPU" if plan.world_size > 1 else "NO"
 
@@ -105,8 +105,7 @@ def _check_version(plan: Plan, *, deepspeed: bool) -> None:
 
 def _parallelism_sizes(plan: Plan, *, deepspeed: bool = False) -> dict[str, int]:
     """ParallelismConfig sizes: for HSDP and TP plans (plain DDP/FSDP need none)."""
-    hsdp = plan.dp_replicate > 1 and plan.zero >= 2
-    if deepspeed or not (hsdp or plan.tp > 1):
+    if deepspeed or not (plan.is_hsdp or plan.tp > 1):
         return {}
     return {"dp_replicate_size": plan.dp_replicate, "dp_shard_size": plan.dp_shard, "tp_size": plan.tp}
 
@@ -118,9 +117,9 @@ def _fsdp_settings(plan: Plan, block_classes: Sequence[str]) -> dict[str, Any]:
                          "HINT: pass block_classes=(type(block).__name__,), as profile.block_classes holds them")
     return {
         "fsdp_version": 2,
-        "reshard_after_forward": plan.zero == 3,
-        "cpu_offload": plan.offload == "params",
-        "activation_checkpointing": plan.activation_checkpointing == "full",
+        "reshard_after_forward": plan.shards_parameters,
+        "cpu_offload": plan.offloads_parameters,
+        "activation_checkpointing": plan.recomputes_blocks,
         "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
         "transformer_cls_names_to_wrap": list(block_classes),
         "state_dict_type": "SHARDED_STATE_DICT",
@@ -131,11 +130,11 @@ def _deepspeed_settings(plan: Plan) -> dict[str, Any]:
     """DeepSpeed plugin keywords for ``plan`` (the same names in ``deepspeed_config``)."""
     settings: dict[str, Any] = {
         "zero_stage": plan.zero,
-        "offload_optimizer_device": "cpu" if plan.offload != "none" else "none",
-        "offload_param_device": "cpu" if plan.offload == "params" else "none",
+        "offload_optimizer_device": "cpu" if plan.offloads else "none",
+        "offload_param_device": "cpu" if plan.offloads_parameters else "none",
         "gradient_accumulation_steps": plan.grad_accum,
     }
-    if plan.zero == 3:
+    if plan.shards_parameters:
         settings.update(zero3_init_flag=True, zero3_save_16bit_model=True)
     return settings
 
@@ -186,7 +185,7 @@ def accelerate_notes(plan: Plan, cluster: Cluster, *, deepspeed: bool = False) -
     if plan.tp > 1:
         notes.append(f"tp_size {plan.tp}: Accelerate applies the model's own TP plan (transformers' "
                      "base_model_tp_plan); a model without one fails in Accelerator.prepare.")
-    if deepspeed and plan.activation_checkpointing != "none":
+    if deepspeed and plan.checkpoints:
         notes.append(f"activation checkpointing ({plan.activation_checkpointing}) is the model's to do under "
                      "DeepSpeed, e.g. model.gradient_checkpointing_enable().")
     return notes

@@ -40,13 +40,13 @@ def check_deepspeed_plan(plan: Plan) -> None:
 def to_deepspeed_config(plan: Plan) -> dict[str, Any]:
     """The DeepSpeed JSON config (as a dict) that trains ``plan``."""
     check_deepspeed_plan(plan)
-    zero: dict[str, Any] = {"stage": plan.zero, "overlap_comm": plan.zero > 0, "contiguous_gradients": True,
+    zero: dict[str, Any] = {"stage": plan.zero, "overlap_comm": plan.shards_optimizer, "contiguous_gradients": True,
                             "reduce_bucket_size": BUCKET_ELEMENTS}
-    if plan.zero in (1, 2):
+    if plan.shards_optimizer and not plan.shards_parameters:  # stages 1-2 all-gather the updated weights
         zero["allgather_bucket_size"] = BUCKET_ELEMENTS
-    if plan.offload != "none":
+    if plan.offloads:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-    if plan.offload == "params":
+    if plan.offloads_parameters:
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     config: dict[str, Any] = {
         "train_batch_size": plan.global_batch_size,
@@ -59,7 +59,7 @@ def to_deepspeed_config(plan: Plan) -> dict[str, Any]:
         config["bf16"] = {"enabled": True}
     elif plan.precision == "fp16-mixed":
         config["fp16"] = {"enabled": True, "loss_scale": 0}  # 0: dynamic loss scaling
-    if plan.activation_checkpointing != "none":
+    if plan.checkpoints:
         config["activation_checkpointing"] = {"partition_activations": False, "cpu_checkpointing": False,
                                               "contiguous_memory_optimization": False}
     return config
@@ -71,7 +71,7 @@ def deepspeed_notes(plan: Plan) -> list[str]:
     if plan.pp > 1:
         notes.append(f"Build the model as deepspeed.pipe.PipelineModule(layers, num_stages={plan.pp}); each step "
                      f"runs {plan.microbatches} micro-batches of {plan.micro_batch_size} (train_batch).")
-    if plan.activation_checkpointing == "full":
+    if plan.recomputes_blocks:
         notes.append("Checkpoint every block with deepspeed.checkpointing.checkpoint "
                      "(PipelineModule(activation_checkpoint_interval=1) in a pipeline).")
     if plan.activation_checkpointing == "selective":

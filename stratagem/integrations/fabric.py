@@ -193,7 +193,7 @@ class AutoParallelFabricStrategy(ModelParallelStrategy):
 
     def _apply_plan(self, module: nn.Module, mesh: DeviceMesh) -> nn.Module:
         """ModelParallelStrategy's ``parallelize_fn``: the plan, applied, with meta weights initialised."""
-        if self.plan.zero < 2:
+        if not self.plan.uses_fsdp:
             materialize(module, self.root_device)  # DDP broadcasts rank 0's values
         applied = apply_plan(module, self.plan, mesh)
         materialize(module, self.root_device)
@@ -206,7 +206,7 @@ class AutoParallelFabricStrategy(ModelParallelStrategy):
         for optimizer in optimizers:
             _check_fresh(optimizer, names)
         module = self.setup_module(module)
-        if self.plan.zero == 1:
+        if self.plan.shards_optimizer_only:
             if scheduler is not None:
                 raise UsageError("a zero=1 plan rebuilds the optimizer around ZeroRedundancyOptimizer, so a "
                                  "scheduler built on the original cannot follow it\nHINT: set up the model and "
@@ -219,7 +219,7 @@ class AutoParallelFabricStrategy(ModelParallelStrategy):
 
     @override
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
-        if self._plan is None or self._plan.zero != 1:
+        if self._plan is None or not self._plan.shards_optimizer_only:
             return optimizer
         # ZeroRedundancyOptimizer must be built over the DDP module apply_plan returned.
         if len(optimizer.param_groups) != 1:
@@ -294,7 +294,7 @@ class AutoParallelFabricStrategy(ModelParallelStrategy):
         return _unwrap_ddp(modules[0]), optimizers, rest
 
     def _drop_wrappers(self) -> None:
-        """Let go of the applied module before the process group goes (PLATFORM_NOTES)."""
+        """Let go of the applied module before the process group goes (gloo's teardown abort: docs/platform.md)."""
         self._module = None
 
     @classmethod

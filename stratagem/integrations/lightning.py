@@ -1,9 +1,10 @@
 """``Trainer(strategy="auto-parallel")``: Lightning training under a stratagem Plan.
 
-:class:`AutoParallelStrategy` follows Lightning's ``ModelParallelStrategy``: it brings the
-process group up in ``setup_environment`` and, in ``setup``, chooses a Plan (or takes the one
-given), builds its DeviceMesh and hands the LightningModule to :func:`stratagem.plugins.apply_plan`.
-Everything else is Lightning's ``ParallelStrategy``.
+:class:`AutoParallelStrategy` is Lightning's ``ModelParallelStrategy`` with the Plan doing the
+parallelizing that ``configure_model`` does there: in ``setup`` it chooses a Plan (or takes the
+one given), builds its DeviceMesh and hands the LightningModule to
+:func:`stratagem.plugins.apply_plan`. Launching, collectives and teardown are the parent's; the
+Fabric strategy shares the rest through :mod:`stratagem.integrations.planning`.
 
 Registration: Lightning has no entry points for strategies, so the name ``"auto-parallel"`` exists
 once this module is imported. ``import stratagem.integrations.lightning`` registers it;
@@ -17,34 +18,21 @@ from __future__ import annotations
 import dataclasses
 import logging
 import weakref
-from collections.abc import Callable, Generator, Mapping
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.fabric.strategies.registry import _StrategyRegistry
-from lightning.fabric.utilities.distributed import (
-    _distributed_is_initialized,
-    _get_default_process_group_backend_for_device,
-    _init_dist_connection,
-    _sync_ddp_if_available,
-)
-from lightning.fabric.utilities.distributed import group as _group
-from lightning.fabric.utilities.seed import reset_seed
-from lightning.fabric.utilities.types import _PATH, ReduceOp
+from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.plugins.precision import Precision
-from lightning.pytorch.strategies import ParallelStrategy, StrategyRegistry
-from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
-from lightning.pytorch.strategies.strategy import TBroadcast
+from lightning.pytorch.strategies import ModelParallelStrategy, Strategy, StrategyRegistry
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
-from lightning_utilities.core.rank_zero import rank_zero_only as utils_rank_zero_only
 from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
@@ -88,55 +76,36 @@ class _PlanPrecision(PlanPrecision, Precision):
     """Lightning's fp32 plugin with the Plan's compute precision (see :class:`PlanPrecision`)."""
 
 
-class AutoParallelStrategy(ParallelStrategy):
+class AutoParallelStrategy(ModelParallelStrategy):
     """Train a LightningModule as a stratagem Plan says: DDP, ZeRO-1, FSDP2 (ZeRO-2/3, HSDP),
-    tensor parallelism, activation checkpointing, offload and precision, on CPU/gloo or CUDA/NCCL.
+    tensor and pipeline parallelism, activation checkpointing, offload and precision, on
+    CPU/gloo or CUDA/NCCL. The module needs no ``configure_model``.
 
     Arguments:
-        plan: the Plan to apply, as a :class:`Plan`, a dict of its fields or a JSON file (see
-            :func:`~stratagem.integrations.planning.load_plan`). ``None`` lets rank 0 choose: it
-            profiles the LightningModule on fake tensors from ``example_input_array`` (one rank's
-            batch of ``forward``'s inputs) or, when that is not set, from the inputs ``forward``
-            receives on the first batch of the stage's dataloader; it asks the advisor for the best
-            plan on the gathered cluster for a global batch of that batch × world size, and
-            broadcasts it. The search keeps ``micro_batch_size`` at that batch and ``grad_accum`` at 1,
-            since the dataloader's batches reach the model unchanged.
-        target: the runtime the advisor's plans must run on.
-        objective: what ranks the plans: ``"throughput"`` (the fastest step) or ``"memory"`` (the
-            least memory per device).
-        constraints: Plan fields to pin in the search, e.g. ``{"zero": 3}`` or ``{"tp": (1, 2)}``.
+        plan: a :class:`Plan`, a dict of its fields or a JSON file (see
+            :func:`~stratagem.integrations.planning.load_plan`). ``None`` lets rank 0 choose in
+            ``setup``: it profiles the module on ``example_input_array`` (one rank's batch of
+            ``forward``'s inputs) or else on what ``forward`` gets from the stage's first batch,
+            advises for a global batch of that batch × world size (``grad_accum`` 1: batches
+            reach the model unchanged) and broadcasts the plan.
+        target, objective, constraints: steer that choice: the runtime plans must run on,
+            ``"throughput"`` or ``"memory"``, Plan fields to pin (``{"zero": 3}``).
         verbose: print the advisor's table and the chosen plan on rank 0.
-        save_distributed_checkpoint: save checkpoints sharded (a directory written by every rank
-            through ``torch.distributed.checkpoint``) rather than as one file gathered on rank 0.
-            Either kind loads (``trainer.fit(ckpt_path=...)``) whatever plan wrote it.
-        process_group_backend: defaults to ``nccl`` on CUDA, ``gloo`` otherwise.
-        timeout: for the process group's collectives.
+        save_distributed_checkpoint: checkpoints as a directory every rank writes, rather than
+            one file gathered on rank 0; either kind loads under any plan.
+        process_group_backend, timeout: the process group's (``nccl`` on CUDA, else ``gloo``).
 
-    The Trainer's ``precision`` must be the plan's (``32-true``→``fp32``, ``bf16-mixed``,
-    ``bf16-true``); the strategy then applies it itself (see ``_PlanPrecision``).
-    ZeRO-1 rebuilds the optimizer ``configure_optimizers`` returned around
-    :func:`stratagem.plugins.build_optimizer` (same class and defaults, one parameter group, no
-    LR scheduler). FSDP plans need ``training_step`` to call ``self(...)``, as every step runs
-    through the LightningModule's ``forward``. A model built under
-    ``trainer.init_module(empty_init=True)`` lives on ``meta`` until the plan is applied and is then
-    initialised by its ``init_weights()`` or its layers' ``reset_parameters()``.
-
-    Pipeline plans (``pp > 1``: gpipe, 1f1b, interleaved 1f1b; alone or with DDP, FSDP or TP,
-    interleaved stages not under FSDP) split the child module that holds the blocks
-    (``block_container``'s first part, e.g. ``self.model``) and put this rank's stages in its
-    place, so ``self.parameters()``, ``configure_optimizers`` and checkpoints (sharded) see them.
-    The LightningModule must then define ``loss_fn(output, target)``, and batches must be
-    ``(inputs..., target)``: the strategy runs the schedule (forward and backward) instead of
-    ``training_step``/``validation_step``/``test_step`` and logs the last stage's loss as
-    ``train_loss``/``val_loss``/``test_loss`` on every rank. ``trainer.predict`` runs the schedule
-    forward only, without the loss, instead of ``predict_step``: a predict batch is the pipelined
-    child's positional inputs (a tensor, or a tuple or list starting with them; a target after
-    them is ignored), and each rank's prediction for it is the child's output (e.g. the logits),
-    sent from the last stage to every rank of the pipeline. Every batch must split into the plan's
-    ``microbatches`` equal micro-batches (a :class:`UsageError` says otherwise).
-
-    The process group lives until the process exits (so ``fit`` can be followed by ``validate``
-    on the same Trainer); it is then released the way gloo survives.
+    The Trainer's ``precision`` must be the plan's (``32-true``, ``bf16-mixed``, ``bf16-true``).
+    ZeRO-1 rebuilds the optimizer around :func:`stratagem.plugins.build_optimizer`: one
+    optimizer, one parameter group, no LR scheduler. FSDP plans need ``training_step`` to call
+    ``self(...)``. A model built under ``trainer.init_module(empty_init=True)`` is initialised
+    after sharding by its ``init_weights()`` or its layers' ``reset_parameters()``.
+    Pipeline plans (``pp > 1``) put this rank's stages in place of the child holding the blocks
+    (``block_container``'s first part). The module must define ``loss_fn(output, target)``,
+    batches must be ``(inputs..., target)`` splitting into ``microbatches`` equal parts, and the
+    schedule runs instead of the step methods, logging ``train_loss``/``val_loss``/``test_loss``;
+    ``predict`` returns the last stage's output for the child's inputs, on every rank.
+    The process group lives until the process exits, so one Trainer can ``fit`` then ``validate``.
     """
 
     strategy_name = "auto-parallel"
@@ -146,20 +115,17 @@ class AutoParallelStrategy(ParallelStrategy):
                  verbose: bool = True, save_distributed_checkpoint: bool = True,
                  process_group_backend: str | None = None,
                  timeout: timedelta | None = default_pg_timeout) -> None:
-        super().__init__()
+        super().__init__(save_distributed_checkpoint=save_distributed_checkpoint,
+                         process_group_backend=process_group_backend, timeout=timeout)
         self._plan = None if plan is None else load_plan(plan)
         self._target = target
         self._objective = objective
         self._constraints = check_choice(target=target, objective=objective, constraints=constraints)
         self._verbose = verbose
-        self._save_distributed_checkpoint = save_distributed_checkpoint
-        self._process_group_backend = process_group_backend
-        self._timeout = timeout
         self._applied: tuple[LightningModule, torch.nn.Module] | None = None
         self._pipeline: Pipeline | None = None
         self._num_inputs = 0  # positional inputs of the pipelined child's forward
         self._set_aside: list[tuple[torch.nn.Parameter, Tensor | None]] = []
-        self.num_nodes = 1
 
     @property
     def plan(self) -> Plan:
@@ -170,76 +136,21 @@ class AutoParallelStrategy(ParallelStrategy):
 
     @property
     @override
-    def root_device(self) -> torch.device:
-        assert self.parallel_devices is not None
-        return self.parallel_devices[self.local_rank]
-
-    @property
-    def num_processes(self) -> int:
-        return len(self.parallel_devices) if self.parallel_devices is not None else 0
-
-    @property
-    def is_distributed(self) -> bool:
-        """Read by Lightning's accelerator connector: a custom strategy gets distributed samplers
-        only when it says so."""
-        return True
-
-    @property
-    def process_group_backend(self) -> str | None:
-        return self._process_group_backend
-
-    @property
-    @override
     def distributed_sampler_kwargs(self) -> dict[str, Any]:
+        # The plan's mesh has no "data_parallel" axis: a replica is a data-parallel rank of the plan.
         return sampler_kwargs(self.plan, self.global_rank)
-
-    @property
-    @override
-    def restore_checkpoint_after_setup(self) -> bool:
-        # Checkpoints load into the module apply_plan sharded, and into its optimizers.
-        return True
-
-    @property
-    @override
-    def lightning_restore_optimizer(self) -> bool:
-        return False  # load_checkpoint restores them
-
-    @override
-    def _configure_launcher(self) -> None:
-        assert self.cluster_environment is not None
-        if not self.cluster_environment.creates_processes_externally:
-            self._launcher = _SubprocessScriptLauncher(self.cluster_environment, self.num_processes, self.num_nodes)
 
     @override
     def setup_environment(self) -> None:
-        super().setup_environment()
-        reset_seed()
-        self.set_world_ranks()
-        self._process_group_backend = (self._process_group_backend
-                                       or _get_default_process_group_backend_for_device(self.root_device))
-        assert self.cluster_environment is not None
-        device_id = self.root_device if self.root_device.type != "cpu" else None
+        # The parent's without its dp × tp mesh: the plan's mesh is built in setup, once the plan is known.
         import_group_defaults()
-        _init_dist_connection(self.cluster_environment, self._process_group_backend, timeout=self._timeout,
-                              device_id=device_id)
+        self._setup_distributed()
+        # The process group and the applied module outlive teardown (a later stage reuses them).
         release_at_exit(weakref.WeakMethod(self._drop_wrappers))
-
-    def set_world_ranks(self) -> None:
-        """Tell the cluster environment (and ``rank_zero_only``) this process's rank and the world size."""
-        if self.cluster_environment is not None:
-            self.cluster_environment.set_global_rank(self.node_rank * self.num_processes + self.local_rank)
-            self.cluster_environment.set_world_size(self.num_nodes * self.num_processes)
-        rank_zero_only.rank = utils_rank_zero_only.rank = self.global_rank
-
-    @override
-    @contextmanager
-    def tensor_init_context(self, empty_init: bool | None = None) -> Generator[None, None, None]:
-        # With empty_init the model is built on meta: nothing is allocated before the plan shards it.
-        with torch.device("meta") if empty_init else nullcontext(), self.precision_plugin.tensor_init_context():
-            yield
 
     @override
     def setup(self, trainer: Trainer) -> None:
+        # The parent's requires configure_model to parallelize the module; here the plan does it.
         assert self.model is not None
         assert self.accelerator is not None
         self.accelerator.setup(trainer)
@@ -268,10 +179,10 @@ class AutoParallelStrategy(ParallelStrategy):
                 raise UsageError(f"the auto-parallel strategy cannot run plan {self._plan.name}: {reason}\n"
                                  "HINT: advise with --target lightning for plans it runs")
         self.precision_plugin = _PlanPrecision(self.plan, self.precision_plugin.precision, self.root_device.type)
-        if self.plan.zero < 2:
+        if not self.plan.uses_fsdp:
             materialize(module, self.root_device)  # DDP broadcasts rank 0's values
         self.model_to_device()
-        mesh = build_mesh(self.plan, device_type=self.root_device.type)
+        mesh = self._device_mesh = build_mesh(self.plan, device_type=self.root_device.type)
         if self.plan.pp > 1:
             self._pipeline = self._apply_pipeline(trainer, module, mesh)
             self.model = module
@@ -321,10 +232,9 @@ class AutoParallelStrategy(ParallelStrategy):
 
     @override
     def setup_optimizers(self, trainer: Trainer) -> None:
-        self._reset_optimizers_and_schedulers()
+        # ZeRO-1: ZeroRedundancyOptimizer must be built over the DDP module apply_plan returned.
         super().setup_optimizers(trainer)
-        if self.plan.zero == 1:
-            # ZeroRedundancyOptimizer must be built over the DDP module apply_plan returned.
+        if self.plan.shards_optimizer_only:
             if len(self.optimizers) != 1 or len(self.optimizers[0].param_groups) != 1 or self.lr_scheduler_configs:
                 raise UsageError("a zero=1 plan rebuilds the optimizer around ZeroRedundancyOptimizer and "
                                  "supports one optimizer with one parameter group and no LR scheduler\n"
@@ -335,12 +245,14 @@ class AutoParallelStrategy(ParallelStrategy):
 
     @override
     def model_to_device(self) -> None:
+        # Meta tensors stay until apply_plan has sharded the module; materialize then fills them.
         assert self.model is not None
         if not has_meta_tensors(self.model):
             self.model.to(self.root_device)
 
     @override
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        # A pipeline's schedule runs forward and backward here; see _step for FSDP.
         if self._pipeline is not None:
             return self._pipeline_training_step(self._pipeline, args)
         return self._step("training_step", self.precision_plugin.train_step_context, args, kwargs)
@@ -364,6 +276,7 @@ class AutoParallelStrategy(ParallelStrategy):
 
     @override
     def validation_step(self, *args: Any, **kwargs: Any) -> Any:
+        # As training_step, forward only.
         if self._pipeline is not None:
             return self._pipeline_step(self._pipeline.evaluate, "val_loss", args)
         return self._step("validation_step", self.precision_plugin.val_step_context, args, kwargs)
@@ -392,12 +305,14 @@ class AutoParallelStrategy(ParallelStrategy):
 
     @override
     def test_step(self, *args: Any, **kwargs: Any) -> Any:
+        # As training_step, forward only.
         if self._pipeline is not None:
             return self._pipeline_step(self._pipeline.evaluate, "test_loss", args)
         return self._step("test_step", self.precision_plugin.test_step_context, args, kwargs)
 
     @override
     def predict_step(self, *args: Any, **kwargs: Any) -> Any:
+        # A pipeline predicts with the child's inputs, without the target or loss_fn.
         if self._pipeline is not None:
             batch = args[0]
             inputs = tuple(batch[:self._num_inputs]) if isinstance(batch, (tuple, list)) else (batch,)
@@ -409,54 +324,35 @@ class AutoParallelStrategy(ParallelStrategy):
         itself, so FSDP's root hooks fire; Lightning redirects only through wrappers (as DDP is)."""
         module = self.lightning_module
         assert module is not None
-        if self.model is not module or self._plan is None or self._plan.zero < 2:
+        if self.model is not module or self._plan is None or not self._plan.uses_fsdp:
             return getattr(super(), method)(*args, **kwargs)
         args, kwargs = self.precision_plugin.convert_input((args, kwargs))
         with context():
             return self._forward_redirection(module, module, method, *args, **kwargs)
 
     @override
-    def barrier(self, name: str | None = None) -> None:
-        if not _distributed_is_initialized():
-            return
-        if dist.get_backend() == "nccl":
-            dist.barrier(device_ids=[self.root_device.index])
-        else:
-            dist.barrier()
-
-    @override
-    def broadcast(self, obj: TBroadcast, src: int = 0) -> TBroadcast:
-        if not _distributed_is_initialized():
-            return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src, group=_group.WORLD)
-        return box[0]
-
-    @override
-    def reduce(self, tensor: Tensor | Any, group: Any | None = None,
-               reduce_op: ReduceOp | str | None = "mean") -> Tensor | Any:
-        if isinstance(tensor, Tensor):
-            return _sync_ddp_if_available(tensor, group, reduce_op=reduce_op)
-        return tensor
-
-    @override
     def lightning_module_state_dict(self) -> dict[str, Any]:
+        # The LightningModule (a pipeline rank's stages in place), with flattened optimizer keys
+        # that differ per stage: plugins.state_dict's layout, which loads under any plan.
         assert self.lightning_module is not None
         return model_state_dict(self.lightning_module, full=not self._save_distributed_checkpoint)
 
     @override
     def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
+        # ZeRO-1's ZeroRedundancyOptimizer has no distributed state dict: it is consolidated on rank 0.
         assert self.lightning_module is not None
         return optimizer_state_dict(self.lightning_module, _unwrap(optimizer), full=not self._save_distributed_checkpoint)
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Any | None = None) -> None:
+        # Lightning's sharded layout with ZeRO-1's whole state in meta.pt; a full file goes
+        # through CheckpointIO, storage_options included, which the parent refuses.
         path = Path(self.broadcast(filepath))  # rank 0's path, for every rank
         if not self._save_distributed_checkpoint and self._pipeline is not None:
             raise UsageError(f"plan {self.plan.name}: each pipeline rank holds its own stage, so its checkpoints "
                              "are sharded\nHINT: AutoParallelStrategy(save_distributed_checkpoint=True)")
         if not self._save_distributed_checkpoint:
-            super().save_checkpoint(checkpoint, path, storage_options)
+            Strategy.save_checkpoint(self, checkpoint, path, storage_options)
             return
         if storage_options is not None:
             raise UsageError("sharded checkpoints take no storage_options\n"
@@ -465,32 +361,15 @@ class AutoParallelStrategy(ParallelStrategy):
 
     @override
     def load_checkpoint(self, checkpoint_path: _PATH, weights_only: bool | None = None) -> dict[str, Any]:
+        # Either layout, written under any plan, ZeRO-1's state included (plugins.state_dict).
         path = Path(self.broadcast(checkpoint_path))
         module = self.lightning_module
         assert module is not None
         return load_checkpoint(path, module, [_unwrap(o) for o in self.optimizers], strict=module.strict_loading,
                                weights_only=weights_only)
 
-    @override
-    def load_model_state_dict(self, checkpoint: Mapping[str, Any], strict: bool = True) -> None:
-        pass  # load_checkpoint loaded it, into the applied module
-
-    @override
-    def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
-        pass  # load_checkpoint loaded them
-
-    @override
-    def teardown(self) -> None:
-        # Not Strategy.teardown: it would move the (sharded) module to CPU. The process group and
-        # the applied module stay for a later stage on this Trainer; see release_at_exit.
-        assert self.cluster_environment is not None
-        assert self.accelerator is not None
-        self.cluster_environment.teardown()
-        self.precision_plugin.teardown()
-        self.accelerator.teardown()
-
     def _drop_wrappers(self) -> None:
-        """Let go of the DDP wrapper before the process group goes (PLATFORM_NOTES)."""
+        """Let go of the DDP wrapper before the process group goes (gloo's teardown abort: docs/platform.md)."""
         if isinstance(self.model, DistributedDataParallel):
             self.model = self.model.module
         self._applied = None

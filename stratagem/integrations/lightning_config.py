@@ -60,28 +60,28 @@ def builtin_strategy(plan: Plan, *, block_classes: Sequence[str] = ()) -> tuple[
         return (f"ModelParallelStrategy(data_parallel_size={plan.dp}, tensor_parallel_size={plan.tp})",
                 "configure_model must apply the tensor-parallel layout and fully_shard itself "
                 "(FSDPStrategy and DeepSpeedStrategy need CUDA).")
-    if plan.zero == 1 or plan.offload == "optimizer":
-        offload = ", offload_optimizer=True" if plan.offload != "none" else ""
-        offload += ", offload_parameters=True" if plan.offload == "params" else ""
+    if plan.shards_optimizer_only or plan.offload == "optimizer":
+        offload = ", offload_optimizer=True" if plan.offloads else ""
+        offload += ", offload_parameters=True" if plan.offloads_parameters else ""
         return f"DeepSpeedStrategy(stage={plan.zero}{offload})", "needs CUDA and the deepspeed extra."
-    if plan.zero >= 2:
+    if plan.uses_fsdp:
         return _fsdp_strategy(plan, blocks), "FSDPStrategy (FSDP1) needs CUDA."
     if plan.world_size == 1:
         return '"auto"', "one device."
-    note = "" if plan.activation_checkpointing == "none" else " The model checkpoints its blocks itself."
+    note = " The model checkpoints its blocks itself." if plan.checkpoints else ""
     return '"ddp"', "plain data parallelism." + note
 
 
 def _fsdp_strategy(plan: Plan, blocks: str) -> str:
-    hybrid = plan.dp_replicate > 1
+    hybrid = plan.is_hsdp
     sharding = {(3, False): "FULL_SHARD", (2, False): "SHARD_GRAD_OP", (3, True): "HYBRID_SHARD",
                 (2, True): "_HYBRID_SHARD_ZERO2"}[plan.zero, hybrid]
     args = [f'sharding_strategy="{sharding}"', f"auto_wrap_policy={blocks}"]
     if hybrid:
         args.append(f"device_mesh=({plan.dp_replicate}, {plan.dp_shard})")
-    if plan.activation_checkpointing == "full":
+    if plan.recomputes_blocks:
         args.append(f"activation_checkpointing_policy={blocks}")
-    if plan.offload == "params":
+    if plan.offloads_parameters:
         args.append("cpu_offload=True")
     return f"FSDPStrategy({', '.join(args)})"
 

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from stratagem.distributed import leave_process_group
-from stratagem.plan import Plan, Workload
+from stratagem.plan import MeshAxis, Plan, Workload
 from stratagem.errors import UsageError
 
 if TYPE_CHECKING:
@@ -94,9 +94,10 @@ class PlanPrecision:
 
 
 def sampler_kwargs(plan: Plan, global_rank: int) -> dict[str, int]:
-    """``DistributedSampler`` arguments for ``global_rank``: one replica per data-parallel rank, so
-    the ranks of one tensor-parallel group (innermost mesh axis) read the same samples."""
-    return {"num_replicas": plan.dp, "rank": (global_rank // plan.tp) % plan.dp}
+    """``DistributedSampler`` arguments for ``global_rank``: one replica per data-parallel rank
+    (its place on the dp_replicate × dp_shard axes), so the ranks of one tensor-parallel group and
+    the stages of one pipeline read the same samples."""
+    return {"num_replicas": plan.dp, "rank": (global_rank // plan.mesh_strides[MeshAxis.DP_SHARD]) % plan.dp}
 
 
 def constructor_options(optimizer: Optimizer) -> dict[str, Any]:
@@ -264,7 +265,7 @@ _RELEASE: list[weakref.WeakMethod] = []
 
 def release_at_exit(drop_wrappers: weakref.WeakMethod) -> None:
     """At interpreter exit, call ``drop_wrappers`` (if its object still lives) and release the
-    default process group as gloo survives it (PLATFORM_NOTES): wrapped modules dropped, then
+    default process group as gloo survives it (docs/platform.md): wrapped modules dropped, then
     :func:`~stratagem.distributed.leave_process_group`. Registers one exit handler
     per process."""
     if not _RELEASE:
