@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stratagem.advisor.search.targets import TARGETS  # light: the planning modules import no torch
-from stratagem.cli.common import EXIT_NOTHING_FITS, add_model_arguments, model_workload, positive_int
+from stratagem.cli.common import (
+    EXIT_NOTHING_FITS,
+    add_model_arguments,
+    check_writable,
+    file_name,
+    model_workload,
+    positive_int,
+)
 from stratagem.cli.emit import EMIT_FILES, export_config, search_target
 
 if TYPE_CHECKING:
@@ -41,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "the best plan overall (default: the --emit runtime, else any)")
     parser.add_argument("--format", choices=FORMATS, default="table", help="report format (default: table)")
     parser.add_argument("--json", dest="format", action="store_const", const="json", help="same as --format json")
-    parser.add_argument("--output", metavar="FILE", type=Path, default=None,
+    parser.add_argument("--output", metavar="FILE", type=file_name, default=None,
                         help="write the report to FILE instead of standard output; with --emit, FILE is "
                         "the config file and the report goes to standard output")
     parser.add_argument("--emit", choices=tuple(EMIT_FILES), default=None,
@@ -63,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from stratagem.advisor.hardware import parse_cluster
     from stratagem.advisor.search.advice import advise
 
+    check_writable(args.output, "the config" if args.emit else "the report")
     cluster = parse_cluster(args.cluster)
     if args.verify:
         from stratagem.distributed import launched_job

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from pathlib import Path
 from typing import TYPE_CHECKING
+
+from stratagem.cli.common import LOCAL_RANKS, check_writable, file_name
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -26,10 +27,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "hardware; advise and auto-parallel use it whenever they plan for the same cluster. Run it "
         "under torchrun/srun to measure every node of a job, or alone to spawn local processes.",
     )
-    parser.add_argument("--nproc", type=int, default=None, metavar="N",
+    parser.add_argument("--nproc", type=LOCAL_RANKS, default=None, metavar="N",
                         help="local processes to spawn when not launched (default: the GPUs, or 2 CPU ranks)")
     parser.add_argument("--quick", action="store_true", help="small sizes and few repeats (seconds, rougher)")
-    parser.add_argument("--output", type=Path, default=None, metavar="FILE",
+    parser.add_argument("--output", type=file_name, default=None, metavar="FILE",
                         help="write the calibration here instead of the cache where advise finds it")
     parser.add_argument("--json", action="store_true", help="print the calibration as JSON")
     parser.set_defaults(handler=run)
@@ -40,10 +41,8 @@ def run(args: argparse.Namespace) -> int:
     from stratagem.advisor.calibrate.calibration import calibration_path
     from stratagem.distributed import launched_job
     from stratagem.advisor.calibrate.run import calibrate
-    from stratagem.errors import UsageError
 
-    if args.nproc is not None and args.nproc < 1:
-        raise UsageError(f"--nproc {args.nproc}: calibration needs at least one process")
+    check_writable(args.output, "the calibration")
     result = calibrate(nproc=args.nproc, quick=args.quick, progress=not args.json)
     if launched_job() and int(os.environ["RANK"]) != 0:
         return 0  # every rank of a job measured; rank 0 stores and reports

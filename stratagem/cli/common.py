@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import functools
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stratagem.advisor.search.advice import OBJECTIVES  # light: the planning modules import no torch
+from stratagem.advisor.hardware.parse import MAX_DEVICES_PER_NODE
+from stratagem.errors import UsageError
 from stratagem.plan import OPTIMIZERS
+from stratagem.plan.checks import MAX_SAMPLES
 
 if TYPE_CHECKING:
     from stratagem.advisor.hardware import Cluster
@@ -24,9 +31,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         "device (memory)")
     parser.add_argument("--model", required=True, metavar="MODEL",
                         help="a preset (e.g. llama-2-7b), 'pkg.module:factory' or 'hf:PATH/config.json'")
-    parser.add_argument("--global-batch-size", type=positive_int, metavar="N", default=None,
+    parser.add_argument("--global-batch-size", type=SAMPLES, metavar="N", default=None,
                         help="samples per optimizer step (default: one per device)")
-    parser.add_argument("--seq-len", type=positive_int, metavar="S", default=None,
+    parser.add_argument("--seq-len", type=SAMPLES, metavar="S", default=None,
                         help="tokens per sample (default: the model's; not for image models)")
     parser.add_argument("--precision", metavar="P", default="bf16-mixed",
                         help="fp32, bf16-mixed, fp16-mixed or bf16-true (default: bf16-mixed)")
@@ -47,12 +54,65 @@ def model_workload(args: argparse.Namespace, cluster: Cluster) -> tuple[ModelPro
     return profile, workload
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer of at least 1."""
+def _int_in(text: str, minimum: int, maximum: int | None, why: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise argparse.ArgumentTypeError(f"must be at most {maximum:,} ({why}), got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer of at least 1."""
+    return _int_in(text, 1, None, "")
+
+
+def bounded_int(minimum: int, maximum: int, why: str) -> Callable[[str], int]:
+    """argparse type: an integer from ``minimum`` to ``maximum`` (``why`` says where the limit comes from)."""
+    return functools.partial(_int_in, minimum=minimum, maximum=maximum, why=why)
+
+
+SAMPLES = bounded_int(1, MAX_SAMPLES, "a step's samples and a sample's tokens are 32-bit counts, so that a "
+                      "step's tokens are a 64-bit index")
+"""argparse type of a batch size or a sequence length."""
+LOCAL_RANKS = bounded_int(1, MAX_DEVICES_PER_NODE, "more ranks than any node holds")
+"""argparse type of the ranks a command spawns on this host."""
+STEPS = bounded_int(1, 1000, "a few steps measure a plan; more is a training run")
+"""argparse type of the steps ``verify`` measures."""
+WARMUP_STEPS = bounded_int(0, 1000, "a few steps warm a plan up")
+"""argparse type of the steps ``verify`` runs before measuring."""
+
+
+def seconds(text: str) -> float:
+    """argparse type: a finite, positive number of seconds, at most a week."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value <= 7 * 24 * 3600:
+        raise argparse.ArgumentTypeError(f"must be more than 0 and at most a week (604,800 s), got {text}")
+    return value
+
+
+def file_name(text: str) -> Path:
+    """argparse type: a path naming a file (not empty, not a folder)."""
+    if not text or Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a file name" + (" (it is a folder)" if text else ""))
+    return Path(text)
+
+
+def check_writable(path: Path | None, what: str) -> None:
+    """Raise :class:`UsageError` unless this process can write ``path`` (a file is created and
+    removed beside it): checked before the work whose result goes there."""
+    if path is None:
+        return
+    try:
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}."):
+            pass
+    except OSError as err:
+        raise UsageError(f"cannot write {what} to {path}: {err.strerror or err}\n"
+                         "HINT: give --output a path in a folder that exists and is writable") from None

@@ -28,7 +28,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Profile and print; returns the exit status."""
     from stratagem.advisor.profile.cache import profile_spec
+    from stratagem.errors import UsageError
+    from stratagem.plan.checks import MAX_SAMPLES
 
+    for name, value in (("--batch-size", args.batch_size), ("--seq-len", args.seq_len)):
+        if value is not None and not 1 <= value <= MAX_SAMPLES:
+            raise UsageError(f"{name} must be at least 1 and at most {MAX_SAMPLES:,} (a 32-bit count, so that a "
+                             f"step's tokens are a 64-bit index), got {value}")
     profile = profile_spec(args.model, batch_size=args.batch_size, seq_len=args.seq_len,
                            precision=args.precision, cache=args.cache)
     if args.json:

@@ -8,7 +8,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stratagem.advisor.search.targets import TARGETS
-from stratagem.cli.common import EXIT_NOTHING_FITS, add_model_arguments, model_workload
+from stratagem.cli.common import (
+    EXIT_NOTHING_FITS,
+    LOCAL_RANKS,
+    STEPS,
+    WARMUP_STEPS,
+    add_model_arguments,
+    check_writable,
+    model_workload,
+    file_name,
+    positive_int,
+    seconds,
+)
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -32,15 +43,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "the others go on. Runs the reference presets.",
     )
     add_model_arguments(parser)
-    parser.add_argument("--nproc", type=int, default=None, metavar="N",
+    parser.add_argument("--nproc", type=LOCAL_RANKS, default=None, metavar="N",
                         help="CPU ranks when there is no GPU (default: 2); with GPUs, all of them")
-    parser.add_argument("--top", type=int, default=3, metavar="K", help="plans to run (default: 3)")
+    parser.add_argument("--top", type=positive_int, default=3, metavar="K", help="plans to run (default: 3)")
     parser.add_argument("--target", choices=TARGETS, default="any", help="runtime the plans must suit (default: any)")
-    parser.add_argument("--steps", type=int, default=3, help="measured steps per plan (default: 3)")
-    parser.add_argument("--warmup", type=int, default=1, help="steps run before measuring (default: 1)")
-    parser.add_argument("--timeout", type=float, default=300.0, metavar="S",
+    parser.add_argument("--steps", type=STEPS, default=3, help="measured steps per plan (default: 3)")
+    parser.add_argument("--warmup", type=WARMUP_STEPS, default=1, help="steps run before measuring (default: 1)")
+    parser.add_argument("--timeout", type=seconds, default=300.0, metavar="S",
                         help="seconds one plan may run (default: 300)")
-    parser.add_argument("--output", type=Path, default=None, metavar="FILE",
+    parser.add_argument("--output", type=file_name, default=None, metavar="FILE",
                         help="write the measured winner's plan here (JSON)")
     parser.add_argument("--no-calibration", dest="calibration", action="store_false",
                         help="use catalog figures even when `stratagem calibrate` measured this host")
@@ -55,9 +66,7 @@ def run(args: argparse.Namespace) -> int:
     from stratagem.distributed import launched_job
     from stratagem.errors import UsageError
 
-    for name in ("top", "steps"):
-        if getattr(args, name) < 1:
-            raise UsageError(f"--{name} must be at least 1")
+    check_writable(args.output, "the measured winner's plan")
     if launched_job():
         return _run_in_job(args)
     if torch.cuda.is_available():
@@ -65,8 +74,6 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--nproc applies to CPU ranks; with GPUs every GPU runs\nHINT: set CUDA_VISIBLE_DEVICES")
         cluster = probe_local()
     else:
-        if args.nproc is not None and args.nproc < 1:
-            raise UsageError(f"--nproc must be at least 1, got {args.nproc}")
         cluster = parse_cluster(f"{args.nproc or 2}xcpu")
     return _advise_and_verify(cluster, args)
 

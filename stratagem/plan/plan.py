@@ -21,7 +21,15 @@ from types import MappingProxyType
 from typing import Any
 
 from stratagem.errors import UsageError
-from stratagem.plan.checks import check_choice, check_positive
+from stratagem.plan.checks import (
+    MAX_SAMPLES,
+    MAX_WORLD_SIZE,
+    check_bool,
+    check_choice,
+    check_optional_str,
+    check_positive,
+    shown,
+)
 from stratagem.plan.precision import PRECISIONS
 
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb")
@@ -50,11 +58,15 @@ class MeshAxis(StrEnum):
 
 
 @functools.lru_cache(maxsize=64)
-def _check_tp_layout(layout: tuple[tuple[str, str], ...]) -> None:
-    """Every style in ``layout`` is known (once per layout: the search shares one across plans)."""
-    for pattern, style in layout:
-        check_choice(f"Plan.tp_layout style of {pattern!r}", style, TP_STYLES)
-
+def _check_tp_layout(layout: Any) -> None:
+    """``layout`` is a tuple of ``(pattern, style)`` string pairs with known styles (once per layout:
+    the search shares one across plans)."""
+    if not isinstance(layout, (tuple, list)):
+        raise UsageError(f"Plan.tp_layout must be a list of [pattern, style] pairs, got {shown(layout)}")
+    for pair in layout:
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and all(isinstance(s, str) for s in pair)):
+            raise UsageError(f"Plan.tp_layout entry {shown(pair)} is not a [pattern, style] pair of strings")
+        check_choice(f"Plan.tp_layout style of {pair[0]!r}", pair[1], TP_STYLES)
 
 
 def admitted_offloads(zero: int) -> tuple[str, ...]:
@@ -139,6 +151,14 @@ class Plan:
         if set(map(type, counts)) != {int} or min(counts) < 1:  # not all(...): the search builds many plans
             for name in _COUNT_FIELDS:
                 check_positive(f"Plan.{name}", getattr(self, name))
+        check_positive("Plan.world_size", self.world_size, maximum=MAX_WORLD_SIZE,
+                       why="pp × dp_replicate × dp_shard × tp ranks, more than any cluster holds")
+        check_positive("Plan.global_batch_size", self.global_batch_size, maximum=MAX_SAMPLES,
+                       why="micro_batch_size × microbatches × grad_accum × dp samples per step")
+        check_positive("Plan.pp_virtual", self.pp_virtual, maximum=MAX_WORLD_SIZE,
+                       why="more stages per rank than any model has blocks")
+        check_bool("Plan.sequence_parallel", self.sequence_parallel)
+        check_optional_str("Plan.block_container", self.block_container)
         check_choice("Plan.zero", self.zero, (0, 1, 2, 3))
         check_choice("Plan.pp_schedule", self.pp_schedule, PP_SCHEDULES)
         check_choice("Plan.activation_checkpointing", self.activation_checkpointing, CHECKPOINTING)
@@ -151,7 +171,7 @@ class Plan:
             raise UsageError("Plan.sequence_parallel needs tp > 1: it splits activations over the TP group")
         try:
             _check_tp_layout(self.tp_layout)
-        except TypeError:  # lists, not hashable: checked without the cache
+        except TypeError:  # not hashable (lists): checked without the cache
             _check_tp_layout.__wrapped__(self.tp_layout)
 
     def _check_data_parallel(self) -> None:
@@ -195,11 +215,13 @@ class Plan:
     def _check_stage_blocks(self) -> None:
         if self.stage_blocks is None:
             return
+        if not isinstance(self.stage_blocks, tuple):
+            raise UsageError(f"Plan.stage_blocks must be a list of block counts or null, got {shown(self.stage_blocks)}")
         if self.pp == 1:
             raise UsageError("Plan.stage_blocks partitions pipeline stages; with pp=1 it must be None")
         if (len(self.stage_blocks) != self.num_stages or set(map(type, self.stage_blocks)) != {int}
                 or min(self.stage_blocks) < 1):  # not all(...): the search builds many plans
-            raise UsageError(f"Plan.stage_blocks={list(self.stage_blocks)} must hold {self.num_stages} positive "
+            raise UsageError(f"Plan.stage_blocks={shown(list(self.stage_blocks))} must hold {self.num_stages} positive "
                              f"block counts (pp {self.pp} × virtual {self.pp_virtual} stages)\n"
                              "HINT: one count per stage in stage order, e.g. [3, 5] for pp=2; or leave it "
                              "unset for an even split")
@@ -390,13 +412,18 @@ class Plan:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Plan:
         """The inverse of :meth:`to_dict`; missing fields take their defaults."""
+        if not isinstance(data, dict):
+            raise UsageError(f"a plan must be a mapping of Plan fields, got {shown(data)}")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise UsageError(f"unknown Plan field(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
-        layout = tuple(tuple(pair) for pair in data.get("tp_layout", ()))
-        stages = data.get("stage_blocks")
-        return cls(**{**data, "tp_layout": layout, "stage_blocks": None if stages is None else tuple(stages)})
+        layout, stages = data.get("tp_layout", ()), data.get("stage_blocks")
+        _check_tp_layout.__wrapped__(layout)
+        if stages is not None and not isinstance(stages, (list, tuple)):
+            raise UsageError(f"Plan.stage_blocks must be a list of block counts or null, got {shown(stages)}")
+        return cls(**{**data, "tp_layout": tuple(tuple(pair) for pair in layout),
+                      "stage_blocks": None if stages is None else tuple(stages)})
 
     def to_json(self, **kwargs: Any) -> str:
         return json.dumps(self.to_dict(), **kwargs)
@@ -409,14 +436,18 @@ class Plan:
             data = json.loads(text)
         except json.JSONDecodeError as err:
             raise UsageError(f"a plan must be a JSON object: {err}") from None
+        except RecursionError:
+            raise UsageError("a plan must be a JSON object of Plan fields: this one nests too deeply") from None
         if not isinstance(data, dict):
             raise UsageError(f"a plan must be a JSON object, got {type(data).__name__}")
         if isinstance(data.get("plans"), list):  # a whole `advise --format json` document: its best
             if not data["plans"]:
                 raise UsageError("the advice holds no plan that fits\nHINT: see its suggestions")
             data = data["plans"][0]
-        if isinstance(data.get("plan"), dict):  # one entry of `advise --format json`
+        if isinstance(data, dict) and isinstance(data.get("plan"), dict):  # one entry of `advise --format json`
             data = data["plan"]
+        if not isinstance(data, dict):
+            raise UsageError(f"a plan must be a JSON object of Plan fields, got {shown(data)}")
         return cls.from_dict(data)
 
 

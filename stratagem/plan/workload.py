@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from stratagem.plan.checks import check_choice, check_positive
+from stratagem.plan.checks import MAX_SAMPLES, check_choice, check_positive
 from stratagem.plan.precision import PRECISIONS
 
 OPTIMIZERS = ("adamw", "sgd")
@@ -22,9 +22,11 @@ class Workload:
     optimizer: str = "adamw"
 
     def __post_init__(self) -> None:
-        check_positive("Workload.global_batch_size", self.global_batch_size)
+        check_positive("Workload.global_batch_size", self.global_batch_size, maximum=MAX_SAMPLES,
+                       why="samples per step are a 32-bit count, so that a step's tokens are a 64-bit index")
         if self.seq_len is not None:
-            check_positive("Workload.seq_len", self.seq_len)
+            check_positive("Workload.seq_len", self.seq_len, maximum=MAX_SAMPLES,
+                           why="tokens per sample are a 32-bit count, so that a step's tokens are a 64-bit index")
         check_choice("Workload.precision", self.precision, tuple(PRECISIONS))
         check_choice("Workload.optimizer", self.optimizer, OPTIMIZERS)
 

@@ -23,10 +23,16 @@ from stratagem.advisor.hardware import lookup, probe
 from stratagem.advisor.hardware.host import cpu_node, probe_host
 from stratagem.advisor.hardware.spec import Cluster, NetworkSpec, NodeSpec
 from stratagem.errors import UsageError
+from stratagem.plan.checks import MAX_WORLD_SIZE, check_positive, shown
 
 _SPEC = re.compile(r"^(?:(\d+)x)?(?:(\d+)x)?([^:+]+)(\+bridge)?(?::(.+))?$", re.IGNORECASE)
 _NETWORK = re.compile(r"^(.+?)(?:-x(\d+))?$", re.IGNORECASE)
+_CHARACTERS = re.compile(r"^[A-Za-z0-9.+:_-]+$")  # what catalog names, counts and separators use
 FORM = "[NODES x] [DEVICES x] DEVICE[+bridge][:NETWORK[-xNICS]], e.g. '4x8xH100-SXM5-80GB:ib-ndr'"
+MAX_DEVICES_PER_NODE = 1024
+"""Devices a node may hold: above the largest NVLink domains (72 GPUs built, 576 announced)."""
+MAX_NICS_PER_NODE = 64
+"""NICs a node may carry: above any node built (DGX: 8 compute NICs; AWS p5: 32 EFA)."""
 
 
 def parse_cluster(spec: str) -> Cluster:
@@ -34,7 +40,7 @@ def parse_cluster(spec: str) -> Cluster:
     text = re.sub(r"\s+", "", spec)
     if text.lower() == "local":
         return probe.probe_local()
-    match = _SPEC.match(text)
+    match = _SPEC.match(text) if _CHARACTERS.match(text) else None
     if not match:
         raise UsageError(f"cannot read cluster spec {spec!r}: expected {FORM}"
                          "\nHINT: or 'local' to probe this machine")
@@ -43,6 +49,10 @@ def parse_cluster(spec: str) -> Cluster:
     if num_nodes < 1 or num_devices < 1:
         raise UsageError(f"counts in {spec!r} must be at least 1: got {num_nodes} node(s) "
                          f"x {num_devices} device(s)\nHINT: write e.g. '2x8xH100:ib-ndr'")
+    check_positive(f"the devices per node of {shown(spec)}", num_devices, maximum=MAX_DEVICES_PER_NODE,
+                   why="more than any node or NVLink domain holds")
+    check_positive(f"the world size of {shown(spec)}", num_nodes * num_devices, maximum=MAX_WORLD_SIZE,
+                   why="more ranks than any cluster holds")
     node = _node(spec, device=device, num_devices=num_devices, bridge=bool(bridge))
     return Cluster(num_nodes=num_nodes,
                    node=_with_network(spec, node=node, network=network, num_nodes=num_nodes))
@@ -105,6 +115,8 @@ def parse_network(text: str, *, spec: str, node: NodeSpec) -> NetworkSpec:
         name, num_devices=node.num_devices, is_gpu=node.device.is_gpu)
     if nics < 1:
         raise UsageError(f"NIC count in {text!r} must be at least 1\nHINT: e.g. '{name}-x4'")
+    check_positive(f"the NICs per node of {shown(spec)}", nics, maximum=MAX_NICS_PER_NODE,
+                   why="more than any node carries (DGX: 8 compute NICs; AWS p5: 32 EFA)")
     return lookup.network_from_name(name, nics_per_node=nics)
 
 
