@@ -8,6 +8,7 @@ from __future__ import annotations
 import atexit
 import inspect
 import json
+import os
 import sys
 import weakref
 from collections.abc import Callable, Mapping
@@ -44,11 +45,14 @@ def load_plan(plan: Plan | Mapping[str, Any] | str | Path) -> Plan:
         return plan
     if isinstance(plan, Mapping):
         return Plan.from_dict(dict(plan))
+    if not isinstance(plan, (str, os.PathLike)):
+        raise UsageError(f"a plan is a Plan, a dict of its fields or a JSON file's path, not {type(plan).__name__}")
     path = Path(plan)
     try:
-        text = path.read_text()
-    except OSError as err:
-        raise UsageError(f"cannot read the plan file {path}: {err}") from None
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise UsageError(f"cannot read the plan file {path}: {err}\nHINT: give the JSON file `advise --format json` "
+                         "or `verify --output` wrote") from None
     return Plan.from_json(text)
 
 

@@ -1,0 +1,116 @@
+"""Each input a careless user or script was seen to send, named: a clean usage error (exit 2 on
+the command line), or the answer, in seconds."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from stratagem.advisor.hardware import parse_cluster
+from stratagem.advisor.profile.cache import profile_spec
+from stratagem.advisor.search.advice import advise
+from stratagem.cli import main
+from stratagem.errors import UsageError
+from stratagem.integrations.planning import load_plan
+from stratagem.plan import Plan, Workload
+
+PLAN_TEXTS = {
+    "tp_layout a number": ('{"tp_layout": 5}', "Plan.tp_layout must be a list"),
+    "tp_layout null": ('{"tp_layout": null}', "Plan.tp_layout must be a list"),
+    "tp_layout a string": ('{"tp_layout": "abc"}', "Plan.tp_layout must be a list"),
+    "tp_layout pair of numbers": ('{"tp": 2, "tp_layout": [[1, 2]]}', "not a [pattern, style] pair"),
+    "stage_blocks a number": ('{"stage_blocks": 5}', "Plan.stage_blocks must be a list"),
+    "best plan not an object": ('{"plans": [1]}', "JSON object of Plan fields"),
+    "plan entry not an object": ('{"plan": 5}', "unknown Plan field(s) plan"),
+    "deep nesting": ("[" * 100_000 + "]" * 100_000, "nests too deeply"),
+    "sequence_parallel as a string": ('{"tp": 2, "sequence_parallel": "false"}', "must be true or false"),
+    "zero as a bool": ('{"zero": true, "dp_shard": 2}', "Plan.zero=True is not one of"),
+    "zero as a float": ('{"zero": 3.0, "dp_shard": 2}', "Plan.zero=3.0 is not one of"),
+    "block_container a number": ('{"block_container": 5}', "Plan.block_container must be a string"),
+    "a degree of 10^30": ('{"dp_replicate": 1000000000000000000000000000000}', "more than 1,048,576"),
+    "a batch of 2^32": ('{"micro_batch_size": 4294967296}', "Plan.global_batch_size=4294967296 is more than"),
+}
+
+
+@pytest.mark.parametrize(("text", "message"), PLAN_TEXTS.values(), ids=PLAN_TEXTS.keys())
+def test_a_bad_plan_is_a_usage_error_through_every_way_in(tmp_path, text, message):
+    with pytest.raises(UsageError, match=re.escape(message)):
+        Plan.from_json(text)
+    path = tmp_path / "plan.json"
+    path.write_text(text)
+    with pytest.raises(UsageError, match="Plan|plan"):
+        load_plan(path)
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        return
+    if isinstance(data, dict) and "plans" not in data and "plan" not in data:
+        with pytest.raises(UsageError, match="Plan"):
+            load_plan(data)
+
+
+def test_the_lightning_strategy_refuses_a_bad_plan_when_built():
+    from stratagem.integrations.lightning import AutoParallelStrategy
+
+    with pytest.raises(UsageError, match="must be true or false"):
+        AutoParallelStrategy(plan={"tp": 2, "sequence_parallel": "false"})
+
+
+def test_a_plan_loader_refuses_what_is_no_plan(tmp_path):
+    binary = tmp_path / "plan.bin"
+    binary.write_bytes(b"\xff\xfe\x00")
+    for plan, message in ((5, "not int"), (binary, "cannot read the plan file"), (tmp_path, "cannot read")):
+        with pytest.raises(UsageError, match=message):
+            load_plan(plan)
+
+
+CLUSTERS = {
+    "8·10^20 GPUs": ("99999999999999999999x8xH100:ib-ndr", "more ranks than any cluster holds"),
+    "10^11 NICs": ("2x8xH100:ib-ndr-x99999999999", "more than any node carries"),
+    "a letter no catalog name has": ("8xH100ü", "cannot read cluster spec"),
+    "2,048 GPUs in a node": ("2048xH100", "more than any node or NVLink domain holds"),
+}
+
+
+@pytest.mark.parametrize(("spec", "message"), CLUSTERS.values(), ids=CLUSTERS.keys())
+def test_a_cluster_no_one_has_is_refused(spec, message):
+    with pytest.raises(UsageError, match=message):
+        parse_cluster(spec)
+
+
+ARGUMENTS = {
+    "sequence of 2^63": (["advise", "--model", "llama-tiny", "--cluster", "2xcpu", "--seq-len", str(2**63)],
+                         "--seq-len: must be at most 2,147,483,648"),
+    "batch of 10^30": (["advise", "--model", "llama-tiny", "--cluster", "2xcpu", "--global-batch-size", "1" + "0" * 30],
+                       "--global-batch-size: must be at most"),
+    "batch of 2^63": (["advise", "--model", "llama-tiny", "--global-batch-size", str(2**63)], "must be at most"),
+    "empty output": (["advise", "--model", "llama-tiny", "--cluster", "2xcpu", "--emit", "lightning", "--output="],
+                     "'' is not a file name"),
+    "a million ranks": (["verify", "--model", "llama-tiny", "--nproc", "1000000"], "must be at most 1,024"),
+    "timeout nan": (["verify", "--model", "llama-tiny", "--timeout", "nan"], "must be more than 0"),
+    "warm-up of -1": (["verify", "--model", "llama-tiny", "--warmup", "-1"], "must be at least 0"),
+}
+
+
+@pytest.mark.parametrize(("argv", "message"), ARGUMENTS.values(), ids=ARGUMENTS.keys())
+def test_a_number_or_path_no_run_can_take_exits_2(capsys, argv, message):
+    with pytest.raises(SystemExit) as exit:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit.value.code == 2 and message in err and "Traceback" not in err
+
+
+def test_calibrate_refuses_an_output_it_cannot_write_before_measuring(capsys):
+    assert main(["calibrate", "--output", "/proc/stratagem-calibration.json", "--json"]) == 2
+    captured = capsys.readouterr()
+    assert "cannot write the calibration to /proc/stratagem-calibration.json" in captured.err
+    assert captured.out == ""  # nothing measured, nothing reported
+
+
+def test_a_billion_samples_per_step_are_searched_in_seconds():
+    profile = profile_spec("llama-tiny", seq_len=32)
+    advice = advise(profile, parse_cluster("2xcpu"), Workload(global_batch_size=10**9, seq_len=32), top=1)
+    assert advice.best is not None and advice.best.plan.global_batch_size == 10**9
+    assert advice.search_seconds < 30  # was 104 s: the micro-batch enumeration's divisors took O(batch) steps
