@@ -12,10 +12,10 @@ import sys
 from collections.abc import Sequence
 
 from stratagem import __version__
-from stratagem.cli import advise_cmd, calibrate_cmd, hardware_cmd, profile_cmd, verify_cmd
+from stratagem.cli import advise_cmd, calibrate_cmd, explain_cmd, hardware_cmd, profile_cmd, verify_cmd
 from stratagem.errors import UsageError
 
-_SUBCOMMANDS = (advise_cmd, profile_cmd, hardware_cmd, calibrate_cmd, verify_cmd)
+_SUBCOMMANDS = (advise_cmd, explain_cmd, profile_cmd, hardware_cmd, calibrate_cmd, verify_cmd)
 
 EXIT_USAGE = 2
 

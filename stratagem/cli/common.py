@@ -24,19 +24,23 @@ EXIT_NOTHING_FITS = 1
 """Exit status of ``advise`` and ``verify`` when no plan fits (2 is a usage error)."""
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """The model, workload and ranking arguments ``advise`` and ``verify`` share."""
+def add_model_arguments(parser: argparse.ArgumentParser, *, plan_defaults: bool = False) -> None:
+    """The model, workload and ranking arguments ``advise``, ``verify`` and ``explain`` share;
+    with ``plan_defaults`` (``explain``), the global batch and precision default to the first
+    plan's (``--precision`` then defaults to None, read as the plan's or ``bf16-mixed``)."""
     parser.add_argument("--objective", choices=tuple(OBJECTIVES), default="throughput",
                         help="rank plans by the fastest step (throughput, the default) or the least memory per "
                         "device (memory)")
     parser.add_argument("--model", required=True, metavar="MODEL",
                         help="a preset (e.g. llama-2-7b), 'pkg.module:factory' or 'hf:PATH/config.json'")
     parser.add_argument("--global-batch-size", type=SAMPLES, metavar="N", default=None,
-                        help="samples per optimizer step (default: one per device)")
+                        help="samples per optimizer step (default: "
+                        + ("the first plan's)" if plan_defaults else "one per device)"))
     parser.add_argument("--seq-len", type=SAMPLES, metavar="S", default=None,
                         help="tokens per sample (default: the model's; not for image models)")
-    parser.add_argument("--precision", metavar="P", default="bf16-mixed",
-                        help="fp32, bf16-mixed, fp16-mixed or bf16-true (default: bf16-mixed)")
+    parser.add_argument("--precision", metavar="P", default=None if plan_defaults else "bf16-mixed",
+                        help="fp32, bf16-mixed, fp16-mixed or bf16-true (default: "
+                        + ("the first plan's, else " if plan_defaults else "") + "bf16-mixed)")
     parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw",
                         help="the optimizer whose states count in memory (default: adamw)")
     parser.add_argument("--no-cache", dest="cache", action="store_false",

@@ -4,12 +4,16 @@ renderers lay out the same rows and sentences, so they cannot drift apart."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from stratagem.advisor.search.advice import Advice
 from stratagem.advisor.cost.estimate import Estimate
 from stratagem.advisor.search.explain import explain_target_cost
 from stratagem.advisor.cost.memory import usable_bytes
 from stratagem.units import format_bytes, format_count, format_params, format_seconds
+
+if TYPE_CHECKING:
+    from stratagem.advisor.search.given_plans import Comparison
 
 # Term name on the breakdown → (label, colour). Colours are shared by the terminal bars and the
 # HTML plots (Tableau 10), so a term looks the same everywhere.
@@ -97,7 +101,7 @@ def time_terms(estimate: Estimate) -> list[Term]:
     return terms
 
 
-def title(advice: Advice) -> str:
+def title(advice: Advice | Comparison) -> str:
     """``'gpt2 (124.4M parameters) on 2x8xH100-SXM5-80GB:ib-ndr-x8 (16 GPUs)'``."""
     cluster = advice.cluster
     kind = ("GPU" if cluster.is_gpu else "rank") + ("s" if cluster.world_size > 1 else "")
@@ -105,7 +109,7 @@ def title(advice: Advice) -> str:
             f"on {cluster.spec} ({cluster.world_size} {kind})")
 
 
-def workload_line(advice: Advice) -> str:
+def workload_line(advice: Advice | Comparison) -> str:
     """Global batch, sequence length, precision, optimizer and target runtime, in one line."""
     work = advice.workload
     batch = f"global batch {work.global_batch_size}" + (f" × {work.seq_len} tokens" if work.seq_len else "")

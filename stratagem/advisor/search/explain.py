@@ -1,4 +1,5 @@
-"""Why the best plan wins, why the runner-up loses, and what would make a model fit at all.
+"""Why the best plan wins, why the runner-up loses, why one of two given plans beats the other,
+and what would make a model fit at all.
 
 Every sentence names numbers a user can check against the breakdowns in the report.
 """
@@ -34,12 +35,23 @@ TERM_LABELS = {
     "offload": "CPU offload transfers",
     "dispatch": "launching operators (host-bound)",
 }
+# The memory terms as sentences name them (the report's tables label them in report/content.py).
+MEMORY_LABELS = {
+    "parameters": "parameters",
+    "gradients": "gradients",
+    "optimizer": "optimizer states",
+    "activations": "activations",
+    "buffers": "buffers",
+    "framework": "framework",
+}
 # Step times within this fraction count as tied; the simpler plan ranks first.
 NEAR_TIE = 0.01
 # Above this share of usable memory, memory is what binds a plan.
 MEMORY_BOUND = 0.9
 # Above this share of the step in compute, a plan is compute-bound.
 COMPUTE_BOUND = 0.7
+# A term differing by less than this share of the winner's total does not decide a comparison.
+DECIDING = 0.01
 # Node counts tried, as multiples of the cluster's, when nothing fits.
 GROWTH = (2, 4, 8, 16, 32, 64)
 
@@ -99,6 +111,96 @@ def explain_target_cost(target: str, best: Estimate | None, overall: Estimate | 
     return (f"What {target} leaves out costs {slower:.0%} throughput: the best plan overall, {overall.plan.name}, "
             f"takes {format_seconds(overall.time.step_seconds)} per step against "
             f"{format_seconds(best.time.step_seconds)} for {best.plan.name}.")
+
+
+def explain_comparison(a: Estimate, b: Estimate, *, winner: int | None, labels: tuple[str, str] = ("A", "B"),
+                       objective: str = "throughput") -> tuple[str, ...]:
+    """Why ``winner`` (0 for ``a``, 1 for ``b``, None when neither fits) beats the other plan: the
+    verdict, the terms that decide it, and the other side of the trade (memory or time)."""
+    if a.plan == b.plan:
+        return (f"{labels[0]} and {labels[1]} are the same plan, {a.plan.name}.",)
+    if winner is None:
+        if min(a.memory.total, b.memory.total) > a.capacity_bytes:  # both short of device memory
+            return (f"Neither fits the {format_bytes(a.capacity_bytes)} usable per GPU: {labels[0]} needs "
+                    f"{format_bytes(a.memory.total - a.capacity_bytes)} more, {labels[1]} "
+                    f"{format_bytes(b.memory.total - b.capacity_bytes)} more.",)
+        return (f"Neither fits: {labels[0]} is {_overflow(a)}, {labels[1]} {_overflow(b)}.",)
+    (w, win), (l, lose) = ((labels[winner], (a, b)[winner]), (labels[1 - winner], (a, b)[1 - winner]))
+    if not lose.fits:
+        verdict = f"{l} does not fit: {_overflow(lose)}, so {w} wins."
+        after = (f"Were it to fit, {l} would take {format_seconds(lose.time.step_seconds)} per step against "
+                 f"{format_seconds(win.time.step_seconds)} for {w}.")
+        return tuple(s for s in (verdict, _memory_terms(w, win, l, lose), after) if s)
+    if objective == "memory":
+        verdict = (f"{w} wins on memory: {format_bytes(win.memory.total)} per GPU against "
+                   f"{format_bytes(lose.memory.total)} for {l}.")
+        return tuple(s for s in (verdict, _memory_terms(w, win, l, lose), _time_side(w, win, l, lose)) if s)
+    slower = lose.time.step_seconds / win.time.step_seconds - 1
+    if slower <= NEAR_TIE:
+        why = "as the simpler plan" if win.plan.complexity < lose.plan.complexity else "as the faster"
+        return (f"{w} and {l} tie within {NEAR_TIE:.0%} ({l} {slower:+.1%} step time): {w} ranks first {why}.",
+                _memory_side(w, win, l, lose))
+    gain = f"{lose.time.step_seconds / win.time.step_seconds:.1f}× the throughput" if slower >= 1 else \
+        f"{slower:.0%} more throughput"
+    verdict = (f"{w} wins: {format_seconds(win.time.step_seconds)} per step against "
+               f"{format_seconds(lose.time.step_seconds)} for {l} ({gain}).")
+    return tuple(s for s in (verdict, _time_terms(w, win, l, lose), _memory_side(w, win, l, lose)) if s)
+
+
+def _overflow(estimate: Estimate) -> str:
+    """How far a plan that does not fit overshoots, on the device or in host memory."""
+    memory, capacity = estimate.memory, estimate.capacity_bytes
+    if memory.total > capacity:
+        return f"{format_bytes(memory.total - capacity)} over the {format_bytes(capacity)} usable per GPU"
+    return (f"{format_bytes(memory.host - estimate.host_capacity_bytes)} over its "
+            f"{format_bytes(estimate.host_capacity_bytes)} share of host memory for offloaded states")
+
+
+def _deciding(win: dict[str, float], lose: dict[str, float]) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
+    """Terms where the loser costs more (at most two, largest first, the second at least a tenth
+    of the first) and where the winner does (at most one), each by more than :data:`DECIDING` of
+    the winner's total."""
+    floor = DECIDING * sum(win.values())
+    deltas = sorted(((k, lose[k] - win[k]) for k in win), key=lambda kv: -abs(kv[1]))
+    worse = [kv for kv in deltas if kv[1] > floor][:2]
+    return [kv for kv in worse if kv[1] >= worse[0][1] / 10], [(k, -d) for k, d in deltas if -d > floor][:1]
+
+
+def _time_terms(w: str, win: Estimate, l: str, lose: Estimate) -> str | None:
+    """``"B's pipeline bubbles add 41.0 ms per step and its pipeline sends 2.10 ms; A's ..."``."""
+    worse, better = _deciding(_terms(win), _terms(lose))
+    if not worse:
+        return None
+    text = f"{l}'s {TERM_LABELS[worse[0][0]]} add {format_seconds(worse[0][1])} per step"
+    text += "".join(f" and its {TERM_LABELS[k]} {format_seconds(d)}" for k, d in worse[1:])
+    text += "".join(f"; {w}'s {TERM_LABELS[k]} add {format_seconds(d)}" for k, d in better)
+    return text + "."
+
+
+def _memory_terms(w: str, win: Estimate, l: str, lose: Estimate) -> str | None:
+    """``"B's activations take 30.0 GiB more per GPU and its parameters 2.0 GiB; A's ..."``."""
+    worse, better = _deciding(*({k: getattr(e.memory, k) for k in MEMORY_LABELS} for e in (win, lose)))
+    if not worse:
+        return None
+    text = f"{l}'s {MEMORY_LABELS[worse[0][0]]} take {format_bytes(worse[0][1])} more per GPU"
+    text += "".join(f" and its {MEMORY_LABELS[k]} {format_bytes(d)}" for k, d in worse[1:])
+    text += "".join(f"; {w}'s {MEMORY_LABELS[k]} take {format_bytes(d)} more" for k, d in better)
+    return text + "."
+
+
+def _memory_side(w: str, win: Estimate, l: str, lose: Estimate) -> str:
+    """Both plans' memory, and which needs less: the other side of a speed verdict."""
+    less = w if win.memory.total <= lose.memory.total else l
+    return (f"Memory per GPU: {w} {format_bytes(win.memory.total)}, {l} {format_bytes(lose.memory.total)} of "
+            f"{format_bytes(win.capacity_bytes)} usable; {less} needs "
+            f"{format_bytes(abs(win.memory.total - lose.memory.total))} less.")
+
+
+def _time_side(w: str, win: Estimate, l: str, lose: Estimate) -> str:
+    """Both plans' step times: the other side of a memory verdict."""
+    faster = w if win.time.step_seconds <= lose.time.step_seconds else l
+    return (f"Step time: {w} {format_seconds(win.time.step_seconds)}, {l} {format_seconds(lose.time.step_seconds)}; "
+            f"{faster} is faster.")
 
 
 Candidates = Callable[[ModelProfile, Cluster, Workload], Iterator[Iterator[Plan]]]

@@ -8,10 +8,15 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import TYPE_CHECKING
 
 from stratagem.plan import Plan
+from stratagem.plan.stages import TRACED_STAGE_LIMITS, traced_stages_allow
 from stratagem.advisor.profile.model_profile import ModelProfile
 from stratagem.errors import UsageError
+
+if TYPE_CHECKING:
+    from stratagem.advisor.hardware.spec import Cluster
 
 TARGETS = ("any", "lightning", "accelerate", "deepspeed")
 OPTIMIZER_OFFLOAD = "optimizer-only CPU offload (FSDP2 offloads parameters too; DeepSpeed's ZeRO-Offload can)"
@@ -81,6 +86,24 @@ def deepspeed_excludes(plan: Plan) -> str | None:
     if plan.pp > 1 and plan.pp_schedule != "1f1b":
         return f"{plan.pp_schedule} schedule (DeepSpeed pipelines run 1F1B)"
     return None
+
+
+def model_excludes(profile: ModelProfile, cluster: Cluster, plan: Plan) -> str | None:
+    """Why ``plan`` cannot train ``profile`` on ``cluster`` whatever the runtime, as the search
+    leaves such plans out (a plan given by hand, not enumerated), or None when it can."""
+    if plan.tp > 1:
+        degrees, no_tp = tp_degrees(profile, cluster.devices_per_node)
+        if no_tp or plan.tp not in degrees:
+            return no_tp or (f"tp={plan.tp}: {profile.name}'s tensor-parallel degrees on nodes of "
+                             f"{cluster.devices_per_node} are {', '.join(map(str, degrees))}")
+    if plan.pp > 1 and profile.pp_unavailable:
+        return f"no pipeline: {profile.pp_unavailable}"
+    if plan.pp > 1 and profile.pp_traced and not traced_stages_allow(
+            tp=plan.tp, activation_checkpointing=plan.activation_checkpointing):
+        return TRACED_STAGE_LIMITS
+    if plan.offloads and not cluster.is_gpu:
+        return "CPU offload on CPU ranks (their states are in host memory already)"
+    return target_excludes("any", plan, on_gpu=cluster.is_gpu, traced=profile.pp_traced)
 
 
 def tp_degrees(profile: ModelProfile, devices_per_node: int) -> tuple[tuple[int, ...], str | None]:
