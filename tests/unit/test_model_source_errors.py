@@ -134,6 +134,12 @@ def test_hf_a_folder_reads_its_config_json(write_config):
     assert type(source.module).__name__ == "LlamaForCausalLM"
 
 
+@pytest.mark.parametrize("path", ["/no/such/dir", "a" * 5000, "/root/../" + "b" * 300, "x\0y"])
+def test_hf_paths_that_name_no_file(path):
+    message = _usage_error(f"hf:{path}")
+    assert len(message) < 400  # a 5,000-character name is shortened
+
+
 def test_hf_a_directory_named_config_json(tmp_path):
     (tmp_path / "config.json").mkdir()
     _usage_error(f"hf:{tmp_path}", "no Hugging Face config")

@@ -106,9 +106,8 @@ def _measure(spec: str, *, batch_size: int, seq_len: int | None, precision: str)
 def _cache_key(spec: str, *, batch_size: int, seq_len: int | None, precision: str) -> str | None:
     if spec.startswith("hf:"):
         config = Path(spec[3:])
-        config = config / "config.json" if config.is_dir() else config
         try:
-            contents = config.read_bytes()
+            contents = (config / "config.json" if config.is_dir() else config).read_bytes()
         except (OSError, ValueError):
             return None  # missing or unreadable: let loading say what is wrong
         model = f"hf:{hashlib.sha256(contents).hexdigest()}:{_version('transformers')}"

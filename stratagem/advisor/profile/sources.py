@@ -244,6 +244,8 @@ _SIZE_LIMITS: dict[str, tuple[tuple[str, ...], int, int, str]] = {
     "num_experts_per_tok": (("num_experts_per_tok",), 0, 2**12, "published routers pick a handful of experts"),
 }
 
+_PER_LAYER = frozenset({"intermediate_size"})  # may be a list, one per layer (Gemma 3n)
+
 
 def check_hf_config(data: Mapping[str, Any], where: str) -> None:
     """Check a config's JSON before transformers sees it: a ``model_type`` transformers builds a
@@ -296,8 +298,9 @@ def _check_sizes(values: Mapping[str, Any], where: str, *, head_dim_given: bool)
     for name, (keys, least, most, why) in _SIZE_LIMITS.items():
         for key in keys:
             value = values.get(key)
-            if isinstance(value, list) and value and len(value) <= 2 * _SIZE_LIMITS["num_hidden_layers"][2]:
-                for item in value:  # one size per layer (Gemma 3n's intermediate sizes)
+            if name in _PER_LAYER and isinstance(value, list) and 0 < len(value) <= _SIZE_LIMITS[
+                    "num_hidden_layers"][2]:
+                for item in value:  # one size per layer
                     _check_size(key, item, least, most, why, where)
             elif value is not None:
                 found.setdefault(name, _check_size(key, value, least, most, why, where))
@@ -344,12 +347,16 @@ def _show(value: Any) -> str:
 def read_hf_config(path: str) -> tuple[Path, dict[str, Any]]:
     """The file ``hf:path`` names (the file itself, or ``config.json`` in a folder) and its JSON
     object, or a UsageError naming the file."""
-    config_path = Path(path)
-    if config_path.is_dir():
-        config_path = config_path / "config.json"
     hint = "HINT: give hf:PATH/config.json (any file name) or a folder holding config.json"
-    if not config_path.is_file():
-        raise UsageError(f"no Hugging Face config at {path!r}\n{hint}")
+    config_path = Path(path)
+    try:
+        if config_path.is_dir():
+            config_path = config_path / "config.json"
+        found = config_path.is_file()
+    except OSError as err:  # a name too long, a folder we may not enter
+        raise UsageError(f"cannot read {_show(path)}: {err.strerror or err}\n{hint}") from None
+    if not found:
+        raise UsageError(f"no Hugging Face config at {_show(path)}\n{hint}")
     try:
         data = json.loads(config_path.read_text(encoding="utf-8"))
     except OSError as err:
