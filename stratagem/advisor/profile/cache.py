@@ -144,6 +144,7 @@ def _write_atomically(path: Path, text: str) -> str | None:
         with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, prefix=f".{path.stem}.",
                                          suffix=".tmp", delete=False) as file:
             tmp = file.name
+            os.chmod(tmp, 0o644)  # tempfile makes it private (0600); a profile is not secret
             file.write(text)
         os.replace(tmp, path)
         tmp = None

@@ -116,15 +116,17 @@ def load_factory(spec: str) -> Callable[..., Any]:
     except (Exception, SystemExit) as err:  # the module's own code failed while being imported
         raise UsageError(f"cannot load factory {spec!r}: importing {module_name} raised "
                          f"{_describe(err)}\nHINT: fix the module so that 'import {module_name}' works") from None
+    walked = module_name
     for name in attr.split("."):
         try:
             target = getattr(target, name)
         except AttributeError:
-            raise UsageError(f"cannot load factory {spec!r}: {type(target).__name__} {module_name!r} has no "
-                             f"attribute {name!r}\n{_FACTORY_HINT}") from None
+            raise UsageError(f"cannot load factory {spec!r}: {walked} has no attribute {name!r}\n"
+                             f"{_FACTORY_HINT}") from None
         except Exception as err:  # a module-level __getattr__ that fails
             raise UsageError(f"cannot load factory {spec!r}: reading {name!r} raised {_describe(err)}\n"
                              f"{_FACTORY_HINT}") from None
+        walked = f"{walked}.{name}"
     if not callable(target):
         raise UsageError(f"factory {spec!r} is not callable (it is of type {type(target).__name__}): a factory "
                          "is called to build the model\nHINT: name a function (or class) that returns the model")
@@ -152,7 +154,7 @@ def factory_arguments(spec: str, factory: Callable[..., Any], *, batch_size: int
             missing.append(name)
     if "seq_len" in missing:
         raise UsageError(f"factory {spec!r} requires seq_len and none was given\n"
-                         "HINT: pass --seq-len N, or give the factory's seq_len a default")
+                         "HINT: pass --seq-len N (seq_len=N from Python), or give the factory's seq_len a default")
     if missing:
         raise UsageError(f"factory {spec!r} requires {', '.join(map(repr, missing))}; stratagem passes a factory "
                          f"only {' and '.join(_SUPPLIED)} (by keyword)\nHINT: give those parameters defaults, "
