@@ -21,3 +21,24 @@ def module_only():
 
 def not_a_module():
     return 42
+
+
+def raises():
+    """A factory whose own code fails."""
+    raise RuntimeError("a factory's own error")
+
+
+def exits():
+    """A factory that ends the program: a UsageError, not an exit."""
+    raise SystemExit(1)
+
+
+def tokens(batch_size: int = 1, seq_len: int = 8):
+    """A token model with its own sequence-length default."""
+    model = nn.Sequential(nn.Embedding(32, 8), nn.Linear(8, 32))
+    return model, (torch.randint(0, 32, (batch_size, seq_len)),)
+
+
+def needs_seq_len(seq_len):
+    """Requires a sequence length: a UsageError without one."""
+    return tokens(1, seq_len)

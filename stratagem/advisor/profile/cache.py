@@ -8,19 +8,25 @@ presets — so a cached profile is exactly the one a new measurement would give.
 (``pkg.module:factory``) run user code whose dependencies we cannot see: never cached.
 
 The cache lives in ``$STRATAGEM_CACHE_DIR``, else ``$XDG_CACHE_HOME/stratagem``, else
-``~/.cache/stratagem``.
+``~/.cache/stratagem``. A cached profile is checked on read (``ModelProfile.from_dict``: its
+schema version, types and invariants); one that fails is measured again, and a cache that cannot
+be written costs only the next run a measurement. Either way the profile's notes and a
+:class:`ProfileCacheWarning` say which file and why.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import tempfile
+import warnings
 from dataclasses import replace
 from importlib import metadata
 from pathlib import Path
 
-from stratagem.advisor.profile.model_profile import ModelProfile
+from stratagem.advisor.profile.model_profile import ModelProfile, ProfileDataError
 from stratagem.plan.precision import get_precision
 
 CACHE_ENV = "STRATAGEM_CACHE_DIR"
@@ -44,6 +50,10 @@ views, and the copies every larger batch makes go uncounted (ViT-B/16 at one ima
 fewer bytes moved per image than at two or four)."""
 
 
+class ProfileCacheWarning(UserWarning):
+    """A cached profile was ignored, or a measured one could not be cached."""
+
+
 def profile_spec(spec: str, *, batch_size: int = PROFILE_BATCH, seq_len: int | None = None,
                  precision: str = "bf16-mixed", cache: bool = True) -> ModelProfile:
     """The profile of the model named by ``spec`` (see :mod:`~stratagem.advisor.profile.sources`)
@@ -51,15 +61,36 @@ def profile_spec(spec: str, *, batch_size: int = PROFILE_BATCH, seq_len: int | N
     get_precision(precision)
     key = _cache_key(spec, batch_size=batch_size, seq_len=seq_len, precision=precision) if cache else None
     path = cache_dir() / "profiles" / f"{key}.json" if key else None
-    if path is not None and path.is_file():
-        try:
-            return ModelProfile.from_dict(json.loads(path.read_text()))
-        except (ValueError, KeyError, TypeError):
-            pass  # unreadable (an interrupted write, another version's layout): measure again
+    problems = []
+    if path is not None and (path.exists() or path.is_symlink()):
+        profile, why = _read_cached(path)
+        if profile is not None:
+            return profile
+        problems.append(f"ignored the cached profile {path}: {why}; measured it again")
     profile = _measure(spec, batch_size=batch_size, seq_len=seq_len, precision=precision)
     if path is not None:
-        _write_atomically(path, json.dumps(profile.to_dict()))
-    return profile
+        why = _write_atomically(path, json.dumps(profile.to_dict()))
+        if why:
+            problems.append(f"could not cache the profile at {path}: {why}")
+    for problem in problems:
+        warnings.warn(problem, ProfileCacheWarning, stacklevel=2)
+    return replace(profile, notes=(*profile.notes, *problems)) if problems else profile
+
+
+def _read_cached(path: Path) -> tuple[ModelProfile | None, str]:
+    """The profile stored at ``path``, or None and why it cannot be used."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        return None, f"unreadable ({err.strerror or err})"
+    except UnicodeDecodeError:
+        return None, "not UTF-8 text"
+    except (ValueError, RecursionError) as err:
+        return None, f"not JSON ({err})"
+    try:
+        return ModelProfile.from_dict(data), ""
+    except ProfileDataError as err:
+        return None, str(err)
 
 
 def _measure(spec: str, *, batch_size: int, seq_len: int | None, precision: str) -> ModelProfile:
@@ -75,10 +106,11 @@ def _measure(spec: str, *, batch_size: int, seq_len: int | None, precision: str)
 def _cache_key(spec: str, *, batch_size: int, seq_len: int | None, precision: str) -> str | None:
     if spec.startswith("hf:"):
         config = Path(spec[3:])
-        config = config / "config.json" if config.is_dir() else config
-        if not config.is_file():
-            return None  # let loading say what is wrong
-        model = f"hf:{hashlib.sha256(config.read_bytes()).hexdigest()}:{_version('transformers')}"
+        try:
+            contents = (config / "config.json" if config.is_dir() else config).read_bytes()
+        except (OSError, ValueError):
+            return None  # missing or unreadable: let loading say what is wrong
+        model = f"hf:{hashlib.sha256(contents).hexdigest()}:{_version('transformers')}"
     elif ":" in spec:
         return None
     else:
@@ -102,11 +134,24 @@ def _sources_digest() -> str:
     return digest.hexdigest()
 
 
-def _write_atomically(path: Path, text: str) -> None:
+def _write_atomically(path: Path, text: str) -> str | None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder, replaced into place,
+    so readers see the old file or the new, never half of one. Returns why it failed, or None;
+    on failure nothing is left behind."""
+    tmp: str | None = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
-    except OSError:
-        pass  # a read-only or full cache only costs the next run a measurement
+        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, prefix=f".{path.stem}.",
+                                         suffix=".tmp", delete=False) as file:
+            tmp = file.name
+            os.chmod(tmp, 0o644)  # tempfile makes it private (0600); a profile is not secret
+            file.write(text)
+        os.replace(tmp, path)
+        tmp = None
+        return None
+    except OSError as err:
+        return f"{type(err).__name__}: {err.strerror or err}"
+    finally:
+        if tmp is not None:  # written but not moved into place (an error, or an interrupt)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)

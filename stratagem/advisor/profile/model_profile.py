@@ -3,12 +3,27 @@
 Plain frozen data with no torch import, so that planning from a stored profile stays light;
 :func:`stratagem.advisor.profile.profiler.profile_model` measures one. Bytes are bytes, FLOPs are
 floating-point operations (a multiply-add is 2), all for one training step of the profiled batch.
+``from_dict`` checks what it reads (types, and the invariants the cost models rely on): a stored
+profile is data from disk, not to be trusted blindly.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, Field, asdict, dataclass, fields
 from typing import Any
+
+from stratagem.plan.precision import PRECISIONS
+
+SCHEMA_VERSION = 1
+"""Version of the layout ``ModelProfile.to_dict`` writes and ``from_dict`` reads. Bump it whenever
+a field of ModelProfile, SegmentProfile or LinearLayer is added, removed, renamed or changes
+meaning (tests/unit/test_profile_cache_checks.py pins the fields to this number)."""
+
+
+class ProfileDataError(ValueError):
+    """A stored profile breaks the schema: the message names the field and the rule."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -24,6 +39,11 @@ class LinearLayer:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "linear") -> LinearLayer:
+        """The inverse of :meth:`to_dict`, checked (:class:`ProfileDataError` if it does not hold)."""
+        return cls(**_checked_fields(cls, data, where))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,11 +89,16 @@ class SegmentProfile:
         return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> SegmentProfile:
-        """The inverse of :meth:`to_dict` (derived keys are ignored)."""
-        values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
-        values["linears"] = tuple(LinearLayer(**x) for x in data.get("linears", ()))
-        return cls(**values)
+    def from_dict(cls, data: Any, where: str = "segment") -> SegmentProfile:
+        """The inverse of :meth:`to_dict`, checked: every count a non-negative integer, the
+        derived ``flops`` (if present) their sum (:class:`ProfileDataError` otherwise)."""
+        values = _checked_fields(cls, data, where)
+        linears = _list(data.get("linears", []), f"{where}.linears")
+        values["linears"] = tuple(LinearLayer.from_dict(x, f"{where}.linears[{i}]") for i, x in enumerate(linears))
+        segment = cls(**values)
+        if "flops" in data and data["flops"] != segment.flops:
+            raise ProfileDataError(f"{where}.flops: {data['flops']!r} is not fwd_flops + bwd_flops ({segment.flops})")
+        return segment
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -140,6 +165,7 @@ class ModelProfile:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: the fields, the totals, and each segment."""
         return {
+            "schema_version": SCHEMA_VERSION,
             "name": self.name,
             "precision": self.precision,
             "batch_size": self.batch_size,
@@ -166,12 +192,128 @@ class ModelProfile:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ModelProfile:
-        """The inverse of :meth:`to_dict` (totals are recomputed, not read)."""
-        values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
-        values["embed"] = SegmentProfile.from_dict(data["embed"])
-        values["head"] = SegmentProfile.from_dict(data["head"])
-        values["blocks"] = tuple(SegmentProfile.from_dict(b) for b in data["blocks"])
-        values["notes"] = tuple(data.get("notes", ()))
-        values["tp_layout"] = tuple(tuple(pair) for pair in data.get("tp_layout", ()))
-        return cls(**values)
+    def from_dict(cls, data: Any) -> ModelProfile:
+        """The inverse of :meth:`to_dict`, checked: the schema version, every field's type and the
+        invariants the cost models rely on; totals, where present, must match the segments.
+        Raises :class:`ProfileDataError` naming the first field that does not hold."""
+        if not isinstance(data, Mapping):
+            raise ProfileDataError(f"a profile is a JSON object, not {type(data).__name__}")
+        if data.get("schema_version") != SCHEMA_VERSION:
+            raise ProfileDataError(f"schema_version is {data.get('schema_version')!r}, this stratagem reads "
+                                   f"{SCHEMA_VERSION} (written by another version)")
+        values = _checked_fields(cls, data, "profile")
+        values["embed"] = SegmentProfile.from_dict(_require(data, "embed", "profile"), "embed")
+        values["head"] = SegmentProfile.from_dict(_require(data, "head", "profile"), "head")
+        blocks = _list(_require(data, "blocks", "profile"), "blocks")
+        values["blocks"] = tuple(SegmentProfile.from_dict(b, f"blocks[{i}]") for i, b in enumerate(blocks))
+        values["notes"] = tuple(_text(n, f"notes[{i}]") for i, n in enumerate(_list(data.get("notes", []), "notes")))
+        values["tp_layout"] = tuple(_pair(p, f"tp_layout[{i}]")
+                                    for i, p in enumerate(_list(data.get("tp_layout", []), "tp_layout")))
+        profile = cls(**values)
+        _check_invariants(profile, data)
+        return profile
+
+
+# Checking stored profiles: each field by its annotation, then what holds between fields.
+
+_POSITIVE = frozenset({"batch_size", "seq_len", "num_heads", "num_kv_heads", "in_features", "out_features"})
+_TOTALS = {"parameters": "num_params", "param_bytes": "param_bytes", "buffer_bytes": "buffer_bytes",
+           "fwd_flops": "fwd_flops", "bwd_flops": "bwd_flops", "flops_per_step": "flops_per_step",
+           "saved_bytes": "saved_bytes"}
+
+
+def _checked_fields(cls: type, data: Any, where: str) -> dict[str, Any]:
+    """``data``'s values for ``cls``'s plain fields (ints, strings, flags), each checked by its
+    annotation; a field without a default must be present. Nested fields are left to the caller."""
+    if not isinstance(data, Mapping):
+        raise ProfileDataError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    values = {}
+    for f in fields(cls):
+        check = _CHECKS.get(str(f.type))
+        if check is None:  # a nested field: the caller reads it
+            continue
+        if f.name not in data:
+            if _required(f):
+                raise ProfileDataError(f"{where}.{f.name}: missing")
+            continue
+        value = data[f.name]
+        if value is None and str(f.type).endswith("| None"):
+            values[f.name] = None
+            continue
+        values[f.name] = check(value, f"{where}.{f.name}", minimum=1 if f.name in _POSITIVE else 0)
+    return values
+
+
+def _required(f: Field) -> bool:
+    return f.default is MISSING and f.default_factory is MISSING
+
+
+def _check_invariants(profile: ModelProfile, data: Mapping[str, Any]) -> None:
+    """What the cost models assume of a profile beyond each field's type."""
+    if profile.precision not in PRECISIONS:
+        raise ProfileDataError(f"precision: {profile.precision!r} is none of {', '.join(PRECISIONS)}")
+    if profile.block_container is not None and not profile.blocks:
+        raise ProfileDataError(f"blocks: empty although block_container is {profile.block_container!r}")
+    if profile.block_container is None and profile.blocks:
+        raise ProfileDataError("blocks: present although block_container is null")
+    names = [block.name for block in profile.blocks]
+    if len(set(names)) != len(names):
+        raise ProfileDataError("blocks: two blocks share a name")
+    for i, block in enumerate(profile.blocks):
+        if block.measured_as is not None and block.measured_as not in names[:i]:
+            raise ProfileDataError(f"blocks[{i}].measured_as: {block.measured_as!r} is no earlier block")
+    for key, attribute in _TOTALS.items():
+        if key in data and data[key] != getattr(profile, attribute):
+            raise ProfileDataError(f"{key}: {data[key]!r} disagrees with the segments' sum "
+                                   f"({getattr(profile, attribute)})")
+
+
+def _require(data: Mapping[str, Any], key: str, where: str) -> Any:
+    if key not in data:
+        raise ProfileDataError(f"{where}.{key}: missing")
+    return data[key]
+
+
+def _count(value: Any, where: str, minimum: int = 0) -> int:
+    """An integer of at least ``minimum`` (JSON's true/false and 3.0 are not integers)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ProfileDataError(f"{where}: expected an integer, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ProfileDataError(f"{where}: must be at least {minimum}, got {value}")
+    return value
+
+
+def _text(value: Any, where: str, minimum: int = 0) -> str:
+    if not isinstance(value, str):
+        raise ProfileDataError(f"{where}: expected a string, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _flag(value: Any, where: str, minimum: int = 0) -> bool:
+    if not isinstance(value, bool):
+        raise ProfileDataError(f"{where}: expected true or false, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _seconds(value: Any, where: str, minimum: int = 0) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ProfileDataError(f"{where}: expected a non-negative number of seconds, got {value!r}")
+    return float(value)
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise ProfileDataError(f"{where}: expected a list, got {type(value).__name__}")
+    return value
+
+
+def _pair(value: Any, where: str) -> tuple[str, str]:
+    if not (isinstance(value, list) and len(value) == 2):
+        raise ProfileDataError(f"{where}: expected [module pattern, style], got {value!r}")
+    return _text(value[0], f"{where}[0]"), _text(value[1], f"{where}[1]")
+
+
+# How each plain field's annotation is checked ("| None" allows null as well).
+_CHECKS: dict[str, Callable[..., Any]] = {
+    "int": _count, "int | None": _count, "str": _text, "str | None": _text, "bool": _flag, "float": _seconds,
+}
