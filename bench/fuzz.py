@@ -2,8 +2,8 @@
 
     .venv/bin/python bench/fuzz.py [--examples 3000]
 
-Each family (plan dicts, plan files' text, cluster specs, command-line numbers, batch sizes the
-search must answer) gets ``--examples`` generated inputs from ``tests/unit/fuzz_inputs.py``; each
+Each family (plan dicts, plan files' text, cluster specs, command-line numbers, Hugging Face
+configs, batch sizes the search must answer) gets ``--examples`` generated inputs from ``tests/unit/fuzz_inputs.py``; each
 input ends in a usage error, a valid result or a traceback (printed, the first few of each kind),
 timed. Target: 0 tracebacks, no case near a hang (the slowest is printed).
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import os
 import sys
 import time
 import traceback
@@ -21,13 +22,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit"))
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # a config's own warnings are not outcomes
 
-from fuzz_inputs import CRASH, NUMBER_TEXTS, classify, cluster_specs, plan_dicts, plan_texts  # noqa: E402
+from fuzz_inputs import CRASH, HF_CONFIGS, NUMBER_TEXTS, classify, cluster_specs, plan_dicts, plan_texts  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from stratagem.advisor.hardware import parse_cluster  # noqa: E402
 from stratagem.advisor.profile.cache import profile_spec  # noqa: E402
+from stratagem.advisor.profile.sources import build_hf_config, check_hf_config  # noqa: E402
 from stratagem.advisor.search.advice import advise  # noqa: E402
 from stratagem.cli import build_parser  # noqa: E402
 from stratagem.errors import UsageError  # noqa: E402
@@ -49,6 +52,12 @@ def _parse_numbers(batch: str, seq: str) -> None:
         raise UsageError("argparse refused it") from None
 
 
+def _check_and_build(config: dict) -> None:
+    """A generated ``hf:`` config through the checks and, where they pass, transformers' reading."""
+    check_hf_config(config, "generated/config.json")
+    build_hf_config(config, "generated/config.json")
+
+
 def _families(examples: int) -> dict[str, tuple[st.SearchStrategy, Callable, int]]:
     tiny = profile_spec("llama-tiny", seq_len=16)
     batches = st.tuples(st.one_of(st.integers(1, 10**6), st.integers(1, 2**31)),
@@ -58,6 +67,7 @@ def _families(examples: int) -> dict[str, tuple[st.SearchStrategy, Callable, int
         "plan text": (plan_texts(), Plan.from_json, examples),
         "cluster specs": (cluster_specs(), parse_cluster, examples),
         "numbers": (st.tuples(NUMBER_TEXTS, NUMBER_TEXTS), lambda pair: _parse_numbers(*pair), examples),
+        "hf configs": (HF_CONFIGS, _check_and_build, examples),
         "batch sizes": (batches, lambda case: advise(tiny, parse_cluster(case[1]),
                                                      Workload(global_batch_size=case[0], seq_len=16), top=1),
                         max(1, examples // 20)),

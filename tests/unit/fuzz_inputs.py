@@ -102,6 +102,34 @@ def cluster_specs(draw: st.DrawFn) -> str:
     return spec
 
 
+# -- Hugging Face configs ------------------------------------------------------------------------
+
+SIZE_KEYS = ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size", "intermediate_size",
+             "num_key_value_heads", "max_position_embeddings", "head_dim", "n_embd", "n_head", "n_layer")
+ANY_VALUE = st.one_of(
+    st.integers(min_value=-3, max_value=300),
+    st.sampled_from([0, 1, 64, 2**18, 2**18 + 1, 2**31, 2**63, 10**30, -64, 10**7]),
+    st.integers(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.booleans(), st.none(), st.text(max_size=5), st.lists(st.integers(-2, 70), max_size=3),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+)
+MODEL_TYPE = st.one_of(st.sampled_from(["llama", "gpt2", "mistral", "qwen2", "vit", "bert", "lama", ""]),
+                       st.text(max_size=8), st.integers(), st.none(), st.floats())
+# Hugging Face configs that often pass the checks: small powers of two on the types hf: builds.
+HF_PLAUSIBLE = st.fixed_dictionaries(
+    {"model_type": st.sampled_from(["llama", "gpt2", "mistral", "qwen2"])},
+    optional={key: st.sampled_from([1, 2, 4, 8, 16, 32, 64]) for key in SIZE_KEYS},
+)
+HF_CONFIGS = st.one_of(
+    st.fixed_dictionaries({}, optional={"model_type": MODEL_TYPE, **{key: ANY_VALUE for key in SIZE_KEYS}}),
+    HF_PLAUSIBLE,
+    HF_PLAUSIBLE.flatmap(lambda c: st.fixed_dictionaries({}, optional={k: ANY_VALUE for k in SIZE_KEYS})
+                      .map(lambda extra: {**c, **extra})),
+)
+
+
+
 # -- numbers as the command line takes them -------------------------------------------------------
 
 NUMBER_TEXTS = st.one_of(st.integers(-5, 5000).map(str), HUGE.map(str),

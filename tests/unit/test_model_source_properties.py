@@ -19,6 +19,7 @@ from hypothesis import strategies as st  # noqa: E402
 from stratagem.advisor.profile.sources import (ModelSource, build_hf_config, check_hf_config,  # noqa: E402
                                                load_model, read_hf_config)
 from stratagem.errors import UsageError  # noqa: E402
+from fuzz_inputs import HF_CONFIGS as CONFIGS, HF_PLAUSIBLE as PLAUSIBLE  # noqa: E402
 
 
 
@@ -26,31 +27,6 @@ def cases(n: int) -> settings:
     """``n`` generated cases, the same every run; slow ones and fixtures are fine."""
     return settings(max_examples=n, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-
-
-SIZE_KEYS = ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size", "intermediate_size",
-             "num_key_value_heads", "max_position_embeddings", "head_dim", "n_embd", "n_head", "n_layer")
-ANY_VALUE = st.one_of(
-    st.integers(min_value=-3, max_value=300),
-    st.sampled_from([0, 1, 64, 2**18, 2**18 + 1, 2**31, 2**63, 10**30, -64, 10**7]),
-    st.integers(),
-    st.floats(allow_nan=True, allow_infinity=True),
-    st.booleans(), st.none(), st.text(max_size=5), st.lists(st.integers(-2, 70), max_size=3),
-    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
-)
-MODEL_TYPE = st.one_of(st.sampled_from(["llama", "gpt2", "mistral", "qwen2", "vit", "bert", "lama", ""]),
-                       st.text(max_size=8), st.integers(), st.none(), st.floats())
-# Configs that often pass the checks: small powers of two on the types hf: builds.
-PLAUSIBLE = st.fixed_dictionaries(
-    {"model_type": st.sampled_from(["llama", "gpt2", "mistral", "qwen2"])},
-    optional={key: st.sampled_from([1, 2, 4, 8, 16, 32, 64]) for key in SIZE_KEYS},
-)
-CONFIGS = st.one_of(
-    st.fixed_dictionaries({}, optional={"model_type": MODEL_TYPE, **{key: ANY_VALUE for key in SIZE_KEYS}}),
-    PLAUSIBLE,
-    PLAUSIBLE.flatmap(lambda c: st.fixed_dictionaries({}, optional={k: ANY_VALUE for k in SIZE_KEYS})
-                      .map(lambda extra: {**c, **extra})),
-)
 
 
 def _is_usage_error(err: UsageError) -> None:
