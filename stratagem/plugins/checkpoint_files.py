@@ -47,18 +47,19 @@ def _is_checkpoint_file(name: str) -> bool:
 
 def new_partial_dir(path: Path) -> Path:
     """A new, empty sibling directory of ``path`` for the next checkpoint at ``path`` to be written
-    into. Refuses a ``path`` that a save must not replace: a file, or a directory holding files
-    that are no checkpoint's (a save replaces the whole directory)."""
+    into. Refuses a ``path`` that a save must not replace: a file, or a directory (or a
+    ``<path>.old`` beside it) holding files that are no checkpoint's: a save removes them."""
     if path.is_file():
         raise UsageError(f"cannot save a sharded checkpoint to {path}: it is a file\n"
                          "HINT: give a directory path, or save full checkpoints")
-    if path.is_dir():
-        foreign = sorted(entry.name for entry in path.iterdir()
-                         if not (entry.is_file() and _is_checkpoint_file(entry.name)))
+    for directory in (path, _sibling(path, OLD_SUFFIX)):
+        foreign = sorted(entry.name for entry in directory.iterdir()
+                         if not (entry.is_file() and _is_checkpoint_file(entry.name))) if directory.is_dir() else []
         if foreign:
             shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-            raise UsageError(f"cannot save a sharded checkpoint to {path}: the directory holds {shown}, which no "
-                             "checkpoint writes, and a save replaces the whole directory\n"
+            where = "the directory" if directory == path else f"{directory} (where a save keeps the one it replaces)"
+            raise UsageError(f"cannot save a sharded checkpoint to {path}: {where} holds {shown}, which no "
+                             "checkpoint writes, and a save removes that directory\n"
                              "HINT: give a new directory path, or move those files elsewhere")
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = _sibling(path, PARTIAL_INFIX + uuid.uuid4().hex[:12])

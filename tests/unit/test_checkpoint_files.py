@@ -149,12 +149,17 @@ def test_the_remains_of_a_first_save_that_died_are_named_not_loaded(tmp_path: Pa
 def test_a_save_refuses_a_file_and_a_directory_of_other_files(tmp_path: Path) -> None:
     model, optimizer = _trained(seed=1)
     (tmp_path / "notes.txt").write_text("mine")
-    with pytest.raises(UsageError, match=r"holds notes\.txt, which no checkpoint writes.*\nHINT: "):
+    (tmp_path / "ckpt.old").mkdir()  # a save's fallback name, but the user's folder
+    (tmp_path / "ckpt.old" / "plot.png").write_text("mine")
+    with pytest.raises(UsageError, match=r"the directory holds ckpt\.old, notes\.txt, which no checkpoint "
+                                         r"writes.*\nHINT: "):
         _save(tmp_path, model, optimizer, step=1)
+    with pytest.raises(UsageError, match=r"ckpt\.old \(where a save keeps the one it replaces\) holds plot\.png, "):
+        _save(tmp_path / "ckpt", model, optimizer, step=1)
     with pytest.raises(UsageError, match=r"it is a file\nHINT: "):
         _save(tmp_path / "notes.txt", model, optimizer, step=1)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
-    assert (tmp_path / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.old", "notes.txt"]
+    assert (tmp_path / "notes.txt").read_text() == (tmp_path / "ckpt.old" / "plot.png").read_text() == "mine"
 
 
 def _fresh() -> tuple[nn.Module, list[torch.optim.Optimizer]]:
