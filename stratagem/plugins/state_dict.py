@@ -11,13 +11,21 @@ Two layouts, both readable whatever plan wrote them:
 ZeRO-1's ``ZeroRedundancyOptimizer`` has no distributed state-dict support: its state is
 consolidated on rank 0 and kept whole (in ``meta.pt`` for the sharded layout), and every rank loads
 that whole state back (its own API partitions it).
+
+A sharded save survives a rank dying in it: it is written beside the checkpoint it replaces, marked
+complete last and swapped in by renames (:mod:`stratagem.plugins.checkpoint_files`); loading refuses
+an incomplete directory, saying what it misses.
+
+Loading unpickles (``torch.load`` of the full file or of ``meta.pt``, and DCP's ``.metadata``):
+load only checkpoints you trust.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -26,12 +34,20 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.optim import Optimizer
 
 from stratagem.errors import UsageError
+from stratagem.plugins.checkpoint_files import (
+    MANIFEST_FILE,
+    META_FILE,
+    mark_complete,
+    missing_parts,
+    new_partial_dir,
+    resolve,
+    swap_in,
+)
 
-__all__ = ["META_FILE", "is_sharded_checkpoint", "load_checkpoint", "model_state_dict", "optimizer_state_dict",
-           "save_sharded_checkpoint"]
+__all__ = ["MANIFEST_FILE", "META_FILE", "is_sharded_checkpoint", "load_checkpoint", "mark_complete",
+           "model_state_dict", "optimizer_state_dict", "save_sharded_checkpoint"]
 
-META_FILE = "meta.pt"
-"""The non-tensor part of a sharded checkpoint, written by rank 0 (Lightning's name for it)."""
+T = TypeVar("T")
 
 
 def _options(*, full: bool, strict: bool = True) -> Any:
@@ -67,7 +83,8 @@ def optimizer_state_dict(module: nn.Module, optimizer: Optimizer, *, full: bool)
 def save_sharded_checkpoint(path: Path, checkpoint: Mapping[str, Any], optimizers: Sequence[Optimizer]) -> None:
     """Write ``checkpoint`` (``state_dict`` and ``optimizer_states`` from the functions above with
     ``full=False``, plus anything else) as the sharded layout in the directory ``path``. Every rank
-    calls it."""
+    calls it. A checkpoint already at ``path`` stays there, complete, until the new one is
+    complete: ranks write into a sibling directory that rank 0 then swaps in."""
     import torch.distributed.checkpoint as dcp
 
     rest = dict(checkpoint)
@@ -79,18 +96,43 @@ def save_sharded_checkpoint(path: Path, checkpoint: Mapping[str, Any], optimizer
         else:
             shards[f"optimizer_{index}"] = state
             whole.append(None)
-    if path.is_file():
-        raise UsageError(f"cannot save a sharded checkpoint to {path}: it is a file\n"
-                         "HINT: give a directory path, or save full checkpoints")
-    path.mkdir(parents=True, exist_ok=True)
-    dcp.save(shards, checkpoint_id=path)
+    partial = _on_rank0(new_partial_dir, path)
+    dcp.save(shards, checkpoint_id=partial)
+    # dcp.save returns on rank 0 once every rank has written its shards (it gathers their results).
+    _on_rank0(_finish, partial, path, {**rest, "optimizer_states": whole})
+
+
+def _finish(partial: Path, path: Path, meta: dict[str, Any]) -> None:
+    """Rank 0, once every rank's shards are written: the meta file, the manifest, the swap."""
+    torch.save(meta, partial / META_FILE)
+    mark_complete(partial)
+    swap_in(partial, path)
+
+
+def _on_rank0(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` run on rank 0, its result given to every rank; if it raises, every rank
+    raises (a UsageError as such, anything else as a RuntimeError naming it), so that no rank
+    goes on alone into a collective."""
+    outcome: list[Any] = [None, None]
+    error: Exception | None = None
     if dist.get_rank() == 0:
-        torch.save({**rest, "optimizer_states": whole}, path / META_FILE)
+        try:
+            outcome[0] = fn(*args)
+        except Exception as err:  # every rank must hear of it
+            error, usage = err, isinstance(err, UsageError)
+            outcome[1] = (usage, str(err) if usage else f"{type(err).__name__}: {err}")
+    dist.broadcast_object_list(outcome, src=0)
+    if error is not None:
+        raise error
+    if outcome[1] is not None:
+        usage, message = outcome[1]
+        raise UsageError(message) if usage else RuntimeError(f"on rank 0: {message}")
+    return outcome[0]
 
 
 def is_sharded_checkpoint(path: Path) -> bool:
-    """Whether ``path`` is a directory in the sharded layout."""
-    return path.is_dir() and (path / META_FILE).is_file()
+    """Whether ``path`` is a complete checkpoint directory in the sharded layout."""
+    return path.is_dir() and not missing_parts(path)
 
 
 def load_checkpoint(path: Path, module: nn.Module, optimizers: Sequence[Optimizer], *, strict: bool = True,
@@ -99,10 +141,15 @@ def load_checkpoint(path: Path, module: nn.Module, optimizers: Sequence[Optimize
     ``optimizers`` (none to skip their state); returns the rest of the checkpoint. Every rank calls it."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
-    if is_sharded_checkpoint(path):
+    # One rank looks at the files, so that every rank loads the same checkpoint or raises the same error.
+    distributed = dist.is_available() and dist.is_initialized()
+    found = _on_rank0(resolve, path) if distributed else resolve(path)
+    if found != path and (not distributed or dist.get_rank() == 0):
+        warnings.warn(f"no checkpoint at {path}: a save died while swapping its new checkpoint in; loading the "
+                      f"checkpoint it was replacing, {found}", stacklevel=2)
+    path = found
+    if path.is_dir():
         return _load_sharded(path, module, optimizers, strict=strict, weights_only=weights_only)
-    if not path.is_file():
-        raise UsageError(f"no checkpoint at {path}\nHINT: give a checkpoint file, or a directory holding {META_FILE}")
     checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=weights_only)
     set_model_state_dict(module, checkpoint.pop("state_dict"), options=_options(full=True, strict=strict))
     states = checkpoint.pop("optimizer_states", [])
