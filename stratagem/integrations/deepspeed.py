@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from stratagem.plan import Plan
+from stratagem.plan.precision import get_precision
 from stratagem.advisor.search.targets import deepspeed_excludes
 from stratagem.errors import UsageError
 
@@ -32,9 +33,10 @@ def check_deepspeed_plan(plan: Plan) -> None:
     reason = deepspeed_excludes(plan)
     if reason:
         raise UsageError(f"DeepSpeed cannot run {plan.name}: {reason}\nHINT: advise with --target deepspeed")
-    if plan.precision == "bf16-true":
-        raise UsageError("DeepSpeed's bf16 mode keeps fp32 master weights; it has no pure-bf16 training"
-                         "\nHINT: advise with --precision bf16-mixed")
+    if get_precision(plan.precision).param_dtype != "float32":  # bf16-true, fp16-true
+        raise UsageError(f"DeepSpeed's half-precision modes keep fp32 master weights; it has no "
+                         f"pure-{plan.precision.removesuffix('-true')} training\nHINT: advise with --precision "
+                         f"{plan.precision.replace('-true', '-mixed')}")
 
 
 def to_deepspeed_config(plan: Plan) -> dict[str, Any]:

@@ -303,6 +303,13 @@ class Plan:
         return _block_styles(self.tp_layout, self.block_container)
 
     @property
+    def runs_autocast(self) -> bool:
+        """The plugins run forward under ``torch.autocast``: ``*-mixed`` plans that DDP applies.
+        FSDP2 casts the gathered parameters to the compute dtype itself (its mixed-precision
+        policy), so its step computes as the compute dtype's ``-true`` precision does."""
+        return PRECISIONS[self.precision].autocast and not self.uses_fsdp
+
+    @property
     def checkpoints(self) -> bool:
         """Some activations are recomputed in backward (``selective`` or ``full``)."""
         return self.activation_checkpointing != "none"

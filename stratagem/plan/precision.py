@@ -45,6 +45,7 @@ PRECISIONS: dict[str, Precision] = {
         Precision("bf16-mixed", "float32", "bfloat16", autocast=True),
         Precision("fp16-mixed", "float32", "float16", autocast=True),
         Precision("bf16-true", "bfloat16", "bfloat16", autocast=False),
+        Precision("fp16-true", "float16", "float16", autocast=False),
     )
 }
 
@@ -57,6 +58,17 @@ def get_precision(name: str) -> Precision:
         raise UsageError(
             f"unknown precision {name!r}; valid: {', '.join(PRECISIONS)}"
         ) from None
+
+
+def in_compute_dtype(name: str) -> str:
+    """The precision that computes as FSDP2's mixed precision runs ``name``: parameters cast to
+    its compute dtype and no autocast (``bf16-mixed`` → ``bf16-true``); ``name`` itself when it
+    does not autocast."""
+    precision = get_precision(name)
+    if not precision.autocast:
+        return name
+    return next(p.name for p in PRECISIONS.values()
+                if not p.autocast and p.param_dtype == p.compute_dtype == precision.compute_dtype)
 
 
 def torch_dtype(name: str) -> torch.dtype:

@@ -46,10 +46,9 @@ def autocast_context(plan: Plan, device_type: str) -> AbstractContextManager:
     """The context to run forward (and the loss) in: ``torch.autocast`` to the compute dtype for
     ``*-mixed`` plans that DDP applies (``zero`` 0/1), a ``nullcontext`` otherwise (FSDP's
     mixed-precision policy casts for ``zero >= 2``; fp32 and bf16-true need no cast)."""
-    precision = get_precision(plan.precision)
-    if not precision.autocast or plan.uses_fsdp:
+    if not plan.runs_autocast:
         return nullcontext()
-    return torch.autocast(device_type, dtype=torch_dtype(precision.compute_dtype))
+    return torch.autocast(device_type, dtype=torch_dtype(get_precision(plan.precision).compute_dtype))
 
 
 def mixed_precision_policy(plan: Plan) -> MixedPrecisionPolicy:

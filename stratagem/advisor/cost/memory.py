@@ -205,7 +205,9 @@ def estimate_unsharded_gradients(view: RankView, layout: StateLayout) -> tuple[f
 def estimate_memory(profile: ModelProfile, workload: Workload, plan: Plan, *, runtime: str = "torch",
                     framework: float = 0.0) -> MemoryBreakdown:
     """Peak bytes per rank on the most loaded rank, term by term: every pipeline rank that may be
-    the most loaded is costed, the fullest reported. ``framework``: :func:`framework_bytes`."""
+    the most loaded is costed, the fullest reported, from the profile of what the plan computes
+    (``ModelProfile.computed_by``). ``framework``: :func:`framework_bytes`."""
+    profile = profile.computed_by(plan)
     layout = state_layout(plan.precision, workload.optimizer, runtime=runtime)
     ranks = zip(_candidates_states(profile, plan, layout), _candidates_activations(profile, plan))
     apart = not gradients_meet_activations(plan, layout)
@@ -232,7 +234,7 @@ def framework_bytes(cluster: Cluster) -> float:
 def estimate_rank_memory(profile: ModelProfile, plan: Plan, layout: StateLayout, *, rank: int,
                          framework: float = 0.0) -> MemoryBreakdown:
     """Peak bytes of pipeline rank ``rank``, term by term (``framework``: :func:`framework_bytes`)."""
-    view = rank_view(profile, plan, rank)
+    view = rank_view(profile.computed_by(plan), plan, rank)
     return _with_activations(_model_states(view, layout), rank_activations(view), framework,
                              not gradients_meet_activations(plan, layout))
 

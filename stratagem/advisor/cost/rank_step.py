@@ -117,8 +117,9 @@ class RankStep:
 
 def rank_step(profile: ModelProfile, *, cluster: Cluster, workload: Workload,
               plan: Plan) -> RankStep:
-    """Describe the most loaded rank's work (the pipeline rank whose stages have the most FLOPs);
-    :class:`UsageError` when the profile, workload and plan disagree on what a step is."""
+    """Describe the most loaded rank's work (the pipeline rank whose stages have the most FLOPs),
+    from the profile of what the plan computes (``ModelProfile.computed_by``); :class:`UsageError`
+    when the profile, workload and plan disagree on what a step is."""
     if workload.seq_len and profile.seq_len and workload.seq_len != profile.seq_len:
         raise UsageError(f"the profile was taken at seq_len={profile.seq_len}, the workload has "
                          f"{workload.seq_len}: attention FLOPs do not scale linearly\n"
@@ -127,6 +128,7 @@ def rank_step(profile: ModelProfile, *, cluster: Cluster, workload: Workload,
         raise UsageError(f"{plan.name} processes {plan.global_batch_size} samples per step, the "
                          f"workload {workload.global_batch_size}\nHINT: micro_batch_size × "
                          "microbatches × grad_accum × dp must equal the global batch")
+    profile = profile.computed_by(plan)
     curve = matmul_curve(cluster, plan.precision)
     stage = busiest_stage(profile, plan)
     return RankStep(profile=profile, cluster=cluster, plan=plan, optimizer=workload.optimizer,

@@ -12,11 +12,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, Field, asdict, dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from stratagem.plan.precision import PRECISIONS
+from stratagem.plan.precision import PRECISIONS, in_compute_dtype
 
-SCHEMA_VERSION = 1
+if TYPE_CHECKING:
+    from stratagem.plan import Plan
+
+SCHEMA_VERSION = 2
 """Version of the layout ``ModelProfile.to_dict`` writes and ``from_dict`` reads. Bump it whenever
 a field of ModelProfile, SegmentProfile or LinearLayer is added, removed, renamed or changes
 meaning (tests/unit/test_profile_cache_checks.py pins the fields to this number)."""
@@ -122,6 +125,16 @@ class ModelProfile:
     pp_traced: bool = False  # its pipeline stages are traced graphs (stratagem.plan.stages), not built by removal
     notes: tuple[str, ...] = ()
     profile_seconds: float = 0.0
+    # The same step with parameters in the compute dtype and no autocast: how FSDP2's mixed
+    # precision runs it (residual stream, norms and loss in 16 bits). None without autocast.
+    in_compute_dtype: ModelProfile | None = None
+
+    def computed_by(self, plan: Plan) -> ModelProfile:
+        """The profile of what ``plan`` computes: :attr:`in_compute_dtype` where the plan's
+        ``*-mixed`` precision runs without autocast (FSDP: ``Plan.runs_autocast``), else this one."""
+        if self.in_compute_dtype is not None and not plan.runs_autocast:
+            return self.in_compute_dtype
+        return self
 
     @property
     def segments(self) -> tuple[SegmentProfile, ...]:
@@ -189,6 +202,7 @@ class ModelProfile:
             "head": self.head.to_dict(),
             "notes": list(self.notes),
             "profile_seconds": self.profile_seconds,
+            "in_compute_dtype": None if self.in_compute_dtype is None else self.in_compute_dtype.to_dict(),
         }
 
     @classmethod
@@ -209,6 +223,8 @@ class ModelProfile:
         values["notes"] = tuple(_text(n, f"notes[{i}]") for i, n in enumerate(_list(data.get("notes", []), "notes")))
         values["tp_layout"] = tuple(_pair(p, f"tp_layout[{i}]")
                                     for i, p in enumerate(_list(data.get("tp_layout", []), "tp_layout")))
+        if data.get("in_compute_dtype") is not None:
+            values["in_compute_dtype"] = cls.from_dict(data["in_compute_dtype"])
         profile = cls(**values)
         _check_invariants(profile, data)
         return profile
@@ -252,6 +268,11 @@ def _check_invariants(profile: ModelProfile, data: Mapping[str, Any]) -> None:
     """What the cost models assume of a profile beyond each field's type."""
     if profile.precision not in PRECISIONS:
         raise ProfileDataError(f"precision: {profile.precision!r} is none of {', '.join(PRECISIONS)}")
+    variant = profile.in_compute_dtype
+    if variant is not None and (variant.precision != in_compute_dtype(profile.precision)
+                                or len(variant.blocks) != len(profile.blocks)):
+        raise ProfileDataError(f"in_compute_dtype: a {variant.precision} profile of {len(variant.blocks)} blocks "
+                               f"does not describe this {profile.precision} one of {len(profile.blocks)}")
     if profile.block_container is not None and not profile.blocks:
         raise ProfileDataError(f"blocks: empty although block_container is {profile.block_container!r}")
     if profile.block_container is None and profile.blocks:

@@ -11,8 +11,10 @@ its blocks as FSDP, checkpoint and pipeline units.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -22,7 +24,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from stratagem.advisor.profile.measure import EMBED, HEAD, RunRecord, SegmentCounts, quiet_fake_tensor_log, run_fake_step
-from stratagem.plan.precision import Precision, get_precision, torch_dtype
+from stratagem.plan.precision import Precision, get_precision, in_compute_dtype, torch_dtype
 from stratagem.advisor.profile.model_profile import ModelProfile, SegmentProfile
 from stratagem.advisor.profile.structure import attention_heads, find_blocks, linear_layers, pp_unavailable
 from stratagem.advisor.profile.tp_layout import LinearCallRecorder, find_tp_layout
@@ -51,8 +53,31 @@ def profile_model(
     (or an output's ``.loss``) is used, else the sum of the outputs (the profile says so).
     ``batch_size`` defaults to the first input's leading dimension; ``seq_len`` to its second
     when that input holds integer token ids. ``reuse_identical_blocks=False`` measures every
-    block instead of one per group of identical blocks (slower; the same numbers).
+    block instead of one per group of identical blocks (slower; the same numbers). A ``*-mixed``
+    precision's step is measured twice: under autocast, and with parameters in the compute
+    dtype as FSDP2 runs it (:attr:`ModelProfile.in_compute_dtype`).
     """
+    options = dict(loss_fn=loss_fn, name=name, batch_size=batch_size, seq_len=seq_len,
+                   reuse_identical_blocks=reuse_identical_blocks)
+    profile = _profile_step(model, example_inputs, precision=precision, **options)
+    if in_compute_dtype(precision) == precision:
+        return profile
+    variant = _profile_step(model, example_inputs, precision=in_compute_dtype(precision), **options)
+    return replace(profile, in_compute_dtype=variant, profile_seconds=profile.profile_seconds + variant.profile_seconds)
+
+
+def _profile_step(
+    model: nn.Module,
+    example_inputs: Sequence[Any] | Mapping[str, Any],
+    *,
+    loss_fn: Callable[[Any], torch.Tensor] | None,
+    precision: str,
+    name: str | None,
+    batch_size: int | None,
+    seq_len: int | None,
+    reuse_identical_blocks: bool,
+) -> ModelProfile:
+    """One step of ``model`` in ``precision`` on fake tensors (:func:`profile_model`)."""
     started = time.perf_counter()
     prec = get_precision(precision)
     structure = find_blocks(model)
@@ -64,7 +89,7 @@ def profile_model(
     fake_mode = detect_fake_mode(tree_flatten((args, kwargs))[0]) or FakeTensorMode(allow_non_fake_inputs=True)
     with fake_mode:
         state = _fake_state(model, prec)
-        args, kwargs = tree_map(_fake_like, (args, kwargs))
+        args, kwargs = tree_map(functools.partial(_fake_like, floating=_input_dtype(prec)), (args, kwargs))
         with LinearCallRecorder(model, structure.blocks) as calls, _model_errors(name or type(model).__name__):
             record = run_fake_step(model, state, args, kwargs, blocks=structure.blocks,
                                    loss_fn=_resolve_loss(loss_fn, notes),
@@ -119,12 +144,21 @@ def _batch_shape(args: tuple, kwargs: dict, batch_size: int | None, seq_len: int
     return batch_size, seq_len
 
 
-def _fake_like(value: Any) -> Any:
-    """A fake CPU tensor with ``value``'s shape and dtype (values never matter here); fake
-    tensors stay as they are."""
-    if not isinstance(value, torch.Tensor) or isinstance(value, FakeTensor):
+def _fake_like(value: Any, *, floating: torch.dtype | None) -> Any:
+    """A fake CPU tensor with ``value``'s shape and dtype (values never matter here), a floating
+    one in ``floating`` when given; a fake tensor (a factory's) itself, cast likewise."""
+    if not isinstance(value, torch.Tensor):
         return value
-    return torch.empty(value.shape, dtype=value.dtype, device="cpu", requires_grad=value.requires_grad)
+    dtype = floating if floating is not None and value.is_floating_point() else value.dtype
+    if isinstance(value, FakeTensor):
+        return value if value.dtype == dtype else value.to(dtype)
+    return torch.empty(value.shape, dtype=dtype, device="cpu", requires_grad=value.requires_grad)
+
+
+def _input_dtype(prec: Precision) -> torch.dtype | None:
+    """The dtype floating inputs reach a model whose parameters are in 16 bits without autocast:
+    theirs (FSDP2's mixed precision casts forward inputs; the strategies cast bf16-true's)."""
+    return None if prec.param_dtype == "float32" else torch_dtype(prec.param_dtype)
 
 
 def _fake_state(model: nn.Module, prec: Precision) -> dict[str, torch.Tensor]:
