@@ -50,6 +50,8 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
+from stratagem.advisor.profile.fused import FusedKernels
+
 aten = torch.ops.aten
 
 EMBED = "embed"
@@ -183,6 +185,8 @@ class _CostCounter(FlopCounterMode):
         self._bwd_after_blocks = False
         self.param_copies: set[StorageWeakRef] = set()
         self.masks: set[StorageWeakRef] = set()
+        self.suppressed = 0  # inside a decomposition counted as its fused kernel (fused.FusedKernels)
+        self.saved: _SavedTensorCounter | None = None
 
     def segment(self) -> str:
         """The segment running now: the innermost block, else embed/head by execution order."""
@@ -201,8 +205,29 @@ class _CostCounter(FlopCounterMode):
             return EMBED if self._bwd_after_blocks else HEAD
         return HEAD if self._fwd_after_blocks else EMBED
 
+    def count_kernels(self, *, ops: int, op_bytes: int, param_op_bytes: int = 0) -> None:
+        """Count ``ops`` operators moving ``op_bytes`` (and ``param_op_bytes`` of parameter-sized
+        tensors) in the running segment and direction: a fused kernel's."""
+        counts = self._record.segments[self.segment()]
+        if self.mod_tracker.is_bw:
+            counts.bwd_ops += ops
+            counts.bwd_op_bytes += op_bytes
+            counts.bwd_param_op_bytes += param_op_bytes
+        else:
+            counts.fwd_ops += ops
+            counts.fwd_op_bytes += op_bytes
+            counts.fwd_param_op_bytes += param_op_bytes
+
+    def count_saved(self, tensor: torch.Tensor | None = None, *, num_bytes: int = 0) -> None:
+        """Count ``tensor`` (once per storage) or ``num_bytes`` as saved for backward."""
+        assert self.saved is not None, "run_fake_step pairs the counters"
+        self.saved.count(tensor, num_bytes=num_bytes)
+
     def _count_flops(self, func_packet, out, args, kwargs):
         seg = self.segment()
+        if self.suppressed:
+            self._track_provenance(func_packet, out, args, seg)
+            return out
         counts = self._record.segments[seg]
         formula = self.flop_registry.get(func_packet)
         if func_packet not in _UNCOUNTED_OPS:
@@ -296,14 +321,25 @@ class _SavedTensorCounter:
         self._seen: dict[StorageWeakRef, torch.Tensor] = {}  # strong refs: ids stay unique
 
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        if not self._counter.suppressed:
+            self.count(tensor)
+        return tensor
+
+    def count(self, tensor: torch.Tensor | None, *, num_bytes: int = 0) -> None:
+        """Count ``tensor`` (its storage once; parameters never) and ``num_bytes`` as saved in the
+        running segment."""
+        if num_bytes:
+            self._record.segments[self._counter.segment()].saved_bytes += num_bytes
+        if tensor is None:
+            return
         ref = StorageWeakRef(tensor.untyped_storage())
         if ref in self._params or ref in self._seen:
-            return tensor
+            return
         self._seen[ref] = tensor
         counts = self._record.segments[self._counter.segment()]
         if ref in self._counter.param_copies:
             counts.saved_param_copy_bytes += tensor.untyped_storage().nbytes()
-            return tensor
+            return
         if ref in self._counter.masks:
             num_bytes = tensor.numel()  # a CUDA dropout mask: one byte per element
         else:
@@ -311,7 +347,6 @@ class _SavedTensorCounter:
         counts.saved_bytes += num_bytes
         if self._counter.is_scores(tensor):
             counts.attention_saved_bytes += num_bytes
-        return tensor
 
     @staticmethod
     def unpack(tensor: torch.Tensor) -> torch.Tensor:
@@ -452,10 +487,10 @@ def run_fake_step(
     counter = _CostCounter(block_of=block_of, record=record, state_names=state_names,
                            gradient_shapes=gradient_shapes, has_blocks=bool(blocks), seq_len=seq_len,
                            batch_size=batch_size)
-    saved = _SavedTensorCounter(counter, record, set(state_names))
+    saved = counter.saved = _SavedTensorCounter(counter, record, set(state_names))
     autocast = torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None)
     hooks = torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack)
-    with _BlockReuse(model, blocks, record, reuse=reuse_identical_blocks), counter, hooks:
+    with _BlockReuse(model, blocks, record, reuse=reuse_identical_blocks), counter, hooks, FusedKernels(counter):
         with autocast:
             output = torch.func.functional_call(model, state, args, kwargs, strict=False)
             record.output_bytes = tensor_bytes(output)

@@ -1,0 +1,56 @@
+"""The profile of what a plan computes: FSDP's mixed precision runs in the compute dtype without
+autocast, and a GPU runs ``torch.rms_norm`` as one fused kernel where the CPU profile sees it
+decomposed."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from stratagem.advisor.cost.memory import estimate_memory
+from stratagem.advisor.profile.cache import profile_spec
+from stratagem.advisor.profile.fused import RSTD_BYTES
+from stratagem.advisor.profile.profiler import profile_model
+from stratagem.plan import Plan, Workload
+
+
+class Norms(nn.Module):
+    """Two RMSNorm blocks (the products between them run outside the blocks)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.RMSNorm(64) for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x) * 2
+        return x
+
+
+def test_an_rms_norm_is_counted_as_the_gpus_fused_kernel():
+    x = torch.empty(2, 8, 64, device="meta")
+    block = profile_model(Norms(), (x,), precision="fp32").blocks[0]
+    rows, activation = 2 * 8, 2 * 8 * 64 * 4
+    # the kernel saves its input and a float per row, where the decomposition saves fp32 products
+    assert block.saved_bytes == activation + rows * RSTD_BYTES
+    assert (block.fwd_ops, block.bwd_ops) == (1, 2)  # the kernel; its backward and the weight's reduction
+    assert block.fwd_op_bytes == 2 * activation + rows * RSTD_BYTES and block.fwd_param_op_bytes == 64 * 4
+
+
+def test_a_mixed_profile_carries_the_step_fsdp_runs():
+    profile = profile_spec("llama-tiny", seq_len=32)
+    variant = profile.in_compute_dtype
+    assert profile.precision == "bf16-mixed" and variant.precision == "bf16-true"
+    assert variant.saved_bytes < profile.saved_bytes  # the residual stream and norms in 16 bits
+    assert profile_spec("llama-tiny", seq_len=32, precision="fp32").in_compute_dtype is None
+
+
+def test_fsdp_plans_read_the_compute_dtype_profile_and_ddp_plans_the_autocast_one():
+    profile = profile_spec("llama-tiny", seq_len=32)
+    workload = Workload(global_batch_size=8, seq_len=32)
+    fsdp = Plan(dp_shard=2, zero=3, micro_batch_size=4, block_container=profile.block_container)
+    ddp = Plan(dp_replicate=2, micro_batch_size=4)
+    assert profile.computed_by(fsdp) is profile.in_compute_dtype and profile.computed_by(ddp) is profile
+    assert not fsdp.runs_autocast and ddp.runs_autocast
+    assert estimate_memory(profile, workload, fsdp) == estimate_memory(profile.in_compute_dtype, workload, fsdp)
+    assert estimate_memory(profile, workload, ddp).activations > estimate_memory(profile, workload, fsdp).activations
