@@ -123,3 +123,39 @@ def _interpolated_rate(curve: list[tuple[int, float]], n: float) -> float:
 
 def _kind(cluster: Cluster) -> str:
     return "gpu" if cluster.is_gpu else "cpu"
+
+
+# -- GEMMs by shape, on GPUs no calibration measured ------------------------------------------
+
+# Output tiles cuBLAS's large 16-bit tensor-core kernels compute per thread block (NVIDIA, "Matrix
+# Multiplication Background User's Guide": tile quantization with 256×128 and 128×128 tiles).
+GEMM_TILES = ((256, 128), (128, 256), (128, 128))
+
+# The fewest rows of the reduced dimension one split-K slice takes (cuBLAS splits a GEMM of too few
+# tiles to fill the SMs along k). Estimate: one 128-row k-block per pipeline stage, a few stages.
+SPLIT_K_MIN = 512
+
+
+def gemm_efficiency(m: float, n: float, k: float, *, sms: int, element_bytes: int,
+                    flops_per_second: float, bytes_per_second: float) -> float:
+    """The share of ``flops_per_second`` (what the largest GEMMs reach) an ``m×k · k×n`` GEMM
+    reaches on a GPU of ``sms`` streaming multiprocessors: its output padded to whole tiles
+    (:data:`GEMM_TILES`, the best of them), the tiles run one per SM in waves, too few of them
+    split along ``k`` (:data:`SPLIT_K_MIN`); and no faster than its operands and output stream
+    from memory at ``bytes_per_second`` (roofline, Williams et al. 2009)."""
+    if min(m, n, k) <= 0:
+        return 1.0
+    ideal = 2 * m * n * k / flops_per_second
+    per_sm = flops_per_second / sms
+    compute = min(_tiled_seconds(m, n, k, tile, sms=sms, per_sm=per_sm) for tile in GEMM_TILES)
+    memory = (m * k + k * n + m * n) * element_bytes / bytes_per_second
+    return ideal / max(compute, memory)
+
+
+def _tiled_seconds(m: float, n: float, k: float, tile: tuple[int, int], *, sms: int, per_sm: float) -> float:
+    """Seconds of a GEMM computed in ``tile``-sized output blocks, one per SM at a time, with
+    the split along ``k`` (into slices of at least :data:`SPLIT_K_MIN`) that fills the waves best."""
+    tiles = math.ceil(m / tile[0]) * math.ceil(n / tile[1])
+    most = max(1, min(math.ceil(sms / tiles) * 2, int(k // SPLIT_K_MIN))) if tiles < sms else 1
+    waves = min(math.ceil(tiles * s / sms) / s for s in range(1, most + 1))  # in units of the whole k
+    return waves * 2 * tile[0] * tile[1] * k / per_sm
