@@ -67,6 +67,7 @@ def distributed_type(plan: Plan, *, deepspeed: bool = False) -> str:
 def check_accelerate_plan(plan: Plan, cluster: Cluster, *, deepspeed: bool = False) -> None:
     """Raise :class:`UsageError` unless Accelerate (with DeepSpeed when ``deepspeed``) runs
     ``plan`` on ``cluster`` as it is, with the accelerate installed here."""
+    cluster.check_runnable("the Accelerate config")
     plan.check(world_size=cluster.world_size, devices_per_node=cluster.devices_per_node)
     runtime = "Accelerate with DeepSpeed" if deepspeed else "Accelerate"
     hint = "\nHINT: advise with --target " + ("deepspeed" if deepspeed else "accelerate")

@@ -37,6 +37,7 @@ def lightning_precision(plan: Plan) -> str:
 def trainer_arguments(plan: Plan, cluster: Cluster, *, plan_file: str | Path) -> dict[str, Any]:
     """``Trainer`` keywords that run ``plan`` on ``cluster`` with the auto-parallel strategy
     pinned to ``plan_file`` (``strategy`` in LightningCLI's ``class_path`` form)."""
+    cluster.check_runnable("the Lightning config")
     plan.check(world_size=cluster.world_size, devices_per_node=cluster.devices_per_node)
     return {
         "accelerator": "gpu" if cluster.is_gpu else "cpu",
