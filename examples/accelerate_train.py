@@ -12,8 +12,10 @@ Accelerate can train (FSDP2, HSDP, DeepSpeed through Accelerate):
     ACCELERATE_USE_CPU=1 accelerate launch --config_file accelerate.yaml examples/accelerate_train.py --plan plan.json
 
 Every process sees the same global batches and takes its data-parallel slice of each, split into
-the plan's ``grad_accum`` micro-batches; ``make_accelerator(plan)`` sets the accumulation, the
-precision and the FSDP/DeepSpeed/ParallelismConfig plugins. With ``--out DIR`` the main process
+the plan's ``grad_accum`` micro-batches; ``make_accelerator(plan, model=model)`` sets the
+accumulation, the precision and the FSDP/DeepSpeed/ParallelismConfig plugins, and refuses, before
+any training, a plan made for another model (blocks, tensor-parallel layout or pipeline stages this
+preset lacks) or for another number of processes than were launched. With ``--out DIR`` the main process
 writes the per-step losses (``losses.json``) and the final weights (``weights.pt``).
 """
 
@@ -26,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from stratagem.errors import UsageError
 from stratagem.plan import Plan
 from stratagem.integrations.accelerate import make_accelerator
 from stratagem.models import get_preset
@@ -42,20 +45,16 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def block_classes(model: torch.nn.Module, plan: Plan) -> tuple[str, ...]:
-    """Class names of the blocks the plan's FSDP units wrap (``plan.block_container``'s children)."""
-    if plan.block_container is None:
-        return ()
-    return tuple(dict.fromkeys(type(block).__name__ for block in model.get_submodule(plan.block_container)))
-
-
 def main() -> None:
     args = parse_args()
     plan = Plan.from_json(args.plan.read_text())
     preset = get_preset(args.preset)
     torch.manual_seed(args.seed)
     model = preset.build()
-    accelerator = make_accelerator(plan, block_classes=block_classes(model, plan))
+    try:  # a plan for another model or launch is refused here, before any training
+        accelerator = make_accelerator(plan, model=model)
+    except UsageError as error:
+        raise SystemExit(f"accelerate_train.py: {error}") from None
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model, optimizer = accelerator.prepare(model, optimizer)
 

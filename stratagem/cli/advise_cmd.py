@@ -72,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
 
     check_writable(args.output, "the config" if args.emit else "the report")
     cluster = parse_cluster(args.cluster)
+    if args.emit:
+        cluster.check_runnable(f"--emit {args.emit}")
     if args.verify:
         from stratagem.distributed import launched_job
         from stratagem.cli.verify_cmd import check_this_host

@@ -41,8 +41,15 @@ def export_config(runtime: str, advice: Advice, output: Path | None) -> Path:
         for note in deepspeed_notes(plan):
             print(f"advise: note: {note}", file=sys.stderr)
     else:
-        from stratagem.integrations.lightning_config import export_lightning_config
+        from stratagem.integrations.lightning_config import (
+            LIGHTNING_CLI_REQUIREMENT,
+            export_lightning_config,
+            lightning_cli_missing,
+        )
 
         export_lightning_config(plan, advice.cluster, path, block_classes=advice.profile.block_classes)
+        if missing := lightning_cli_missing():
+            print(f"advise: note: LightningCLI reads {path} only with {LIGHTNING_CLI_REQUIREMENT}, which is not "
+                  f"installed here: {missing} (or the stratagem[lightning] extra)", file=sys.stderr)
     print(f"advise: wrote the {runtime} config for {plan.name} to {path}", file=sys.stderr)
     return path

@@ -18,7 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "hardware",
         help="show the cluster: devices, memory, peak FLOP/s, links, network",
         description="Describe a cluster: probe this machine (NVML, psutil, sysfs) or read a "
-        "spec such as '8xA100-SXM4-80GB', '4x8xH100:ib-ndr', '2x4xL4:eth-100' or 'H100'.",
+        "spec such as '8xA100-SXM4-80GB', '4x8xH100:ib-ndr', '2x4xL4:eth-100', 'H100' or '8xTPU-v5e'.",
     )
     parser.add_argument("--cluster", metavar="SPEC", default="local",
                         help="cluster spec, or 'local' to probe this machine (default: local)")

@@ -155,11 +155,13 @@ def verify_advice(advice: Advice, args: argparse.Namespace, *, top: int, output:
 
 
 def check_this_host(cluster: Cluster) -> None:
-    """:class:`UsageError` unless ``cluster`` can be this host (one node; GPUs only with CUDA)."""
+    """:class:`UsageError` unless ``cluster`` can be this host (one node; GPUs only with CUDA;
+    no TPU chips, which torch_xla drives)."""
     import torch
 
     from stratagem.errors import UsageError
 
+    cluster.check_runnable("verify")
     if cluster.num_nodes > 1 or (cluster.is_gpu and not torch.cuda.is_available()):
         raise UsageError(f"verify runs plans on this host; {cluster.spec} is not it\n"
                          "HINT: --cluster local, or Nxcpu for N CPU ranks")

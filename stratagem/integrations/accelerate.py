@@ -28,6 +28,7 @@ from stratagem.errors import UsageError
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
+    from torch import nn
 
 __all__ = ["MIXED_PRECISION", "accelerate_notes", "accelerate_version", "accelerator_kwargs", "check_accelerate_plan",
            "distributed_type", "export_accelerate_config", "make_accelerator", "to_accelerate_config"]
@@ -67,7 +68,19 @@ def distributed_type(plan: Plan, *, deepspeed: bool = False) -> str:
 def check_accelerate_plan(plan: Plan, cluster: Cluster, *, deepspeed: bool = False) -> None:
     """Raise :class:`UsageError` unless Accelerate (with DeepSpeed when ``deepspeed``) runs
     ``plan`` on ``cluster`` as it is, with the accelerate installed here."""
+    cluster.check_runnable("the Accelerate config")
     plan.check(world_size=cluster.world_size, devices_per_node=cluster.devices_per_node)
+    _check_expressible(plan, deepspeed=deepspeed)
+    if not cluster.is_gpu and distributed_type(plan, deepspeed=deepspeed) not in ("MULTI_GPU", "NO"):
+        raise UsageError(f"Accelerate runs only DDP on CPU processes, and {plan.name} is not DDP: its FSDP "
+                         "plugin would be dropped for DDP, ParallelismConfig and DeepSpeed need GPUs\n"
+                         "HINT: advise for a GPU cluster, or train the plan with Trainer(strategy='auto-parallel')")
+    _check_version(plan, deepspeed=deepspeed)
+
+
+def _check_expressible(plan: Plan, *, deepspeed: bool) -> None:
+    """Raise :class:`UsageError` for what Accelerate (with DeepSpeed when ``deepspeed``) cannot run
+    as it is on any cluster: pipeline stages, a precision it lacks, sequence parallelism, ..."""
     runtime = "Accelerate with DeepSpeed" if deepspeed else "Accelerate"
     hint = "\nHINT: advise with --target " + ("deepspeed" if deepspeed else "accelerate")
     if plan.pp > 1:
@@ -81,11 +94,6 @@ def check_accelerate_plan(plan: Plan, cluster: Cluster, *, deepspeed: bool = Fal
     reason = deepspeed_excludes(plan) if deepspeed else accelerate_excludes(plan)
     if reason:
         raise UsageError(f"{runtime} cannot run {plan.name}: {reason}{hint}")
-    if not cluster.is_gpu and distributed_type(plan, deepspeed=deepspeed) not in ("MULTI_GPU", "NO"):
-        raise UsageError(f"Accelerate runs only DDP on CPU processes, and {plan.name} is not DDP: its FSDP "
-                         "plugin would be dropped for DDP, ParallelismConfig and DeepSpeed need GPUs\n"
-                         "HINT: advise for a GPU cluster, or train the plan with Trainer(strategy='auto-parallel')")
-    _check_version(plan, deepspeed=deepspeed)
 
 
 def _check_version(plan: Plan, *, deepspeed: bool) -> None:
@@ -230,13 +238,24 @@ def accelerator_kwargs(plan: Plan, *, block_classes: Sequence[str] = (), deepspe
     return kwargs
 
 
-def make_accelerator(plan: Plan, *, block_classes: Sequence[str] = (), deepspeed: bool = False,
-                     **kwargs: Any) -> Accelerator:
+def make_accelerator(plan: Plan, *, model: nn.Module | None = None, block_classes: Sequence[str] = (),
+                     deepspeed: bool = False, **kwargs: Any) -> Accelerator:
     """An ``accelerate.Accelerator`` that trains ``plan`` (see :func:`accelerator_kwargs`);
-    ``kwargs`` go to the Accelerator too. Raises :class:`UsageError` when the processes
-    Accelerate started are not the plan's: another world size, or DDP where the plan shards."""
+    ``kwargs`` go to the Accelerator too.
+
+    Before building it, raises :class:`UsageError` for a plan Accelerate cannot run as it is and,
+    given the ``model`` to train, for a plan made for another model
+    (:func:`~stratagem.plugins.check_plan_fits`); the model's blocks then give ``block_classes``
+    when not passed. After, raises it when the processes Accelerate started are not the plan's:
+    another world size, or DDP where the plan shards."""
     from accelerate import Accelerator
 
+    _check_expressible(plan, deepspeed=deepspeed)
+    if model is not None:
+        from stratagem.plugins import check_plan_fits
+
+        check_plan_fits(model, plan)
+        block_classes = block_classes or _block_classes(model, plan)
     accelerator = Accelerator(**accelerator_kwargs(plan, block_classes=block_classes, deepspeed=deepspeed), **kwargs)
     if accelerator.num_processes != plan.world_size:
         raise UsageError(f"{plan.name} is for {plan.world_size} processes but Accelerate runs "
@@ -248,3 +267,10 @@ def make_accelerator(plan: Plan, *, block_classes: Sequence[str] = (), deepspeed
         raise UsageError(f"{plan.name} needs Accelerate's {expected} but it runs {got}\n"
                          "HINT: launch on GPUs; on CPU Accelerate runs DDP only")
     return accelerator
+
+
+def _block_classes(model: nn.Module, plan: Plan) -> tuple[str, ...]:
+    """Class names of ``model``'s blocks (``plan.block_container``'s children), which FSDP wraps."""
+    if plan.block_container is None:
+        return ()
+    return tuple(dict.fromkeys(type(block).__name__ for block in model.get_submodule(plan.block_container)))

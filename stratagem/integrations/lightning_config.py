@@ -5,11 +5,14 @@ accumulation) with ``strategy="auto-parallel"`` pinned to a plan file; :func:`ex
 writes them as the ``trainer:`` block of a LightningCLI config, the plan next to it, and — in
 comments — the same run as Python and, where the plan is expressible there, Lightning's own
 equivalent strategy (``ddp``, ``FSDPStrategy``, ``ModelParallelStrategy``, ``DeepSpeedStrategy``).
-Imports no Lightning: the ``advise`` command writes these files.
+Imports no Lightning: the ``advise`` command writes these files. LightningCLI reads them only with
+``jsonargparse[signatures]`` installed (:func:`lightning_cli_missing` says when it is not).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,9 +21,31 @@ from stratagem.advisor.hardware import Cluster
 from stratagem.plan import Plan
 from stratagem.errors import UsageError
 
-__all__ = ["builtin_strategy", "export_lightning_config", "lightning_precision", "trainer_arguments"]
+__all__ = ["LIGHTNING_CLI_REQUIREMENT", "builtin_strategy", "export_lightning_config", "lightning_cli_missing",
+           "lightning_precision", "trainer_arguments"]
 
 STRATEGY_CLASS = "stratagem.integrations.lightning.AutoParallelStrategy"
+LIGHTNING_CLI_REQUIREMENT = "jsonargparse[signatures]>=4.27.7"
+"""What LightningCLI imports to read a config: ``lightning.pytorch.cli`` checks this requirement
+(Lightning 2.6) and raises ``ModuleNotFoundError`` without it. Lightning itself does not install it."""
+# The modules jsonargparse and its 'signatures' extra provide (jsonargparse's pyproject.toml).
+_SIGNATURES_MODULES = ("jsonargparse", "docstring_parser", "typeshed_client")
+
+
+def lightning_cli_missing() -> str | None:
+    """The pip command that installs what LightningCLI needs to read the YAML
+    (:data:`LIGHTNING_CLI_REQUIREMENT`) when it is missing or too old here, else None."""
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    command = f"pip install '{LIGHTNING_CLI_REQUIREMENT}'"
+    if any(importlib.util.find_spec(module) is None for module in _SIGNATURES_MODULES):
+        return command
+    try:
+        installed = Version(importlib.metadata.version("jsonargparse"))
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return None  # importable but without readable metadata: let LightningCLI judge
+    return None if installed in Requirement(LIGHTNING_CLI_REQUIREMENT).specifier else command
 
 
 def lightning_precision(plan: Plan) -> str:
@@ -37,6 +62,7 @@ def lightning_precision(plan: Plan) -> str:
 def trainer_arguments(plan: Plan, cluster: Cluster, *, plan_file: str | Path) -> dict[str, Any]:
     """``Trainer`` keywords that run ``plan`` on ``cluster`` with the auto-parallel strategy
     pinned to ``plan_file`` (``strategy`` in LightningCLI's ``class_path`` form)."""
+    cluster.check_runnable("the Lightning config")
     plan.check(world_size=cluster.world_size, devices_per_node=cluster.devices_per_node)
     return {
         "accelerator": "gpu" if cluster.is_gpu else "cpu",
@@ -93,7 +119,11 @@ def _comments(plan: Plan, cluster: Cluster, arguments: dict[str, Any], block_cla
     code, why = builtin_strategy(plan, block_classes=block_classes)
     builtin = (f"Lightning's own equivalent: Trainer({call}, strategy={code}); {why}" if code
                else f"No built-in Lightning strategy runs it: {why}")
+    missing = lightning_cli_missing()
+    needs = ([f"LightningCLI needs {LIGHTNING_CLI_REQUIREMENT}, not installed where this file was written: {missing}"]
+             if missing else [])
     return [f"Written by stratagem for plan {plan.name} on {cluster.spec}.",
+            *needs,
             "LightningCLI: python train.py fit --config THIS_FILE. In Python:",
             "  import stratagem.integrations.lightning  # registers strategy='auto-parallel'",
             f"  Trainer({call}, strategy=AutoParallelStrategy(plan={plan_file!r}))",

@@ -24,7 +24,7 @@ This package imports :mod:`stratagem.plan` (the Plan, precisions, how stages are
 nothing of the advisor.
 """
 
-from stratagem.plugins.apply import apply_plan, check_applicable
+from stratagem.plugins.apply import apply_plan, check_applicable, check_plan_fits
 from stratagem.plugins.checkpointing import apply_activation_checkpointing
 from stratagem.plugins.data_parallel import apply_data_parallel, build_optimizer
 from stratagem.plugins.mesh import build_mesh
@@ -43,4 +43,5 @@ __all__ = [
     "build_mesh",
     "build_optimizer",
     "check_applicable",
+    "check_plan_fits",
 ]

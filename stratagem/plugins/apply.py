@@ -43,10 +43,15 @@ from stratagem.plugins.pipeline import (
     split_stages,
 )
 from stratagem.plugins.precision import apply_param_dtype
-from stratagem.plugins.tensor_parallel import apply_tensor_parallel, check_tp_layout_given, match_tp_layout
+from stratagem.plugins.tensor_parallel import (
+    apply_tensor_parallel,
+    check_tp_layout_given,
+    match_tp_layout,
+    unmatched_tp_patterns,
+)
 from stratagem.plan.stages import removal_convention
 
-__all__ = ["apply_plan", "build_optimizer", "check_applicable"]
+__all__ = ["apply_plan", "build_optimizer", "check_applicable", "check_plan_fits"]
 
 log = logging.getLogger(__name__)
 
@@ -62,11 +67,13 @@ def apply_plan(module: nn.Module, plan: Plan, mesh: DeviceMesh, *,
     stage) and ``example_inputs``, one micro-batch of the model's positional inputs (for a
     model whose stages are traced). Raises :class:`UsageError` for what cannot be applied, for
     a ``tp_layout`` that does not fit the model and for a mesh whose size does not match the
-    plan, before changing anything.
+    plan, before changing anything; and for a plan made for another model, where applying it
+    reads what the model lacks (:func:`check_plan_fits`).
     """
     check_applicable(plan)
     if plan.pp > 1:
         _check_pipeline_inputs(module, plan, loss_fn=loss_fn, example_inputs=example_inputs)
+    check_plan_fits(module, _as_applied(plan))
     check_world_size(plan, world_size=mesh.size())
     if plan.tp > 1:
         match_tp_layout(module, plan)
@@ -121,3 +128,52 @@ def check_applicable(plan: Plan) -> None:
                          "block, but the plan names no block_container\n"
                          "HINT: set Plan.block_container to the FQN of the ModuleList holding the blocks "
                          "(e.g. 'layers'), or activation_checkpointing='none'")
+
+
+def check_plan_fits(module: nn.Module, plan: Plan, *, world_size: int | None = None) -> None:
+    """Raise :class:`UsageError` when ``plan`` was made for another model than ``module`` (or, given
+    ``world_size``, another launch), naming every mismatch: a ``block_container`` the module lacks or
+    that holds no blocks, ``tp_layout`` patterns that match none of its modules, ``stage_blocks``
+    (or pipeline stages) for another block count, degrees multiplying to another world size."""
+    problems = _module_mismatches(module, plan)
+    if world_size is not None and plan.world_size != world_size:
+        problems.append(f"its degrees multiply to {plan.world_size} ranks (pp {plan.pp} × dp_replicate "
+                        f"{plan.dp_replicate} × dp_shard {plan.dp_shard} × tp {plan.tp}), but {world_size} run")
+    if problems:
+        launch = f", or launch {plan.world_size} processes" if world_size not in (None, plan.world_size) else ""
+        raise UsageError(f"plan {plan.name} was not made for this {type(module).__name__}: {'; '.join(problems)}"
+                         f"\nHINT: advise for this model (`advise --model ...`, or profile_model(module) and "
+                         f"advise) and use that plan{launch}")
+
+
+def _as_applied(plan: Plan) -> Plan:
+    """``plan`` less what applying it does not read, so that a plan that runs is not refused: the
+    blocks where nothing works per block (no checkpointing, FSDP, TP or pipeline), the TP layout at tp 1."""
+    uses_blocks = plan.checkpoints or plan.uses_fsdp or plan.tp > 1 or plan.pp > 1
+    return replace(plan, block_container=plan.block_container if uses_blocks else None,
+                   tp_layout=plan.tp_layout if plan.tp > 1 else ())
+
+
+def _module_mismatches(module: nn.Module, plan: Plan) -> list[str]:
+    """What ``plan`` names that ``module`` lacks, one phrase each."""
+    problems, blocks = [], None
+    if plan.block_container is not None:
+        try:
+            blocks = list(module.get_submodule(plan.block_container).children())
+        except AttributeError:
+            lists = [name for name, sub in module.named_modules() if isinstance(sub, nn.ModuleList)]
+            problems.append(f"block_container {plan.block_container!r} is not one of its submodules (its module "
+                            f"lists: {', '.join(map(repr, lists)) or 'none'})")
+        else:
+            if not blocks:
+                problems.append(f"block_container {plan.block_container!r} holds no blocks")
+    unmatched = unmatched_tp_patterns(module, plan)
+    if unmatched:
+        problems.append(f"tp_layout names modules it lacks: {', '.join(map(repr, unmatched))}")
+    if blocks and plan.stage_blocks is not None and sum(plan.stage_blocks) != len(blocks):
+        problems.append(f"stage_blocks {list(plan.stage_blocks)} split {sum(plan.stage_blocks)} blocks, but "
+                        f"{plan.block_container!r} holds {len(blocks)}")
+    elif blocks and plan.num_stages > len(blocks):
+        problems.append(f"its {plan.num_stages} pipeline stages need at least as many blocks, but "
+                        f"{plan.block_container!r} holds {len(blocks)}")
+    return problems

@@ -52,7 +52,7 @@ from stratagem.plan import Plan
 from stratagem.errors import UsageError
 from stratagem.plugins.blocks import find_blocks
 
-__all__ = ["apply_tensor_parallel", "check_tp_layout_given", "match_tp_layout"]
+__all__ = ["apply_tensor_parallel", "check_tp_layout_given", "match_tp_layout", "unmatched_tp_patterns"]
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ def match_tp_layout(module: nn.Module, plan: Plan) -> dict[str, str]:
     names = [name for name, _ in module.named_modules()]
     styles: dict[str, str] = {}
     for pattern, style in plan.tp_layout:
-        regex = re.compile(re.escape(pattern).replace(r"\*", r"\d+"))
+        regex = _pattern_regex(pattern)
         matched = [name for name in names if regex.fullmatch(name)]
         if not matched:
             raise UsageError(f"tp_layout pattern {pattern!r} ({style}) matches no module of "
@@ -110,6 +110,18 @@ def match_tp_layout(module: nn.Module, plan: Plan) -> dict[str, str]:
             _check_match(module.get_submodule(name), name, style, plan)
             styles[name] = style
     return {name: styles[name] for name in names if name in styles}
+
+
+def unmatched_tp_patterns(module: nn.Module, plan: Plan) -> list[str]:
+    """The ``plan.tp_layout`` patterns that match no module of ``module``, in layout order."""
+    names = [name for name, _ in module.named_modules()]
+    return [pattern for pattern, _ in plan.tp_layout
+            if not any(_pattern_regex(pattern).fullmatch(name) for name in names)]
+
+
+def _pattern_regex(pattern: str) -> re.Pattern[str]:
+    """A layout pattern as a regex: an FQN with ``*`` for a block index."""
+    return re.compile(re.escape(pattern).replace(r"\*", r"\d+"))
 
 
 def check_tp_layout_given(plan: Plan) -> None:

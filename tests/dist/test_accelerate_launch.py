@@ -1,5 +1,6 @@
 """A real `accelerate launch` of the config `advise --emit accelerate` writes: two CPU processes
-train examples/accelerate_train.py with `make_accelerator(plan)`, and match one process.
+train examples/accelerate_train.py with `make_accelerator(plan, model=model)`, and match one
+process; a plan made for another model is refused before any training.
 
 Accelerate runs only DDP on CPU (docs/platform.md), so for a CPU cluster the advisor recommends
 DDP; the emitted file starts both processes through `accelerate launch`'s own torchrun launcher.
@@ -51,3 +52,21 @@ def test_accelerate_launch_ddp_plan_matches_single_process(tmp_path):
     weights = torch.load(tmp_path / "out" / "weights.pt")
     for name, expected in reference.weights.items():
         torch.testing.assert_close(weights[name], expected, rtol=1e-5, atol=1e-7, msg=name)
+
+
+@pytest.mark.timeout(300)
+def test_accelerate_launch_refuses_a_plan_for_another_model(tmp_path):
+    from stratagem.advisor.hardware import parse_cluster
+    from stratagem.integrations.accelerate import export_accelerate_config
+
+    plan = Plan(dp_replicate=2, precision="fp32", block_container="transformer.h")  # not llama-tiny's blocks
+    plan_file, config = tmp_path / "plan.json", tmp_path / "accelerate.yaml"
+    plan_file.write_text(plan.to_json())
+    export_accelerate_config(plan, parse_cluster("2xcpu"), config)
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    command = [str(ACCELERATE), "launch", "--config_file", str(config), "--main_process_port", str(free_port()),
+               str(ROOT / "examples" / "accelerate_train.py"), "--plan", str(plan_file), "--steps", "2"]
+    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=250)
+    assert done.returncode != 0 and "step 1:" not in done.stdout, done.stdout[-2000:]
+    assert "accelerate_train.py: plan dp2 mb=1 was not made for this Transformer" in done.stderr, done.stderr[-3000:]
+    assert "'transformer.h' is not one of its submodules" in done.stderr and "HINT:" in done.stderr

@@ -58,7 +58,7 @@ def test_html_to_a_file_says_where_it_went(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--cluster", "8xNoSuchGPU"], "unknown GPU"),
+    (["--cluster", "8xNoSuchGPU"], "unknown device"),
     (["--seq-len", "128", "--model", "vit-tiny"], "does not apply"),
     (["--precision", "fp8"], "unknown precision"),
     (["--output", "/no/such/folder/report.md", "--format", "markdown"], "cannot write the report"),

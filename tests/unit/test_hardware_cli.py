@@ -30,4 +30,4 @@ def test_local_probe_prints_notes(capsys):
 def test_bad_spec_exits_2_with_the_reason(capsys):
     assert main(["hardware", "--cluster", "4xH900"]) == 2
     err = capsys.readouterr().err
-    assert "unknown GPU 'H900'" in err and "HINT:" in err
+    assert "unknown device 'H900'" in err and "HINT:" in err

@@ -91,12 +91,12 @@ def test_canonical_spec_and_json_round_trip(spec):
 
 
 @pytest.mark.parametrize(("spec", "expected"), [
-    ("4xH900", ["unknown GPU 'H900' in '4xH900'", "known: V100-SXM2-32GB", "HINT:"]),
+    ("4xH900", ["unknown device 'H900' in '4xH900'", "known: V100-SXM2-32GB", "HINT:"]),
     ("2x8xH100:ib-fdr", ["unknown network 'ib-fdr'", "known: ib-edr", "HINT:"]),
     ("4x8xH100", ["spans 4 nodes but names no network", "ib-ndr", "HINT:"]),
     ("0x8xH100:ib-ndr", ["at least 1", "HINT:"]),
     ("8xH100:", ["cannot read cluster spec", "HINT:"]),
-    ("x8", ["unknown GPU 'x8'"]),
+    ("x8", ["unknown device 'x8'"]),
     (":ib-ndr", ["cannot read cluster spec"]),
     ("8xL4+bridge", ["takes no NVLink bridge", "A100-PCIe-80GB", "HINT:"]),
     ("2x8xH100:ib-ndr-x0", ["at least 1"]),

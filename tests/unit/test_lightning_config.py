@@ -102,3 +102,39 @@ def test_advise_emit_lightning(tmp_path, capsys):
     pinned = Plan.from_json((tmp_path / "trainer.plan.json").read_text())
     assert config["trainer"]["strategy"]["init_args"]["plan"] == str(tmp_path / "trainer.plan.json")
     assert pinned.world_size == 8 and pinned.global_batch_size == 32
+
+
+def _jsonargparse(monkeypatch, *, installed: bool, version: str = "4.40.0") -> None:
+    """Pretend jsonargparse[signatures] is (or is not) importable here, at ``version``."""
+    import importlib.metadata
+    import importlib.util
+
+    find_spec, real_version = importlib.util.find_spec, importlib.metadata.version
+    signatures = ("jsonargparse", "docstring_parser", "typeshed_client")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: (
+        (find_spec("yaml") if installed else None) if name in signatures else find_spec(name, *args)))
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: version if name == "jsonargparse"
+                        else real_version(name))
+
+
+@pytest.mark.parametrize(("installed", "version", "missing"), [(True, "4.40.0", False), (True, "4.20.0", True),
+                                                               (False, "4.40.0", True)])
+def test_lightning_cli_missing_says_what_to_install(monkeypatch, installed, version, missing):
+    from stratagem.integrations.lightning_config import lightning_cli_missing
+
+    _jsonargparse(monkeypatch, installed=installed, version=version)
+    assert lightning_cli_missing() == ("pip install 'jsonargparse[signatures]>=4.27.7'" if missing else None)
+
+
+@pytest.mark.parametrize("installed", [True, False])
+def test_emit_lightning_says_when_lightning_cli_cannot_read_it(monkeypatch, tmp_path, capsys, installed):
+    _jsonargparse(monkeypatch, installed=installed)
+    path = tmp_path / "trainer.yaml"
+    assert main(["advise", "--model", "gpt2-tiny", "--cluster", "2xcpu", "--emit", "lightning",
+                 "--output", str(path)]) == 0
+    err, header = capsys.readouterr().err, path.read_text().split("trainer:")[0]
+    pip = "pip install 'jsonargparse[signatures]>=4.27.7'"
+    assert (pip in err and "advise: note: LightningCLI" in err) is not installed
+    assert (f"LightningCLI needs jsonargparse[signatures]>=4.27.7, not installed where this file was written: {pip}"
+            in header) is not installed
+    assert yaml.safe_load(path.read_text())["trainer"]["strategy"]["class_path"].endswith("AutoParallelStrategy")

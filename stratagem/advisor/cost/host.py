@@ -28,16 +28,17 @@ OPTIMIZER_OPS_PER_TENSOR = {"adamw": 10, "sgd": 3}
 def estimate_dispatch_seconds(step: RankStep, *, device_busy: float) -> float:
     """Host time launching the step's operators that the device's own work does not hide, seconds:
     every micro-batch's and the optimizer's. A CPU rank runs each operator as it launches it, so
-    all of it adds; a GPU runs behind the host, which binds only when it launches slower than the
-    GPU computes (``device_busy``: the step's compute, recompute, TP collectives and optimizer)."""
+    all of it adds; an accelerator (GPU, TPU) runs behind the host, which binds only when it
+    launches slower than the accelerator computes (``device_busy``: the step's compute, recompute,
+    TP collectives and optimizer)."""
     host = step.num_microbatches * microbatch_dispatch_seconds(step) + _optimizer_dispatch_seconds(step)
-    return max(0.0, host - device_busy) if step.cluster.is_gpu else host
+    return max(0.0, host - device_busy) if step.cluster.is_accelerator else host
 
 
 def in_line_host_seconds(step: RankStep) -> float:
     """The micro-batches' host time that runs in line with their compute: all of it on CPU ranks,
-    none on GPUs (which the host runs ahead of)."""
-    return 0.0 if step.cluster.is_gpu else step.num_microbatches * microbatch_dispatch_seconds(step)
+    none on accelerators (which the host runs ahead of)."""
+    return 0.0 if step.cluster.is_accelerator else step.num_microbatches * microbatch_dispatch_seconds(step)
 
 
 def microbatch_dispatch_seconds(step: RankStep) -> float:
@@ -82,4 +83,4 @@ def _optimizer_dispatch_seconds(step: RankStep) -> float:
         return dtensor * ops_per_tensor * tensors
     if (measured := calibrated_optimizer(step)) is not None:
         return measured[1] * tensors
-    return plain * ops_per_tensor * (1 if step.cluster.is_gpu else tensors)
+    return plain * ops_per_tensor * (1 if step.cluster.is_accelerator else tensors)

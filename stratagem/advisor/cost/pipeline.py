@@ -51,11 +51,11 @@ def _shared_core_seconds(step: RankStep, *, share: float, lost: float, ideal: fl
 
 
 def _others_share(step: RankStep) -> float:
-    """The other pipeline ranks' micro-batches over the busiest rank's: by FLOPs on GPUs
+    """The other pipeline ranks' micro-batches over the busiest rank's: by FLOPs on accelerators
     (:func:`~stratagem.advisor.cost.stages.others_share`); on CPU ranks, where host time and bytes
     moved weigh as much as FLOPs (an embedding's gather has none), each rank's passes and
     launching, costed at this rank's rates."""
-    if step.cluster.is_gpu:
+    if step.cluster.is_accelerator:
         return others_share(step.profile, step.plan, "fwd_flops", "bwd_flops")
 
     def load(rank: RankStep) -> float:

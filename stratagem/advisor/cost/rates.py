@@ -122,7 +122,8 @@ def _interpolated_rate(curve: list[tuple[int, float]], n: float) -> float:
 
 
 def _kind(cluster: Cluster) -> str:
-    return "gpu" if cluster.is_gpu else "cpu"
+    # TPU chips take the GPU figures: accelerators the host runs ahead of (unmeasured on TPUs).
+    return "gpu" if cluster.is_accelerator else "cpu"
 
 
 # -- GEMMs by shape, on GPUs no calibration measured ------------------------------------------

@@ -1,13 +1,14 @@
 """Every hardware figure stratagem uses, each with its source next to it.
 
-This is the one place numbers about GPUs, links and networks live. A figure is a
+This is the one place numbers about GPUs, TPUs, links and networks live. A figure is a
 :class:`Fig`: a value in SI units (bytes, bytes/s, FLOP/s, seconds, fractions), the source it
 came from, and whether it is an estimate (a number no primary source confirmed, or a rule of
 thumb). FLOP/s are dense (datasheets print 2:4-sparse tensor-core figures, twice these).
 Memory capacities are the datasheet's "GB", which for HBM/GDDR means GiB (the driver reports
 slightly less, e.g. 81,559 MiB on an H100 80GB); bandwidths are decimal (1 GB/s = 1e9 B/s).
 
-Not catalogued: TPUs (torch_xla is a different runtime) and GPUs older than V100.
+Google Cloud TPUs (v4, v5e, v5p, v6e) are catalogued for advice: their plans are applied
+with torch_xla, which stratagem does not drive. Not catalogued: GPUs older than V100.
 """
 
 from __future__ import annotations
@@ -233,6 +234,9 @@ LINKS: dict[str, LinkEntry] = {
     "pcie-gen3": _pcie(3), "pcie-gen4": _pcie(4), "pcie-gen5": _pcie(5),
     "pcie-gen5-est": LinkEntry(est(16 * PCIE_PER_LANE[5].value, "Gen5/6 quoted; Gen5 x16 assumed"),
                                PCIE_LATENCY, PCIE_EFFICIENCY, "tree"),
+    "pcie-gen4-est": LinkEntry(est(16 * PCIE_PER_LANE[4].value, "host interface not in the chip's Cloud TPU "
+                                                                "page; Gen4 x16 assumed"),
+                               PCIE_LATENCY, PCIE_EFFICIENCY, "tree"),
     "loopback": LinkEntry(est(5 * GB, "gloo over shared memory / TCP loopback, rough"),
                           est(30e-6, LATENCY_RULE), est(1.0, "folded into the bandwidth"),
                           "loopback"),
@@ -282,3 +286,72 @@ IB_RATES = {100: "ib-edr", 200: "ib-hdr", 400: "ib-ndr", 800: "ib-xdr"}  # Gb/s 
 CPU_SRC = "x86 core with 2 AVX2 FMA units at ~3 GHz: 96 GFLOP/s peak, about half reached"
 CPU_FLOPS_PER_CORE = est(50e9, CPU_SRC)  # fp32; bf16/fp16 assumed no faster without AMX
 CPU_MEMORY_BW_PER_CORE = est(5 * GB, "DDR4/DDR5 socket bandwidth spread over its cores, rough")
+
+
+# Google Cloud TPUs. One chip is one rank; the chips of a slice talk over ICI (a torus), so a slice
+# is one stratagem node. ICI figures are per chip, all ports together, per direction: the pages
+# give the bidirectional total, halved here (v5e's older page: 1,600 Gbps = 200 GB/s one way).
+TPU_DOCS = "Google Cloud TPU documentation, cloud.google.com/tpu/docs/{page} (read 2026-11-26)"
+V4_DOC = TPU_DOCS.format(page="v4")
+V5E_DOC = TPU_DOCS.format(page="v5e")
+V5P_DOC = TPU_DOCS.format(page="v5p")
+V6E_DOC = TPU_DOCS.format(page="v6e")
+TPU_FP32 = ("no fp32 peak published; torch_xla's 'highest' matmul precision takes 6 bf16 passes "
+            "(torch_xla.backends.set_mat_mul_precision; its 'default' takes 1, at the bf16 rate)")
+ICI_EFFICIENCY = est(0.75, "assumed like NVLink; not measured on TPUs")
+ICI_LATENCY = est(3e-6, LATENCY_RULE)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TpuEntry:
+    """One Cloud TPU chip as catalogued: figures per chip, its ICI and the largest slice."""
+
+    name: str
+    aliases: tuple[str, ...]
+    memory: Fig  # bytes of HBM
+    memory_bandwidth: Fig  # bytes/s
+    bf16: Fig  # FLOP/s, dense
+    fp32: Fig  # FLOP/s of fp32 matmuls at full precision
+    ici: Fig  # bytes/s per chip per direction over all its ICI ports
+    topology: str  # "2d-torus" or "3d-torus"
+    max_slice: Fig  # chips in the largest slice (one ICI domain)
+    host_link: str  # chip <-> host: a key of LINKS
+    vendor: str = "google"
+
+
+def _tpu_fp32(bf16: float) -> Fig:
+    return est(bf16 / 6, TPU_FP32)
+
+
+TPUS: tuple[TpuEntry, ...] = (
+    TpuEntry(name="TPU-v4", aliases=("v4", "TPUv4"),
+             memory=Fig(32 * GIB, V4_DOC + ": HBM2 32 GiB"),
+             memory_bandwidth=Fig(1200 * GB, V4_DOC + ": HBM2 1200 GBps"),
+             bf16=Fig(275 * TFLOPS, V4_DOC + ": 275 teraflops (bf16 or int8)"), fp32=_tpu_fp32(275 * TFLOPS),
+             ici=est(1.1e15 / 4096, V4_DOC + ": no per-chip ICI figure; all-reduce bandwidth per Pod 1.1 PB/s "
+                     "over 4096 chips (on the v5e and v6e pages that ratio is the one-way ICI per chip)"),
+             topology="3d-torus", max_slice=Fig(4096, V4_DOC + ": TPU Pod size 4096 chips, 3D mesh/torus"),
+             host_link="pcie-gen4-est"),
+    TpuEntry(name="TPU-v5e", aliases=("v5e", "TPUv5e", "v5litepod", "TPU-v5-lite"),
+             memory=Fig(16 * GIB, V5E_DOC + ": HBM2 16 GB"),
+             memory_bandwidth=Fig(819 * GB, V5E_DOC + ": HBM2 819 GBps"),
+             bf16=Fig(197 * TFLOPS, V5E_DOC + ": 197 TFLOPs bf16"), fp32=_tpu_fp32(197 * TFLOPS),
+             ici=Fig(200 * GB, V5E_DOC + ": bidirectional ICI 400 GBps per chip, 4 ports"),
+             topology="2d-torus", max_slice=Fig(256, V5E_DOC + ": TPU Pod size 256 chips, 2D torus"),
+             host_link="pcie-gen4-est"),
+    TpuEntry(name="TPU-v5p", aliases=("v5p", "TPUv5p"),
+             memory=Fig(95 * GIB, V5P_DOC + ": HBM 95 GiB per chip"),
+             memory_bandwidth=Fig(2765 * GB, V5P_DOC + ": HBM 2765 GBps per chip"),
+             bf16=Fig(459 * TFLOPS, V5P_DOC + ": 459 TFLOPs bf16"), fp32=_tpu_fp32(459 * TFLOPS),
+             ici=Fig(600 * GB, V5P_DOC + ": bidirectional ICI 1200 GBps per chip (4800 Gbps one way)"),
+             topology="3d-torus",
+             max_slice=Fig(6144, V5P_DOC + ": 8960 chips per Pod, largest job 6144 chips, 3D torus"),
+             host_link="pcie-gen4-est"),
+    TpuEntry(name="TPU-v6e", aliases=("v6e", "TPUv6e", "Trillium", "TPU-Trillium"),
+             memory=Fig(32 * GIB, V6E_DOC + ": HBM 32 GB per chip"),
+             memory_bandwidth=Fig(1638 * GB, V6E_DOC + ": HBM 1638 GBps per chip"),
+             bf16=Fig(918 * TFLOPS, V6E_DOC + ": 918 TFLOPs bf16"), fp32=_tpu_fp32(918 * TFLOPS),
+             ici=Fig(400 * GB, V6E_DOC + ": bidirectional ICI 800 GBps per chip, 4 ports"),
+             topology="2d-torus", max_slice=Fig(256, V6E_DOC + ": TPU Pod size 256 chips, 2D torus"),
+             host_link="pcie-gen5"),  # the v6e page: "connects to the host through a PCIe Gen5 interface"
+)

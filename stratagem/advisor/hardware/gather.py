@@ -95,7 +95,7 @@ def _fit_ranks(node: NodeSpec, num_ranks: int) -> tuple[NodeSpec, list[str]]:
     """The node as ``num_ranks`` ranks see it: CPU ranks share the host, GPU ranks one GPU each."""
     if num_ranks == node.num_devices:
         return node, []
-    if not node.device.is_gpu and node.host is not None:
+    if not node.device.is_accelerator and node.host is not None:
         return cpu_node(node.host, num_ranks=num_ranks, network=node.network), []
     note = (f"{num_ranks} rank(s) per node on {node.num_devices} device(s): "
             f"planning for {num_ranks} per node")

@@ -1,4 +1,5 @@
-"""Turn catalog entries into specs: name lookup, NVML name matching, link and network specs."""
+"""Turn catalog entries into specs: name lookup (GPUs, TPUs), NVML name matching, link and
+network specs."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import re
 from dataclasses import replace
 
 from stratagem.advisor.hardware import catalog
-from stratagem.advisor.hardware.catalog import Fig, GpuEntry, LinkEntry
-from stratagem.advisor.hardware.spec import DeviceSpec, HostSpec, LinkSpec, NetworkSpec
+from stratagem.advisor.hardware.catalog import Fig, GpuEntry, LinkEntry, TpuEntry
+from stratagem.advisor.hardware.spec import DeviceSpec, HostSpec, LinkSpec, NetworkSpec, NodeSpec
 
 
 def _key(name: str) -> str:
@@ -17,6 +18,9 @@ def _key(name: str) -> str:
 
 _BY_NAME: dict[str, GpuEntry] = {
     _key(alias): entry for entry in catalog.GPUS for alias in (entry.name, *entry.aliases)
+}
+_TPU_BY_NAME: dict[str, TpuEntry] = {
+    _key(alias): entry for entry in catalog.TPUS for alias in (entry.name, *entry.aliases)
 }
 _BY_NVML: dict[str, GpuEntry] = {
     _key(nvml): entry for entry in catalog.GPUS for nvml in entry.nvml_names
@@ -36,6 +40,31 @@ def gpu_aliases() -> dict[str, str]:
 def find_gpu(name: str) -> GpuEntry | None:
     """The entry whose name or alias matches ``name`` (ignoring case and punctuation)."""
     return _BY_NAME.get(_key(name))
+
+
+def tpu_names() -> list[str]:
+    """Canonical names of every catalogued TPU chip."""
+    return [entry.name for entry in catalog.TPUS]
+
+
+def find_tpu(name: str) -> TpuEntry | None:
+    """The TPU entry whose name or alias matches ``name`` (ignoring case and punctuation)."""
+    return _TPU_BY_NAME.get(_key(name))
+
+
+def tpu_node(entry: TpuEntry, *, num_devices: int) -> NodeSpec:
+    """A slice of ``num_devices`` chips of ``entry``: one node whose link is the slice's ICI."""
+    device = DeviceSpec(
+        name=entry.name, kind="tpu", vendor=entry.vendor, memory_bytes=int(entry.memory.value),
+        memory_bandwidth=entry.memory_bandwidth.value, peak_fp32=entry.fp32.value, peak_tf32=None,
+        peak_bf16=entry.bf16.value, peak_fp16=None,
+        estimated=_estimated(memory_bytes=entry.memory, memory_bandwidth=entry.memory_bandwidth,
+                             peak_fp32=entry.fp32, peak_bf16=entry.bf16),
+    )
+    ici = LinkEntry(entry.ici, catalog.ICI_LATENCY, catalog.ICI_EFFICIENCY, entry.topology)
+    link = _link("ici", ici, domain_size=num_devices) if num_devices > 1 else none_link()
+    return NodeSpec(device=device, num_devices=num_devices, link=link,
+                    host_link=host_link_from_key(entry.host_link), network=None)
 
 
 def match_nvml_name(nvml_name: str) -> GpuEntry | None:

@@ -6,8 +6,9 @@ Grammar (case-insensitive, spaces ignored)::
     [NODES x] [DEVICES x] DEVICE[+bridge][:NETWORK[-xNICS]]
 
 ``8xA100-SXM4-80GB`` is one node of 8; ``4x8xH100:ib-ndr`` is 4 nodes of 8; ``H100`` is one
-device. DEVICE is a catalog name or alias (``H100`` = ``H100-SXM5-80GB``) or ``cpu`` (gloo
-ranks sharing this host's cores and RAM). ``+bridge`` joins PCIe cards in NVLink-bridged
+device. DEVICE is a catalog name or alias (``H100`` = ``H100-SXM5-80GB``, ``v5e`` = ``TPU-v5e``) or
+``cpu`` (gloo ranks sharing this host's cores and RAM). A TPU spec names one slice of chips
+joined by ICI (``16xv5p``): one node, no network. ``+bridge`` joins PCIe cards in NVLink-bridged
 pairs; without it they talk over PCIe. NETWORK is a catalog name; it means one NIC per GPU
 (the DGX/HGX rail layout) unless the network fixes its count (``efa-p4d``: 4, ``efa-p5``: 32)
 or ``-xNICS`` says otherwise. A multi-node spec must name its network: there is no default,
@@ -21,6 +22,7 @@ from dataclasses import replace
 
 from stratagem.advisor.hardware import lookup, probe
 from stratagem.advisor.hardware.host import cpu_node, probe_host
+from stratagem.advisor.hardware.catalog import TpuEntry
 from stratagem.advisor.hardware.spec import Cluster, NetworkSpec, NodeSpec
 from stratagem.errors import UsageError
 from stratagem.plan.checks import MAX_WORLD_SIZE, check_positive, shown
@@ -33,6 +35,15 @@ MAX_DEVICES_PER_NODE = 1024
 """Devices a node may hold: above the largest NVLink domains (72 GPUs built, 576 announced)."""
 MAX_NICS_PER_NODE = 64
 """NICs a node may carry: above any node built (DGX: 8 compute NICs; AWS p5: 32 EFA)."""
+TPU_NOTES = (
+    "TPU chips: stratagem's plugins and exported configs apply plans with torch.distributed on CUDA GPUs "
+    "or CPU ranks; applying this plan on TPUs needs torch_xla (its SPMD sharding or FSDPv2), so --emit "
+    "and verify refuse TPU clusters.",
+    "TPU estimates: beyond the catalog's chip figures the cost model uses its GPU estimates (achievable "
+    "FLOP/s, host dispatch, reserved memory) and treats the ICI torus as a switch at each chip's full "
+    "ICI bandwidth (a group along one torus axis reaches less).",
+)
+"""The notes a TPU cluster carries into ``stratagem hardware`` and the advice."""
 
 
 def parse_cluster(spec: str) -> Cluster:
@@ -49,6 +60,9 @@ def parse_cluster(spec: str) -> Cluster:
     if num_nodes < 1 or num_devices < 1:
         raise UsageError(f"counts in {spec!r} must be at least 1: got {num_nodes} node(s) "
                          f"x {num_devices} device(s)\nHINT: write e.g. '2x8xH100:ib-ndr'")
+    tpu = lookup.find_tpu(device)
+    if tpu is not None:
+        return _tpu_slice(spec, tpu, num_nodes=num_nodes, num_devices=num_devices, extra=bridge or network)
     check_positive(f"the devices per node of {shown(spec)}", num_devices, maximum=MAX_DEVICES_PER_NODE,
                    why="more than any node or NVLink domain holds")
     check_positive(f"the world size of {shown(spec)}", num_nodes * num_devices, maximum=MAX_WORLD_SIZE,
@@ -67,9 +81,9 @@ def _node(spec: str, *, device: str, num_devices: int, bridge: bool) -> NodeSpec
     entry = lookup.find_gpu(device)
     if entry is None:
         raise UsageError(
-            f"unknown GPU {device!r} in {spec!r}: known: {', '.join(lookup.gpu_names())}, cpu"
-            f"\nHINT: use a catalog name or a short name ({_aliases_hint()}), "
-            "or 'local' to probe this machine"
+            f"unknown device {device!r} in {spec!r}: known: {', '.join(lookup.gpu_names())}; TPUs: "
+            f"{', '.join(lookup.tpu_names())}; cpu\nHINT: use a catalog name or a short name "
+            f"({_aliases_hint()}, v5e = TPU-v5e), or 'local' to probe this machine"
         )
     if bridge and entry.bridge is None:
         bridged = [e.name for e in lookup.catalog.GPUS if e.bridge]
@@ -81,6 +95,19 @@ def _node(spec: str, *, device: str, num_devices: int, bridge: bool) -> NodeSpec
         link=lookup.link_from_key(link_key, num_devices=num_devices),
         host_link=lookup.host_link_from_key(entry.host_link), network=None,
     )
+
+
+def _tpu_slice(spec: str, entry: TpuEntry, *, num_nodes: int, num_devices: int, extra: str | None) -> Cluster:
+    """One slice of ``num_devices`` chips: a single ICI domain, with the notes every TPU cluster carries."""
+    if num_nodes > 1 or extra:
+        raise UsageError(f"{spec!r}: a TPU cluster is one slice of chips joined by ICI; slices joined over "
+                         "the data-center network (Multislice) and '+bridge' or ':NETWORK' are not modelled"
+                         f"\nHINT: describe one slice, e.g. '{num_nodes * num_devices}x{entry.name}'")
+    largest = int(entry.max_slice.value)
+    if num_devices > largest:
+        raise UsageError(f"{spec!r} asks for a slice of {num_devices:,} {entry.name} chips, more than the largest "
+                         f"one holds ({entry.max_slice.source})\nHINT: at most '{largest}x{entry.name}'")
+    return Cluster(num_nodes=1, node=lookup.tpu_node(entry, num_devices=num_devices), notes=TPU_NOTES)
 
 
 def _aliases_hint() -> str:

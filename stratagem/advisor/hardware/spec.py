@@ -19,14 +19,15 @@ DTYPES = ("fp32", "tf32", "bf16", "fp16")
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeviceSpec:
-    """One accelerator (or, with ``kind="cpu"``, one gloo rank's share of the host).
+    """One accelerator (a GPU, or with ``kind="tpu"`` a TPU chip) or, with ``kind="cpu"``, one
+    gloo rank's share of the host.
 
     Peaks are dense FLOP/s per device; ``None`` means the device has no such math (V100 has
     no bf16). ``estimated`` names the fields whose values are estimates, not datasheet figures.
     """
 
     name: str
-    kind: str = "gpu"  # "gpu" or "cpu"
+    kind: str = "gpu"  # "gpu", "tpu" or "cpu"
     vendor: str = "nvidia"
     memory_bytes: int  # bytes per device
     memory_bandwidth: float  # bytes/s
@@ -40,8 +41,14 @@ class DeviceSpec:
 
     @property
     def is_gpu(self) -> bool:
-        """True for an accelerator, False for a CPU rank."""
+        """True for a GPU (NCCL), False for a TPU chip or a CPU rank."""
         return self.kind == "gpu"
+
+    @property
+    def is_accelerator(self) -> bool:
+        """True for a device with its own memory that the host runs ahead of (GPU, TPU), False
+        for a CPU rank, which runs each operator as the host launches it."""
+        return self.kind != "cpu"
 
     def peak_flops(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype`` (one of fp32, tf32, bf16, fp16)."""
@@ -50,9 +57,11 @@ class DeviceSpec:
         value = getattr(self, f"peak_{dtype}")
         if value is None:
             supported = [d for d in DTYPES if getattr(self, f"peak_{d}") is not None]
+            example = ("fp16-mixed instead of bf16-mixed" if "fp16" in supported
+                       else "bf16-mixed instead of fp16-mixed")
             raise UsageError(
                 f"{self.name} has no {dtype} math: it supports {', '.join(supported)}"
-                f"\nHINT: choose a precision from those, e.g. fp16-mixed instead of bf16-mixed"
+                f"\nHINT: choose a precision from those, e.g. {example}"
             )
         return value
 
@@ -83,7 +92,7 @@ class LinkSpec:
     bandwidth: float  # bytes/s per device per direction
     latency: float  # seconds
     efficiency: float  # fraction of bandwidth collectives reach
-    topology: str  # "switch", "pairs", "mesh", "cube-mesh", "tree", "loopback", "none"
+    topology: str  # "switch", "pairs", "mesh", "cube-mesh", "2d-torus", "3d-torus", "tree", "loopback", "none"
     domain_size: int = 1  # devices joined at this bandwidth
     estimated: tuple[str, ...] = ()
 
@@ -241,8 +250,29 @@ class Cluster:
 
     @property
     def is_gpu(self) -> bool:
-        """True when the ranks are accelerators (NCCL), False for a CPU cluster (gloo)."""
+        """True when the ranks are GPUs (NCCL); False for TPU chips and for a CPU cluster (gloo)."""
         return self.node.device.is_gpu
+
+    @property
+    def is_tpu(self) -> bool:
+        """True when the ranks are TPU chips (run through torch_xla, not torch.distributed)."""
+        return self.node.device.kind == "tpu"
+
+    @property
+    def is_accelerator(self) -> bool:
+        """True when the ranks are accelerators (GPUs, TPU chips), False for a CPU cluster."""
+        return self.node.device.is_accelerator
+
+    def check_runnable(self, what: str) -> None:
+        """Raise :class:`UsageError` when ``what`` (e.g. ``"--emit accelerate"``), which runs a
+        plan with torch.distributed on CUDA GPUs or CPU ranks, is asked of TPU chips."""
+        if self.is_tpu:
+            raise UsageError(
+                f"{what} is for plans run with torch.distributed on CUDA GPUs or CPU ranks, but {self.spec} "
+                f"is a slice of {self.device.name} chips, which PyTorch drives through torch_xla\nHINT: "
+                "advise without --emit or --verify and apply the plan with torch_xla (its SPMD sharding or "
+                "FSDPv2), or advise for a GPU cluster"
+            )
 
     @property
     def ranks_per_core(self) -> float:
@@ -250,14 +280,14 @@ class Cluster:
         ``device.num_cores`` threads) outnumber their host's cores; 1 for accelerators and
         unknown hosts."""
         host = self.node.host
-        if self.is_gpu or host is None or not host.num_cores:
+        if self.is_accelerator or host is None or not host.num_cores:
             return 1.0
         return max(1.0, self.devices_per_node * (self.device.num_cores or 1) / host.num_cores)
 
     @property
     def backend(self) -> str:
-        """The torch.distributed backend the ranks use: "nccl" or "gloo"."""
-        return "nccl" if self.is_gpu else "gloo"
+        """The backend the ranks communicate through: "nccl", "gloo", or "xla" for TPU chips."""
+        return "nccl" if self.is_gpu else "xla" if self.is_tpu else "gloo"
 
     @property
     def spec(self) -> str:

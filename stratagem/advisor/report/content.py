@@ -104,7 +104,8 @@ def time_terms(estimate: Estimate) -> list[Term]:
 def title(advice: Advice | Comparison) -> str:
     """``'gpt2 (124.4M parameters) on 2x8xH100-SXM5-80GB:ib-ndr-x8 (16 GPUs)'``."""
     cluster = advice.cluster
-    kind = ("GPU" if cluster.is_gpu else "rank") + ("s" if cluster.world_size > 1 else "")
+    kind = "GPU" if cluster.is_gpu else "TPU chip" if cluster.is_tpu else "rank"
+    kind += "s" if cluster.world_size > 1 else ""
     return (f"{advice.profile.name} ({format_params(advice.profile.num_params)} parameters) "
             f"on {cluster.spec} ({cluster.world_size} {kind})")
 

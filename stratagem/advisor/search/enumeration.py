@@ -71,7 +71,7 @@ def _offloads(layout: _Layout, cluster: Cluster) -> tuple[str, ...]:
     offloads = admitted_offloads(layout.zero)[1:]
     if not offloads:
         return ("none",)
-    if not cluster.is_gpu:
+    if not cluster.is_accelerator:
         return () if layout.dp_shard == 1 else ("none",)  # CPU ranks have nothing to offload to
     return offloads if layout.dp_shard == 1 else ("none", *offloads)
 
@@ -115,7 +115,7 @@ def search_plans(profile: ModelProfile, cluster: Cluster, workload: Workload, *,
         first = next(plans, None)
         if first is None:
             continue
-        reason = target and target_excludes(target, first, on_gpu=cluster.is_gpu, traced=profile.pp_traced)
+        reason = target and target_excludes(target, first, on_gpu=cluster.is_accelerator, traced=profile.pp_traced)
         if reason:
             excluded[f"not runnable by {target}: {reason}"] += len(batchings)
             continue

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from stratagem.advisor.cost.estimate import Estimate, MemoryBreakdown
 from stratagem.advisor.hardware import Cluster
-from stratagem.advisor.hardware.lookup import device_from_entry, find_gpu, gpu_names
+from stratagem.advisor.hardware.lookup import device_from_entry, find_gpu, find_tpu, gpu_names, tpu_names, tpu_node
 from stratagem.advisor.cost.memory import (
     HOST_MEMORY_PER_DEVICE_MEMORY,
     estimate_memory,
@@ -239,30 +239,51 @@ def _shortfall(plan: Plan, memory: MemoryBreakdown, cluster: Cluster) -> str:
 
 def _more_devices(profile: ModelProfile, cluster: Cluster, workload: Workload, *, runtime: str,
                   candidates: Candidates) -> str | None:
-    """The smallest cluster of this node kind that fits: a fuller node first, then more nodes."""
-    node = cluster.node
-    fuller = [replace(cluster, node=replace(node, num_devices=n))
-              for n in (2, 4, 8) if cluster.num_nodes == 1 and n > node.num_devices]
-    more = [replace(cluster, num_nodes=cluster.num_nodes * f, node=replace(node, num_devices=max(8, node.num_devices)))
-            for f in GROWTH]
-    for bigger in (*fuller, *more):
+    """The smallest cluster of this node kind that fits: a fuller node first, then more nodes
+    (for TPU chips, a larger slice)."""
+    for bigger in _larger_clusters(cluster):
         for group in candidates(profile, bigger, workload):
             plan = next(group, None)  # the group's smallest micro-batch
             if plan and overflow(estimate_memory(profile, workload, plan, runtime=runtime,
                                                  framework=framework_bytes(bigger)), bigger) <= 1:
+                if bigger.is_tpu:
+                    return (f"It would fit on a slice of {bigger.world_size} {cluster.device.name} chips, "
+                            f"e.g. as {plan.name}.")
                 where = (f"one node of {bigger.devices_per_node}" if bigger.num_nodes == 1
                          else f"{bigger.num_nodes} nodes of {bigger.devices_per_node}")
                 return f"It would fit on {where} {cluster.device.name} ({bigger.world_size} GPUs), e.g. as {plan.name}."
     return None
 
 
+def _larger_clusters(cluster: Cluster) -> list[Cluster]:
+    """Clusters of this node kind with more devices, smallest first: a fuller node, then more nodes;
+    for TPU chips, larger slices up to the largest one (slices are not joined)."""
+    node = cluster.node
+    if cluster.is_tpu:
+        entry = find_tpu(cluster.device.name)
+        largest = int(entry.max_slice.value)
+        sizes = (2**k for k in range(1, largest.bit_length()))
+        return [replace(cluster, node=tpu_node(entry, num_devices=n)) for n in sizes if node.num_devices < n <= largest]
+    fuller = [replace(cluster, node=replace(node, num_devices=n))
+              for n in (2, 4, 8) if cluster.num_nodes == 1 and n > node.num_devices]
+    more = [replace(cluster, num_nodes=cluster.num_nodes * f, node=replace(node, num_devices=max(8, node.num_devices)))
+            for f in GROWTH]
+    return [*fuller, *more]
+
+
 def _bigger_gpu(memory: MemoryBreakdown, cluster: Cluster) -> str | None:
+    """The smallest catalogued device of the cluster's kind (GPU or TPU chip) with more memory on
+    which the leanest plan fits, as a sentence."""
+    if cluster.is_tpu:
+        devices = [tpu_node(find_tpu(name), num_devices=1).device for name in tpu_names()]
+    else:
+        devices = [device_from_entry(find_gpu(name)) for name in gpu_names()]
     fits = []
-    for name in gpu_names():
-        device = device_from_entry(find_gpu(name))
+    for device in devices:
         other = replace(cluster, node=replace(cluster.node, device=device))
         if device.memory_bytes > cluster.device.memory_bytes and overflow(memory, other) <= 1:
-            fits.append((device.memory_bytes, name))
+            fits.append((device.memory_bytes, device.name))
     if not fits:
         return None
-    return f"The same number of {min(fits)[1]} (or larger) GPUs would fit its leanest plan."
+    unit = "chips" if cluster.is_tpu else "GPUs"
+    return f"The same number of {min(fits)[1]} (or larger) {unit} would fit its leanest plan."
