@@ -135,6 +135,6 @@ def rank_step(profile: ModelProfile, *, cluster: Cluster, workload: Workload,
                     precision=get_precision(plan.precision), stage=stage, links=mesh_links(cluster, plan),
                     flops_per_second=achievable_fraction(cluster, curve) * estimate_peak_flops(
                         cluster, precision=plan.precision),
-                    block_matmul_efficiency=block_matmul_efficiency(profile, plan, stage, curve),
+                    block_matmul_efficiency=block_matmul_efficiency(profile, plan, stage, curve, cluster=cluster),
                     unaligned_matmul_fraction=unaligned_matmul_fraction(cluster, plan.precision),
                     seconds_per_op_byte=seconds_per_op_byte(cluster))

@@ -7,7 +7,9 @@ measures each on the cluster (docs/cost-model.md, "Calibration").
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Iterable, Iterator
 
 from stratagem.advisor.cost.stages import Stage
 from stratagem.advisor.hardware.spec import Cluster
@@ -15,9 +17,15 @@ from stratagem.advisor.profile.model_profile import LinearLayer, ModelProfile
 from stratagem.plan import Plan
 from stratagem.plan.precision import get_precision
 
-# Share of the catalog's dense peak that profiled FLOPs reach uncalibrated. GPU: estimate from
-# bf16 GEMMs at transformer shapes (60-75 % of peak); CPU: the catalog's per-core rate is achieved.
+# Share of the catalog's dense peak that profiled FLOPs reach uncalibrated, on accelerators whose
+# GEMMs the shape model cannot treat (SMs not catalogued): estimate from bf16 GEMMs at transformer
+# shapes (60-75 % of peak). CPU: the catalog's per-core rate is achieved already.
 ACHIEVABLE_FLOPS_FRACTION = {"gpu": 0.6, "cpu": 1.0}
+
+# Share of the 16-bit dense peak the largest GEMMs reach on a GPU no measurement in the catalog
+# covers: NVIDIA's data-center GPUs measured reach 80-86 % (Bekman's MAMF table: A100 SXM 85.9 %,
+# A100 PCIe 82.2 %, H100 SXM 80.1 %, GH200 83.0 %). Estimate.
+LARGE_GEMM_FRACTION = 0.8
 
 # Share of the aligned rate a GEMM with a leading dimension not a multiple of 16 bytes reaches.
 # GPU: measured on an H200 by bench/gpu_phases.py (GPT-2's 50,257-wide head); CPU: 1.0.
@@ -38,8 +46,14 @@ def estimate_peak_flops(cluster: Cluster, *, precision: str) -> float:
 
 def achievable_fraction(cluster: Cluster, curve: list[tuple[int, float]]) -> float:
     """The share of the dense peak the largest matmuls reach: all of it where a calibrated
-    ``curve`` measured it (its rates are achieved ones), else :data:`ACHIEVABLE_FLOPS_FRACTION`."""
-    return 1.0 if curve else ACHIEVABLE_FLOPS_FRACTION[_kind(cluster)]
+    ``curve`` measured it (its rates are achieved ones); on a GPU the shape model treats (SMs
+    catalogued: :func:`gemm_efficiency`), the catalog's measured share or :data:`LARGE_GEMM_FRACTION`;
+    else :data:`ACHIEVABLE_FLOPS_FRACTION`, shapes folded in."""
+    if curve:
+        return 1.0
+    if cluster.is_accelerator and cluster.device.num_sms:
+        return cluster.device.matmul_fraction or LARGE_GEMM_FRACTION
+    return ACHIEVABLE_FLOPS_FRACTION[_kind(cluster)]
 
 
 def matmul_dtype(cluster: Cluster, precision: str) -> str:
@@ -75,20 +89,49 @@ def seconds_per_op_byte(cluster: Cluster) -> float:
     return 1 / (cluster.device.memory_bandwidth * MEMORY_BANDWIDTH_EFFICIENCY)
 
 
-def block_matmul_efficiency(profile: ModelProfile, plan: Plan, stage: Stage, curve: list[tuple[int, float]]) -> float:
-    """The share of the peak rate the stage's blocks' Linears reach at their sizes, from a
-    matmul curve (:func:`matmul_curve`; 1 without one), weighted by FLOPs as their times add.
+def block_matmul_efficiency(profile: ModelProfile, plan: Plan, stage: Stage, curve: list[tuple[int, float]], *,
+                            cluster: Cluster | None = None) -> float:
+    """The share of the rank's matmul rate the stage's blocks' GEMMs reach at their shapes,
+    weighted by FLOPs as their times add (1 where nothing says otherwise: CPU ranks).
 
-    Each Linear's GEMM on one TP rank (its rows × input × output width, the split side divided by
-    TP) runs at the curve's rate for a square matmul of the same FLOPs (``n³ = m·k·n``,
-    interpolated in ``log n``, clamped at the measured ends), over the rate at the largest size.
-    Its rows are those the profile saw (:func:`linear_rows`), else the block's tokens, from its
-    FLOPs with the attention core set aside."""
-    if not curve:
+    Calibrated: each Linear's GEMM on one TP rank (:func:`_linear_gemms`) runs at the measured
+    curve's rate for a square matmul of the same FLOPs (``n³ = m·k·n``, interpolated in ``log n``,
+    clamped at the measured ends), over the rate at the largest size. Uncalibrated, on a GPU whose
+    SMs the catalog counts: each Linear's forward, input-gradient and weight-gradient GEMMs and
+    the attention core's (:func:`_attention_gemms`) at :func:`gemm_efficiency`."""
+    if curve:
+        return _weighted((count * size, count * size / _interpolated_rate(curve, size ** (1 / 3)) * curve[-1][1])
+                         for count, rows, inner, outer in _linear_gemms(profile, plan, stage)
+                         for size in [rows * inner * outer])
+    if cluster is None or not cluster.is_accelerator or not cluster.device.num_sms:
         return 1.0
+    device = cluster.device
+    peak = achievable_fraction(cluster, curve) * device.peak_flops(matmul_dtype(cluster, plan.precision))
+    shape = functools.partial(gemm_efficiency, sms=device.num_sms, flops_per_second=peak,
+                              element_bytes=get_precision(plan.precision).compute_bytes,
+                              bytes_per_second=device.memory_bandwidth * MEMORY_BANDWIDTH_EFFICIENCY)
+    linears = ((count * rows * inner * outer, shape(*dims))
+               for count, rows, inner, outer in _linear_gemms(profile, plan, stage)
+               for dims in ((rows, outer, inner), (rows, inner, outer), (inner, outer, rows)))
+    attention = ((flops, shape(*dims, batch=batch)) for flops, batch, dims in _attention_gemms(profile, plan, stage))
+    return _weighted((flops, flops / efficiency) for flops, efficiency in (*linears, *attention))
+
+
+def _weighted(pairs: Iterable[tuple[float, float]]) -> float:
+    """FLOPs over time, from ``(flops, flops / efficiency)`` pairs; 1 without any."""
+    flops = seconds = 0.0
+    for work, time in pairs:
+        flops += work
+        seconds += time
+    return flops / seconds if seconds else 1.0
+
+
+def _linear_gemms(profile: ModelProfile, plan: Plan, stage: Stage) -> Iterator[tuple[int, float, float, float]]:
+    """``(count, rows, inner, outer)`` of each Linear of the stage's blocks as one TP rank
+    multiplies it per micro-batch: the split side divided by TP; rows those the profile saw
+    (:func:`linear_rows`), else the block's tokens, from its FLOPs with the attention core set aside."""
     styles = plan.block_tp_styles if plan.tp > 1 else {}
     scale = plan.micro_batch_size / profile.batch_size
-    flops = seconds = 0.0
     for block, count in stage.kinds:
         widths = sum(linear.in_features * linear.out_features for linear in block.linears)
         if not widths:
@@ -98,10 +141,26 @@ def block_matmul_efficiency(profile: ModelProfile, plan: Plan, stage: Stage, cur
             style = styles.get(linear.name)
             inner = linear.in_features / (plan.tp if style == "rowwise" else 1)
             outer = linear.out_features / (plan.tp if style == "colwise" else 1)
-            size = linear_rows(linear, scale, per_sample * plan.micro_batch_size) * inner * outer
-            flops += count * size
-            seconds += count * size / _interpolated_rate(curve, size ** (1 / 3))
-    return flops / seconds / curve[-1][1] if seconds else 1.0
+            yield count, linear_rows(linear, scale, per_sample * plan.micro_batch_size), inner, outer
+
+
+def _attention_gemms(profile: ModelProfile, plan: Plan, stage: Stage) -> Iterator[tuple[float, float, tuple]]:
+    """``(flops, batch, (m, n, k))`` of the attention core's GEMMs per micro-batch on one TP
+    rank: scores ``s×d·d×s`` and their product with the values ``s×s·s×d`` for each sample and
+    head, the backward's four as two of each; the head width ``d`` the block's model width over
+    its heads. Nothing for a model without heads or sequence."""
+    if not profile.num_heads or not profile.seq_len:
+        return
+    s, heads = profile.seq_len, profile.num_heads / plan.tp
+    scale = plan.micro_batch_size / profile.batch_size
+    for block, count in stage.kinds:
+        if not block.attention_fwd_flops or not block.linears:
+            continue
+        width = block.linears[0].in_features / profile.num_heads
+        flops = count * block.attention_fwd_flops * scale / plan.tp * 3  # forward, and backward at twice it
+        batch = plan.micro_batch_size * heads
+        yield flops / 2, batch, (s, s, width)
+        yield flops / 2, batch, (s, width, s)
 
 
 def linear_rows(linear: LinearLayer, batch_scale: float, tokens: float) -> float:
@@ -138,25 +197,26 @@ SPLIT_K_MIN = 512
 
 
 def gemm_efficiency(m: float, n: float, k: float, *, sms: int, element_bytes: int,
-                    flops_per_second: float, bytes_per_second: float) -> float:
-    """The share of ``flops_per_second`` (what the largest GEMMs reach) an ``m×k · k×n`` GEMM
-    reaches on a GPU of ``sms`` streaming multiprocessors: its output padded to whole tiles
+                    flops_per_second: float, bytes_per_second: float, batch: float = 1) -> float:
+    """The share of ``flops_per_second`` (what the largest GEMMs reach) ``batch`` ``m×k · k×n``
+    GEMMs reach on a GPU of ``sms`` streaming multiprocessors: their outputs padded to whole tiles
     (:data:`GEMM_TILES`, the best of them), the tiles run one per SM in waves, too few of them
-    split along ``k`` (:data:`SPLIT_K_MIN`); and no faster than its operands and output stream
+    split along ``k`` (:data:`SPLIT_K_MIN`); and no faster than their operands and outputs stream
     from memory at ``bytes_per_second`` (roofline, Williams et al. 2009)."""
-    if min(m, n, k) <= 0:
+    if min(m, n, k, batch) <= 0:
         return 1.0
-    ideal = 2 * m * n * k / flops_per_second
+    ideal = 2 * batch * m * n * k / flops_per_second
     per_sm = flops_per_second / sms
-    compute = min(_tiled_seconds(m, n, k, tile, sms=sms, per_sm=per_sm) for tile in GEMM_TILES)
-    memory = (m * k + k * n + m * n) * element_bytes / bytes_per_second
+    compute = min(_tiled_seconds(m, n, k, tile, batch=batch, sms=sms, per_sm=per_sm) for tile in GEMM_TILES)
+    memory = batch * (m * k + k * n + m * n) * element_bytes / bytes_per_second
     return ideal / max(compute, memory)
 
 
-def _tiled_seconds(m: float, n: float, k: float, tile: tuple[int, int], *, sms: int, per_sm: float) -> float:
-    """Seconds of a GEMM computed in ``tile``-sized output blocks, one per SM at a time, with
-    the split along ``k`` (into slices of at least :data:`SPLIT_K_MIN`) that fills the waves best."""
-    tiles = math.ceil(m / tile[0]) * math.ceil(n / tile[1])
+def _tiled_seconds(m: float, n: float, k: float, tile: tuple[int, int], *, batch: float, sms: int,
+                   per_sm: float) -> float:
+    """Seconds of GEMMs computed in ``tile``-sized output blocks, one per SM at a time, with the
+    split along ``k`` (into slices of at least :data:`SPLIT_K_MIN`) that fills the waves best."""
+    tiles = math.ceil(batch) * math.ceil(m / tile[0]) * math.ceil(n / tile[1])
     most = max(1, min(math.ceil(sms / tiles) * 2, int(k // SPLIT_K_MIN))) if tiles < sms else 1
     waves = min(math.ceil(tiles * s / sms) / s for s in range(1, most + 1))  # in units of the whole k
     return waves * 2 * tile[0] * tile[1] * k / per_sm

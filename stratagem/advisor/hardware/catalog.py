@@ -55,6 +55,14 @@ IBTA = "IBTA roadmap / NVIDIA ConnectX datasheets: 4X EDR 100, HDR 200, NDR 400,
 IB_EFF = "all-reduce busbw about 90-96 % of line rate (46-48 GB/s per NDR NIC)"
 EFA_SRC = "AWS: p4d 4 x 100 Gb/s EFA per node; p5 3,200 Gb/s per node (32 x 100 Gb/s)"
 LATENCY_RULE = "rule of thumb for small-message collective latency; calibrate to replace"
+V100_WP = "NVIDIA Tesla V100 whitepaper: 80 SMs"
+A100_WP = "NVIDIA A100 whitepaper: 108 SMs"
+H100_WP = "NVIDIA H100 whitepaper: 132 SMs (SXM5), 114 (PCIe)"
+H200_SMS = "the H100 SXM5's GH100 configuration (132 SMs), which the H200 keeps"
+ADA_SMS = "NVIDIA Ada Lovelace whitepaper / datasheet: CUDA cores / 128 per SM"
+MAMF = ("maximum achievable matmul FLOPS, bf16, best shape found (Bekman, ml-engineering, "
+        "compute/accelerator: MAMF comparison table)")
+H200_MATMUL = "stratagem calibrate on one H200 (torch 2.11, CUDA 13; bf16 671-704 TFLOP/s from n = 2048): docs/benchmarks.md"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,6 +83,8 @@ class GpuEntry:
     host_link: str  # GPU <-> host: a key of LINKS
     vendor: str = "nvidia"
     bridge: str | None = None  # optional pairwise bridge for PCIe cards ("+bridge" in a spec)
+    sms: Fig | None = None  # streaming multiprocessors (AMD: compute units): what GEMM tiles run on
+    matmul: Fig | None = None  # FLOP/s the largest 16-bit GEMMs reach, measured
 
 
 GPUS: tuple[GpuEntry, ...] = (
@@ -83,50 +93,58 @@ GPUS: tuple[GpuEntry, ...] = (
              memory=Fig(32 * GIB, V100_DS), memory_bandwidth=est(900 * GB, V100_DS),
              fp32=Fig(15.7 * TFLOPS, V100_DS), tf32=None, bf16=None,
              fp16=Fig(125 * TFLOPS, V100_DS + " (tensor cores)"),
-             link="nvlink2-cube-mesh", host_link="pcie-gen3"),
+             link="nvlink2-cube-mesh", host_link="pcie-gen3",
+             sms=Fig(80, V100_WP)),
     GpuEntry(name="A100-SXM4-40GB", aliases=("A100-40GB", "A100-SXM-40GB", "A100-SXM4"),
              nvml_names=("NVIDIA A100-SXM4-40GB",), compute_capability=(8, 0),
              memory=Fig(40 * GIB, A100_DS), memory_bandwidth=Fig(1555 * GB, A100_DS),
              fp32=Fig(19.5 * TFLOPS, A100_DS), tf32=Fig(156 * TFLOPS, A100_DS),
              bf16=Fig(312 * TFLOPS, A100_DS), fp16=Fig(312 * TFLOPS, A100_DS),
-             link="nvlink3-nvswitch", host_link="pcie-gen4"),
+             link="nvlink3-nvswitch", host_link="pcie-gen4",
+             sms=Fig(108, A100_WP), matmul=est(267.9 * TFLOPS, MAMF + ": the A100 SXM 80 GB's; same chip")),
     GpuEntry(name="A100-SXM4-80GB", aliases=("A100", "A100-80GB", "A100-SXM-80GB", "A100-SXM"),
              nvml_names=("NVIDIA A100-SXM4-80GB",), compute_capability=(8, 0),
              memory=Fig(80 * GIB, A100_DS), memory_bandwidth=Fig(2039 * GB, A100_DS),
              fp32=Fig(19.5 * TFLOPS, A100_DS), tf32=Fig(156 * TFLOPS, A100_DS),
              bf16=Fig(312 * TFLOPS, A100_DS), fp16=Fig(312 * TFLOPS, A100_DS),
-             link="nvlink3-nvswitch", host_link="pcie-gen4"),
+             link="nvlink3-nvswitch", host_link="pcie-gen4",
+             sms=Fig(108, A100_WP), matmul=Fig(267.9 * TFLOPS, MAMF + ": A100 SXM, CUDA 12.1")),
     GpuEntry(name="A100-PCIe-40GB", aliases=("A100-PCIE-40G",),
              nvml_names=("NVIDIA A100-PCIE-40GB",), compute_capability=(8, 0),
              memory=Fig(40 * GIB, A100_DS), memory_bandwidth=Fig(1555 * GB, A100_DS),
              fp32=Fig(19.5 * TFLOPS, A100_DS), tf32=Fig(156 * TFLOPS, A100_DS),
              bf16=Fig(312 * TFLOPS, A100_DS), fp16=Fig(312 * TFLOPS, A100_DS),
-             link="pcie-gen4", host_link="pcie-gen4", bridge="nvlink3-bridge"),
+             link="pcie-gen4", host_link="pcie-gen4", bridge="nvlink3-bridge",
+             sms=Fig(108, A100_WP), matmul=est(256.4 * TFLOPS, MAMF + ": the A100 PCIe 80 GB's; same chip")),
     GpuEntry(name="A100-PCIe-80GB", aliases=("A100-PCIe", "A100-80GB-PCIe"),
              nvml_names=("NVIDIA A100 80GB PCIe",), compute_capability=(8, 0),
              memory=Fig(80 * GIB, A100_DS), memory_bandwidth=Fig(1935 * GB, A100_DS),
              fp32=Fig(19.5 * TFLOPS, A100_DS), tf32=Fig(156 * TFLOPS, A100_DS),
              bf16=Fig(312 * TFLOPS, A100_DS), fp16=Fig(312 * TFLOPS, A100_DS),
-             link="pcie-gen4", host_link="pcie-gen4", bridge="nvlink3-bridge"),
+             link="pcie-gen4", host_link="pcie-gen4", bridge="nvlink3-bridge",
+             sms=Fig(108, A100_WP), matmul=Fig(256.4 * TFLOPS, MAMF + ": A100 PCIe, CUDA 12.1")),
     GpuEntry(name="H100-SXM5-80GB",
              aliases=("H100", "H100-SXM", "H100-SXM5", "H100-SXM-80GB", "H100-80GB"),
              nvml_names=("NVIDIA H100 80GB HBM3",), compute_capability=(9, 0),
              memory=Fig(80 * GIB, H100_DS), memory_bandwidth=Fig(3350 * GB, H100_DS),
              fp32=Fig(67 * TFLOPS, H100_DS), tf32=Fig(495 * TFLOPS, H100_DS),
              bf16=Fig(989 * TFLOPS, H100_DS), fp16=Fig(989 * TFLOPS, H100_DS),
-             link="nvlink4-nvswitch", host_link="pcie-gen5"),
+             link="nvlink4-nvswitch", host_link="pcie-gen5",
+             sms=Fig(132, H100_WP), matmul=Fig(792.1 * TFLOPS, MAMF + ": H100 SXM, CUDA 12.1")),
     GpuEntry(name="H100-PCIe-80GB", aliases=("H100-PCIe",),
              nvml_names=("NVIDIA H100 PCIe",), compute_capability=(9, 0),
              memory=Fig(80 * GIB, H100_DS), memory_bandwidth=Fig(2000 * GB, H100_DS),
              fp32=Fig(51 * TFLOPS, H100_DS), tf32=Fig(378 * TFLOPS, H100_DS),
              bf16=Fig(756 * TFLOPS, H100_DS), fp16=Fig(756 * TFLOPS, H100_DS),
-             link="pcie-gen5", host_link="pcie-gen5", bridge="nvlink4-bridge"),
+             link="pcie-gen5", host_link="pcie-gen5", bridge="nvlink4-bridge",
+             sms=Fig(114, H100_WP)),
     GpuEntry(name="H200-SXM-141GB", aliases=("H200", "H200-SXM", "H200-141GB"),
              nvml_names=("NVIDIA H200",), compute_capability=(9, 0),
              memory=Fig(141 * GIB, H200_DS), memory_bandwidth=Fig(4800 * GB, H200_DS),
              fp32=Fig(67 * TFLOPS, H200_DS), tf32=Fig(495 * TFLOPS, H200_DS),
              bf16=Fig(989 * TFLOPS, H200_DS), fp16=Fig(989 * TFLOPS, H200_DS),
-             link="nvlink4-nvswitch", host_link="pcie-gen5"),
+             link="nvlink4-nvswitch", host_link="pcie-gen5",
+             sms=est(132, H200_SMS), matmul=Fig(704 * TFLOPS, H200_MATMUL)),
     GpuEntry(name="B200", aliases=("B200-SXM", "B200-180GB"),
              nvml_names=("NVIDIA B200",), compute_capability=(10, 0),
              memory=Fig(180 * GIB, B200_DS), memory_bandwidth=est(8000 * GB, B200_DS),
@@ -145,13 +163,15 @@ GPUS: tuple[GpuEntry, ...] = (
              memory=Fig(24 * GIB, L4_DS), memory_bandwidth=Fig(300 * GB, L4_DS),
              fp32=Fig(30.3 * TFLOPS, L4_DS), tf32=Fig(60 * TFLOPS, L4_DS),
              bf16=Fig(121 * TFLOPS, L4_DS), fp16=Fig(121 * TFLOPS, L4_DS),
-             link="pcie-gen4", host_link="pcie-gen4"),
+             link="pcie-gen4", host_link="pcie-gen4",
+             sms=Fig(58, ADA_SMS + ": 7,424 CUDA cores")),
     GpuEntry(name="L40S", aliases=("L40S-48GB",),
              nvml_names=("NVIDIA L40S",), compute_capability=(8, 9),
              memory=Fig(48 * GIB, L40S_DS), memory_bandwidth=Fig(864 * GB, L40S_DS),
              fp32=Fig(91.6 * TFLOPS, L40S_DS), tf32=Fig(183 * TFLOPS, L40S_DS),
              bf16=Fig(362 * TFLOPS, L40S_DS), fp16=Fig(362 * TFLOPS, L40S_DS),
-             link="pcie-gen4", host_link="pcie-gen4"),
+             link="pcie-gen4", host_link="pcie-gen4",
+             sms=Fig(142, ADA_SMS + ": 18,176 CUDA cores")),
     GpuEntry(name="A10G", aliases=("A10G-24GB",),
              nvml_names=("NVIDIA A10G",), compute_capability=(8, 6),
              memory=Fig(24 * GIB, A10G_SRC), memory_bandwidth=est(600 * GB, A10G_SRC),
@@ -163,19 +183,22 @@ GPUS: tuple[GpuEntry, ...] = (
              memory=Fig(24 * GIB, ADA_WP), memory_bandwidth=Fig(1008 * GB, ADA_WP),
              fp32=Fig(82.6 * TFLOPS, ADA_WP), tf32=Fig(82.6 * TFLOPS, ADA_WP),
              bf16=Fig(165.2 * TFLOPS, ADA_WP), fp16=Fig(165.2 * TFLOPS, ADA_WP),
-             link="pcie-gen4", host_link="pcie-gen4"),
+             link="pcie-gen4", host_link="pcie-gen4",
+             sms=Fig(128, ADA_WP + ": 16,384 CUDA cores in 128 SMs")),
     GpuEntry(name="RTX-3090", aliases=("3090", "RTX3090", "GeForce-RTX-3090"),
              nvml_names=("NVIDIA GeForce RTX 3090",), compute_capability=(8, 6),
              memory=Fig(24 * GIB, AMPERE_GA102_WP), memory_bandwidth=Fig(936 * GB, AMPERE_GA102_WP),
              fp32=Fig(35.6 * TFLOPS, AMPERE_GA102_WP), tf32=Fig(35.6 * TFLOPS, AMPERE_GA102_WP),
              bf16=Fig(71 * TFLOPS, AMPERE_GA102_WP), fp16=Fig(71 * TFLOPS, AMPERE_GA102_WP),
-             link="pcie-gen4", host_link="pcie-gen4", bridge="nvlink3-bridge-geforce"),
+             link="pcie-gen4", host_link="pcie-gen4", bridge="nvlink3-bridge-geforce",
+             sms=Fig(82, AMPERE_GA102_WP + ": 10,496 CUDA cores in 82 SMs")),
     GpuEntry(name="MI300X", vendor="amd", aliases=("MI300X-192GB",),
              nvml_names=(), compute_capability=None,
              memory=Fig(192 * GIB, MI300X_DS), memory_bandwidth=Fig(5300 * GB, MI300X_DS),
              fp32=Fig(163.4 * TFLOPS, MI300X_DS), tf32=est(654 * TFLOPS, MI300X_DS),
              bf16=Fig(1307 * TFLOPS, MI300X_DS), fp16=Fig(1307 * TFLOPS, MI300X_DS),
-             link="infinity-fabric", host_link="pcie-gen5"),
+             link="infinity-fabric", host_link="pcie-gen5",
+             sms=Fig(304, MI300X_DS + ": 304 compute units"), matmul=Fig(781.9 * TFLOPS, MAMF + ": MI300X, ROCm 6.2")),
 )
 
 

@@ -37,6 +37,8 @@ class DeviceSpec:
     peak_fp16: float | None  # FLOP/s
     compute_capability: tuple[int, int] | None = None
     num_cores: int | None = None  # CPU cores per rank; None for GPUs
+    num_sms: int | None = None  # streaming multiprocessors (compute units), where catalogued
+    matmul_fraction: float | None = None  # share of the 16-bit peak the largest GEMMs reach, where measured
     estimated: tuple[str, ...] = ()
 
     @property
