@@ -1,4 +1,4 @@
-"""The exceptions stratagem raises for mistakes a user can fix."""
+"""The exceptions stratagem raises: mistakes a user can fix, and ranks a job lost."""
 
 
 class UsageError(ValueError):
@@ -6,4 +6,14 @@ class UsageError(ValueError):
 
     The message names the bad part, the rule it breaks and, after ``HINT:``, the fix. The
     command line prints it without a traceback and exits with status 2.
+    """
+
+
+class PeerLost(RuntimeError):
+    """A rank of a running job stopped answering (its process died, or its host or network
+    did), so a collective failed and the job cannot go on: a synchronous plan needs every rank.
+
+    The message names the lost rank (or the store's host), the rank that saw it and the failed
+    collective's error and, after ``HINT:``, the way on: a restart from the last checkpoint.
+    Raised from the collective's error (``__cause__``).
     """

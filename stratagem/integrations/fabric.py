@@ -40,10 +40,11 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from stratagem.distributed import import_group_defaults
+from stratagem.distributed import import_group_defaults, name_lost_peers_in, start_heartbeat
 from stratagem.advisor.profile.model_profile import ModelProfile
 from stratagem.plan import Plan
 from stratagem.errors import UsageError
+from stratagem.integrations.launchers import FabricLauncher
 from stratagem.integrations.planning import (
     PlanPrecision,
     check_choice,
@@ -83,6 +84,10 @@ class _PlanBackwardSyncControl(_BackwardSyncControl):
         return _ParallelBackwardSyncControl().no_backward_sync(module, enabled)
 
 
+# Where collectives run outside forward (the plan's precision plugin covers forward): a lost
+# rank is named there (stratagem.errors.PeerLost).
+@name_lost_peers_in("setup_module", "backward", "optimizer_step", "all_reduce", "barrier", "broadcast",
+                    "all_gather", "save_checkpoint", "load_checkpoint")
 class AutoParallelFabricStrategy(ModelParallelStrategy):
     """Run a Fabric model as a stratagem Plan says: DDP, ZeRO-1, FSDP2 (ZeRO-2/3, HSDP), tensor
     parallelism, activation checkpointing, offload and precision, on CPU/gloo or CUDA/NCCL.
@@ -117,6 +122,7 @@ class AutoParallelFabricStrategy(ModelParallelStrategy):
     or its layers' ``reset_parameters()``. Pipeline plans (``pp > 1``) are not run yet.
 
     The process group lives until the process exits; it is then released the way gloo survives.
+    When a rank dies, the others raise :class:`~stratagem.errors.PeerLost` naming it, within seconds.
     """
 
     strategy_name = "auto-parallel"
@@ -151,6 +157,13 @@ class AutoParallelFabricStrategy(ModelParallelStrategy):
         return sampler_kwargs(self.plan, self.global_rank)
 
     @override
+    def _configure_launcher(self) -> None:
+        # Lightning's launcher, its observer giving the ranks time to name a lost peer (launchers.py).
+        assert self.cluster_environment is not None
+        if not self.cluster_environment.creates_processes_externally:
+            self._launcher = FabricLauncher(self.cluster_environment, self.num_processes, self.num_nodes)
+
+    @override
     def setup_environment(self) -> None:
         # ParallelStrategy's, not ModelParallelStrategy's: the mesh is the plan's, built in setup_module.
         ParallelStrategy.setup_environment(self)
@@ -159,6 +172,7 @@ class AutoParallelFabricStrategy(ModelParallelStrategy):
             check_plan_precision(self._plan, self.precision.precision)
         import_group_defaults()
         self._setup_distributed()
+        start_heartbeat()  # so that a lost rank can be named
         release_at_exit(weakref.WeakMethod(self._drop_wrappers))
 
     @override

@@ -38,11 +38,12 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from stratagem.distributed import import_group_defaults
+from stratagem.distributed import import_group_defaults, name_lost_peers_in, start_heartbeat
 from stratagem.advisor.profile.model_profile import ModelProfile
 from stratagem.plan import Plan
 from stratagem.advisor.search.targets import target_excludes
 from stratagem.errors import UsageError
+from stratagem.integrations.launchers import TrainerLauncher
 from stratagem.integrations.planning import (
     PlanPrecision,
     check_choice,
@@ -76,6 +77,10 @@ class _PlanPrecision(PlanPrecision, Precision):
     """Lightning's fp32 plugin with the Plan's compute precision (see :class:`PlanPrecision`)."""
 
 
+# Where a step's collectives run: a lost rank is named there (stratagem.errors.PeerLost).
+@name_lost_peers_in("setup", "training_step", "validation_step", "test_step", "predict_step", "backward",
+                    "optimizer_step", "reduce", "barrier", "broadcast", "all_gather", "save_checkpoint",
+                    "load_checkpoint")
 class AutoParallelStrategy(ModelParallelStrategy):
     """Train a LightningModule as a stratagem Plan says: DDP, ZeRO-1, FSDP2 (ZeRO-2/3, HSDP),
     tensor and pipeline parallelism, activation checkpointing, offload and precision, on
@@ -106,6 +111,7 @@ class AutoParallelStrategy(ModelParallelStrategy):
     schedule runs instead of the step methods, logging ``train_loss``/``val_loss``/``test_loss``;
     ``predict`` returns the last stage's output for the child's inputs, on every rank.
     The process group lives until the process exits, so one Trainer can ``fit`` then ``validate``.
+    When a rank dies, the others raise :class:`~stratagem.errors.PeerLost` naming it, within seconds.
     """
 
     strategy_name = "auto-parallel"
@@ -141,10 +147,18 @@ class AutoParallelStrategy(ModelParallelStrategy):
         return sampler_kwargs(self.plan, self.global_rank)
 
     @override
+    def _configure_launcher(self) -> None:
+        # Lightning's launcher, its observer giving the ranks time to name a lost peer (launchers.py).
+        assert self.cluster_environment is not None
+        if not self.cluster_environment.creates_processes_externally:
+            self._launcher = TrainerLauncher(self.cluster_environment, self.num_processes, self.num_nodes)
+
+    @override
     def setup_environment(self) -> None:
         # The parent's without its dp × tp mesh: the plan's mesh is built in setup, once the plan is known.
         import_group_defaults()
         self._setup_distributed()
+        start_heartbeat()  # so that a lost rank can be named
         # The process group and the applied module outlive teardown (a later stage reuses them).
         release_at_exit(weakref.WeakMethod(self._drop_wrappers))
 

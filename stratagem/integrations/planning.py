@@ -11,8 +11,8 @@ import json
 import os
 import sys
 import weakref
-from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from stratagem.distributed import leave_process_group
+from stratagem.distributed import leave_process_group, naming_lost_peers
 from stratagem.plan import MeshAxis, Plan, Workload
 from stratagem.errors import UsageError
 
@@ -84,10 +84,13 @@ class PlanPrecision:
         self.precision = framework_precision  # what the Trainer/Fabric reports
         self._device_type = device_type
 
-    def forward_context(self) -> AbstractContextManager:
+    @contextmanager
+    def forward_context(self) -> Iterator[None]:
+        """Autocast as the plan says; a rank lost in forward (FSDP's gathers) is named."""
         from stratagem.plugins import autocast_context  # `advise --emit lightning` imports this module
 
-        return autocast_context(self.plan, self._device_type)
+        with naming_lost_peers(), autocast_context(self.plan, self._device_type):
+            yield
 
     def convert_input(self, data: Any) -> Any:
         if self.plan.precision != "bf16-true":

@@ -2,8 +2,10 @@
 
 Each plan runs in its own set of spawned processes (gloo on CPU, NCCL on GPUs): on this host, or
 inside a launched job (torchrun, a Slurm step) one per rank of the job on its node, the job's own
-ranks only agreeing on where the new group meets and gathering what it measured. A plan that fails
-or runs out of memory is reported and the others go on.
+ranks only agreeing on where the new group meets and gathering what it measured. The new group's
+store is hosted by the process that spawns its rank 0 (this process, or the job's rank 0), on a
+port the kernel picks as it binds, and outlives the ranks. A plan that fails or runs out of memory
+is reported (a rank that died by its number) and the others go on.
 """
 
 from __future__ import annotations
@@ -22,17 +24,23 @@ from pathlib import Path
 import torch
 
 from stratagem.distributed import (
-    free_port,
-    init_process_group,
+    host_store,
+    join_group,
     launched_job,
     leave_spawned_process,
     leaving_process_group,
+    naming_lost_peers,
+    rank_died,
 )
 from stratagem.advisor.cost.estimate import Estimate
 from stratagem.plan import Plan
 from stratagem.verify.runner import Measured, measure_plan, real_model
 
 __all__ = ["Verified", "measured_winner", "verify_estimates", "verify_plan"]
+
+LOST_HINT = ("HINT: that rank's output says why it died (or the kernel's log, for the OOM killer); "
+             "the other plans go on")
+"""What a plan's surviving ranks add when a peer died."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +106,8 @@ def verify_plan(model: str, plan: Plan, *, seq_len: int | None, optimizer: str, 
     run = (model, plan.to_json(), seq_len, optimizer, steps, warmup)
     if not launched_job():
         ranks = list(range(plan.world_size))
-        measured = _run_ranks(ranks, ranks, plan.world_size, ("127.0.0.1", free_port()), run, timeout,
+        store = host_store()  # referenced until the ranks are done
+        measured = _run_ranks(ranks, ranks, plan.world_size, ("127.0.0.1", store.port), run, timeout,
                               ranks_per_node=plan.world_size)
         if measured is None:
             raise RuntimeError("rank 0 wrote no measurement")
@@ -107,8 +116,9 @@ def verify_plan(model: str, plan: Plan, *, seq_len: int | None, optimizer: str, 
 
     if dist.get_world_size() != plan.world_size:
         raise RuntimeError(f"{plan.name} needs {plan.world_size} ranks; the job has {dist.get_world_size()}")
-    rendezvous = [(socket.gethostname(), free_port()) if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(rendezvous, src=0)  # the new group's store: on rank 0's node
+    store = host_store() if dist.get_rank() == 0 else None  # the new group's store: in rank 0, until the end
+    rendezvous = [(socket.gethostname(), store.port) if store is not None else None]
+    dist.broadcast_object_list(rendezvous, src=0)
     rank, local_rank = dist.get_rank(), int(os.environ.get("LOCAL_RANK", 0))
     try:
         measured = _run_ranks([rank], [local_rank], plan.world_size, rendezvous[0], run, timeout,
@@ -153,7 +163,7 @@ def _run_ranks(ranks: list[int], local_ranks: list[int], world_size: int, rendez
                 if time.monotonic() > deadline:
                     raise _Failure(f"timed out after {timeout:.0f} s", time.time())
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as err:
-            when, message = _first_error(out) or (time.time(), f"a rank died ({err})")
+            when, message = _first_error(out) or (time.time(), rank_died(err, ranks, world_size))
             raise _Failure(message, when) from None
         finally:
             for process in context.processes:
@@ -167,7 +177,6 @@ def _worker(index: int, ranks: list[int], local_ranks: list[int], world_size: in
             rendezvous: tuple[str, int], model: str, plan_json: str, seq_len: int | None, optimizer: str, steps: int, warmup: int, timeout: float,
             out: Path) -> None:
     rank, local_rank = ranks[index], local_ranks[index]
-    os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)  # torchrun's: this group's rank 0 hosts its own store
     os.environ.update(MASTER_ADDR=rendezvous[0], MASTER_PORT=str(rendezvous[1]), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank))
     cuda = torch.cuda.is_available()
@@ -175,13 +184,14 @@ def _worker(index: int, ranks: list[int], local_ranks: list[int], world_size: in
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
     else:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks_per_node))
-    # A rank whose peer died gives up after ``timeout`` instead of waiting in a collective for good.
-    init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world_size,
-                       timeout=datetime.timedelta(seconds=timeout))
+    # A rank whose peer hangs gives up after ``timeout`` instead of waiting in a collective for good.
+    join_group("nccl" if cuda else "gloo", rendezvous, rank=rank, world_size=world_size,
+               timeout=datetime.timedelta(seconds=timeout))
     with leaving_process_group():
         try:
-            measured = measure_plan(real_model(model, seq_len=seq_len), Plan.from_json(plan_json),
-                                    optimizer=optimizer, steps=steps, warmup=warmup)
+            with naming_lost_peers(LOST_HINT):
+                measured = measure_plan(real_model(model, seq_len=seq_len), Plan.from_json(plan_json),
+                                        optimizer=optimizer, steps=steps, warmup=warmup)
         except BaseException as err:
             oom = isinstance(err, torch.OutOfMemoryError)
             failure = {"when": time.time(), "message": "out of memory" if oom else _summary(err)}

@@ -1,7 +1,8 @@
 """Run a function on real CPU processes joined in a gloo process group, and collect its results.
 
 Each rank runs ``fn(rank, world_size, *args)``; what rank 0 returns comes back to the caller
-(through a file, so the result may be any ``torch.save``-able object). Teardown follows the
+(through a file, so the result may be any ``torch.save``-able object). The ranks meet at a store
+this process hosts (``host_store``: no port to race for). Teardown follows the
 gloo-at-exit trap in docs/platform.md: ``fn`` drops its wrapped modules, then the rank leaves its
 group and ends as the package's own spawned processes do (``leave_process_group``,
 ``leave_spawned_process``).
@@ -17,10 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from stratagem.distributed import free_port, leave_process_group, leave_spawned_process
+from stratagem.distributed import free_port, host_store, join_group, leave_process_group, leave_spawned_process
 
 __all__ = ["RANK_THREADS", "TIMEOUT", "free_port", "run_on_ranks"]
 
@@ -36,7 +36,8 @@ def run_on_ranks(fn: Callable[..., Any], *args: Any, world_size: int) -> Any:
     here with its traceback."""
     with tempfile.TemporaryDirectory() as folder:
         result = Path(folder) / "rank0.pt"
-        mp.start_processes(_entry, args=(fn, args, world_size, free_port(), result),
+        store = host_store()
+        mp.start_processes(_entry, args=(fn, args, world_size, store.port, result),
                            nprocs=world_size, start_method="spawn", join=True)
         return torch.load(result, weights_only=False)
 
@@ -44,7 +45,7 @@ def run_on_ranks(fn: Callable[..., Any], *args: Any, world_size: int) -> Any:
 def _entry(rank: int, fn: Callable[..., Any], args: tuple, world_size: int, port: int, result: Path) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(RANK_THREADS)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=TIMEOUT)
+    join_group("gloo", ("127.0.0.1", port), rank=rank, world_size=world_size, timeout=TIMEOUT)
     # On an exception the rank exits without the barrier: start_processes then stops the others.
     output = fn(rank, world_size, *args)
     if rank == 0:

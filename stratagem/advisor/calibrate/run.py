@@ -2,9 +2,10 @@
 
 Inside a launched job (``torchrun``, a Slurm step: ``RANK``/``WORLD_SIZE`` set, or a process
 group already up) every rank of the job takes part and groups across nodes are measured too;
-otherwise ``nproc`` local processes are spawned (gloo on CPU, NCCL on GPUs). A single process (one
-GPU) measures its compute, memory and optimizer figures; collectives need two, so catalog figures
-stand for them and a note in the calibration says so.
+otherwise ``nproc`` local processes are spawned (gloo on CPU, NCCL on GPUs), meeting at a store
+this process hosts. A single process (one GPU) measures its compute, memory and optimizer figures;
+collectives need two, so catalog figures stand for them and a note in the calibration says so. A
+rank that dies ends the calibration with :class:`~stratagem.errors.PeerLost` naming it.
 """
 
 from __future__ import annotations
@@ -35,20 +36,25 @@ from stratagem.advisor.calibrate.benchmarks import (
 from stratagem.advisor.calibrate.calibration import COLLECTIVES, Calibration, LinkFit, fit_link, hardware_key
 from stratagem.distributed import (
     across_ranks,
-    free_port,
+    host_store,
     init_process_group,
+    join_group,
     launched_job,
     leave_spawned_process,
     leaving_process_group,
+    naming_lost_peers,
+    rank_died,
 )
 from stratagem.advisor.hardware.spec import Cluster
-from stratagem.errors import UsageError
+from stratagem.errors import PeerLost, UsageError
 
 __all__ = ["Settings", "calibrate", "calibrate_on_group"]
 
 _Group = tuple[str, int, "dist.ProcessGroup | None"]
 """(scope, size, this rank's group of that size; None for the default group)."""
 
+LOST_HINT = "HINT: run stratagem calibrate again once every rank can run"
+"""What the ranks left say when one of them died: a calibration is measured whole or not at all."""
 ONE_PROCESS_NOTE = ("one process: collectives, their overlap with compute and their wait after compute were not "
                     "measured (they need two); the catalog's figures stand for them")
 
@@ -101,13 +107,19 @@ def _spawn(nproc: int, *, quick: bool, progress: bool) -> Calibration:
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "calibration.json"
-        port = free_port()
+        store = host_store()  # referenced until the ranks are done
         try:
-            mp.start_processes(_worker, args=(nproc, port, quick, progress, out), nprocs=nproc, start_method="spawn")
+            mp.start_processes(_worker, args=(nproc, store.port, quick, progress, out), nprocs=nproc,
+                               start_method="spawn")
+        except mp.ProcessExitedException as err:  # a rank died (its peers, stopped with it, could not say)
+            raise PeerLost(f"calibration {rank_died(err, list(range(nproc)), nproc)}\n{LOST_HINT}") from None
         except mp.ProcessRaisedException:
             usage = sorted(Path(tmp).glob("usage-error-*.txt"))
             if usage:  # bad input found on a rank: the message alone, as in this process
                 raise UsageError(usage[0].read_text()) from None
+            lost = sorted(Path(tmp).glob("peer-lost-*.txt"))
+            if lost:  # a rank saw a peer die first: its message names it
+                raise PeerLost(lost[0].read_text()) from None
             raise
         return Calibration.load(out)
 
@@ -120,20 +132,23 @@ def _worker(rank: int, nproc: int, port: int, quick: bool, progress: bool, out: 
         torch.cuda.set_device(rank)
     else:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // nproc))
-    init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=nproc)
+    join_group("nccl" if cuda else "gloo", ("127.0.0.1", port), rank=rank, world_size=nproc)
     try:
         with leaving_process_group():
             calibration = calibrate_on_group(quick=quick, progress=progress)
             if rank == 0:
                 calibration.save(out)
-    except UsageError as err:
-        (out.parent / f"usage-error-{rank}.txt").write_text(str(err))
+    except (UsageError, PeerLost) as err:
+        kind = "usage-error" if isinstance(err, UsageError) else "peer-lost"
+        (out.parent / f"{kind}-{rank}.txt").write_text(str(err))
         raise
     leave_spawned_process()
 
 
+@naming_lost_peers(LOST_HINT)
 def calibrate_on_group(*, quick: bool = False, progress: bool = False) -> Calibration:
-    """Every rank of the default process group runs this; each returns the same Calibration."""
+    """Every rank of the default process group runs this; each returns the same Calibration (or
+    :class:`~stratagem.errors.PeerLost` naming a rank that died)."""
     from stratagem.advisor.hardware import gather_cluster, probe_local
 
     started = time.perf_counter()
