@@ -101,7 +101,8 @@ class Plan:
     ``microbatches`` are pipeline micro-batches per step (1 without pipelining);
     ``grad_accum`` steps accumulate gradients before the optimizer steps.
     ``block_container`` is the FQN of the module list whose children are the model's blocks
-    (FSDP units, checkpoint units, pipeline split points), as the profile found it.
+    (FSDP units, checkpoint units, compile units, pipeline split points), as the profile found it.
+    ``compile`` runs each block through ``torch.compile`` (after TP and checkpointing, before FSDP).
     ``tp_layout`` says how tensor parallelism splits the model: ``(pattern, style)`` pairs, the
     pattern a module FQN with ``*`` for a block index (``"layers.*.attention.wq"``), the style one
     of :data:`TP_STYLES` — the Hugging Face ``base_model_tp_plan`` vocabulary.
@@ -123,6 +124,7 @@ class Plan:
     micro_batch_size: int = 1
     grad_accum: int = 1
     activation_checkpointing: str = "none"
+    compile: bool = False
     offload: str = "none"
     precision: str = "bf16-mixed"
     block_container: str | None = None
@@ -158,6 +160,7 @@ class Plan:
         check_positive("Plan.pp_virtual", self.pp_virtual, maximum=MAX_WORLD_SIZE,
                        why="more stages per rank than any model has blocks")
         check_bool("Plan.sequence_parallel", self.sequence_parallel)
+        check_bool("Plan.compile", self.compile)
         check_optional_str("Plan.block_container", self.block_container)
         check_choice("Plan.zero", self.zero, (0, 1, 2, 3))
         check_choice("Plan.pp_schedule", self.pp_schedule, PP_SCHEDULES)
@@ -345,7 +348,7 @@ class Plan:
         return (
             (self.tp > 1) + (self.pp > 1) + self.sequence_parallel + (self.pp_virtual > 1)
             + self.shards_optimizer + (self.dp_replicate > 1 and self.dp_shard > 1)
-            + self.checkpoints + 2 * self.offloads + (self.grad_accum > 1)
+            + self.checkpoints + self.compile + 2 * self.offloads + (self.grad_accum > 1)
         )
 
     @property
@@ -366,6 +369,8 @@ class Plan:
             words.append(f"zero{self.zero}")
         if self.checkpoints:
             words.append(f"ckpt={self.activation_checkpointing}")
+        if self.compile:
+            words.append("compiled")
         if self.offloads:
             words.append(f"offload={self.offload}")
         words.append(f"mb={self.micro_batch_size}")

@@ -59,11 +59,12 @@ def removal_convention(module: nn.Module, *, block_container: str | None) -> Rem
     return None
 
 
-TRACED_STAGE_LIMITS = "traced pipeline stages take neither tensor parallelism nor per-block activation checkpointing"
+TRACED_STAGE_LIMITS = ("traced pipeline stages take neither tensor parallelism nor per-block activation "
+                       "checkpointing or compilation")
 """Why a traced stage refuses a plan: it calls no submodule ``forward``."""
 
 
-def traced_stages_allow(*, tp: int, activation_checkpointing: str) -> bool:
-    """Whether traced stages take a plan's ``tp`` and ``activation_checkpointing`` (see
-    :data:`TRACED_STAGE_LIMITS`)."""
-    return tp == 1 and activation_checkpointing == "none"
+def traced_stages_allow(*, tp: int, activation_checkpointing: str, compile: bool = False) -> bool:
+    """Whether traced stages take a plan's ``tp``, ``activation_checkpointing`` and ``compile``
+    (see :data:`TRACED_STAGE_LIMITS`)."""
+    return tp == 1 and activation_checkpointing == "none" and not compile

@@ -26,6 +26,7 @@ nothing of the advisor.
 
 from stratagem.plugins.apply import apply_plan, check_applicable, check_plan_fits
 from stratagem.plugins.checkpointing import apply_activation_checkpointing
+from stratagem.plugins.compile import apply_compile
 from stratagem.plugins.data_parallel import apply_data_parallel, build_optimizer
 from stratagem.plugins.mesh import build_mesh
 from stratagem.plugins.pipeline import Pipeline
@@ -35,6 +36,7 @@ from stratagem.plugins.tensor_parallel import apply_tensor_parallel
 __all__ = [
     "Pipeline",
     "apply_activation_checkpointing",
+    "apply_compile",
     "apply_data_parallel",
     "apply_param_dtype",
     "apply_plan",

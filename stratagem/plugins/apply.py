@@ -9,7 +9,9 @@ The order (docs/design.md, torchtitan's ``parallelize_llama``):
 3. tensor / sequence parallel over the ``tp`` axis, as ``plan.tp_layout`` says
    (``apply_tensor_parallel``);
 4. activation checkpointing, per block (``apply_activation_checkpointing``);
-5. ``torch.compile``, per block — not part of the Plan, so never applied here;
+5. ``torch.compile``, per block, when ``plan.compile`` (``apply_compile``): after checkpointing,
+   so the compiled graph holds the checkpoint's recomputation, and before FSDP, whose hooks
+   stay outside the compiled region (torchtitan's order);
 6. data parallel: ``fully_shard`` per block and then the root (``zero >= 2``), or DDP
    (``zero`` 0/1) (``apply_data_parallel``); with ``tp > 1`` FSDP shards the tensor-parallel
    DTensors over the data-parallel sub-mesh of the 2-D (dp × tp) mesh, and DDP is refused
@@ -34,6 +36,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from stratagem.plan import MeshAxis, Plan
 from stratagem.errors import UsageError
 from stratagem.plugins.checkpointing import apply_activation_checkpointing
+from stratagem.plugins.compile import apply_compile
 from stratagem.plugins.data_parallel import apply_data_parallel, build_optimizer
 from stratagem.plugins.mesh import check_world_size, submesh
 from stratagem.plugins.pipeline import (
@@ -97,6 +100,7 @@ def _apply_per_stage(module: nn.Module, plan: Plan, mesh: DeviceMesh) -> nn.Modu
     """Steps 3–6 on one stage (the whole model without pipelining)."""
     apply_tensor_parallel(module, plan, submesh(mesh, (MeshAxis.TP,)) if plan.tp > 1 else None)
     apply_activation_checkpointing(module, plan)
+    apply_compile(module, plan)
     return apply_data_parallel(module, plan, mesh)
 
 
@@ -123,6 +127,10 @@ def check_applicable(plan: Plan) -> None:
         raise UsageError(f"plan {plan.name}: DDP (zero {plan.zero}) does not compose with tensor "
                          f"parallelism here (DDP cannot hold TP's DTensor parameters)\nHINT: use zero=2 or "
                          "zero=3 (FSDP over dp_shard, or HSDP with dp_replicate), which shards DTensors")
+    if plan.compile and plan.block_container is None:
+        raise UsageError("compile=true compiles each block, and the plan names no blocks\n"
+                         "HINT: set block_container to the FQN of the model's block list (e.g. 'layers'), or "
+                         "compile=false")
     if plan.checkpoints and plan.block_container is None:
         raise UsageError(f"activation_checkpointing={plan.activation_checkpointing!r} checkpoints each "
                          "block, but the plan names no block_container\n"

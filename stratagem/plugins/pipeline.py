@@ -191,10 +191,11 @@ def _run_generated_code(stage: nn.Module) -> None:
 
 def check_traced_stage_plan(plan: Plan) -> None:
     """Raise :class:`UsageError` for what a traced stage cannot take (see the module docstring)."""
-    if not traced_stages_allow(tp=plan.tp, activation_checkpointing=plan.activation_checkpointing):
+    if not traced_stages_allow(tp=plan.tp, activation_checkpointing=plan.activation_checkpointing,
+                               compile=plan.compile):
         raise UsageError(f"plan {plan.name}: this model's pipeline stages are traced graphs, and "
-                         f"{TRACED_STAGE_LIMITS}\nHINT: use tp=1 and activation_checkpointing='none' with pp>1 "
-                         "for this model")
+                         f"{TRACED_STAGE_LIMITS}\nHINT: use tp=1, activation_checkpointing='none' and "
+                         "compile=false with pp>1 for this model")
 
 
 def build_schedule(stage_modules: list[nn.Module], plan: Plan, mesh: DeviceMesh, *,

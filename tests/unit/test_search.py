@@ -151,9 +151,9 @@ def test_traced_pipeline_stages_get_neither_tp_nor_checkpointing(name, traced):
     ranked_limited = [e.plan for e in advice.plans if e.plan.tp > 1 or e.plan.activation_checkpointing != "none"]
     assert advice.plans and not (traced and ranked_limited)
     noted = [n for n in advice.notes if "stages are built by tracing" in n]
-    assert noted == ([f"Pipeline plans only with tp=1 and no activation checkpointing: {name}'s stages are built by "
-                      "tracing, and traced pipeline stages take neither tensor parallelism nor per-block activation "
-                      "checkpointing."] if traced else [])
+    assert noted == ([f"Pipeline plans only with tp=1, no activation checkpointing and no compilation: {name}'s "
+                      "stages are built by tracing, and traced pipeline stages take neither tensor parallelism nor "
+                      "per-block activation checkpointing or compilation."] if traced else [])
 
 
 @pytest.mark.parametrize("name", ["mixtral-tiny", "llama-tiny"])

@@ -156,8 +156,8 @@ def _model_notes(profile: ModelProfile, cluster: Cluster) -> tuple[str, ...]:
     if profile.pp_unavailable and cluster.world_size > 1:
         notes += (f"No pipeline plans: {profile.pp_unavailable}.",)
     elif profile.pp_traced and cluster.world_size > 1:
-        notes += (f"Pipeline plans only with tp=1 and no activation checkpointing: {profile.name}'s stages are "
-                  f"built by tracing, and {TRACED_STAGE_LIMITS}.",)
+        notes += (f"Pipeline plans only with tp=1, no activation checkpointing and no compilation: {profile.name}'s "
+                  f"stages are built by tracing, and {TRACED_STAGE_LIMITS}.",)
     return notes
 
 

@@ -151,4 +151,4 @@ def _layout_groups(profile: ModelProfile, cluster: Cluster, workload: Workload, 
                         excluded[TRACED_STAGE_LIMITS] += 1
                         continue
                     for offload in _offloads(layout, cluster):
-                        yield (shared, {"activation_checkpointing": ckpt, "offload": offload}), batchings
+                        yield (shared, {"activation_checkpointing": ckpt, "compile": False, "offload": offload}), batchings

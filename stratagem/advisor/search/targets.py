@@ -65,6 +65,8 @@ def accelerate_excludes(plan: Plan) -> str | None:
     caller, as only a model carrying a TP plan allows it."""
     if plan.offload == "optimizer":
         return OPTIMIZER_OFFLOAD
+    if plan.compile:
+        return "torch.compile per block (Accelerate's dynamo setting compiles the whole model)"
     if plan.pp > 1:
         return "pipeline parallelism (Accelerate trains none)"
     if plan.shards_optimizer_only:
@@ -81,6 +83,8 @@ def deepspeed_excludes(plan: Plan) -> str | None:
     DeepSpeed exporters)."""
     if plan.tp > 1:
         return "tensor parallelism (not in DeepSpeed training configs)"
+    if plan.compile:
+        return "torch.compile per block (not in DeepSpeed training configs)"
     if plan.pp > 1 and plan.uses_fsdp:
         return "ZeRO-2/3 with pipeline parallelism (DeepSpeed allows ZeRO-1 only)"
     if plan.pp > 1 and plan.pp_schedule != "1f1b":
@@ -99,7 +103,7 @@ def model_excludes(profile: ModelProfile, cluster: Cluster, plan: Plan) -> str |
     if plan.pp > 1 and profile.pp_unavailable:
         return f"no pipeline: {profile.pp_unavailable}"
     if plan.pp > 1 and profile.pp_traced and not traced_stages_allow(
-            tp=plan.tp, activation_checkpointing=plan.activation_checkpointing):
+            tp=plan.tp, activation_checkpointing=plan.activation_checkpointing, compile=plan.compile):
         return TRACED_STAGE_LIMITS
     if plan.offloads and not cluster.is_gpu:
         return "CPU offload on CPU ranks (their states are in host memory already)"

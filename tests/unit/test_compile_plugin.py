@@ -1,0 +1,52 @@
+"""``compile`` in the Plan: each block through torch.compile, the same numbers as eager."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from stratagem.advisor.search.targets import accelerate_excludes, deepspeed_excludes
+from stratagem.errors import UsageError
+from stratagem.plan import Plan
+from stratagem.plugins import apply_compile, check_applicable
+
+
+class Blocks(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16)) for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = x + layer(x)
+        return x
+
+
+def test_compiled_blocks_train_as_eager_ones_and_keep_their_names():
+    torch.manual_seed(0)
+    eager = Blocks()
+    compiled = copy.deepcopy(eager)
+    apply_compile(compiled, Plan(compile=True, block_container="layers"))
+    x = torch.randn(4, 16)
+    for model in (eager, compiled):
+        model(x).square().sum().backward()
+    assert [n for n, _ in compiled.named_parameters()] == [n for n, _ in eager.named_parameters()]
+    for (name, a), (_, b) in zip(eager.named_parameters(), compiled.named_parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_compile_is_a_bool_named_in_the_plan_and_needs_blocks():
+    assert Plan(compile=True, block_container="layers").name == "single compiled mb=1"
+    with pytest.raises(UsageError, match="Plan.compile must be true or false"):
+        Plan(compile="yes")
+    with pytest.raises(UsageError, match="compile=true compiles each block"):
+        check_applicable(Plan(compile=True))
+    apply_compile(Blocks(), Plan())  # off: nothing to do, no blocks needed
+
+
+def test_runtimes_that_cannot_compile_per_block_leave_it_out():
+    plan = Plan(compile=True, block_container="layers")
+    assert "torch.compile" in accelerate_excludes(plan) and "torch.compile" in deepspeed_excludes(plan)
