@@ -76,8 +76,10 @@ def deepspeed_notes(plan: Plan) -> list[str]:
     if plan.recomputes_blocks:
         notes.append("Checkpoint every block with deepspeed.checkpointing.checkpoint "
                      "(PipelineModule(activation_checkpoint_interval=1) in a pipeline).")
-    if plan.activation_checkpointing == "selective":
-        notes.append("Checkpoint the attention core of every block with deepspeed.checkpointing.checkpoint.")
+    if plan.checkpoints_selectively:
+        notes.append("Checkpoint every block with torch.utils.checkpoint.checkpoint(block, ..., use_reentrant=False, "
+                     "context_fn=functools.partial(stratagem.plugins.checkpointing.selective_context, "
+                     f"{plan.activation_checkpointing!r})): DeepSpeed's own checkpointing keeps whole blocks' inputs only.")
     return notes
 
 

@@ -80,7 +80,7 @@ def builtin_strategy(plan: Plan, *, block_classes: Sequence[str] = ()) -> tuple[
     blocks = "{" + ", ".join(block_classes or ("Block",)) + "}"
     if plan.pp > 1:
         return None, "Lightning has no built-in pipeline-parallel strategy."
-    if plan.activation_checkpointing == "selective":
+    if plan.checkpoints_selectively:
         return None, "Lightning's strategies checkpoint whole blocks, not selected ops."
     if plan.tp > 1:
         return (f"ModelParallelStrategy(data_parallel_size={plan.dp}, tensor_parallel_size={plan.tp})",

@@ -5,6 +5,7 @@ Plain data that imports nothing of stratagem but :mod:`stratagem.errors`: the ad
 plans, the cost models score them, the plugins apply them and the exporters translate them.
 """
 
+from stratagem.plan.checkpointing import SELECTIVE_POLICIES
 from stratagem.plan.plan import (
     CHECKPOINTING,
     INTERLEAVED_SCHEDULES,
@@ -25,6 +26,7 @@ __all__ = [
     "OFFLOAD",
     "OPTIMIZERS",
     "PP_SCHEDULES",
+    "SELECTIVE_POLICIES",
     "TP_STYLES",
     "MeshAxis",
     "Plan",

@@ -21,6 +21,7 @@ from types import MappingProxyType
 from typing import Any
 
 from stratagem.errors import UsageError
+from stratagem.plan.checkpointing import SELECTIVE_POLICIES
 from stratagem.plan.checks import (
     MAX_SAMPLES,
     MAX_WORLD_SIZE,
@@ -35,7 +36,7 @@ from stratagem.plan.precision import PRECISIONS
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb")
 # Schedules that run pp_virtual >= 2 stages per rank, looping over the ranks.
 INTERLEAVED_SCHEDULES = ("interleaved-1f1b", "interleaved-zb")
-CHECKPOINTING = ("none", "selective", "full")
+CHECKPOINTING = ("none", "selective", "selective-op", "full")  # selective ones: plan/checkpointing.py
 OFFLOAD = ("none", "optimizer", "params")
 # colwise: split a Linear's outputs; rowwise: split its inputs and all-reduce (or, with sequence
 # parallelism, reduce-scatter) the result; sequence_parallel: a norm run on sequence shards.
@@ -314,8 +315,14 @@ class Plan:
 
     @property
     def checkpoints(self) -> bool:
-        """Some activations are recomputed in backward (``selective`` or ``full``)."""
+        """Some activations are recomputed in backward (``selective``, ``selective-op`` or ``full``)."""
         return self.activation_checkpointing != "none"
+
+    @property
+    def checkpoints_selectively(self) -> bool:
+        """A selective policy (:data:`~stratagem.plan.checkpointing.SELECTIVE_POLICIES`): each
+        block keeps some operators' outputs and recomputes the others in backward."""
+        return self.activation_checkpointing in SELECTIVE_POLICIES
 
     @property
     def recomputes_blocks(self) -> bool:

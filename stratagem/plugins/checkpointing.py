@@ -4,12 +4,11 @@ The composable API adds hooks and keeps the module tree (and so every parameter'
 unchanged, unlike ``checkpoint_wrapper``, which inserts a ``_checkpoint_wrapped_module`` level.
 
 * ``full``: each block saves only its inputs; backward recomputes the whole block.
-* ``selective``: each block saves the outputs of its linear layers' matrix multiplies
-  (:data:`SAVED_OPS`) and recomputes everything else: norms, activations, element-wise ops,
-  rotary embedding and the attention core (SDPA, or the explicit scores-softmax-``bmm`` path).
-  Matmuls are the expensive ops to redo and their outputs are only ``[b, s, width]``; the
-  attention core's ``s × s`` intermediates cost the most memory for the least compute
-  (Korthikanti et al., 2022, "selective activation recomputation").
+* ``selective`` and ``selective-op``: each block keeps the outputs of the operators the policy
+  names and recomputes everything else (:mod:`stratagem.plan.checkpointing`, which the profile
+  reads too): ``selective`` its linear layers' matmuls, ``selective-op`` (torchtitan's) the
+  attention kernels' and every other matmul's. Matmuls are the expensive ops to redo and their
+  outputs are only ``[b, s, width]``.
 """
 
 from __future__ import annotations
@@ -18,32 +17,36 @@ import logging
 from collections.abc import Callable
 from functools import partial
 
-import torch
 from torch import nn
 from torch.distributed._composable import checkpoint
-from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext, create_selective_checkpoint_contexts
 
 from stratagem.plan import Plan
+from stratagem.plan.checkpointing import PolicyState
 from stratagem.plugins.blocks import find_blocks
 
-__all__ = ["SAVED_OPS", "apply_activation_checkpointing", "selective_policy"]
+__all__ = ["apply_activation_checkpointing", "op_name", "selective_context"]
 
 log = logging.getLogger(__name__)
 
-_aten = torch.ops.aten
 
-SAVED_OPS = frozenset({_aten.mm.default, _aten.addmm.default})
-"""Ops whose outputs selective checkpointing keeps: the linear layers' matrix multiplies.
-
-``aten.bmm`` is left out on purpose: in a transformer block it is the attention core
-(``q·kᵀ`` and ``probs·v`` of the explicit path), which selective checkpointing recomputes.
-"""
+def op_name(op: object) -> str:
+    """``op`` as :mod:`stratagem.plan.checkpointing` names operators: its overload packet
+    (``aten.mm`` for ``aten.mm.default``)."""
+    return str(getattr(op, "overloadpacket", op))
 
 
-def selective_policy(ctx: object, op: Callable, *args: object, **kwargs: object) -> CheckpointPolicy:
-    """Save the outputs of :data:`SAVED_OPS`, recompute every other op (a policy for
-    ``create_selective_checkpoint_contexts``)."""
-    return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+def selective_context(policy: str) -> tuple[TorchDispatchMode, TorchDispatchMode]:
+    """The contexts of one checkpointed call of a block under ``policy``: a fresh policy state
+    (its matmul count starts at 0 per call, apart for forward and recompute, as torchtitan's)."""
+    states = {False: PolicyState(policy), True: PolicyState(policy)}
+
+    def decide(ctx: SelectiveCheckpointContext, op: Callable, *args: object, **kwargs: object) -> CheckpointPolicy:
+        keep = states[ctx.is_recompute].keeps(op_name(op))
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(decide)
 
 
 def apply_activation_checkpointing(module: nn.Module, plan: Plan) -> None:
@@ -57,8 +60,7 @@ def apply_activation_checkpointing(module: nn.Module, plan: Plan) -> None:
         log.info("activation checkpointing: none")
         return
     blocks = find_blocks(module, plan)
-    options = {"context_fn": partial(create_selective_checkpoint_contexts, selective_policy)} \
-        if mode == "selective" else {}
+    options = {"context_fn": partial(selective_context, mode)} if plan.checkpoints_selectively else {}
     for block in blocks:
         checkpoint(block, **options)
     log.info("activation checkpointing: %s on %d blocks of %s", mode, len(blocks), plan.block_container)

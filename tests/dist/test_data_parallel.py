@@ -47,6 +47,7 @@ TWO_RANKS = {case.name: case for case in [
     Case("zero3_tied", Plan(zero=3, **_SHARD2), preset="gpt2-tiny"),
     Case("zero3_full_ckpt", Plan(zero=3, activation_checkpointing="full", **_SHARD2)),
     Case("ddp_selective_ckpt", Plan(activation_checkpointing="selective", **_REPLICATE2)),
+    Case("zero3_selective_op_ckpt", Plan(zero=3, activation_checkpointing="selective-op", **_SHARD2)),
     Case("zero3_offload", Plan(zero=3, offload="params", **_SHARD2)),
     Case("zero3_accum", Plan(zero=3, grad_accum=2, **_SHARD2)),
     Case("zero3_accum_sgd", Plan(zero=3, grad_accum=2, **_SHARD2), optimizer="sgd"),
@@ -104,6 +105,10 @@ def test_zero3_full_checkpointing_matches_single_process(two_ranks):
 
 def test_ddp_selective_checkpointing_matches_single_process(two_ranks):
     assert_matches_single_process(TWO_RANKS["ddp_selective_ckpt"], two_ranks["ddp_selective_ckpt"])
+
+
+def test_zero3_selective_op_checkpointing_matches_single_process(two_ranks):
+    assert_matches_single_process(TWO_RANKS["zero3_selective_op_ckpt"], two_ranks["zero3_selective_op_ckpt"])
 
 
 def test_zero3_offload_params_matches_single_process(two_ranks):

@@ -29,6 +29,7 @@ def tiny_model() -> torch.nn.Module:
     (Plan(pp=2, microbatches=2), "pipeline: its schedule computes the loss on the last stage"),
     (Plan(activation_checkpointing="full"), "names no block_container"),
     (Plan(activation_checkpointing="selective"), "names no block_container"),
+    (Plan(activation_checkpointing="selective-op"), "names no block_container"),
 ])
 def test_apply_plan_refuses_what_it_cannot_apply(plan, message):
     with pytest.raises(UsageError, match=message) as error:
@@ -118,3 +119,12 @@ def test_full_checkpointing_recomputes_whole_blocks_and_selective_spares_the_mat
     assert selective[aten.mm.default] == none[aten.mm.default]  # matmul outputs were saved
     # wq wk wv wo w1 w3 redone; recompute stops early, before w2, whose output backward never reads
     assert full[aten.mm.default] == none[aten.mm.default] + 6 * blocks
+
+
+def test_selective_op_keeps_attention_and_every_other_matmul():
+    """torchtitan's policy: SDPA's output kept, of wq wk wv wo w1 w3 w2 the 2nd, 4th and 6th
+    (wk, wo, w3) redone; elementwise operators redone as under selective."""
+    none, op_level = ops_in_backward("none"), ops_in_backward("selective-op")
+    attention, blocks = aten._scaled_dot_product_flash_attention_for_cpu.default, 4
+    assert op_level[attention] == 0 and op_level[aten.silu.default] == blocks
+    assert op_level[aten.mm.default] == none[aten.mm.default] + 3 * blocks

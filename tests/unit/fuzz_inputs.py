@@ -37,7 +37,7 @@ JSON_VALUES = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_
 _PLAUSIBLE = {
     "int": st.one_of(st.integers(1, 8), st.sampled_from([0, -1, 16, 3.0, True])),
     "bool": st.one_of(st.booleans(), st.sampled_from(["false", 0, 1, None])),
-    "str": st.sampled_from(["none", "selective", "full", "optimizer", "params", "gpipe", "1f1b",
+    "str": st.sampled_from(["none", "selective", "selective-op", "full", "optimizer", "params", "gpipe", "1f1b",
                             "interleaved-1f1b", "interleaved-zb", "fp32", "bf16-mixed", "bf16-true", "abc", 5]),
     "str | None": st.sampled_from([None, "layers", "", 5, ["layers"]]),
     "tuple[tuple[str, str], ...]": st.one_of(

@@ -171,6 +171,7 @@ def test_cpu_ranks_run_ddp_through_torchrun(tmp_path):
     (Plan(dp_shard=8, zero=1), ONE_NODE, False, "only through DeepSpeed"),
     (Plan(dp_shard=8, zero=2, offload="optimizer"), ONE_NODE, False, "optimizer-only CPU offload"),
     (Plan(dp_shard=8, zero=3, activation_checkpointing="selective"), ONE_NODE, False, "whole blocks"),
+    (Plan(dp_shard=8, zero=3, activation_checkpointing="selective-op"), ONE_NODE, False, "selective-op .*whole blocks"),
     (Plan(dp_replicate=8, activation_checkpointing="full"), ONE_NODE, False, "through FSDP only"),
     (Plan(dp_shard=8, zero=3, precision="bf16-true"), ONE_NODE, False, "no bf16-true mode"),
     (Plan(tp=2, dp_shard=4, zero=3, sequence_parallel=True), ONE_NODE, False, "sequence parallelism"),

@@ -51,6 +51,13 @@ def test_the_pipeline_degree_is_a_note_for_the_model_code():
     assert deepspeed_notes(PLANS["zero1-bf16"]) == []
 
 
+def test_selective_checkpointing_is_a_note_naming_the_plugins_policy():
+    """No DeepSpeed setting keeps selected operators' outputs: the model code applies the policy."""
+    for policy in ("selective", "selective-op"):
+        notes = deepspeed_notes(Plan(dp_shard=16, zero=3, activation_checkpointing=policy))
+        assert len(notes) == 1 and f"selective_context, {policy!r}" in notes[0]
+
+
 @pytest.mark.parametrize("plan, match", [
     (Plan(tp=2, dp_shard=4, zero=3), "tensor parallelism"),
     (Plan(pp=2, dp_shard=4, zero=2, microbatches=2), "DeepSpeed allows ZeRO-1 only"),

@@ -37,6 +37,7 @@ def test_trainer_arguments_pin_the_plan():
     (Plan(dp_shard=16, zero=2, offload="optimizer"), "DeepSpeedStrategy(stage=2, offload_optimizer=True)"),
     (Plan(pp=2, dp_replicate=8, microbatches=2), None),
     (Plan(dp_shard=16, zero=3, activation_checkpointing="selective"), None),
+    (Plan(dp_shard=16, zero=3, activation_checkpointing="selective-op"), None),
 ])
 def test_builtin_equivalent(plan, expected):
     code, why = builtin_strategy(plan, block_classes=("Block",))

@@ -52,7 +52,7 @@ def test_json_round_trip(plan):
      "cannot split the backward of checkpointed blocks"),
     ({"offload": "optimizer", "dp_replicate": 2}, "needs zero>=2"),
     ({"offload": "params", "dp_shard": 2, "zero": 2}, "needs zero=3"),
-    ({"activation_checkpointing": "some"}, "'none', 'selective', 'full'"),
+    ({"activation_checkpointing": "some"}, "'none', 'selective', 'selective-op', 'full'"),
     ({"precision": "fp8"}, "Plan.precision='fp8'"),
     ({"tp_layout": (("layers.*.wq", "columnwise"),)}, "style of 'layers.*.wq'='columnwise'"),
 ])
@@ -120,5 +120,8 @@ def test_derived_meanings_of_the_other_fields():
     assert plan.mesh_degrees == (2, 2, 2, 2)
     assert dict(plan.mesh_strides) == {MeshAxis.TP: 1, MeshAxis.DP_SHARD: 2, MeshAxis.DP_REPLICATE: 4,
                                        MeshAxis.PP: 8}
-    selective = Plan(activation_checkpointing="selective")
-    assert selective.checkpoints and not selective.recomputes_blocks and not selective.offloads
+    assert not plan.checkpoints_selectively
+    for policy in ("selective", "selective-op"):
+        selective = Plan(activation_checkpointing=policy)
+        assert selective.checkpoints and selective.checkpoints_selectively
+        assert not selective.recomputes_blocks and not selective.offloads

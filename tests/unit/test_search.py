@@ -55,7 +55,7 @@ def test_enumeration_covers_the_vocabulary(llama7b):
     assert seen("tp") == {1, 2, 4, 8} and seen("pp") == {1, 2, 4, 8, 16}
     assert seen("zero") == {0, 1, 2, 3} and seen("sequence_parallel") == {False, True}
     assert seen("pp_schedule") == set(PP_SCHEDULES) and seen("pp_virtual") == {1, 2, 4}
-    assert seen("activation_checkpointing") == {"none", "selective", "full"}
+    assert seen("activation_checkpointing") == {"none", "selective", "selective-op", "full"}
     assert seen("offload") == {"none", "optimizer", "params"}
     assert any(p.dp_replicate > 1 and p.dp_shard > 1 for p in plans)  # HSDP
     assert all(p.microbatches >= p.pp for p in plans)

@@ -123,8 +123,31 @@ def test_doubling_tp_halves_the_blocks_compute_and_leaves_the_head_whole():
 def test_full_checkpointing_recomputes_the_block_forwards():
     time = _time(Plan(activation_checkpointing="full"))
     assert time.recompute == pytest.approx(8 * 10**12 / H100_ACHIEVED)
-    selective = _time(Plan(activation_checkpointing="selective"))
-    assert selective.recompute == pytest.approx(time.recompute / 4)
+
+
+@pytest.mark.parametrize("policy", ["selective", "selective-op"])
+def test_selective_checkpointing_recomputes_what_the_profile_measured(policy):
+    """Each of TOY's 8 blocks recomputing 2.5e11 FLOPs (its attention) and moving 1e9 bytes
+    without FLOPs (4e5 of them parameter-sized, at any micro-batch) under ``policy``: both at the
+    H100's rates, the batch-sized ones twice at a micro-batch of 2; their launches add host time."""
+    key = policy.replace("-", "_")
+    blocks = tuple(dataclasses.replace(b, **{f"{key}_recompute_flops": 25 * 10**10, f"{key}_recompute_ops": 50,
+                                             f"{key}_recompute_op_bytes": 10**9,
+                                             f"{key}_recompute_param_op_bytes": 4 * 10**5}) for b in TOY.blocks)
+    profile = dataclasses.replace(TOY, blocks=blocks)
+    per_byte = rates.seconds_per_op_byte(H100)
+    for mbs in (1, 2):
+        time = _time(Plan(activation_checkpointing=policy, micro_batch_size=mbs), profile=profile)
+        expected = 8 * (mbs * 25 * 10**10 / H100_ACHIEVED + (mbs * 10**9 + 4 * 10**5) * per_byte)
+        assert time.recompute == pytest.approx(expected)
+    cpu = _cpu(4)
+    host = {p: host_terms.microbatch_dispatch_seconds(rank_step(
+        profile, cluster=cpu, workload=Workload(global_batch_size=1, seq_len=SEQ), plan=Plan(activation_checkpointing=p)))
+        for p in ("none", policy)}
+    assert host[policy] - host["none"] == pytest.approx(8 * 50 * host_terms.OP_DISPATCH_SECONDS)
+    # the other policy's measurement (zero here) is not read
+    other = "selective-op" if policy == "selective" else "selective"
+    assert _time(Plan(activation_checkpointing=other), profile=profile).recompute == 0
 
 
 def test_the_bubble_is_a_microbatch_of_every_other_rank_over_the_virtual_stages():

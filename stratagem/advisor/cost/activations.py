@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 from stratagem.advisor.cost.rank_view import RankView
 from stratagem.advisor.cost.stages import Stage
-from stratagem.advisor.profile.model_profile import SegmentProfile
+from stratagem.advisor.profile.model_profile import SegmentProfile, policy_field
 from stratagem.plan import Plan
 
 # Gradients of the logits the loss's backward holds at once (cross-entropy: its input's and the
@@ -42,15 +42,16 @@ def estimate_block_activations(block: SegmentProfile, plan: Plan, *, scale: floa
                                checkpointing: str | None = None) -> float:
     """Bytes one block keeps for backward for one micro-batch (``scale`` = micro-batch size /
     profiled batch size), after checkpointing (the plan's, unless ``checkpointing`` is given),
-    TP and SP (Korthikanti eq. 1–5)."""
+    TP and SP (Korthikanti eq. 1–5). A selective policy keeps what the profile measured a block
+    checkpointed under it keeping: its input and the kept operators' outputs."""
     checkpointing = checkpointing or plan.activation_checkpointing
     if checkpointing == "full":
         kept = block.input_bytes * scale  # eq. 5: only the block's input (2sbh)
         return kept / plan.tp if plan.sequence_parallel else kept
-    saved = block.saved_bytes
-    if checkpointing == "selective":
-        saved -= block.attention_saved_bytes  # eq. 4 drops 5as²b
-    saved *= scale
+    if checkpointing == "none":
+        saved = block.saved_bytes * scale
+    else:
+        saved = getattr(block, policy_field(checkpointing, "kept_bytes")) * scale
     if plan.tp == 1 or plan.sequence_parallel:
         return saved / plan.tp  # eq. 4: SP splits the replicated part too
     replicated = min(saved, TP_REPLICATED_INPUT_WIDTHS * block.input_bytes * scale)
@@ -69,20 +70,27 @@ def estimate_activations(view: RankView) -> float:
 def rank_activations(view: RankView) -> RankActivations:
     """:func:`estimate_activations` of the rank and its stages' kept outputs, with the loss's
     gradients, what its backward frees first (the head's saved bytes, for one micro-batch), holds
-    per block and rebuilds."""
+    per block (a checkpointed block's as rebuilt: its full activations) and rebuilds."""
     rebuilt = _rebuilt_block(view)
+    block = _largest_block(view, checkpointing="none" if view.plan.checkpoints else None)
     return RankActivations(estimate_activations(view) + _stage_outputs(view),
                            loss_grads=LOSS_GRADIENT_COPIES * view.scale * sum(_logits_gradient(s) for s in view.head),
                            released=view.scale * sum(s.saved_bytes for s in view.head),
-                           block=rebuilt or _largest_block(view), rebuilt=rebuilt)
+                           block=block, rebuilt=rebuilt)
 
 
 def _rebuilt_block(view: RankView) -> float:
-    """The largest of the rank's blocks' full activations for one micro-batch under full
-    checkpointing (what its backward rebuilds, one block at a time); 0 without it."""
-    if not view.plan.recomputes_blocks:
+    """What a checkpointed block's backward rebuilds for one micro-batch, one block at a time, for
+    the largest: under full checkpointing its full activations; under a selective policy those
+    beyond what the block kept (its recomputed operators' saved tensors); 0 without checkpointing."""
+    plan = view.plan
+    if plan.recomputes_blocks:
+        return _largest_block(view, checkpointing="none")
+    if not plan.checkpoints_selectively:
         return 0.0
-    return _largest_block(view, checkpointing="none")
+    return max((max(0.0, estimate_block_activations(b, plan, scale=view.scale, checkpointing="none")
+                    - estimate_block_activations(b, plan, scale=view.scale)) for b, _ in view.stage.kinds),
+               default=0.0)
 
 
 def _largest_block(view: RankView, *, checkpointing: str | None = None) -> float:

@@ -4,6 +4,7 @@ the copies and additions around gradients that run on the compute stream (or cor
 from __future__ import annotations
 
 from stratagem.advisor.cost.rank_step import RankStep
+from stratagem.advisor.profile.model_profile import policy_field
 
 
 def estimate_compute_seconds(step: RankStep) -> float:
@@ -45,13 +46,25 @@ def estimate_dp_copy_seconds(step: RankStep) -> float:
 
 
 def estimate_recompute_seconds(step: RankStep) -> float:
-    """Forward run again in backward, seconds: every block's forward under ``full`` checkpointing,
-    its attention core's FLOPs under ``selective`` (Korthikanti et al. 2022, §5, Table 2)."""
+    """Forward run again in backward, seconds: every block's forward under ``full``
+    checkpointing; under a selective policy, what the profile measured the block recomputing
+    (:func:`selective_recompute_seconds`)."""
     plan = step.plan
     if not plan.checkpoints:
         return 0.0
     if plan.recomputes_blocks:
         per_microbatch = step.pass_seconds("fwd", blocks_only=True)
     else:
-        per_microbatch = step.per_microbatch("attention_fwd_flops", blocks_only=True) / step.flops_per_second
+        per_microbatch = selective_recompute_seconds(step, plan.activation_checkpointing)
     return step.num_microbatches * per_microbatch
+
+
+def selective_recompute_seconds(step: RankStep, policy: str) -> float:
+    """One micro-batch's recomputation under the selective ``policy``, seconds: the recomputed
+    forward FLOPs of the rank's blocks (divided over TP) at the blocks' matmul rate, and the bytes
+    the recomputed operators without FLOPs move at the cost per byte (parameter-sized ones, such
+    as autocast's weight casts, at any micro-batch size)."""
+    flops = step.per_microbatch(policy_field(policy, "recompute_flops"), blocks_only=True)
+    moved = (step.per_microbatch(policy_field(policy, "recompute_op_bytes"), blocks_only=True)
+             + step.per_tp_rank(policy_field(policy, "recompute_param_op_bytes"), blocks_only=True))
+    return flops / step.block_matmul_efficiency / step.flops_per_second + moved * step.seconds_per_op_byte

@@ -6,6 +6,7 @@ from __future__ import annotations
 from stratagem.advisor.cost.communication import num_tp_linears
 from stratagem.advisor.cost.optimizer import calibrated_optimizer
 from stratagem.advisor.cost.rank_step import RankStep
+from stratagem.advisor.profile.model_profile import policy_field
 
 # Host seconds to dispatch one eager operator whatever its size: ≈ 3 µs without autograd (He
 # 2022, "Making Deep Learning Go Brrrr"), more with autograd and hooks. Estimate; calibrated.
@@ -43,13 +44,16 @@ def in_line_host_seconds(step: RankStep) -> float:
 
 def microbatch_dispatch_seconds(step: RankStep) -> float:
     """Host seconds launching one micro-batch's operators: every operator the profile counted in
-    forward and backward (the checkpointed blocks' forward again under full recomputation; TP
-    does not divide them), at the node's seconds per operator, and each TP Linear's DTensor
-    overhead (:func:`_tp_linear_seconds`)."""
+    forward and backward (and those the checkpointed blocks run again: their whole forward under
+    full recomputation, what the profile measured a selective policy recomputing; TP does not
+    divide them), at the node's seconds per operator, and each TP Linear's DTensor overhead
+    (:func:`_tp_linear_seconds`)."""
     sums, plan = step.stage.sums, step.plan
     ops = sums["fwd_ops"] + sums["bwd_ops"]
     if plan.recomputes_blocks:
         ops += step.stage.block_sums["fwd_ops"]
+    elif plan.checkpoints_selectively:
+        ops += step.stage.block_sums[policy_field(plan.activation_checkpointing, "recompute_ops")]
     tp_linears = sum(n * num_tp_linears(plan, b) for b, n in step.stage.kinds) if plan.tp > 1 else 0
     return _op_seconds(step)[0] * ops + tp_linears * _tp_linear_seconds(step)
 

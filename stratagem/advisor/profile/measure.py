@@ -20,15 +20,15 @@ The segments are the model's blocks plus ``embed`` (whatever runs before the fir
 * the FLOPs of GEMMs whose matrices' rows do not start on 16-byte boundaries (a leading
   dimension, such as GPT-2's 50,257-token vocabulary, that is not a multiple of 8 half-precision
   or 4 single-precision elements): cuBLAS runs them with its slower unaligned kernels;
-* the attention core, for selective checkpointing (Korthikanti et al. 2022, §4.2): the forward
-  FLOPs of ops that read or write an s×s tensor (QKᵀ, AV) or are fused attention kernels, and
-  the saved tensors shaped s×s in their last two dimensions (softmax output, dropout mask and
-  output) — what selective recomputation drops and recomputes.
+* the attention core (Korthikanti et al. 2022, §4.2): the forward FLOPs of ops that read or
+  write an s×s tensor (QKᵀ, AV) or are fused attention kernels, and the saved tensors shaped s×s
+  in their last two dimensions (softmax output, dropout mask and output);
+* per block and selective checkpointing policy, what the block keeps and what its backward
+  recomputes (:mod:`~stratagem.advisor.profile.recompute`), decided op by op as the plugin's
+  policy decides.
 
-Blocks identical to one already measured (same class, same parameter shapes, same repr) and
-called with inputs of the same shapes are not run again: their forward is replaced by a cheap
-stand-in that returns outputs of the recorded shapes, and they inherit the measured costs. An
-80-layer model therefore costs about one layer.
+Blocks identical to one already measured are not run again
+(:mod:`~stratagem.advisor.profile.block_reuse`): an 80-layer model costs about one layer.
 
 Kernels differ between CPU and CUDA; where that changes what is saved we translate to what the
 CUDA kernel keeps: CPU dropout keeps its mask in the input dtype, CUDA's ``native_dropout`` a
@@ -39,18 +39,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections import defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
+from stratagem.advisor.profile.block_reuse import BlockReuse, tensor_bytes
+from stratagem.advisor.profile.counts import RunRecord
 from stratagem.advisor.profile.fused import FusedKernels
+from stratagem.advisor.profile.recompute import CheckpointPolicies
 
 aten = torch.ops.aten
 
@@ -104,39 +105,6 @@ CPU_ATTENTION_FLOPS = {
 }
 
 
-@dataclass
-class SegmentCounts:
-    """What one run attributed to one segment (raw numbers, bytes and FLOPs)."""
-
-    fwd_flops: int = 0
-    bwd_flops: int = 0
-    saved_bytes: int = 0
-    saved_param_copy_bytes: int = 0
-    attention_fwd_flops: int = 0
-    attention_saved_bytes: int = 0
-    input_bytes: int = 0
-    output_bytes: int = 0
-    fwd_ops: int = 0
-    bwd_ops: int = 0
-    fwd_op_bytes: int = 0
-    bwd_op_bytes: int = 0
-    fwd_unaligned_flops: int = 0
-    bwd_unaligned_flops: int = 0
-    fwd_param_op_bytes: int = 0
-    bwd_param_op_bytes: int = 0
-    bwd_largest_output_bytes: int = 0
-
-
-@dataclass
-class RunRecord:
-    """Everything one fake run measured."""
-
-    segments: dict[str, SegmentCounts] = field(default_factory=lambda: defaultdict(SegmentCounts))
-    param_segment: dict[str, str] = field(default_factory=dict)  # state name -> first segment to use it
-    measured_as: dict[str, str] = field(default_factory=dict)  # duplicate block -> representative
-    output_bytes: int = 0
-
-
 def unaligned_gemm(args: Any, out: Any) -> bool:
     """Whether a matrix of a GEMM (an operand or the output) has a leading dimension, the stride
     of whichever of its last two dimensions is not contiguous, of a byte length that is not a
@@ -187,6 +155,7 @@ class _CostCounter(FlopCounterMode):
         self.masks: set[StorageWeakRef] = set()
         self.suppressed = 0  # inside a decomposition counted as its fused kernel (fused.FusedKernels)
         self.saved: _SavedTensorCounter | None = None
+        self.policies = CheckpointPolicies(set(state_names))
 
     def segment(self) -> str:
         """The segment running now: the innermost block, else embed/head by execution order."""
@@ -217,45 +186,58 @@ class _CostCounter(FlopCounterMode):
             counts.fwd_ops += ops
             counts.fwd_op_bytes += op_bytes
             counts.fwd_param_op_bytes += param_op_bytes
+            self.policies.op(self.segment(), "fused kernel", None, flops=0, ops=ops, op_bytes=op_bytes,
+                             param_op_bytes=param_op_bytes)
 
     def count_saved(self, tensor: torch.Tensor | None = None, *, num_bytes: int = 0) -> None:
         """Count ``tensor`` (once per storage) or ``num_bytes`` as saved for backward."""
         assert self.saved is not None, "run_fake_step pairs the counters"
         self.saved.count(tensor, num_bytes=num_bytes)
+        if not self.mod_tracker.is_bw:
+            self.policies.saved(self.segment())
 
     def _count_flops(self, func_packet, out, args, kwargs):
         seg = self.segment()
-        if self.suppressed:
-            self._track_provenance(func_packet, out, args, seg)
-            return out
-        counts = self._record.segments[seg]
+        if not self.suppressed:
+            self._count(seg, func_packet, out, args, kwargs)
+        self._track_provenance(func_packet, out, args, seg)
+        return out
+
+    def _count(self, seg: str, func_packet: Any, out: Any, args: Any, kwargs: Any) -> None:
+        """Count one operator of segment ``seg`` in the running direction: its FLOPs (those of
+        unaligned GEMMs and of the attention core apart), its launch, the bytes it moves without
+        FLOPs; in a block's forward, also for what each checkpointing policy recomputes."""
+        counts, is_bw = self._record.segments[seg], self.mod_tracker.is_bw
         formula = self.flop_registry.get(func_packet)
-        if func_packet not in _UNCOUNTED_OPS:
+        counted = func_packet not in _UNCOUNTED_OPS
+        ops = 1 if counted else 0
+        batch = sized = flops = unaligned = 0
+        if counted:
             written = _written(func_packet, out, args)
-            batch, sized = (0, 0) if formula is not None else self._bytes_moved(func_packet, args, out, written)
-            if self.mod_tracker.is_bw:
+            if formula is None:
+                batch, sized = self._bytes_moved(func_packet, args, out, written)
+            if is_bw:  # the largest gradient written, no weight's
                 counts.bwd_largest_output_bytes = max(counts.bwd_largest_output_bytes,
-                                                      _largest(written, but=self._parameter_shapes))  # no weight's grad
-                counts.bwd_ops += 1
-                counts.bwd_op_bytes += batch
-                counts.bwd_param_op_bytes += sized
-            else:
-                counts.fwd_ops += 1
-                counts.fwd_op_bytes += batch
-                counts.fwd_param_op_bytes += sized
+                                                      _largest(written, but=self._parameter_shapes))
         if formula is not None:
             flops = formula(*args, **kwargs, out_val=out)
             unaligned = flops if func_packet in _GEMM_OPS and unaligned_gemm(args, out) else 0
-            if self.mod_tracker.is_bw:
-                counts.bwd_flops += flops
-                counts.bwd_unaligned_flops += unaligned
-            else:
-                counts.fwd_flops += flops
-                counts.fwd_unaligned_flops += unaligned
-                if func_packet in ATTENTION_OPS or self._touches_scores(args, out):
-                    counts.attention_fwd_flops += flops
-        self._track_provenance(func_packet, out, args, seg)
-        return out
+        if is_bw:
+            counts.bwd_ops += ops
+            counts.bwd_op_bytes += batch
+            counts.bwd_param_op_bytes += sized
+            counts.bwd_flops += flops
+            counts.bwd_unaligned_flops += unaligned
+            return
+        counts.fwd_ops += ops
+        counts.fwd_op_bytes += batch
+        counts.fwd_param_op_bytes += sized
+        counts.fwd_flops += flops
+        counts.fwd_unaligned_flops += unaligned
+        if formula is not None and (func_packet in ATTENTION_OPS or self._touches_scores(args, out)):
+            counts.attention_fwd_flops += flops
+        if counted:  # torch's selective checkpointing asks its policy about these alone
+            self.policies.op(seg, str(func_packet), out, flops=flops, ops=1, op_bytes=batch, param_op_bytes=sized)
 
     def _bytes_moved(self, func_packet: Any, args: Any, out: Any, written: list[torch.Tensor]) -> tuple[int, int]:
         """Bytes an operator without FLOPs reads and writes (``written``: :func:`_written`; none
@@ -323,6 +305,8 @@ class _SavedTensorCounter:
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
         if not self._counter.suppressed:
             self.count(tensor)
+        if not self._counter.mod_tracker.is_bw:  # a checkpointed block's recompute reaches this far
+            self._counter.policies.saved(self._counter.segment())
         return tensor
 
     def count(self, tensor: torch.Tensor | None, *, num_bytes: int = 0) -> None:
@@ -365,101 +349,6 @@ def quiet_fake_tensor_log() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def tensor_bytes(tree: Any) -> int:
-    """Bytes of every tensor leaf in a (nested) structure of tensors."""
-    return sum(t.numel() * t.element_size() for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor))
-
-
-def _differentiable(tree: Any) -> list[torch.Tensor]:
-    """The tensors of ``tree`` that carry gradients (hidden states, not masks or RoPE tables);
-    all of its tensors when none does."""
-    tensors = [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
-    return [t for t in tensors if t.requires_grad] or tensors
-
-
-def _leaf_meta(tree: Any) -> tuple:
-    leaves, _ = tree_flatten(tree)
-    return tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else type(t) for t in leaves)
-
-
-def block_signature(block: nn.Module) -> tuple:
-    """Blocks with equal signatures compute the same thing on the same input shapes."""
-    return (
-        type(block),
-        tuple((n, tuple(p.shape), p.dtype) for n, p in block.named_parameters()),
-        tuple((n, tuple(b.shape), b.dtype) for n, b in block.named_buffers()),
-        repr(block),
-    )
-
-
-class _BlockReuse:
-    """Record each block's input and output bytes; with ``reuse``, measure the first of each
-    group of identical blocks and stand in for the others."""
-
-    def __init__(self, model: nn.Module, blocks: tuple[str, ...], record: RunRecord, *, reuse: bool) -> None:
-        self._record = record
-        self._reuse = reuse
-        self._modules = {fqn: model.get_submodule(fqn) for fqn in blocks}
-        self._seen: dict[tuple, str] = {}  # signature -> representative FQN
-        self._calls: dict[str, tuple[tuple, Any]] = {}  # representative -> (input meta, output)
-        self._handles: list = []
-
-    def __enter__(self) -> _BlockReuse:
-        for fqn, module in self._modules.items():
-            self._handles.append(module.register_forward_hook(self._output_hook(fqn), with_kwargs=True))
-            signature = block_signature(module)
-            representative = self._seen.setdefault(signature, fqn)
-            if self._reuse and representative != fqn:
-                module.forward = self._stand_in(fqn, module, representative)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for handle in self._handles:
-            handle.remove()
-        for module in self._modules.values():
-            module.__dict__.pop("forward", None)
-
-    def _output_hook(self, fqn: str) -> Callable:
-        def hook(module, args, kwargs, output):
-            counts = self._record.segments[fqn]
-            counts.input_bytes = tensor_bytes(_differentiable((args, kwargs)))
-            counts.output_bytes = tensor_bytes(output)
-            if fqn not in self._record.measured_as:
-                self._calls[fqn] = (_leaf_meta((args, kwargs)), output)
-        return hook
-
-    def _stand_in(self, fqn: str, module: nn.Module, representative: str) -> Callable:
-        real_forward = type(module).forward.__get__(module)
-
-        def forward(*args, **kwargs):
-            meta, rep_output = self._calls.get(representative, (None, None))
-            if meta != _leaf_meta((args, kwargs)):
-                return real_forward(*args, **kwargs)  # other input shapes: measure it for real
-            self._record.measured_as[fqn] = representative
-            return _outputs_like(rep_output, args, kwargs)
-
-        return forward
-
-
-def _outputs_like(template: Any, args: tuple, kwargs: dict) -> Any:
-    """Outputs shaped like ``template`` that depend on the inputs (so backward flows through)
-    while computing and saving nothing worth counting."""
-    leaves, spec = tree_flatten(template)
-    inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
-    source = next((t for t in inputs if t.requires_grad), inputs[0] if inputs else None)
-    out = []
-    for leaf in leaves:
-        if not isinstance(leaf, torch.Tensor):
-            out.append(leaf)
-        elif source is not None and source.shape == leaf.shape and source.dtype == leaf.dtype:
-            out.append(source.clone())
-        elif source is not None and leaf.is_floating_point():
-            out.append(source.new_zeros(leaf.shape, dtype=leaf.dtype) + source.sum().to(leaf.dtype) * 0)
-        else:
-            out.append(torch.empty_like(leaf))
-    return tree_unflatten(out, spec)
-
-
 def run_fake_step(
     model: nn.Module,
     state: dict[str, torch.Tensor],
@@ -490,10 +379,13 @@ def run_fake_step(
     saved = counter.saved = _SavedTensorCounter(counter, record, set(state_names))
     autocast = torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None)
     hooks = torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack)
-    with _BlockReuse(model, blocks, record, reuse=reuse_identical_blocks), counter, hooks, FusedKernels(counter):
+    reuse = BlockReuse(model, blocks, record, reuse=reuse_identical_blocks, on_start=counter.policies.start)
+    with reuse, counter, hooks, FusedKernels(counter):
         with autocast:
             output = torch.func.functional_call(model, state, args, kwargs, strict=False)
             record.output_bytes = tensor_bytes(output)
             loss = loss_fn(output)
         loss.backward()
+    for block, policies in counter.policies.counts.items():
+        record.segments[block].policies = policies
     return record

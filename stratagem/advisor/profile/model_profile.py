@@ -19,10 +19,17 @@ from stratagem.plan.precision import PRECISIONS, in_compute_dtype
 if TYPE_CHECKING:
     from stratagem.plan import Plan
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Version of the layout ``ModelProfile.to_dict`` writes and ``from_dict`` reads. Bump it whenever
 a field of ModelProfile, SegmentProfile or LinearLayer is added, removed, renamed or changes
 meaning (tests/unit/test_profile_cache_checks.py pins the fields to this number)."""
+
+
+def policy_field(policy: str, quantity: str) -> str:
+    """The :class:`SegmentProfile` field of ``quantity`` (``kept_bytes``, ``recompute_flops``,
+    ``recompute_ops``, ``recompute_op_bytes``, ``recompute_param_op_bytes``) under the selective
+    checkpointing policy ``policy`` (``selective-op`` → ``selective_op_kept_bytes``)."""
+    return f"{policy.replace('-', '_')}_{quantity}"
 
 
 class ProfileDataError(ValueError):
@@ -63,8 +70,8 @@ class SegmentProfile:
     bwd_flops: int
     saved_bytes: int  # activations saved for backward (parameters excluded)
     saved_param_copy_bytes: int  # compute-dtype copies of parameters saved for backward (autocast)
-    attention_fwd_flops: int  # forward FLOPs of the attention core (what selective recompute redoes)
-    attention_saved_bytes: int  # of saved_bytes, the s×s score-shaped tensors (what it drops)
+    attention_fwd_flops: int  # forward FLOPs of the attention core (QKᵀ, AV, fused attention kernels)
+    attention_saved_bytes: int  # of saved_bytes, the s×s score-shaped tensors (Korthikanti's 5as²b)
     input_bytes: int
     output_bytes: int  # what a pipeline stage ending here sends; what full checkpointing keeps
     num_tensors: int = 0  # parameter tensors (what a per-tensor optimizer loops over)
@@ -77,6 +84,19 @@ class SegmentProfile:
     fwd_param_op_bytes: int = 0  # moved by parameter-sized ops (autocast's weight casts), as many at any batch; apart
     bwd_param_op_bytes: int = 0  # the same in backward (gradient casts, embedding gradients); not in *_op_bytes
     bwd_largest_output_bytes: int = 0  # the largest non-weight-shaped tensor a backward op writes (the head's: loss grad)
+    # A block checkpointed under each selective policy (stratagem.plan.checkpointing; 0 outside
+    # the blocks): the bytes it keeps (its input and the kept operators' outputs), and the forward
+    # work its backward runs again: FLOPs, operators, bytes moved (batch-sized, parameter-sized).
+    selective_kept_bytes: int = 0
+    selective_recompute_flops: int = 0
+    selective_recompute_ops: int = 0
+    selective_recompute_op_bytes: int = 0
+    selective_recompute_param_op_bytes: int = 0
+    selective_op_kept_bytes: int = 0
+    selective_op_recompute_flops: int = 0
+    selective_op_recompute_ops: int = 0
+    selective_op_recompute_op_bytes: int = 0
+    selective_op_recompute_param_op_bytes: int = 0
     linears: tuple[LinearLayer, ...] = ()
     measured_as: str | None = None  # identical block whose measurement this one reuses
 

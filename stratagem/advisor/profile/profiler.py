@@ -14,7 +14,7 @@ import contextlib
 import functools
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any
 
 import torch
@@ -23,9 +23,10 @@ from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from stratagem.advisor.profile.measure import EMBED, HEAD, RunRecord, SegmentCounts, quiet_fake_tensor_log, run_fake_step
+from stratagem.advisor.profile.counts import RunRecord, SegmentCounts
+from stratagem.advisor.profile.measure import EMBED, HEAD, quiet_fake_tensor_log, run_fake_step
 from stratagem.plan.precision import Precision, get_precision, in_compute_dtype, torch_dtype
-from stratagem.advisor.profile.model_profile import ModelProfile, SegmentProfile
+from stratagem.advisor.profile.model_profile import ModelProfile, SegmentProfile, policy_field
 from stratagem.advisor.profile.structure import attention_heads, find_blocks, linear_layers, pp_unavailable
 from stratagem.advisor.profile.tp_layout import LinearCallRecorder, find_tp_layout
 from stratagem.errors import UsageError
@@ -224,7 +225,7 @@ def _assemble(model: nn.Module, blocks: tuple[str, ...], record: RunRecord, prec
             fwd_unaligned_flops=counts.fwd_unaligned_flops, bwd_unaligned_flops=counts.bwd_unaligned_flops,
             fwd_param_op_bytes=counts.fwd_param_op_bytes, bwd_param_op_bytes=counts.bwd_param_op_bytes,
             bwd_largest_output_bytes=counts.bwd_largest_output_bytes,
-            **extra,
+            **_policy_fields(counts), **extra,
         )
 
     block_profiles = []
@@ -243,6 +244,16 @@ def _assemble(model: nn.Module, blocks: tuple[str, ...], record: RunRecord, prec
         "blocks": tuple(block_profiles),
         "head": make(HEAD, HEAD, head_counts),
     }
+
+
+def _policy_fields(counts: SegmentCounts) -> dict[str, int]:
+    """A block's :class:`SegmentProfile` fields per selective checkpointing policy: what it keeps
+    (its input, which the checkpoint holds, and the kept outputs) and what it recomputes."""
+    values = {}
+    for policy, measured in counts.policies.items():
+        for quantity, value in asdict(measured).items():
+            values[policy_field(policy, quantity)] = value + (counts.input_bytes if quantity == "kept_bytes" else 0)
+    return values
 
 
 def _state_owners(model: nn.Module, blocks: tuple[str, ...], record: RunRecord, notes: list[str]) -> dict[str, str]:

@@ -71,8 +71,9 @@ def accelerate_excludes(plan: Plan) -> str | None:
         return "pipeline parallelism (Accelerate trains none)"
     if plan.shards_optimizer_only:
         return "ZeRO-1 (Accelerate shards optimizer states alone only through DeepSpeed)"
-    if plan.activation_checkpointing == "selective":
-        return "selective activation checkpointing (Accelerate's FSDP checkpoints whole blocks)"
+    if plan.checkpoints_selectively:
+        return (f"{plan.activation_checkpointing} activation checkpointing (Accelerate's FSDP checkpoints "
+                "whole blocks)")
     if plan.checkpoints and not plan.uses_fsdp:
         return "activation checkpointing without FSDP (Accelerate's config sets it through FSDP only)"
     return None

@@ -1,0 +1,61 @@
+"""What one fake step measured, raw: per segment the counts :mod:`~stratagem.advisor.profile.measure`
+makes, which the profiler assembles into :class:`~stratagem.advisor.profile.model_profile.SegmentProfile`."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+
+@dataclass
+class PolicyCounts:
+    """One block under one policy: bytes of the outputs it keeps, and the forward work its
+    backward runs again (FLOPs, operators, bytes moved by operators without FLOPs: those that grow
+    with the batch, and the parameter-sized ones apart)."""
+
+    kept_bytes: int = 0
+    recompute_flops: int = 0
+    recompute_ops: int = 0
+    recompute_op_bytes: int = 0
+    recompute_param_op_bytes: int = 0
+
+    def add_work(self, other: PolicyCounts) -> None:
+        """Add ``other``'s recomputed work (not its kept bytes)."""
+        self.recompute_flops += other.recompute_flops
+        self.recompute_ops += other.recompute_ops
+        self.recompute_op_bytes += other.recompute_op_bytes
+        self.recompute_param_op_bytes += other.recompute_param_op_bytes
+
+
+@dataclass
+class SegmentCounts:
+    """What one run attributed to one segment (raw numbers, bytes and FLOPs)."""
+
+    fwd_flops: int = 0
+    bwd_flops: int = 0
+    saved_bytes: int = 0
+    saved_param_copy_bytes: int = 0
+    attention_fwd_flops: int = 0
+    attention_saved_bytes: int = 0
+    input_bytes: int = 0
+    output_bytes: int = 0
+    fwd_ops: int = 0
+    bwd_ops: int = 0
+    fwd_op_bytes: int = 0
+    bwd_op_bytes: int = 0
+    fwd_unaligned_flops: int = 0
+    bwd_unaligned_flops: int = 0
+    fwd_param_op_bytes: int = 0
+    bwd_param_op_bytes: int = 0
+    bwd_largest_output_bytes: int = 0
+    policies: dict[str, PolicyCounts] = field(default_factory=dict)  # a block's, per selective policy
+
+
+@dataclass
+class RunRecord:
+    """Everything one fake run measured."""
+
+    segments: dict[str, SegmentCounts] = field(default_factory=lambda: defaultdict(SegmentCounts))
+    param_segment: dict[str, str] = field(default_factory=dict)  # state name -> first segment to use it
+    measured_as: dict[str, str] = field(default_factory=dict)  # duplicate block -> representative
+    output_bytes: int = 0
