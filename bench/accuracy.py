@@ -64,7 +64,7 @@ def cases(nproc: int, scale: str) -> list[Case]:
     common = {"micro_batch_size": MICRO_BATCH, "precision": "fp32"}
     out = []
     for model in (f"llama-{scale}", f"vit-{scale}", f"mixtral-{scale}"):
-        profile = profile_spec(model, seq_len=seq_len(model, scale), precision="fp32")
+        profile = profile_spec(model, seq_len=seq_len(model, scale), precision="fp32", kernels="cpu")
         blocks = {"block_container": profile.block_container}
         plans = [
             Plan(dp_replicate=nproc, **common),
@@ -86,7 +86,7 @@ def cases(nproc: int, scale: str) -> list[Case]:
 
 def _estimate(case: Case, cluster: Cluster, scale: str) -> Estimate:
     """The advisor's estimate for ``case`` on ``cluster``."""
-    profile = profile_spec(case.model, seq_len=seq_len(case.model, scale), precision="fp32")
+    profile = profile_spec(case.model, seq_len=seq_len(case.model, scale), precision="fp32", kernels="cpu")
     workload = Workload(global_batch_size=case.plan.global_batch_size, seq_len=profile.seq_len, precision="fp32")
     return evaluate(profile, cluster, workload, case.plan)
 

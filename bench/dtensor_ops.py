@@ -58,7 +58,7 @@ def main() -> None:
     print(f"{'model':<16} {'dispatches':>10} {'collectives':>12} {'split Linears':>14} {'per Linear':>12}")
     for model in args.models:
         seq_len = args.seq_len if PRESETS[model].input_kind == "tokens" else None
-        profile = profile_spec(model, seq_len=seq_len, precision="fp32")
+        profile = profile_spec(model, seq_len=seq_len, precision="fp32", kernels="cpu")
         plan = Plan(tp=2, tp_layout=profile.tp_layout, block_container=profile.block_container,
                     micro_batch_size=MICRO_BATCH, precision="fp32")
         per_block = sum(style in ("colwise", "rowwise") for _, style in profile.tp_layout)

@@ -88,7 +88,8 @@ def main() -> None:
     preset = _preset()
     model = preset.build()
     batch = preset.make_batch(MICRO_BATCH, SEQ_LEN)
-    profile = profile_model(model, batch[0], loss_fn=lambda out: preset.loss(out, batch[1]), precision="fp32")
+    profile = profile_model(model, batch[0], loss_fn=lambda out: preset.loss(out, batch[1]), precision="fp32",
+                            kernels="cpu")
     print(f"{preset.name}: {len(profile.blocks)} blocks; head {profile.head.flops / profile.blocks[0].flops:.1f} "
           f"blocks of FLOPs, embedding {profile.embed.param_bytes / 2**20:.0f} MiB; pp={PP}, {M} micro-batches "
           f"of {MICRO_BATCH}×{SEQ_LEN}, fp32, 1 thread")

@@ -54,7 +54,7 @@ class LanguageModel(pl.LightningModule):
 
 def pipeline_plan() -> Plan:
     """1F1B over two stages, partitioned as the advisor balances this model's profile."""
-    profile = profile_spec(PRESET, batch_size=MICRO_BATCH, seq_len=SEQ_LEN, precision="fp32")
+    profile = profile_spec(PRESET, batch_size=MICRO_BATCH, seq_len=SEQ_LEN, precision="fp32", kernels="cpu")
     return Plan(pp=2, pp_schedule="1f1b", microbatches=MICROBATCHES, micro_batch_size=MICRO_BATCH,
                 precision="fp32", block_container=f"model.{profile.block_container}",
                 stage_blocks=balanced_stage_blocks(profile, 2))

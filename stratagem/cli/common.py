@@ -51,8 +51,10 @@ def model_workload(args: argparse.Namespace, cluster: Cluster) -> tuple[ModelPro
     """The profile of ``--model`` and the workload the model arguments describe on ``cluster``."""
     from stratagem.plan import Workload
     from stratagem.advisor.profile.cache import profile_spec
+    from stratagem.advisor.profile.model_profile import kernels_for
 
-    profile = profile_spec(args.model, seq_len=args.seq_len, precision=args.precision, cache=args.cache)
+    profile = profile_spec(args.model, seq_len=args.seq_len, precision=args.precision, cache=args.cache,
+                           kernels=kernels_for(accelerator=cluster.is_accelerator))
     workload = Workload(global_batch_size=args.global_batch_size or cluster.world_size, seq_len=profile.seq_len,
                         precision=args.precision, optimizer=args.optimizer)
     return profile, workload

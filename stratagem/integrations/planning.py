@@ -173,12 +173,13 @@ def choose_plan(module: nn.Module, example_inputs: Callable[[], Any], *, precisi
 def _advise(module: nn.Module, example_inputs: Any, cluster: Any, *, precision: str, target: str, objective: str,
             constraints: dict[str, Any], verbose: bool,
             pipelined: Callable[[ModelProfile], ModelProfile] | None) -> Plan:
+    from stratagem.advisor.profile.model_profile import kernels_for
     from stratagem.advisor.profile.profiler import profile_model
     from stratagem.advisor.report.render import render_table
     from stratagem.advisor.search.advice import advise, rank_estimates
 
     inputs = example_inputs if isinstance(example_inputs, (tuple, list, Mapping)) else (example_inputs,)
-    profile = profile_model(module, inputs, precision=precision)
+    profile = profile_model(module, inputs, precision=precision, kernels=kernels_for(accelerator=cluster.is_accelerator))
     if pipelined is not None:
         profile = pipelined(profile)
     shapes = _pipeline_shapes(profile, dist.get_world_size(), constraints)

@@ -37,7 +37,7 @@ def cache(tmp_path, monkeypatch, measured):
         return measured
 
     monkeypatch.setattr(profiles, "_measure", measure)
-    key = profiles._cache_key(SPEC, batch_size=profiles.PROFILE_BATCH, seq_len=SEQ, precision="fp32")
+    key = profiles._cache_key(SPEC, batch_size=profiles.PROFILE_BATCH, seq_len=SEQ, precision="fp32", kernels="gpu")
     return tmp_path / "profiles", tmp_path / "profiles" / f"{key}.json", calls
 
 
@@ -62,7 +62,7 @@ def test_the_profiles_fields_are_pinned_to_the_schema_version():
     layout = [[c.__name__, [[f.name, str(f.type)] for f in fields(c)]] for c in (ModelProfile, SegmentProfile,
                                                                                LinearLayer)]
     digest = hashlib.sha256(json.dumps(layout).encode()).hexdigest()[:16]
-    assert (SCHEMA_VERSION, digest) == (3, "488573554d9c7871"), "profile fields changed: bump SCHEMA_VERSION"
+    assert (SCHEMA_VERSION, digest) == (4, "769f998fd53b1926"), "profile fields changed: bump SCHEMA_VERSION"
 
 
 def _set(path: str, value):

@@ -275,9 +275,10 @@ def _reference_step(model: str, batch: int, seq_len: int, device: torch.device) 
     """Forward and backward of ``model`` on ``batch`` sequences of ``seq_len`` tokens (ten at a
     time for a step of at most 64 tokens), and its profile (taken at one sequence)."""
     from stratagem.advisor.profile.cache import profile_spec
+    from stratagem.advisor.profile.model_profile import kernels_for
     from stratagem.models import PRESETS
 
-    profile = profile_spec(model, seq_len=seq_len, precision="fp32")
+    profile = profile_spec(model, seq_len=seq_len, precision="fp32", kernels=kernels_for(accelerator=device.type == "cuda"))
     preset = PRESETS[model]
     inputs, targets = preset.make_batch(batch, seq_len)
     inputs, targets = tuple(t.to(device) for t in inputs), targets.to(device)

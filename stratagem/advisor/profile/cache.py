@@ -54,12 +54,12 @@ class ProfileCacheWarning(UserWarning):
     """A cached profile was ignored, or a measured one could not be cached."""
 
 
-def profile_spec(spec: str, *, batch_size: int = PROFILE_BATCH, seq_len: int | None = None,
+def profile_spec(spec: str, *, batch_size: int = PROFILE_BATCH, seq_len: int | None = None, kernels: str = "gpu",
                  precision: str = "bf16-mixed", cache: bool = True) -> ModelProfile:
     """The profile of the model named by ``spec`` (see :mod:`~stratagem.advisor.profile.sources`)
     for one step of ``batch_size`` samples: from the cache when ``cache`` and it holds one."""
     get_precision(precision)
-    key = _cache_key(spec, batch_size=batch_size, seq_len=seq_len, precision=precision) if cache else None
+    key = _cache_key(spec, batch_size=batch_size, seq_len=seq_len, precision=precision, kernels=kernels) if cache else None
     path = cache_dir() / "profiles" / f"{key}.json" if key else None
     problems = []
     if path is not None and (path.exists() or path.is_symlink()):
@@ -67,7 +67,7 @@ def profile_spec(spec: str, *, batch_size: int = PROFILE_BATCH, seq_len: int | N
         if profile is not None:
             return profile
         problems.append(f"ignored the cached profile {path}: {why}; measured it again")
-    profile = _measure(spec, batch_size=batch_size, seq_len=seq_len, precision=precision)
+    profile = _measure(spec, batch_size=batch_size, seq_len=seq_len, precision=precision, kernels=kernels)
     if path is not None:
         why = _write_atomically(path, json.dumps(profile.to_dict()))
         if why:
@@ -93,17 +93,17 @@ def _read_cached(path: Path) -> tuple[ModelProfile | None, str]:
         return None, str(err)
 
 
-def _measure(spec: str, *, batch_size: int, seq_len: int | None, precision: str) -> ModelProfile:
+def _measure(spec: str, *, batch_size: int, seq_len: int | None, precision: str, kernels: str) -> ModelProfile:
     from stratagem.advisor.profile.sources import load_model
     from stratagem.advisor.profile.profiler import profile_model
 
     source = load_model(spec, batch_size=batch_size, seq_len=seq_len)
     profile = profile_model(source.module, source.example_inputs, loss_fn=source.loss_fn,
-                            precision=precision, name=source.name, batch_size=batch_size)
+                            precision=precision, name=source.name, batch_size=batch_size, kernels=kernels)
     return replace(profile, notes=(*source.notes, *profile.notes))
 
 
-def _cache_key(spec: str, *, batch_size: int, seq_len: int | None, precision: str) -> str | None:
+def _cache_key(spec: str, *, batch_size: int, seq_len: int | None, precision: str, kernels: str) -> str | None:
     if spec.startswith("hf:"):
         config = Path(spec[3:])
         try:
@@ -115,7 +115,7 @@ def _cache_key(spec: str, *, batch_size: int, seq_len: int | None, precision: st
         return None
     else:
         model = f"preset:{spec}"
-    parts = [model, str(batch_size), str(seq_len), precision, _version("torch"), _sources_digest()]
+    parts = [model, str(batch_size), str(seq_len), precision, kernels, _version("torch"), _sources_digest()]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
 
 

@@ -30,9 +30,11 @@ The segments are the model's blocks plus ``embed`` (whatever runs before the fir
 Blocks identical to one already measured are not run again
 (:mod:`~stratagem.advisor.profile.block_reuse`): an 80-layer model costs about one layer.
 
-Kernels differ between CPU and CUDA; where that changes what is saved we translate to what the
-CUDA kernel keeps: CPU dropout keeps its mask in the input dtype, CUDA's ``native_dropout`` a
-one-byte bool mask, so masks are counted at one byte per element.
+Kernels differ between CPU and CUDA. A profile for GPUs (``kernels="gpu"``) counts what the
+CUDA kernels do: dropout masks at one byte per element (CPU dropout keeps its mask in the input
+dtype, CUDA's ``native_dropout`` a bool mask) and the functions CUDA fuses as one kernel
+(:mod:`~stratagem.advisor.profile.fused`); a profile for CPU ranks (``kernels="cpu"``) counts
+what the CPU runs.
 """
 
 from __future__ import annotations
@@ -139,7 +141,7 @@ class _CostCounter(FlopCounterMode):
 
     def __init__(self, *, block_of: dict[str, str], record: RunRecord,
                  state_names: dict[StorageWeakRef, str], gradient_shapes: set[tuple[tuple[int, ...], torch.dtype]],
-                 has_blocks: bool, seq_len: int | None, batch_size: int | None) -> None:
+                 has_blocks: bool, seq_len: int | None, batch_size: int | None, gpu_masks: bool = True) -> None:
         super().__init__(display=False, custom_mapping=CPU_ATTENTION_FLOPS)
         self.seq_len = seq_len
         self.batch_size = batch_size
@@ -153,6 +155,7 @@ class _CostCounter(FlopCounterMode):
         self._bwd_after_blocks = False
         self.param_copies: set[StorageWeakRef] = set()
         self.masks: set[StorageWeakRef] = set()
+        self._gpu_masks = gpu_masks  # count dropout masks as CUDA's one-byte ones
         self.suppressed = 0  # inside a decomposition counted as its fused kernel (fused.FusedKernels)
         self.saved: _SavedTensorCounter | None = None
         self.policies = CheckpointPolicies(set(state_names))
@@ -289,7 +292,7 @@ class _CostCounter(FlopCounterMode):
                     self._record.param_segment.setdefault(name, seg)
                     if func_packet in _CAST_OPS and isinstance(out, torch.Tensor):
                         self.param_copies.add(StorageWeakRef(out.untyped_storage()))
-        if func_packet in _MASK_OPS and isinstance(out, torch.Tensor):
+        if self._gpu_masks and func_packet in _MASK_OPS and isinstance(out, torch.Tensor):
             self.masks.add(StorageWeakRef(out.untyped_storage()))
 
 
@@ -361,11 +364,13 @@ def run_fake_step(
     seq_len: int | None = None,
     batch_size: int | None = None,
     reuse_identical_blocks: bool = True,
+    kernels: str = "gpu",
 ) -> RunRecord:
     """One forward and backward of ``model`` with its parameters and buffers replaced by the
     fake tensors in ``state``; must run inside the FakeTensorMode that made them. With
     ``reuse_identical_blocks`` each group of identical blocks is measured once. ``seq_len`` and
-    ``batch_size`` identify attention-score tensors (``[b, heads, s, s]``)."""
+    ``batch_size`` identify attention-score tensors (``[b, heads, s, s]``). ``kernels``: count
+    what a GPU runs (``"gpu"``: fused kernels, one-byte dropout masks) or the CPU (``"cpu"``)."""
     record = RunRecord()
     root = type(model).__name__
     block_of = {f"{root}.{fqn}": fqn for fqn in blocks}
@@ -375,12 +380,13 @@ def run_fake_step(
     gradient_shapes = {(tuple(t.shape), t.dtype) for t in state.values() if t.requires_grad}
     counter = _CostCounter(block_of=block_of, record=record, state_names=state_names,
                            gradient_shapes=gradient_shapes, has_blocks=bool(blocks), seq_len=seq_len,
-                           batch_size=batch_size)
+                           batch_size=batch_size, gpu_masks=kernels == "gpu")
     saved = counter.saved = _SavedTensorCounter(counter, record, set(state_names))
     autocast = torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None)
     hooks = torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack)
     reuse = BlockReuse(model, blocks, record, reuse=reuse_identical_blocks, on_start=counter.policies.start)
-    with reuse, counter, hooks, FusedKernels(counter):
+    fused = FusedKernels(counter) if kernels == "gpu" else contextlib.nullcontext()
+    with reuse, counter, hooks, fused:
         with autocast:
             output = torch.func.functional_call(model, state, args, kwargs, strict=False)
             record.output_bytes = tensor_bytes(output)

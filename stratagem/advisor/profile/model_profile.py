@@ -19,7 +19,17 @@ from stratagem.plan.precision import PRECISIONS, in_compute_dtype
 if TYPE_CHECKING:
     from stratagem.plan import Plan
 
-SCHEMA_VERSION = 3
+KERNELS = ("gpu", "cpu")
+"""Whose kernels a profile counts: a GPU's (CUDA's fused kernels, one-byte dropout masks) or what
+CPU ranks run (:mod:`~stratagem.advisor.profile.measure`)."""
+
+def kernels_for(*, accelerator: bool) -> str:
+    """The :data:`KERNELS` a profile for devices of a kind counts: a GPU's for accelerators (a TPU's
+    compiler fuses at least as much), the CPU's for CPU ranks."""
+    return "gpu" if accelerator else "cpu"
+
+
+SCHEMA_VERSION = 4
 """Version of the layout ``ModelProfile.to_dict`` writes and ``from_dict`` reads. Bump it whenever
 a field of ModelProfile, SegmentProfile or LinearLayer is added, removed, renamed or changes
 meaning (tests/unit/test_profile_cache_checks.py pins the fields to this number)."""
@@ -131,6 +141,7 @@ class ModelProfile:
 
     name: str
     precision: str
+    kernels: str = "gpu"  # whose kernels it counts: a GPU's (fused) or CPU ranks' (KERNELS)
     batch_size: int
     seq_len: int | None
     embed: SegmentProfile
@@ -201,6 +212,7 @@ class ModelProfile:
             "schema_version": SCHEMA_VERSION,
             "name": self.name,
             "precision": self.precision,
+            "kernels": self.kernels,
             "batch_size": self.batch_size,
             "seq_len": self.seq_len,
             "parameters": self.num_params,
@@ -286,10 +298,12 @@ def _required(f: Field) -> bool:
 
 def _check_invariants(profile: ModelProfile, data: Mapping[str, Any]) -> None:
     """What the cost models assume of a profile beyond each field's type."""
+    if profile.kernels not in KERNELS:
+        raise ProfileDataError(f"kernels: {profile.kernels!r} is none of {', '.join(KERNELS)}")
     if profile.precision not in PRECISIONS:
         raise ProfileDataError(f"precision: {profile.precision!r} is none of {', '.join(PRECISIONS)}")
     variant = profile.in_compute_dtype
-    if variant is not None and (variant.precision != in_compute_dtype(profile.precision)
+    if variant is not None and (variant.precision != in_compute_dtype(profile.precision) or variant.kernels != profile.kernels
                                 or len(variant.blocks) != len(profile.blocks)):
         raise ProfileDataError(f"in_compute_dtype: a {variant.precision} profile of {len(variant.blocks)} blocks "
                                f"does not describe this {profile.precision} one of {len(profile.blocks)}")

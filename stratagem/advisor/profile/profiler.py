@@ -26,7 +26,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from stratagem.advisor.profile.counts import RunRecord, SegmentCounts
 from stratagem.advisor.profile.measure import EMBED, HEAD, quiet_fake_tensor_log, run_fake_step
 from stratagem.plan.precision import Precision, get_precision, in_compute_dtype, torch_dtype
-from stratagem.advisor.profile.model_profile import ModelProfile, SegmentProfile, policy_field
+from stratagem.advisor.profile.model_profile import KERNELS, ModelProfile, SegmentProfile, policy_field
 from stratagem.advisor.profile.structure import attention_heads, find_blocks, linear_layers, pp_unavailable
 from stratagem.advisor.profile.tp_layout import LinearCallRecorder, find_tp_layout
 from stratagem.errors import UsageError
@@ -45,6 +45,7 @@ def profile_model(
     batch_size: int | None = None,
     seq_len: int | None = None,
     reuse_identical_blocks: bool = True,
+    kernels: str = "gpu",
 ) -> ModelProfile:
     """Profile one training step of ``model`` on ``example_inputs`` without allocating anything.
 
@@ -54,12 +55,16 @@ def profile_model(
     (or an output's ``.loss``) is used, else the sum of the outputs (the profile says so).
     ``batch_size`` defaults to the first input's leading dimension; ``seq_len`` to its second
     when that input holds integer token ids. ``reuse_identical_blocks=False`` measures every
-    block instead of one per group of identical blocks (slower; the same numbers). A ``*-mixed``
+    block instead of one per group of identical blocks (slower; the same numbers). ``kernels``:
+    count what a GPU's kernels do (``"gpu"``, the default) or what CPU ranks run (``"cpu"``;
+    :mod:`~stratagem.advisor.profile.measure`). A ``*-mixed``
     precision's step is measured twice: under autocast, and with parameters in the compute
     dtype as FSDP2 runs it (:attr:`ModelProfile.in_compute_dtype`).
     """
+    if kernels not in KERNELS:
+        raise UsageError(f"kernels={kernels!r} is not one of {', '.join(map(repr, KERNELS))}")
     options = dict(loss_fn=loss_fn, name=name, batch_size=batch_size, seq_len=seq_len,
-                   reuse_identical_blocks=reuse_identical_blocks)
+                   reuse_identical_blocks=reuse_identical_blocks, kernels=kernels)
     profile = _profile_step(model, example_inputs, precision=precision, **options)
     if in_compute_dtype(precision) == precision:
         return profile
@@ -77,6 +82,7 @@ def _profile_step(
     batch_size: int | None,
     seq_len: int | None,
     reuse_identical_blocks: bool,
+    kernels: str,
 ) -> ModelProfile:
     """One step of ``model`` in ``precision`` on fake tensors (:func:`profile_model`)."""
     started = time.perf_counter()
@@ -96,12 +102,12 @@ def _profile_step(
                                    loss_fn=_resolve_loss(loss_fn, notes),
                                    autocast_dtype=torch_dtype(prec.compute_dtype) if prec.autocast else None,
                                    seq_len=seq_len, batch_size=batch_size,
-                                   reuse_identical_blocks=reuse_identical_blocks)
+                                   reuse_identical_blocks=reuse_identical_blocks, kernels=kernels)
         tp_layout, tp_unavailable = find_tp_layout(model, structure.container, calls, state)
     heads, kv_heads = attention_heads(model)
     return ModelProfile(
-        name=name or type(model).__name__, precision=prec.name, batch_size=batch_size, seq_len=seq_len,
-        block_container=structure.container, num_heads=heads, num_kv_heads=kv_heads,
+        name=name or type(model).__name__, precision=prec.name, kernels=kernels, batch_size=batch_size,
+        seq_len=seq_len, block_container=structure.container, num_heads=heads, num_kv_heads=kv_heads,
         tp_layout=tp_layout, tp_unavailable=tp_unavailable, pp_unavailable=pp_unavailable(model, structure),
         pp_traced=removal_convention(model, block_container=structure.container) is None,
         notes=tuple(notes), profile_seconds=time.perf_counter() - started,

@@ -16,7 +16,7 @@ from stratagem.advisor.cost.memory import estimate_memory, framework_bytes, over
 from stratagem.advisor.cost.communication import splits_routed_experts
 from stratagem.advisor.cost.timing import estimate_time, tokens_per_second
 from stratagem.advisor.hardware import Cluster
-from stratagem.advisor.profile.model_profile import ModelProfile
+from stratagem.advisor.profile.model_profile import ModelProfile, kernels_for
 from stratagem.advisor.search.enumeration import search_plans
 from stratagem.advisor.search.explain import NEAR_TIE, explain_ranking, suggest_fixes
 from stratagem.advisor.search.targets import check_target, runtime_for, tp_degrees
@@ -150,9 +150,13 @@ def advise(profile: ModelProfile, cluster: Cluster, workload: Workload, *, top: 
 
 
 def _model_notes(profile: ModelProfile, cluster: Cluster) -> tuple[str, ...]:
-    """What the model itself rules out, said once."""
+    """What the model itself rules out, and what its profile does not describe, said once."""
     _, no_tp = tp_degrees(profile, cluster.devices_per_node)
     notes = (f"No tensor-parallel plans: {no_tp}.",) if no_tp else ()
+    wanted = kernels_for(accelerator=cluster.is_accelerator)
+    if profile.kernels != wanted:
+        notes += (f"The profile counts {profile.kernels.upper()} kernels and the cluster runs {wanted.upper()} ones "
+                  f"(fused norms, dropout masks): profile with kernels={wanted!r} for its numbers.",)
     if profile.pp_unavailable and cluster.world_size > 1:
         notes += (f"No pipeline plans: {profile.pp_unavailable}.",)
     elif profile.pp_traced and cluster.world_size > 1:
