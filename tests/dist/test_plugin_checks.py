@@ -1,4 +1,5 @@
-"""What the plugins refuse, which mesh they build and what checkpointing recomputes; no processes."""
+"""What the plugins refuse, which mesh they build, which dtypes they cast to and what checkpointing
+recomputes; no processes."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from stratagem.plan import MeshAxis, Plan
 from stratagem.errors import UsageError
 from stratagem.models import get_preset
-from stratagem.plugins import apply_activation_checkpointing, apply_plan, autocast_context
+from stratagem.plugins import apply_activation_checkpointing, apply_param_dtype, apply_plan, autocast_context
 from stratagem.plugins.data_parallel import offload_policy
 from stratagem.plugins.mesh import check_world_size, data_parallel_axes, mesh_axes
 
@@ -118,3 +119,17 @@ def test_full_checkpointing_recomputes_whole_blocks_and_selective_spares_the_mat
     assert selective[aten.mm.default] == none[aten.mm.default]  # matmul outputs were saved
     # wq wk wv wo w1 w3 redone; recompute stops early, before w2, whose output backward never reads
     assert full[aten.mm.default] == none[aten.mm.default] + 6 * blocks
+
+
+@pytest.mark.parametrize(("plan", "norm_dtype"), [
+    (Plan(dp_replicate=2, precision="bf16-true"), torch.float32),
+    (Plan(dp_shard=2, zero=3, precision="bf16-true"), torch.float32),
+    (Plan(dp_shard=2, zero=1, precision="bf16-true"), torch.bfloat16),  # ZeroRedundancyOptimizer: one dtype
+])
+def test_bf16_true_casts_all_but_batchnorm(plan, norm_dtype):
+    model = get_preset("resnet-tiny").build()
+    apply_param_dtype(model, plan)
+    norm = model.layers[0].bn1
+    assert model.layers[0].conv1.weight.dtype == model.fc.weight.dtype == torch.bfloat16
+    assert {norm.weight.dtype, norm.bias.dtype, norm.running_mean.dtype, norm.running_var.dtype} == {norm_dtype}
+    assert norm.num_batches_tracked.dtype == torch.int64
