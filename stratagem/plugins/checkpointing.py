@@ -10,17 +10,24 @@ unchanged, unlike ``checkpoint_wrapper``, which inserts a ``_checkpoint_wrapped_
   Matmuls are the expensive ops to redo and their outputs are only ``[b, s, width]``; the
   attention core's ``s × s`` intermediates cost the most memory for the least compute
   (Korthikanti et al., 2022, "selective activation recomputation").
+
+Recomputing a block runs its BatchNorm layers' forward again, which would update their running
+statistics a second time per micro-batch (fairscale's ``patch_batchnorm`` guards reentrant
+checkpointing against the same); the recompute updates copies instead, so the trained
+statistics are those of the same training without checkpointing.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from functools import partial
 
 import torch
 from torch import nn
 from torch.distributed._composable import checkpoint
+from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from stratagem.plan import Plan
@@ -57,8 +64,35 @@ def apply_activation_checkpointing(module: nn.Module, plan: Plan) -> None:
         log.info("activation checkpointing: none")
         return
     blocks = find_blocks(module, plan)
-    options = {"context_fn": partial(create_selective_checkpoint_contexts, selective_policy)} \
-        if mode == "selective" else {}
     for block in blocks:
-        checkpoint(block, **options)
+        norms = [m for m in block.modules() if isinstance(m, _BatchNorm)]
+        if mode == "selective" or norms:
+            checkpoint(block, context_fn=partial(_contexts, selective=mode == "selective", norms=norms))
+        else:
+            checkpoint(block)
     log.info("activation checkpointing: %s on %d blocks of %s", mode, len(blocks), plan.block_container)
+
+
+def _contexts(*, selective: bool, norms: list[_BatchNorm]) -> tuple[AbstractContextManager, AbstractContextManager]:
+    """The contexts a checkpointed block's forward and its recompute run in (``context_fn``):
+    selective checkpointing's policy, if asked for, and BatchNorm statistics left as the forward
+    left them by the recompute."""
+    forward, recompute = (create_selective_checkpoint_contexts(selective_policy) if selective
+                          else (nullcontext(), nullcontext()))
+    return forward, _statistics_kept(norms, recompute)
+
+
+@contextmanager
+def _statistics_kept(norms: list[_BatchNorm], inner: AbstractContextManager) -> Iterator[None]:
+    """``inner`` with ``norms``' buffers swapped for copies, which the recompute updates and then
+    drops. The recompute runs the ops the forward ran (checkpointing checks that it saves the same
+    tensors), and the buffers it saves for backward are never written again."""
+    kept = [(norm, name, buffer) for norm in norms for name, buffer in norm.named_buffers(recurse=False)]
+    for norm, name, buffer in kept:
+        setattr(norm, name, buffer.clone())
+    try:
+        with inner:
+            yield
+    finally:
+        for norm, name, buffer in kept:
+            setattr(norm, name, buffer)

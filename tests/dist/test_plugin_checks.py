@@ -133,3 +133,21 @@ def test_bf16_true_casts_all_but_batchnorm(plan, norm_dtype):
     assert model.layers[0].conv1.weight.dtype == model.fc.weight.dtype == torch.bfloat16
     assert {norm.weight.dtype, norm.bias.dtype, norm.running_mean.dtype, norm.running_var.dtype} == {norm_dtype}
     assert norm.num_batches_tracked.dtype == torch.int64
+
+
+@pytest.mark.parametrize("checkpointing", ["full", "selective"])
+def test_checkpointing_updates_batchnorm_statistics_once(checkpointing):
+    """Recomputing a block in backward leaves its BatchNorm statistics as the forward left them:
+    the same as training without checkpointing."""
+    def trained(mode: str) -> dict[str, torch.Tensor]:
+        torch.manual_seed(0)
+        model = get_preset("resnet-tiny").build()
+        apply_activation_checkpointing(model, Plan(activation_checkpointing=mode, block_container="layers"))
+        (images,), targets = get_preset("resnet-tiny").make_batch(2, generator=torch.Generator().manual_seed(0))
+        torch.nn.functional.cross_entropy(model(images), targets).backward()
+        return {**model.state_dict(), **{f"{n}.grad": p.grad for n, p in model.named_parameters()}}
+
+    plain, checkpointed = trained("none"), trained(checkpointing)
+    assert checkpointed.keys() == plain.keys()
+    for name, tensor in plain.items():
+        torch.testing.assert_close(checkpointed[name], tensor, rtol=0, atol=0, msg=name)
