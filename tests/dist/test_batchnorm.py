@@ -41,9 +41,8 @@ _BF16 = {**_DP, "dp_shard": 2, "precision": "bf16-mixed"}
 TWO_RANKS = {case.name: case for case in [
     Case("cnn_ddp", Plan(dp_replicate=2, **_DP), preset=PRESET),
     Case("cnn_zero1", Plan(dp_shard=2, zero=1, **_DP), preset=PRESET),
-    Case("cnn_zero2", Plan(dp_shard=2, zero=2, **_DP), preset=PRESET),
-    Case("cnn_zero3", Plan(dp_shard=2, zero=3, **_DP), preset=PRESET),
-    Case("cnn_ddp_selective_ckpt", Plan(dp_replicate=2, activation_checkpointing="selective", **_DP), preset=PRESET),
+    Case("cnn_zero2_selective_ckpt", Plan(dp_shard=2, zero=2, activation_checkpointing="selective", **_DP),
+         preset=PRESET),
     Case("cnn_zero3_full_ckpt", Plan(dp_shard=2, zero=3, activation_checkpointing="full", **_DP), preset=PRESET),
     Case("cnn_pp2_1f1b", Plan(pp_schedule="1f1b", **_PP2), preset=PRESET),
     Case("cnn_pp2_interleaved", Plan(pp_schedule="interleaved-1f1b", pp_virtual=2, **_PP2), preset=PRESET),
