@@ -19,8 +19,9 @@ The order (docs/design.md, torchtitan's ``parallelize_llama``):
 7. ``to_empty`` and weight init (the caller's, for a meta module), then the optimizer
    (:func:`build_optimizer`).
 
-A ``bf16-true`` plan casts the module to bfloat16 before step 2, so every wrapper sees the
-final dtypes. ``*-mixed`` plans with ``zero`` 0/1 run forward under ``autocast_context``.
+A ``bf16-true`` plan casts the module to bfloat16 (BatchNorm layers stay float32) before step 2,
+so every wrapper sees the final dtypes. ``*-mixed`` plans with ``zero`` 0/1 run forward under
+``autocast_context``.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from stratagem.plugins.pipeline import (
     check_traced_stage_plan,
     split_stages,
 )
-from stratagem.plugins.precision import apply_param_dtype
+from stratagem.plugins.precision import apply_param_dtype, fp32_norm_names
 from stratagem.plugins.tensor_parallel import (
     apply_tensor_parallel,
     check_tp_layout_given,
@@ -89,19 +90,22 @@ def apply_plan(module: nn.Module, plan: Plan, mesh: DeviceMesh, *,
     pp_rank = pp_mesh.get_local_rank()
     traced = removal_convention(module, block_container=plan.block_container) is None
     stage_plan = replace(plan, block_container=None) if traced else plan  # no per-block FSDP units
-    stages = nn.ModuleList(_apply_per_stage(stage, stage_plan, mesh)
+    norm_names = fp32_norm_names(module) if traced else None  # tracing replaces the layers, keeps the names
+    stages = nn.ModuleList(_apply_per_stage(stage, stage_plan, mesh, norm_names=norm_names)
                            for stage in split_stages(module, plan, pp_rank=pp_rank, example_inputs=example_inputs))
     return Pipeline(plan=plan, modules=stages, schedule=build_schedule(list(stages), plan, mesh, loss_fn=loss_fn),
                     pp_group=pp_mesh.get_group(), device_type=mesh.device_type, is_first=pp_rank == 0,
                     is_last=pp_rank == plan.pp - 1)
 
 
-def _apply_per_stage(module: nn.Module, plan: Plan, mesh: DeviceMesh) -> nn.Module:
-    """Steps 3–6 on one stage (the whole model without pipelining)."""
+def _apply_per_stage(module: nn.Module, plan: Plan, mesh: DeviceMesh, *,
+                     norm_names: list[str] | None = None) -> nn.Module:
+    """Steps 3–6 on one stage (the whole model without pipelining); ``norm_names``: a traced
+    stage's BatchNorm layers (``apply_fully_shard``)."""
     apply_tensor_parallel(module, plan, submesh(mesh, (MeshAxis.TP,)) if plan.tp > 1 else None)
     apply_activation_checkpointing(module, plan)
     apply_compile(module, plan)
-    return apply_data_parallel(module, plan, mesh)
+    return apply_data_parallel(module, plan, mesh, norm_names=norm_names)
 
 
 def _check_pipeline_inputs(module: nn.Module, plan: Plan, *, loss_fn: Callable | None,

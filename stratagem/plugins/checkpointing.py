@@ -9,16 +9,23 @@ unchanged, unlike ``checkpoint_wrapper``, which inserts a ``_checkpoint_wrapped_
   reads too): ``selective`` its linear layers' matmuls, ``selective-op`` (torchtitan's) the
   attention kernels' and every other matmul's. Matmuls are the expensive ops to redo and their
   outputs are only ``[b, s, width]``.
+
+Recomputing a block runs its BatchNorm layers' forward again, which would update their running
+statistics a second time per micro-batch (fairscale's ``patch_batchnorm`` guards reentrant
+checkpointing against the same); the recompute updates copies instead, so the trained
+statistics are those of the same training without checkpointing.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from functools import partial
 
 from torch import nn
 from torch.distributed._composable import checkpoint
+from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext, create_selective_checkpoint_contexts
 
@@ -60,7 +67,35 @@ def apply_activation_checkpointing(module: nn.Module, plan: Plan) -> None:
         log.info("activation checkpointing: none")
         return
     blocks = find_blocks(module, plan)
-    options = {"context_fn": partial(selective_context, mode)} if plan.checkpoints_selectively else {}
     for block in blocks:
-        checkpoint(block, **options)
+        norms = [m for m in block.modules() if isinstance(m, _BatchNorm)]
+        if plan.checkpoints_selectively or norms:
+            policy = mode if plan.checkpoints_selectively else None
+            checkpoint(block, context_fn=partial(_contexts, policy=policy, norms=norms))
+        else:
+            checkpoint(block)
     log.info("activation checkpointing: %s on %d blocks of %s", mode, len(blocks), plan.block_container)
+
+
+def _contexts(*, policy: str | None, norms: list[_BatchNorm]) -> tuple[AbstractContextManager, AbstractContextManager]:
+    """The contexts a checkpointed block's forward and its recompute run in (``context_fn``):
+    a selective ``policy``'s (:func:`selective_context`), if any, and BatchNorm statistics left
+    as the forward left them by the recompute."""
+    forward, recompute = selective_context(policy) if policy else (nullcontext(), nullcontext())
+    return forward, _statistics_kept(norms, recompute)
+
+
+@contextmanager
+def _statistics_kept(norms: list[_BatchNorm], inner: AbstractContextManager) -> Iterator[None]:
+    """``inner`` with ``norms``' buffers swapped for copies, which the recompute updates and then
+    drops. The recompute runs the ops the forward ran (checkpointing checks that it saves the same
+    tensors), and the buffers it saves for backward are never written again."""
+    kept = [(norm, name, buffer) for norm in norms for name, buffer in norm.named_buffers(recurse=False)]
+    for norm, name, buffer in kept:
+        setattr(norm, name, buffer.clone())
+    try:
+        with inner:
+            yield
+    finally:
+        for norm, name, buffer in kept:
+            setattr(norm, name, buffer)

@@ -12,7 +12,9 @@ zero    applied as
 ======  ===========================================================================================
 
 For ``zero >= 2`` the FSDP units are each block (children of ``plan.block_container``) and then
-the root; ``dp_replicate > 1`` makes it HSDP on the 2-D ``dp_replicate × dp_shard`` mesh.
+the root; ``dp_replicate > 1`` makes it HSDP on the 2-D ``dp_replicate × dp_shard`` mesh. A plan
+computing in 16 bits first makes each BatchNorm layer a unit of its own that stays float32
+(:func:`~stratagem.plugins.precision.norm_policy`).
 ``offload="params"`` becomes FSDP2's ``CPUOffloadPolicy``, which keeps parameter shards,
 gradients and the optimizer step on the host; ``"optimizer"`` (states only) has no FSDP2
 equivalent and is refused. Pinned host memory needs an accelerator, so it is pinned only when
@@ -22,6 +24,7 @@ CUDA is available.
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -32,22 +35,25 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
 from stratagem.plan import Plan
+from stratagem.plan.precision import get_precision
 from stratagem.errors import UsageError
 from stratagem.plugins.blocks import find_blocks
 from stratagem.plugins.mesh import data_parallel_axes, submesh
-from stratagem.plugins.precision import mixed_precision_policy
+from stratagem.plugins.precision import fp32_norm_names, mixed_precision_policy, norm_policy
 
 __all__ = ["apply_data_parallel", "apply_fully_shard", "build_optimizer", "offload_policy"]
 
 log = logging.getLogger(__name__)
 
 
-def apply_data_parallel(module: nn.Module, plan: Plan, mesh: DeviceMesh) -> nn.Module:
+def apply_data_parallel(module: nn.Module, plan: Plan, mesh: DeviceMesh, *,
+                        norm_names: Collection[str] | None = None) -> nn.Module:
     """Wrap ``module`` in DDP (``zero`` 0/1) or shard it with FSDP2 (``zero >= 2``) on ``mesh``;
-    returns the module to train (a new DDP wrapper, or ``module`` itself, changed in place)."""
+    returns the module to train (a new DDP wrapper, or ``module`` itself, changed in place).
+    ``norm_names``: see :func:`apply_fully_shard`."""
     axes = data_parallel_axes(plan)
     if plan.uses_fsdp:
-        apply_fully_shard(module, plan, submesh(mesh, axes))
+        apply_fully_shard(module, plan, submesh(mesh, axes), norm_names=norm_names)
         return module
     if not axes:
         log.info("data parallel: degree 1, nothing to replicate")
@@ -60,8 +66,12 @@ def apply_data_parallel(module: nn.Module, plan: Plan, mesh: DeviceMesh) -> nn.M
     return DistributedDataParallel(module, device_ids=device_ids, process_group=group)
 
 
-def apply_fully_shard(module: nn.Module, plan: Plan, dp_mesh: DeviceMesh) -> None:
-    """``fully_shard`` each block, then the root, on ``dp_mesh`` (1-D FSDP or 2-D HSDP), in place."""
+def apply_fully_shard(module: nn.Module, plan: Plan, dp_mesh: DeviceMesh, *,
+                      norm_names: Collection[str] | None = None) -> None:
+    """``fully_shard`` each BatchNorm layer (16-bit plans only), each block, then the root, on
+    ``dp_mesh`` (1-D FSDP or 2-D HSDP), in place. ``norm_names``: the BatchNorm layers' FQNs in
+    the unsplit model, for a traced pipeline stage (tracing replaced the layers by graph
+    modules under the same names); by default they are found by type."""
     options: dict[str, Any] = {
         "mesh": dp_mesh,
         "reshard_after_forward": plan.shards_parameters,
@@ -74,11 +84,30 @@ def apply_fully_shard(module: nn.Module, plan: Plan, dp_mesh: DeviceMesh) -> Non
         blocks = []
     else:
         blocks = find_blocks(module, plan)
+    norms = _norm_units(module, plan, norm_names)
+    for norm in norms:  # innermost first: each unit takes the parameters no inner unit holds
+        # never resharded: a few floats per channel, and a resharded unit would gather again inside a
+        # selectively checkpointed block's recompute, whose count of FSDP's profiler ops SAC checks
+        fully_shard(norm, **{**options, "mp_policy": norm_policy(), "reshard_after_forward": False})
     for block in blocks:
         fully_shard(block, **options)
     fully_shard(module, **options)
-    log.info("FSDP (zero %d) over mesh %s: %d block units + root, offload=%s, precision=%s", plan.zero,
-             dp_mesh.mesh_dim_names, len(blocks), plan.offload, plan.precision)
+    log.info("FSDP (zero %d) over mesh %s: %d BatchNorm units, %d block units + root, offload=%s, precision=%s",
+             plan.zero, dp_mesh.mesh_dim_names, len(norms), len(blocks), plan.offload, plan.precision)
+
+
+def _norm_units(module: nn.Module, plan: Plan, names: Collection[str] | None) -> list[nn.Module]:
+    """The BatchNorm layers that become float32 units: none for an fp32 plan (nothing is cast);
+    those at ``names`` that this module holds (a pipeline stage holds only its own)."""
+    if get_precision(plan.precision).compute_dtype == "float32":
+        return []
+    units = []
+    for name in fp32_norm_names(module) if names is None else names:
+        try:
+            units.append(module.get_submodule(name))
+        except AttributeError:
+            continue
+    return units
 
 
 def offload_policy(plan: Plan) -> OffloadPolicy:

@@ -212,11 +212,34 @@ def build_schedule(stage_modules: list[nn.Module], plan: Plan, mesh: DeviceMesh,
             # outside no_sync), would make the reducer count every parameter twice and fail its
             # bucket rebuild (GPipe, or 1F1B with as many micro-batches as stages).
             module.require_backward_grad_sync = False
+        _shield_buffers_from_first_forward(unwrap(module))
     stages = [PipelineStage(m, index, plan.num_stages, device, group=pp_mesh.get_group())
               for m, index in zip(stage_modules, stage_indices(plan, pp_rank))]
     cls = _SCHEDULES[plan.pp_schedule]
     first = stages if plan.is_interleaved else stages[0]
     return cls(first, plan.microbatches, loss_fn=loss_fn, scale_grads=True)
+
+
+def _shield_buffers_from_first_forward(module: nn.Module) -> None:
+    """Run ``module``'s first forward on copies of its buffers, then put the buffers back. That
+    forward is the schedule's metadata inference, on the first micro-batch (first stage) or on
+    uninitialised tensors (the others), which BatchNorm would count in its running statistics.
+    Copies, not a restore: the inference's backward reads what its forward saved."""
+    kept: list[tuple[nn.Module, str, Tensor]] = []
+
+    def swap_in(mod: nn.Module, _: tuple) -> None:
+        kept.extend((sub, name, buffer) for sub in mod.modules() for name, buffer in sub.named_buffers(recurse=False))
+        for sub, name, buffer in kept:
+            setattr(sub, name, buffer.clone())
+
+    def swap_back(*_: Any) -> None:
+        for sub, name, buffer in kept:
+            setattr(sub, name, buffer)
+        before.remove()
+        after.remove()
+
+    before = module.register_forward_pre_hook(swap_in)
+    after = module.register_forward_hook(swap_back)
 
 
 @dataclass(eq=False)

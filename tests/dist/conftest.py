@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import pytest
+import test_batchnorm
 import test_data_parallel
 import test_pipeline
 import test_tensor_parallel
 from spawn import run_on_ranks
 from training import Run, train_plans
 
-_MODULES = (test_data_parallel, test_tensor_parallel, test_pipeline)
+_MODULES = (test_data_parallel, test_tensor_parallel, test_pipeline, test_batchnorm)
 
 
 @pytest.fixture(scope="session")

@@ -61,12 +61,14 @@ FOUR_RANKS = {case.name: case for case in [
 
 
 def assert_matches_single_process(case: Case, run: Run, tolerance: dict[str, float] = FP32) -> None:
-    """``run`` (the plan's) and the single-process run of ``case`` agree step by step and at the end."""
+    """``run`` (the plan's) and the single-process run of ``case`` agree step by step and at the
+    end: losses, weights and data-parallel rank 0's buffers (``training.py``)."""
     reference = train_single(case)
     torch.testing.assert_close(torch.tensor(run.losses), torch.tensor(reference.losses), **tolerance)
-    assert run.weights.keys() == reference.weights.keys()
-    for name, weight in reference.weights.items():
-        torch.testing.assert_close(run.weights[name], weight, **tolerance, msg=lambda m, n=name: f"{n}: {m}")
+    for final, expected in ((run.weights, reference.weights), (run.buffers, reference.buffers)):
+        assert final.keys() == expected.keys()
+        for name, tensor in expected.items():
+            torch.testing.assert_close(final[name], tensor, **tolerance, msg=lambda m, n=name: f"{n}: {m}")
 
 
 def test_ddp_matches_single_process(two_ranks):

@@ -1,4 +1,5 @@
-"""What the plugins refuse, which mesh they build and what checkpointing recomputes; no processes."""
+"""What the plugins refuse, which mesh they build, which dtypes they cast to and what checkpointing
+recomputes; no processes."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from stratagem.plan import MeshAxis, Plan
 from stratagem.errors import UsageError
 from stratagem.models import get_preset
-from stratagem.plugins import apply_activation_checkpointing, apply_plan, autocast_context
+from stratagem.plugins import apply_activation_checkpointing, apply_param_dtype, apply_plan, autocast_context
 from stratagem.plugins.data_parallel import offload_policy
 from stratagem.plugins.mesh import check_world_size, data_parallel_axes, mesh_axes
 
@@ -128,3 +129,35 @@ def test_selective_op_keeps_attention_and_every_other_matmul():
     attention, blocks = aten._scaled_dot_product_flash_attention_for_cpu.default, 4
     assert op_level[attention] == 0 and op_level[aten.silu.default] == blocks
     assert op_level[aten.mm.default] == none[aten.mm.default] + 3 * blocks
+
+
+@pytest.mark.parametrize(("plan", "norm_dtype"), [
+    (Plan(dp_replicate=2, precision="bf16-true"), torch.float32),
+    (Plan(dp_shard=2, zero=3, precision="bf16-true"), torch.float32),
+    (Plan(dp_shard=2, zero=1, precision="bf16-true"), torch.bfloat16),  # ZeroRedundancyOptimizer: one dtype
+])
+def test_bf16_true_casts_all_but_batchnorm(plan, norm_dtype):
+    model = get_preset("resnet-tiny").build()
+    apply_param_dtype(model, plan)
+    norm = model.layers[0].bn1
+    assert model.layers[0].conv1.weight.dtype == model.fc.weight.dtype == torch.bfloat16
+    assert {norm.weight.dtype, norm.bias.dtype, norm.running_mean.dtype, norm.running_var.dtype} == {norm_dtype}
+    assert norm.num_batches_tracked.dtype == torch.int64
+
+
+@pytest.mark.parametrize("checkpointing", ["full", "selective"])
+def test_checkpointing_updates_batchnorm_statistics_once(checkpointing):
+    """Recomputing a block in backward leaves its BatchNorm statistics as the forward left them:
+    the same as training without checkpointing (and the same gradients)."""
+    def trained(mode: str) -> dict[str, torch.Tensor]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Conv2d(4, 4, 3, padding=1), torch.nn.BatchNorm2d(4),
+                                                          torch.nn.ReLU()) for _ in range(2)))
+        apply_activation_checkpointing(model, Plan(activation_checkpointing=mode, block_container=""))
+        model(torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(0))).square().mean().backward()
+        return {**model.state_dict(), **{f"{n}.grad": p.grad for n, p in model.named_parameters()}}
+
+    plain, checkpointed = trained("none"), trained(checkpointing)
+    assert checkpointed.keys() == plain.keys()
+    for name, tensor in plain.items():
+        torch.testing.assert_close(checkpointed[name], tensor, rtol=0, atol=0, msg=name)

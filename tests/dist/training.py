@@ -6,6 +6,14 @@ data-parallel rank ``r`` takes the ``r``-th equal slice of each and splits it in
 averaged over ranks. The single process runs the very same micro-batches one after another
 and accumulates their gradients (each loss divided by ``grad_accum × dp``), so the two runs
 differ only in where gradients are summed: across ranks, or in one process.
+
+Buffers a forward updates (BatchNorm's running statistics) are not reduced by any plan: each
+data-parallel replica updates its own from its own micro-batches (FSDP), or from rank 0's at the
+start of every forward (DDP's ``broadcast_buffers``), after which data-parallel rank 0 holds
+what it computed from its own micro-batches alone. The single process therefore keeps one set
+of buffers per data-parallel rank, each updated by that rank's micro-batches only (normalization
+in training uses the batch's statistics, so this changes no output), and a run's ``buffers`` are
+those of data-parallel rank 0 (every pipeline stage's).
 """
 
 from __future__ import annotations
@@ -27,6 +35,8 @@ from torch.nn.parallel import DistributedDataParallel
 from stratagem.plan import Plan
 from stratagem.models import Preset, get_preset
 from stratagem.plugins import apply_plan, autocast_context, build_mesh, build_optimizer
+from stratagem.plugins.pipeline import unwrap
+from stratagem.plugins.precision import apply_param_dtype, fp32_norm_names
 from spawn import RANK_THREADS
 
 STEPS = 5
@@ -41,7 +51,8 @@ OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, float]]] = {
 Reference = Literal["fp32", "autocast-bf16", "bf16-params"]
 """How the single process computes: in fp32; under ``torch.autocast(bfloat16)`` (what DDP with
 a ``*-mixed`` plan does); or forward/backward through bfloat16 copies of fp32 master weights
-with fp32 gradients (what FSDP2's ``MixedPrecisionPolicy`` does)."""
+with fp32 gradients, BatchNorm's weights left fp32 and floating inputs cast to bfloat16 (what
+FSDP2's ``MixedPrecisionPolicy`` does, as the plugins apply it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,20 +78,27 @@ class Case:
 
 @dataclass(frozen=True, slots=True)
 class Run:
-    """Per-step losses, the final full weights by parameter FQN and, for a plan, what its
-    first step showed (``facts``: wrapper and optimizer class, output dtype, and whether a
-    block's parameters were sharded between forward and backward)."""
+    """Per-step losses, the final full weights by parameter FQN, data-parallel rank 0's final
+    buffers by FQN (module docstring) and, for a plan, what its first step showed (``facts``:
+    wrapper and optimizer class, output dtype, and whether a block's parameters were sharded
+    between forward and backward)."""
 
     losses: list[float]
     weights: dict[str, Tensor]
+    buffers: dict[str, Tensor] = field(default_factory=dict)
     facts: dict[str, object] = field(default_factory=dict)
 
 
 def global_batches(case: Case) -> list[tuple[tuple[Tensor, ...], Tensor]]:
-    """The ``STEPS`` global batches every run of ``case`` sees."""
+    """The ``STEPS`` global batches every run of ``case`` sees; floating inputs (images) in
+    bfloat16 for a ``bf16-true`` plan, as a training loop feeds a model cast whole."""
     generator = torch.Generator().manual_seed(SEED)
     preset = case.model
-    return [preset.make_batch(case.plan.global_batch_size, SEQ_LEN, generator=generator) for _ in range(STEPS)]
+    batches = [preset.make_batch(case.plan.global_batch_size, SEQ_LEN, generator=generator) for _ in range(STEPS)]
+    if case.plan.precision != "bf16-true":
+        return batches
+    return [(tuple(t.to(torch.bfloat16) if t.is_floating_point() else t for t in inputs), targets)
+            for inputs, targets in batches]
 
 
 @contextmanager
@@ -110,20 +128,35 @@ def _train_single(case: Case) -> Run:
     plan, preset = case.plan, case.model
     torch.manual_seed(SEED)
     model = preset.build()
+    apply_param_dtype(model, plan)  # the model the plan trains: bf16-true casts it (BatchNorm apart)
     optimizer = case.build_optimizer(model)
+    replicas = [_buffers(model)] * plan.dp  # each data-parallel rank's buffers (module docstring)
     losses = []
     for inputs, targets in global_batches(case):
         step_loss = torch.zeros(())
         for rank in range(plan.dp):
+            _load_buffers(model, replicas[rank])
             for micro_inputs, micro_targets in micro_batches(inputs, targets, plan, rank=rank):
                 output = _reference_forward(model, micro_inputs, case.reference)
                 loss = preset.loss(output, micro_targets) / (plan.microbatches * plan.grad_accum * plan.dp)
                 loss.backward()
                 step_loss += loss.detach()
+            replicas[rank] = _buffers(model)
         optimizer.step()
         optimizer.zero_grad()
         losses.append(step_loss.item())
-    return Run(losses, {name: p.detach().clone() for name, p in model.named_parameters()})
+    return Run(losses, {name: p.detach().clone() for name, p in model.named_parameters()}, replicas[0])
+
+
+def _buffers(model: nn.Module) -> dict[str, Tensor]:
+    """Copies of ``model``'s buffers by FQN."""
+    return {name: b.detach().clone() for name, b in model.named_buffers()}
+
+
+def _load_buffers(model: nn.Module, buffers: dict[str, Tensor]) -> None:
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            buffer.copy_(buffers[name])
 
 
 def _reference_forward(model: nn.Module, inputs: tuple[Tensor, ...], reference: Reference) -> Tensor:
@@ -131,7 +164,10 @@ def _reference_forward(model: nn.Module, inputs: tuple[Tensor, ...], reference: 
         with torch.autocast("cpu", dtype=torch.bfloat16):
             return model(*inputs)
     if reference == "bf16-params":  # autograd casts the bf16 gradients back to the fp32 masters
-        params = {name: p.to(torch.bfloat16) for name, p in model.named_parameters()}
+        fp32 = {f"{norm}.{name}" for norm in fp32_norm_names(model)  # FSDP keeps BatchNorm float32
+                for name, _ in model.get_submodule(norm).named_parameters()}
+        params = {name: p if name in fp32 else p.to(torch.bfloat16) for name, p in model.named_parameters()}
+        inputs = tuple(t.to(torch.bfloat16) if t.is_floating_point() else t for t in inputs)  # as FSDP's root
         return functional_call(model, params, inputs)
     return model(*inputs)
 
@@ -165,7 +201,8 @@ def _train_plan(case: Case, *, rank: int, world_size: int) -> Run:
         optimizer.zero_grad()
         dist.all_reduce(step_loss)  # gloo has no AVG: sum, then divide (TP ranks repeat a loss)
         losses.append(step_loss.item() / world_size)
-    return Run(losses, _full_weights(model), facts)
+    inner = model.module if isinstance(model, DistributedDataParallel) else model
+    return Run(losses, _full_weights(model), _buffers(inner), facts)  # rank 0's: data-parallel rank 0
 
 
 def _train_pipeline(case: Case, *, rank: int, world_size: int) -> Run:
@@ -194,12 +231,15 @@ def _train_pipeline(case: Case, *, rank: int, world_size: int) -> Run:
         dist.all_reduce(loss)  # every rank holds its replica's loss: sum, then divide
         losses.append(loss.item() / world_size)
     facts["state_dict_keys"] = _gather_objects(sorted(pipe.state_dict()))  # per rank
+    mine = {name: b for m in pipe.modules for name, b in _buffers(unwrap(m)).items()} \
+        if dp_rank(plan, rank) == 0 else {}
+    buffers = {name: b for part in _gather_objects(mine) for name, b in part.items()}  # before evaluate's forward
     inputs, targets = local[0]
     facts["eval_loss"] = _gather_objects(pipe.evaluate(*inputs, target=targets).item())  # trained weights
     weights: dict[str, Tensor] = {}
     for part in _gather_objects({name: w for m in pipe.modules for name, w in _full_weights(m).items()}):
         weights.update(part)
-    return Run(losses, weights, facts)
+    return Run(losses, weights, buffers, facts)
 
 
 class SavedBytes:
