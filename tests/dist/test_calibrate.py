@@ -55,7 +55,7 @@ def test_calibrate_on_one_process_measures_all_but_collectives_and_says_so(tmp_p
     assert calibration.world_size == 1 and calibration.links == {} and calibration.overlap is None
     assert calibration.matmul_rate("fp32") > 0 and calibration.notes
     refused = _stratagem("calibrate", "--nproc", "0", env=env)
-    assert refused.returncode == 2 and "at least one process" in refused.stderr
+    assert refused.returncode == 2 and "--nproc: must be at least 1" in refused.stderr
 
 
 BAD_REFERENCE = """
