@@ -40,7 +40,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "memory per rank (CUDA: max allocated; CPU: peak resident memory above the process's size "
         "before the model). Prints predicted against measured and writes the measured winner as a "
         "plan file that auto-parallel and the exporters accept. A plan that fails is reported; "
-        "the others go on. Runs the reference presets.",
+        "the others go on. Runs every model advise takes: a preset, a factory (built for real in each rank, "
+        "trained on its example inputs with its loss) or an hf: config (random weights and tokens, the "
+        "model's own loss).",
     )
     add_model_arguments(parser)
     parser.add_argument("--nproc", type=LOCAL_RANKS, default=None, metavar="N",
