@@ -31,6 +31,9 @@ from stratagem.distributed import (
 from stratagem.advisor.cost.estimate import Estimate
 from stratagem.errors import UsageError
 from stratagem.plan import Plan
+from stratagem.progress import Progress
+from stratagem.units import format_bytes, format_seconds
+from stratagem.verify.events import EventRelay, event_writer
 from stratagem.verify.runner import Measured, measure_plan
 from stratagem.verify.models import real_model
 
@@ -66,14 +69,20 @@ class Verified:
 
 def verify_estimates(model: str, estimates: Sequence[Estimate], *, seq_len: int | None, optimizer: str,
                      steps: int = 3, warmup: int = 1, timeout: float = 300.0,
-                     progress: Callable[[int, Verified], None] | None = None) -> list[Verified]:
-    """Run every estimate's plan (``verify_plan``); ``progress(index, result)`` after each. A
-    model the spawned ranks cannot load is a :class:`UsageError`."""
+                     progress: Callable[[int, Verified], None] | None = None,
+                     display: Progress | None = None) -> list[Verified]:
+    """Run every estimate's plan (``verify_plan``); ``progress(index, result)`` after each;
+    ``display`` shows each plan's prediction, spawn, build and steps as they come. A model the
+    spawned ranks cannot load is a :class:`UsageError`."""
     results = []
     for index, estimate in enumerate(estimates):
+        if display is not None:
+            display.note("plan", f"{index + 1}/{len(estimates)} {estimate.plan.name}: predicted "
+                         f"{format_seconds(estimate.time.step_seconds)} a step, "
+                         f"{format_bytes(estimate.memory.total)} a rank")
         try:
             measured, error = verify_plan(model, estimate.plan, seq_len=seq_len, optimizer=optimizer, steps=steps,
-                                          warmup=warmup, timeout=timeout), None
+                                          warmup=warmup, timeout=timeout, display=display), None
         except RuntimeError as err:
             measured, error = None, str(err)
         results.append(Verified(estimate, measured, error))
@@ -89,7 +98,7 @@ def measured_winner(results: Sequence[Verified]) -> Verified | None:
 
 
 def verify_plan(model: str, plan: Plan, *, seq_len: int | None, optimizer: str, steps: int = 3, warmup: int = 1,
-                timeout: float = 300.0) -> Measured:
+                timeout: float = 300.0, display: Progress | None = None) -> Measured:
     """Train ``plan`` on ``model`` (a preset, ``pkg.module:factory`` or ``hf:PATH``, built for real
     in every rank: :mod:`~stratagem.verify.models`) in fresh processes and measure it
     (:func:`~stratagem.verify.runner.measure_plan`): ``plan.world_size`` spawned on this host, or,
@@ -98,14 +107,14 @@ def verify_plan(model: str, plan: Plan, *, seq_len: int | None, optimizer: str, 
     rank of a job must call it. Raises RuntimeError with the error of the rank that failed first
     (the cause: its peers fail after it), or when the run exceeds ``timeout`` seconds; the job's
     own group stays usable for the next plan. A model the spawned ranks cannot load is a
-    :class:`UsageError` (on every rank of a job)."""
+    :class:`UsageError` (on every rank of a job). ``display`` shows what rank 0 does as it happens."""
     real_model(model, seq_len=seq_len)  # a model verify cannot run fails here, before spawning
     run = (model, plan.to_json(), seq_len, optimizer, steps, warmup)
     if not launched_job():
         ranks = list(range(plan.world_size))
         try:
             measured = _run_ranks(ranks, ranks, plan.world_size, ("127.0.0.1", free_port()), run, timeout,
-                                  ranks_per_node=plan.world_size)
+                                  ranks_per_node=plan.world_size, display=display)
         except _Failure as err:
             if err.usage:
                 raise UsageError(str(err)) from None
@@ -122,7 +131,7 @@ def verify_plan(model: str, plan: Plan, *, seq_len: int | None, optimizer: str, 
     rank, local_rank = dist.get_rank(), int(os.environ.get("LOCAL_RANK", 0))
     try:
         measured = _run_ranks([rank], [local_rank], plan.world_size, rendezvous[0], run, timeout,
-                              ranks_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+                              ranks_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", 1)), display=display)
         failure = None
     except _Failure as err:
         measured, failure = None, (err.when, str(err), err.usage)
@@ -151,20 +160,24 @@ class _Failure(RuntimeError):
 
 
 def _run_ranks(ranks: list[int], local_ranks: list[int], world_size: int, rendezvous: tuple[str, int],
-               run: tuple, timeout: float, *, ranks_per_node: int) -> Measured | None:
+               run: tuple, timeout: float, *, ranks_per_node: int, display: Progress | None = None) -> Measured | None:
     """Spawn one process per rank of ``ranks`` (global ranks of a ``world_size`` group meeting at
     ``rendezvous``: host, port; ``ranks_per_node`` of the group share this host's cores), running
-    ``run``; what global rank 0 measured, when it is among them. Raises :class:`_Failure` with the first failure of those processes (``usage``
+    ``run``; what global rank 0 measured, when it is among them (its events shown on ``display``
+    as they come). Raises :class:`_Failure` with the first failure of those processes (``usage``
     when a rank could not load the model), or when they run past ``timeout`` seconds."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
+        relay = EventRelay(out, display, ranks=world_size) if display is not None and 0 in ranks else None
         args = (ranks, local_ranks, world_size, ranks_per_node, rendezvous, *run, timeout, out)
         context = mp.start_processes(_worker, args=args, nprocs=len(ranks), join=False, start_method="spawn")
         deadline = time.monotonic() + timeout
         try:
-            while not context.join(timeout=0.5):
+            while not context.join(timeout=_POLL_SECONDS):
+                if relay is not None:
+                    relay.poll()
                 if time.monotonic() > deadline:
                     raise _Failure(f"timed out after {timeout:.0f} s", time.time())
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as err:
@@ -175,9 +188,14 @@ def _run_ranks(ranks: list[int], local_ranks: list[int], world_size: int, rendez
             for process in context.processes:
                 if process.is_alive():
                     process.terminate()
+            if relay is not None:
+                relay.finish(ok=context.processes[0].exitcode == 0)
         result = out / "measured.json"
         return Measured(**json.loads(result.read_text())) if result.exists() else None
 
+
+_POLL_SECONDS = 0.25
+"""How often the spawning process looks at its ranks (and shows rank 0's events)."""
 
 _LOAD_HINT = ("HINT: each plan runs in fresh processes that import the model by name: a factory's module must be "
               "importable there (a file on PYTHONPATH or in the working directory), not only in this process")
@@ -204,10 +222,13 @@ def _worker(index: int, ranks: list[int], local_ranks: list[int], world_size: in
     # A rank whose peer died gives up after ``timeout`` instead of waiting in a collective for good.
     init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world_size,
                        timeout=datetime.timedelta(seconds=timeout))
+    report = event_writer(out) if rank == 0 else None  # the other ranks stay quiet
     with leaving_process_group():
+        if report is not None:
+            report("joined")
         try:
             measured = measure_plan(source, Plan.from_json(plan_json), optimizer=optimizer, steps=steps,
-                                    warmup=warmup)
+                                    warmup=warmup, on_event=report)
         except BaseException as err:
             oom = isinstance(err, torch.OutOfMemoryError)
             failure = {"when": time.time(), "message": "out of memory" if oom else _summary(err)}
