@@ -36,11 +36,12 @@ def _worker(rank: int, port: int, model: str, seq_len: int | None, plan_json: st
     try:
         plan, preset = Plan.from_json(plan_json), real_model(model, seq_len=seq_len)
         torch.manual_seed(0)  # the same weights and data on both ranks: the same routing
-        inputs, targets = preset.make_batch(MICRO_BATCH)
-        module = apply_plan(preset.build(), plan, build_mesh(plan, device_type="cpu"))
-        preset.loss(module(*inputs), targets).backward()
+        built = preset.build(MICRO_BATCH, preset.make_batch(MICRO_BATCH))
+        inputs, targets = built.batch.args, built.batch.targets
+        module = apply_plan(built.module, plan, build_mesh(plan, device_type="cpu"))
+        built.loss(module(*inputs), targets).backward()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-            preset.loss(module(*inputs), targets).backward()
+            built.loss(module(*inputs), targets).backward()
         if rank == 0:
             counts = {event.key: event.count for event in prof.key_averages()}
             dispatches = counts.get("PythonSubclass", 0)

@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from stratagem.advisor.calibrate.run import calibrate
 
     check_writable(args.output, "the calibration")
-    result = calibrate(nproc=args.nproc, quick=args.quick, progress=not args.json)
+    result = calibrate(nproc=args.nproc, quick=args.quick, progress=True)  # on stderr: stdout keeps the result
     if launched_job() and int(os.environ["RANK"]) != 0:
         return 0  # every rank of a job measured; rank 0 stores and reports
     path = args.output or calibration_path(result.hardware)

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
     from stratagem.advisor.search.advice import Advice
     from stratagem.advisor.hardware import Cluster
+    from stratagem.progress import Progress
     from stratagem.verify import Verified
 
 
@@ -40,7 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "memory per rank (CUDA: max allocated; CPU: peak resident memory above the process's size "
         "before the model). Prints predicted against measured and writes the measured winner as a "
         "plan file that auto-parallel and the exporters accept. A plan that fails is reported; "
-        "the others go on. Runs the reference presets.",
+        "the others go on. Runs every model advise takes: a preset, a factory (built for real in each rank, "
+        "trained on its example inputs with its loss) or an hf: config (random weights and tokens, the "
+        "model's own loss). Progress goes to stderr as it happens; the table to stdout.",
     )
     add_model_arguments(parser)
     parser.add_argument("--nproc", type=LOCAL_RANKS, default=None, metavar="N",
@@ -99,46 +102,56 @@ def _run_in_job(args: argparse.Namespace) -> int:
 
 def _advise_and_verify(cluster: Cluster, args: argparse.Namespace, *, report: bool = True) -> int:
     """Advise for ``cluster`` (its stored calibration applied unless ``--no-calibration``) and
-    verify the top plans; only a ``report``ing rank prints."""
+    verify the top plans; only a ``report``ing rank prints (progress on stderr)."""
     from stratagem.advisor.calibrate import calibrated
     from stratagem.advisor.search.advice import advise
+    from stratagem.progress import Progress
 
-    cluster = calibrated(cluster) if args.calibration else cluster
-    profile, workload = model_workload(args, cluster)
-    advice = advise(profile, cluster, workload, top=args.top, target=args.target, objective=args.objective)
-    if advice.best is None:
-        from stratagem.advisor.report.render import render_table
-        from rich.console import Console
+    with Progress(enabled=report) as display:
+        cluster = calibrated(cluster) if args.calibration else cluster
+        with display.phase("profile", f"{args.model}" + (f", {args.seq_len} tokens" if args.seq_len else "")
+                           + f", {args.precision}"):
+            profile, workload = model_workload(args, cluster)
+        with display.phase("search", f"plans for {cluster.spec}, global batch {workload.global_batch_size}") as phase:
+            advice = advise(profile, cluster, workload, top=args.top, target=args.target, objective=args.objective)
+            phase.done(f"{advice.num_evaluated} plans costed, {len(advice.plans)} to run")
+        if advice.best is None:
+            from stratagem.advisor.report.render import render_table
+            from rich.console import Console
 
-        if report:
-            Console().print(render_table(advice))
-        return EXIT_NOTHING_FITS
-    return verify_advice(advice, args, top=args.top, output=args.output, report=report)
+            display.close()
+            if report:
+                Console().print(render_table(advice))
+            return EXIT_NOTHING_FITS
+        return verify_advice(advice, args, top=args.top, output=args.output, report=report, display=display)
 
 
 def verify_advice(advice: Advice, args: argparse.Namespace, *, top: int, output: Path | None,
-                  report: bool = True) -> int:
+                  report: bool = True, display: Progress | None = None) -> int:
     """Run the ``top`` plans of ``advice`` here (this host, or the launched job's ranks) and print
     predicted against measured (only where ``report``); exit status 0 when one ran, 1 when none
-    did. ``args`` carries the model arguments."""
+    did. ``args`` carries the model arguments; ``display`` (by default a new one) shows the
+    plans' progress on stderr."""
     from rich.console import Console
 
     from stratagem.distributed import launched_job
+    from stratagem.progress import Progress
     from stratagem.verify import measured_winner, verify_estimates
 
     if not launched_job():
         check_this_host(advice.cluster)
-    console = Console(stderr=True)
     estimates = advice.plans[:top]
+    display = display or Progress(enabled=report)
 
     def progress(index: int, result: Verified) -> None:
         state = "failed: " + result.error if result.error else f"{result.measured.step_seconds:.3g} s/step"
-        console.print(f"verify [{index + 1}/{len(estimates)}] {result.plan.name}: {state}")
+        display.line(f"verify [{index + 1}/{len(estimates)}] {result.plan.name}: {state}")
 
-    results = verify_estimates(args.model, estimates, seq_len=advice.workload.seq_len,
-                               optimizer=advice.workload.optimizer, steps=getattr(args, "steps", 3),
-                               warmup=getattr(args, "warmup", 1), timeout=getattr(args, "timeout", 300.0),
-                               progress=progress if report else None)
+    with display:
+        results = verify_estimates(args.model, estimates, seq_len=advice.workload.seq_len,
+                                   optimizer=advice.workload.optimizer, steps=getattr(args, "steps", 3),
+                                   warmup=getattr(args, "warmup", 1), timeout=getattr(args, "timeout", 300.0),
+                                   progress=progress if report else None, display=display)
     winner = measured_winner(results)
     if not report:
         return 0 if winner is not None else EXIT_NOTHING_FITS

@@ -25,17 +25,24 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from stratagem.advisor.calibrate.benchmarks import optimizer_class
 from stratagem.distributed import across_ranks
 from stratagem.peak_memory import PeakMemory
 from stratagem.plan import Plan
-from stratagem.errors import UsageError
 from stratagem.plugins import apply_plan, autocast_context, build_mesh, build_optimizer
+from stratagem.plugins.materialize import materialize
+from stratagem.errors import UsageError
+from stratagem.verify.models import Batch, Built, RealModel, real_model
 from stratagem.verify.sharding_cache import ShardingCacheMisses
 
 __all__ = ["Measured", "RealModel", "measure_plan", "real_model"]
+
+StepEvent = Callable[..., None]
+"""``on_event(kind, **fields)``: what rank 0 has done, as it happens: ``"built"`` (the model
+built, the plan applied, the optimizer made: ``seconds``) and ``"step"`` (``phase``: ``"warm-up"``
+or ``"measured"``, ``index`` from 1, ``total``, ``seconds``)."""
 
 MEMORY_STEPS = 2
 """Steps the peak memory is measured over, at least: the second is the first to run its forward
@@ -60,47 +67,31 @@ class Measured:
         return asdict(self)
 
 
-@dataclass(frozen=True, slots=True)
-class RealModel:
-    """A model built for real, a batch maker and its loss."""
-
-    build: Callable[[], nn.Module]
-    make_batch: Callable[[int], tuple[tuple[Tensor, ...], Tensor]]  # micro-batch size → (inputs, targets)
-    loss: Callable[[Any, Tensor], Tensor]
-
-
-def real_model(spec: str, *, seq_len: int | None) -> RealModel:
-    """The preset ``spec`` built for real (verification runs presets; other model forms are
-    profiled and advised, but not run yet)."""
-    from stratagem.models import PRESETS
-
-    if spec not in PRESETS:
-        raise UsageError(f"verify runs the reference presets; {spec!r} is not one\n"
-                         f"HINT: one of {', '.join(PRESETS)}, or advise without --verify")
-    preset = PRESETS[spec]
-    seq = seq_len or preset.default_seq_len
-    return RealModel(build=preset.build, make_batch=lambda size: preset.make_batch(size, seq), loss=preset.loss)
-
-
-def measure_plan(model: RealModel, plan: Plan, *, optimizer: str, steps: int, warmup: int) -> Measured:
+def measure_plan(model: RealModel, plan: Plan, *, optimizer: str, steps: int, warmup: int,
+                 on_event: StepEvent | None = None) -> Measured:
     """On every rank of the default process group (``plan.world_size`` of them): train
-    ``max(warmup, MEMORY_STEPS) + 1 + steps`` steps of ``plan`` on synthetic batches and measure
-    (module docstring)."""
+    ``max(warmup, MEMORY_STEPS) + 1 + steps`` steps of ``plan`` on the model's batch and measure
+    (module docstring); ``on_event`` hears of the build and of each step as it ends."""
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    torch.manual_seed(0)
-    inputs, targets = model.make_batch(plan.micro_batch_size * plan.microbatches)
-    inputs, targets = tuple(t.to(device) for t in inputs), targets.to(device)
+    samples = plan.micro_batch_size * plan.microbatches
+    report = on_event or (lambda kind, **fields: None)
+    if model.prepare is not None:
+        model.prepare(samples)
+    torch.manual_seed(0)  # every rank draws the same batch and weights
+    early = model.make_batch(samples).to(device) if model.make_batch is not None else None
     mesh = build_mesh(plan, device_type=device.type)
     if plan.pp > 1:
         _load_tracing()
     memory = PeakMemory(device)
+    started = time.perf_counter()
     with torch.device(device):
-        module = model.build()
+        built = model.build(samples, early)
     step = _pipeline_step if plan.pp > 1 else _data_parallel_step
-    run, parameters = step(module, plan, mesh, model, inputs, targets)
+    run, parameters = step(built, plan, mesh, built.batch.to(device), device)
     opt = build_optimizer(parameters, plan, optimizer_class(optimizer), lr=1e-4)
+    report("built", seconds=time.perf_counter() - started)
 
-    def train_step() -> tuple[float, float]:
+    def train_step(phase: str, index: int, total: int) -> tuple[float, float]:
         """Seconds of one step, and of the first-time sharding decisions in it."""
         with ShardingCacheMisses() as misses:
             _sync(device)
@@ -110,13 +101,17 @@ def measure_plan(model: RealModel, plan: Plan, *, optimizer: str, steps: int, wa
             opt.step()
             opt.zero_grad(set_to_none=True)
             _sync(device)
-            return time.perf_counter() - start, misses.seconds
+            seconds = time.perf_counter() - start, misses.seconds
+        report("step", phase=phase, index=index, total=total, seconds=seconds[0])
+        return seconds
 
-    for _ in range(max(warmup, MEMORY_STEPS)):
-        train_step()
+    warm = max(warmup, MEMORY_STEPS)
+    for index in range(1, warm + 1):
+        train_step("warm-up", index, warm + 1)
     peak = across_ranks(memory.stop())
     reserved = int(across_ranks(torch.cuda.max_memory_reserved(device))) if device.type == "cuda" else None
-    timed = [train_step() for _ in range(steps + 1)][1:]  # one more warm-up step, malloc's policy back
+    train_step("warm-up", warm + 1, warm + 1)  # one more warm-up step, malloc's policy back
+    timed = [train_step("measured", index, steps) for index in range(1, steps + 1)]
     return Measured(step_seconds=across_ranks(statistics.median(total - sharding for total, sharding in timed)),
                     peak_bytes=int(peak), reserved_bytes=reserved, steps=steps,
                     sharding_seconds=across_ranks(statistics.median(sharding for _, sharding in timed)))
@@ -132,23 +127,34 @@ def _load_tracing() -> None:
     pipeline(tiny, mb_args=(torch.zeros(1, 1),), split_spec={"1": SplitPoint.BEGINNING})
 
 
-def _data_parallel_step(module: nn.Module, plan: Plan, mesh: Any, model: RealModel, inputs: tuple[Tensor, ...],
-                        targets: Tensor) -> tuple[Callable[[], None], nn.Module]:
-    parallel = apply_plan(module, plan, mesh)
+def _data_parallel_step(built: Built, plan: Plan, mesh: Any, batch: Batch,
+                        device: torch.device) -> tuple[Callable[[], None], nn.Module]:
+    if not plan.uses_fsdp:
+        materialize(built.module, device)  # DDP broadcasts real tensors; FSDP shards meta ones first
+    parallel = apply_plan(built.module, plan, mesh)
+    materialize(built.module, device)
 
     def run() -> None:
-        with autocast_context(plan, targets.device.type):
-            loss = model.loss(parallel(*inputs), targets) / plan.grad_accum
+        with autocast_context(plan, device.type):
+            loss = built.loss(parallel(*batch.args, **batch.kwargs), batch.targets) / plan.grad_accum
         loss.backward()
 
     return run, parallel
 
 
-def _pipeline_step(module: nn.Module, plan: Plan, mesh: Any, model: RealModel, inputs: tuple[Tensor, ...],
-                   targets: Tensor) -> tuple[Callable[[], None], Any]:
-    example = tuple(t[:plan.micro_batch_size] for t in inputs)
-    pipe = apply_plan(module, plan, mesh, loss_fn=model.loss, example_inputs=example)
-    return (lambda: pipe.step(*inputs, target=targets)), pipe.modules
+def _pipeline_step(built: Built, plan: Plan, mesh: Any, batch: Batch,
+                   device: torch.device) -> tuple[Callable[[], None], Any]:
+    if not batch.args:
+        raise UsageError(f"plan {plan.name} is a pipeline, whose stages take positional inputs, and the model's "
+                         "inputs are keyword arguments\nHINT: return the example inputs as a tuple, or verify "
+                         "plans with pp=1")
+    # A loss of the output alone (a factory's) still needs a target the schedule can split.
+    targets = batch.targets if batch.targets is not None else torch.zeros(len(batch.args[0]), device=device)
+    example = tuple(t[:plan.micro_batch_size] for t in batch.args)
+    pipe = apply_plan(built.module, plan, mesh, loss_fn=built.loss, example_inputs=example)
+    for stage in pipe.modules:
+        materialize(stage, device)
+    return (lambda: pipe.step(*batch.args, target=targets)), pipe.modules
 
 
 def _sync(device: torch.device) -> None:

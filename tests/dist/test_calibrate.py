@@ -23,6 +23,15 @@ def test_calibrate_then_advise_uses_it(tmp_path: Path) -> None:
     done = _stratagem("calibrate", "--quick", "--nproc", "2", env=env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert "saved to" in done.stdout and "all_reduce intra ×2" in done.stdout
+    # Piped, every benchmark is a line on stderr as it starts and one as it ends (rank 0's alone).
+    lines = done.stderr.splitlines()
+    assert "calibrate: spawning 2 ranks (gloo); rank 0 shows each benchmark" in lines
+    for what in ("framework memory", "matmuls and operators (fp32, bf16)", "memory bandwidth", "optimizer steps",
+                 "collectives after compute", "all_reduce intra ×2", "p2p intra ×2", "overlap of collectives"):
+        started = [i for i, line in enumerate(lines) if line.startswith(f"calibrate: {what}") and line.endswith("…")]
+        ended = [i for i, line in enumerate(lines) if line.startswith(f"calibrate: {what}") and "(done in " in line]
+        assert len(started) == len(ended) == 1 and started[0] < ended[0], done.stderr[-3000:]
+    assert "calibrate:" not in done.stdout
     assert "rows off 16 bytes (fp32)" in done.stdout
     (path,) = (tmp_path / "calibration").glob("*.json")
     calibration = Calibration.load(path)

@@ -8,11 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
 from jobs import torchrun
 
+from stratagem.errors import UsageError
 from stratagem.plan import Plan
 from stratagem.advisor.cost.estimate import Estimate
-from stratagem.verify import verify_estimates
+from stratagem.verify import verify_estimates, verify_plan
 
 _TINY = ["--model", "llama-tiny", "--global-batch-size", "4", "--seq-len", "16", "--precision", "fp32"]
 
@@ -23,12 +26,66 @@ def _stratagem(*args: str, tmp_path: Path, **env: str) -> subprocess.CompletedPr
 
 
 def test_verify_runs_the_best_plan_and_writes_it(tmp_path: Path) -> None:
+    """…showing, with its output piped, each phase on stderr as it starts and ends and each step as it ends."""
     done = _stratagem("verify", *_TINY, "--nproc", "2", "--top", "1", "--steps", "2",
                       "--output", str(tmp_path / "plan.json"), tmp_path=tmp_path)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert "predicted vs measured" in done.stdout and "verify [1/1]" in done.stderr
     plan = Plan.from_json((tmp_path / "plan.json").read_text())
     assert plan.world_size == 2 and f"measured winner: {plan.name}" in done.stdout
+    lines = done.stderr.splitlines()
+    for phase in ("profile: llama-tiny", "search: plans for 1x2xcpu", "spawn: 2 ranks", "build: model, plan"):
+        assert f"{phase}" in done.stderr and any(line.startswith(phase) and "(done in " in line for line in lines)
+    steps = [line for line in lines if line.startswith(("warm-up: step", "measured: step"))]
+    assert [line.split(":")[1] for line in steps] == [" step 1/3", " step 2/3", " step 3/3", " step 1/2", " step 2/2"]
+    assert lines.index(steps[-1]) < next(i for i, line in enumerate(lines) if line.startswith("verify [1/1]"))
+    assert "spawn:" not in done.stdout  # stdout keeps the results
+
+
+_TINY_LLAMA = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+               "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 64}
+
+
+def _mlp(batch_size: int = 2) -> tuple:
+    return torch.nn.Linear(4, 4), (torch.randn(batch_size, 4),)
+
+
+def _with_factories(tmp_path: Path) -> dict[str, str]:
+    """The environment of a run that names 'model_factories:…' (tests/unit), importable in its ranks too."""
+    factories = str(Path(__file__).parents[1] / "unit")
+    return {**_env(tmp_path), "PYTHONPATH": os.pathsep.join([factories, os.environ.get("PYTHONPATH", "")])}
+
+
+def test_verify_trains_a_factory_s_model_on_its_example_inputs_with_its_loss(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "stratagem", "verify", "--model", "model_factories:mlp_with_targets",
+                           "--nproc", "2", "--global-batch-size", "4", "--precision", "fp32", "--top", "1",
+                           "--steps", "1"], capture_output=True, text=True, timeout=300, env=_with_factories(tmp_path),
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert "predicted vs measured" in done.stdout and "measured winner" in done.stdout
+    assert "measured: step 1/1" in done.stderr and "s/step" in done.stderr
+
+
+def test_verify_trains_an_hf_config_with_random_weights_and_its_own_loss(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(_TINY_LLAMA))
+    done = _stratagem("verify", "--model", f"hf:{tmp_path}", "--nproc", "2", "--global-batch-size", "4",
+                      "--seq-len", "16", "--precision", "fp32", "--top", "1", "--steps", "1", tmp_path=tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert "predicted vs measured" in done.stdout and "measured winner" in done.stdout
+    assert "measured: step 1/1" in done.stderr and "s/step" in done.stderr
+
+
+def test_a_factory_the_spawned_ranks_cannot_import_is_a_usage_error(monkeypatch) -> None:
+    """A module that lives only in this process (made here, no file): its ranks cannot import it."""
+    import types
+
+    ghost = types.ModuleType("ghost_factories")
+    ghost.mlp = _mlp
+    monkeypatch.setitem(sys.modules, "ghost_factories", ghost)
+    with pytest.raises(UsageError, match="spawned rank could not load the model: cannot load factory") as raised:
+        verify_plan("ghost_factories:mlp", Plan(micro_batch_size=2, precision="fp32"), seq_len=None,
+                    optimizer="adamw", steps=1, timeout=120)
+    assert "importable there" in str(raised.value)
 
 
 def _bad_and_good() -> list[Estimate]:

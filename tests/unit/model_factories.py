@@ -42,3 +42,17 @@ def tokens(batch_size: int = 1, seq_len: int = 8):
 def needs_seq_len(seq_len):
     """Requires a sequence length: a UsageError without one."""
     return tokens(1, seq_len)
+
+
+def mlp_with_targets(batch_size: int = 2):
+    """A module, its example inputs and a loss closing over targets of the same batch size (verify
+    calls it for real with each rank's batch size)."""
+    model, inputs = mlp(batch_size)
+    target = torch.randn(batch_size, 16)
+    return model, inputs, lambda out: (out - target).pow(2).mean()
+
+
+def mlp_keyword_inputs(batch_size: int = 2):
+    """Example inputs given as keyword arguments (nn.Sequential's forward takes ``input``)."""
+    model, (x,) = mlp(batch_size)
+    return model, {"input": x}

@@ -11,13 +11,15 @@ rank that dies ends the calibration with :class:`~stratagem.errors.PeerLost` nam
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -45,8 +47,8 @@ from stratagem.distributed import (
     naming_lost_peers,
     rank_died,
 )
-from stratagem.advisor.hardware.spec import Cluster
 from stratagem.errors import PeerLost, UsageError
+from stratagem.progress import Progress
 
 __all__ = ["Settings", "calibrate", "calibrate_on_group"]
 
@@ -82,7 +84,8 @@ class Settings:
 
 def calibrate(*, nproc: int | None = None, quick: bool = False, progress: bool = False) -> Calibration:
     """Measure this cluster: in the launched job when there is one, else on ``nproc`` local
-    processes (default: the GPUs, or 2 CPU ranks without GPUs). ``progress`` shows a bar on rank 0."""
+    processes (default: the GPUs, or 2 CPU ranks without GPUs). ``progress``: rank 0 shows each
+    benchmark as it starts and ends, on stderr (:class:`~stratagem.progress.Progress`)."""
     initialized = dist.is_available() and dist.is_initialized()
     if (initialized or launched_job()) and nproc is not None:
         raise UsageError("--nproc sets the processes calibrate spawns; in a launched job every rank measures\n"
@@ -105,6 +108,9 @@ def calibrate(*, nproc: int | None = None, quick: bool = False, progress: bool =
 def _spawn(nproc: int, *, quick: bool, progress: bool) -> Calibration:
     import torch.multiprocessing as mp
 
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    Progress(enabled=progress).note("calibrate", f"spawning {nproc} rank{'s' if nproc > 1 else ''} ({backend}); "
+                                    "rank 0 shows each benchmark")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "calibration.json"
         store = host_store()  # referenced until the ranks are done
@@ -148,63 +154,76 @@ def _worker(rank: int, nproc: int, port: int, quick: bool, progress: bool, out: 
 @naming_lost_peers(LOST_HINT)
 def calibrate_on_group(*, quick: bool = False, progress: bool = False) -> Calibration:
     """Every rank of the default process group runs this; each returns the same Calibration (or
-    :class:`~stratagem.errors.PeerLost` naming a rank that died)."""
+    :class:`~stratagem.errors.PeerLost` naming a rank that died). ``progress``: rank 0 shows each
+    benchmark as it starts and ends (stderr)."""
     from stratagem.advisor.hardware import gather_cluster, probe_local
 
     started = time.perf_counter()
-    cluster = gather_cluster(probe_local())
-    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    settings = Settings.for_device(device, quick=quick)
-    groups = _groups(cluster.num_nodes, cluster.devices_per_node)
-    dtypes = ["fp32", "bf16"] if device.type == "cpu" or torch.cuda.is_bf16_supported() else ["fp32"]
-    # Each collective per group, the framework's memory, the matmuls and operators, memory bandwidth,
-    # optimizer steps, DTensor operators, collectives after compute, overlap.
-    work = len(groups) * len(COLLECTIVES) + 7
-    with _progress_bar(work, enabled=progress and dist.get_rank() == 0) as step:
-        return _measure(cluster, device, settings, dtypes, groups, step, started)
-
-
-def _measure(cluster: Cluster, device: torch.device, settings: Settings, dtypes: list[str], groups: list[_Group],
-             step: Callable[[str], None], started: float) -> Calibration:
-    framework = across_ranks(framework_bytes(device))  # first: what a fresh process's first steps take
-    step("framework memory")
-    compute = compute_rates(settings.matmul_sizes, dtypes, device, repeats=settings.repeats)
-    step("matmuls and operators")
-    bandwidth = across_ranks(memory_bandwidth(settings.copy_bytes, device, repeats=settings.repeats),
-                             smallest=True)
-    step("memory bandwidth")
-    # Parameters whose fp32 values, gradients and AdamW states (16 bytes each) fill the copy's buffer.
-    optimizers = optimizer_seconds(settings.copy_bytes // 16, device, repeats=settings.repeats)
-    step("optimizer steps")
-    per_dtensor_op = across_ranks(dtensor_op_seconds(device, repeats=settings.repeats))
-    per_tp_linear = tp_linear_seconds(device, repeats=settings.repeats)
-    step("DTensor dispatch: optimizer operators, TP Linears")
-    alone = dist.get_world_size() == 1  # no collective to measure: their figures stay the catalog's
-    sync = None if alone else sync_seconds(device, repeats=settings.repeats)
-    step("collectives after compute")
-    links: dict[str, dict[str, dict[int, LinkFit]]] = {}
-    for scope, size, group in groups:
-        for op in COLLECTIVES:
-            seconds = collective_seconds(op, settings.message_bytes, device, group=group, repeats=settings.repeats)
-            links.setdefault(scope, {}).setdefault(op, {})[size] = fit_link(
-                op, size, list(zip(settings.message_bytes, seconds)))
-            step(f"{op} {scope} ×{size}")
-    overlap = None if alone else across_ranks(
-        overlap_fraction(settings.matmul_sizes[-1], settings.message_bytes[-1], device, repeats=settings.repeats),
-        smallest=True)
-    step("overlap")
+    with Progress(enabled=progress and dist.get_rank() == 0) as display:
+        with display.phase("calibrate", "probing the cluster"):
+            cluster = gather_cluster(probe_local())
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        settings = Settings.for_device(device, quick=quick)
+        groups = _groups(cluster.num_nodes, cluster.devices_per_node)
+        dtypes = ["fp32", "bf16"] if device.type == "cpu" or torch.cuda.is_bf16_supported() else ["fp32"]
+        phase = functools.partial(display.phase, "calibrate")
+        measured = {**_measure_compute(device, settings, dtypes, phase), **_measure_links(device, settings, groups, phase)}
+    alone = dist.get_world_size() == 1
     return Calibration(
         hardware=hardware_key(cluster), backend=dist.get_backend(), world_size=dist.get_world_size(),
+        **measured, seconds=time.perf_counter() - started,
+        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        notes=(ONE_PROCESS_NOTE,) if alone else ())
+
+
+_Phase = Callable[[str], AbstractContextManager]
+"""``phase(what)``: a ``with`` block shown as one benchmark (``calibrate: what …``) on rank 0."""
+
+
+def _measure_compute(device: torch.device, settings: Settings, dtypes: list[str], phase: _Phase) -> dict[str, Any]:
+    """The benchmarks of one rank: framework memory, matmuls and operators, memory bandwidth,
+    optimizer steps, DTensor dispatch; Calibration's fields."""
+    with phase("framework memory"):
+        framework = across_ranks(framework_bytes(device))  # first: what a fresh process's first steps take
+    with phase(f"matmuls and operators ({', '.join(dtypes)})"):
+        compute = compute_rates(settings.matmul_sizes, dtypes, device, repeats=settings.repeats)
+    with phase("memory bandwidth"):
+        bandwidth = across_ranks(memory_bandwidth(settings.copy_bytes, device, repeats=settings.repeats),
+                                 smallest=True)
+    with phase("optimizer steps"):
+        # Parameters whose fp32 values, gradients and AdamW states (16 bytes each) fill the copy's buffer.
+        optimizers = optimizer_seconds(settings.copy_bytes // 16, device, repeats=settings.repeats)
+    with phase("DTensor dispatch: optimizer operators, TP Linears"):
+        per_dtensor_op = across_ranks(dtensor_op_seconds(device, repeats=settings.repeats))
+        per_tp_linear = tp_linear_seconds(device, repeats=settings.repeats)
+    return dict(
         matmul={dtype: tuple(points) for dtype, points in compute.matmul.items()}, memory_bandwidth=bandwidth,
-        unaligned_matmul=compute.unaligned,
-        links=links, overlap=overlap, op_seconds=compute.op_seconds,
+        unaligned_matmul=compute.unaligned, op_seconds=compute.op_seconds,
         # GPUs: the copy's bandwidth prices the bytes (BYTES_REFERENCE says why not a reference step)
         op_byte_seconds=compute.op_byte_seconds if compute.op_byte_seconds is not None else 1 / bandwidth,
         dtensor_op_seconds=per_dtensor_op, tp_linear_seconds=per_tp_linear, optimizer_seconds=optimizers,
-        sync_seconds=sync, framework_bytes=framework,
-        seconds=time.perf_counter() - started,
-        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        notes=(ONE_PROCESS_NOTE,) if alone else ())
+        framework_bytes=framework)
+
+
+def _measure_links(device: torch.device, settings: Settings, groups: list[_Group], phase: _Phase) -> dict[str, Any]:
+    """The collectives: their wait after compute, each one per group, their overlap with compute
+    (none with one process: the catalog's figures stand); Calibration's fields."""
+    if dist.get_world_size() == 1:
+        return dict(links={}, overlap=None, sync_seconds=None)
+    with phase("collectives after compute"):
+        sync = sync_seconds(device, repeats=settings.repeats)
+    links: dict[str, dict[str, dict[int, LinkFit]]] = {}
+    for scope, size, group in groups:
+        for op in COLLECTIVES:
+            with phase(f"{op} {scope} ×{size}"):
+                seconds = collective_seconds(op, settings.message_bytes, device, group=group,
+                                             repeats=settings.repeats)
+            links.setdefault(scope, {}).setdefault(op, {})[size] = fit_link(
+                op, size, list(zip(settings.message_bytes, seconds)))
+    with phase("overlap of collectives and compute"):
+        overlap = across_ranks(overlap_fraction(settings.matmul_sizes[-1], settings.message_bytes[-1], device,
+                                                repeats=settings.repeats), smallest=True)
+    return dict(links=links, overlap=overlap, sync_seconds=sync)
 
 
 def _groups(num_nodes: int, per_node: int) -> list[_Group]:
@@ -224,17 +243,3 @@ def _groups(num_nodes: int, per_node: int) -> list[_Group]:
     if num_nodes > 1:
         groups.append(("inter", num_nodes * per_node, None))
     return groups
-
-
-@contextmanager
-def _progress_bar(total: int, *, enabled: bool) -> Iterator:
-    """A step function advancing a rich progress bar (or doing nothing when not ``enabled``)."""
-    if not enabled:
-        yield lambda what: None
-        return
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(TextColumn("calibrating"), BarColumn(), TextColumn("{task.description}"),
-                  TimeElapsedColumn(), transient=True) as bar:
-        task = bar.add_task("", total=total)
-        yield lambda what: bar.update(task, advance=1, description=what)

@@ -1,0 +1,88 @@
+"""The models ``verify`` builds for real: presets, factories and ``hf:`` configs (in this process:
+the spawned ranks are tests/dist's)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from stratagem.errors import UsageError
+from stratagem.plan import Plan
+from stratagem.verify.models import fallback_loss, real_model
+from stratagem.verify.runner import measure_plan
+
+TINY_LLAMA = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 64}
+
+
+@pytest.mark.parametrize(("spec", "says"), [
+    ("no-such-preset", "unknown model 'no-such-preset'"),
+    ("no_such_module:factory", "cannot load factory"),
+    ("model_factories:needs_seq_len", "requires seq_len"),
+    ("hf:/no/such/config.json", "no Hugging Face config"),
+])
+def test_what_is_wrong_with_a_name_is_found_before_building(spec: str, says: str) -> None:
+    with pytest.raises(UsageError, match=says):
+        real_model(spec, seq_len=None)
+
+
+def test_a_factory_is_called_for_real_with_the_rank_s_batch_size_and_its_loss() -> None:
+    torch.manual_seed(0)
+    built = real_model("model_factories:mlp_with_targets", seq_len=None).build(4, None)
+    (inputs,) = built.batch.args
+    assert inputs.shape == (4, 16) and not inputs.is_meta and built.batch.targets is None
+    loss = built.loss(built.module(inputs), None)
+    assert loss.dim() == 0 and loss.requires_grad
+
+
+def test_a_factory_s_batch_that_does_not_fit_the_plan_is_a_usage_error() -> None:
+    model = real_model("model_factories:mlp_with_loss", seq_len=None)  # two samples, no batch_size parameter
+    assert model.build(2, None).batch.args[0].shape[0] == 2
+    with pytest.raises(UsageError, match="give the factory a batch_size parameter"):
+        model.build(4, None)
+
+
+def test_the_fallback_loss_is_the_profiler_s() -> None:
+    class Output:
+        loss = torch.tensor(3.0)
+
+    assert fallback_loss(Output()).item() == 3.0
+    assert fallback_loss(torch.tensor(2.0)).item() == 2.0
+    weight = torch.ones(2, requires_grad=True)
+    assert fallback_loss((weight * 2, torch.ones(3))).item() == 4.0  # the outputs needing gradients, summed
+    with pytest.raises(UsageError, match="nothing to train"):
+        fallback_loss(torch.ones(3))
+
+
+def test_an_hf_config_trains_with_random_tokens_and_the_model_s_own_loss(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA))
+    model = real_model(f"hf:{tmp_path}", seq_len=16)
+    torch.manual_seed(0)
+    batch = model.make_batch(3)
+    (ids,) = batch.args
+    assert ids.shape == (3, 16) and ids.dtype == torch.long and int(ids.max()) < 256
+    assert batch.targets is ids and batch.kwargs == {"use_cache": False}
+    built = model.build(3, batch)
+    output = built.module(ids, labels=ids, use_cache=False)
+    assert torch.allclose(built.loss(output, ids), output.loss)  # the loss its forward computes from labels
+    assert torch.allclose(built.loss(output.logits, ids), output.loss)  # a pipeline's last stage: logits
+
+
+def test_measure_plan_reports_the_build_and_every_step(one_rank) -> None:
+    events = []
+    measured = measure_plan(real_model("model_factories:mlp", seq_len=None), Plan(micro_batch_size=2, precision="fp32"),
+                            optimizer="adamw", steps=2, warmup=1,
+                            on_event=lambda kind, **fields: events.append((kind, fields.get("phase"))))
+    assert measured.step_seconds > 0 and measured.steps == 2
+    assert events == [("built", None), *[("step", "warm-up")] * 3, *[("step", "measured")] * 2]
+
+
+def test_a_factory_s_keyword_inputs_reach_the_model_and_the_fallback_loss_trains_it(one_rank) -> None:
+    model = real_model("model_factories:mlp_keyword_inputs", seq_len=None)
+    built = model.build(3, None)
+    assert built.batch.args == () and built.batch.kwargs["input"].shape == (3, 16)
+    measured = measure_plan(model, Plan(micro_batch_size=3, precision="fp32"), optimizer="sgd", steps=1, warmup=0)
+    assert measured.step_seconds > 0
