@@ -63,8 +63,9 @@ def selective_recompute_seconds(step: RankStep, policy: str) -> float:
     """One micro-batch's recomputation under the selective ``policy``, seconds: the recomputed
     forward FLOPs of the rank's blocks (divided over TP) at the blocks' matmul rate, and the bytes
     the recomputed operators without FLOPs move at the cost per byte (parameter-sized ones, such
-    as autocast's weight casts, at any micro-batch size)."""
+    as autocast's weight casts, at any micro-batch size; a compiled block's fused in the share its
+    forward's are: :attr:`RankStep.fused_share`)."""
     flops = step.per_microbatch(policy_field(policy, "recompute_flops"), blocks_only=True)
-    moved = (step.per_microbatch(policy_field(policy, "recompute_op_bytes"), blocks_only=True)
+    moved = (step.per_microbatch(policy_field(policy, "recompute_op_bytes"), blocks_only=True) * step.fused_share
              + step.per_tp_rank(policy_field(policy, "recompute_param_op_bytes"), blocks_only=True))
     return flops / step.block_matmul_efficiency / step.flops_per_second + moved * step.seconds_per_op_byte

@@ -46,16 +46,23 @@ def microbatch_dispatch_seconds(step: RankStep) -> float:
     """Host seconds launching one micro-batch's operators: every operator the profile counted in
     forward and backward (and those the checkpointed blocks run again: their whole forward under
     full recomputation, what the profile measured a selective policy recomputing; TP does not
-    divide them), at the node's seconds per operator, and each TP Linear's DTensor overhead
-    (:func:`_tp_linear_seconds`)."""
+    divide them), or a compiled block's kernels, at the node's seconds per operator, and each TP
+    Linear's DTensor overhead (:func:`_tp_linear_seconds`)."""
     sums, plan = step.stage.sums, step.plan
-    ops = sums["fwd_ops"] + sums["bwd_ops"]
+    ops = sums[step.op_field("fwd", "ops")] + sums[step.op_field("bwd", "ops")]
     if plan.recomputes_blocks:
-        ops += step.stage.block_sums["fwd_ops"]
+        ops += step.stage.block_sums[step.op_field("fwd", "ops")]
     elif plan.checkpoints_selectively:
-        ops += step.stage.block_sums[policy_field(plan.activation_checkpointing, "recompute_ops")]
+        recomputed = step.stage.block_sums[policy_field(plan.activation_checkpointing, "recompute_ops")]
+        ops += recomputed * _fused_ops_share(step)
     tp_linears = sum(n * num_tp_linears(plan, b) for b, n in step.stage.kinds) if plan.tp > 1 else 0
     return _op_seconds(step)[0] * ops + tp_linears * _tp_linear_seconds(step)
+
+
+def _fused_ops_share(step: RankStep) -> float:
+    """The share of the blocks' forward operators a compiled block launches as kernels (1 eager)."""
+    eager = step.stage.block_sums["fwd_ops"]
+    return step.stage.block_sums["fwd_fused_ops"] / eager if step.plan.compile and eager else 1.0
 
 
 def _tp_linear_seconds(step: RankStep) -> float:

@@ -104,15 +104,28 @@ class RankStep:
         (or its blocks only) on one TP rank: the blocks' FLOPs at :attr:`block_matmul_efficiency`
         of the rate, the embedding's and head's at all of it, unaligned GEMMs at
         :attr:`unaligned_matmul_fraction` of either; plus the bytes operators without FLOPs move
-        (those of parameter-sized outputs, autocast's weight casts, at any micro-batch size)."""
+        (those of parameter-sized outputs, autocast's weight casts, at any micro-batch size), fused
+        where the plan compiles its blocks (:meth:`op_field`)."""
         flops = f"{direction}_flops"
         blocks = self.per_microbatch(flops, blocks_only=True)
         outside = 0.0 if blocks_only else self.per_microbatch(flops) - blocks
         unaligned = self.per_microbatch(f"{direction}_unaligned_flops", blocks_only=blocks_only)
         return ((blocks / self.block_matmul_efficiency + outside
                  + unaligned * (1 / self.unaligned_matmul_fraction - 1)) / self.flops_per_second
-                + (self.per_microbatch(f"{direction}_op_bytes", blocks_only=blocks_only)
+                + (self.per_microbatch(self.op_field(direction, "op_bytes"), blocks_only=blocks_only)
                    + self.per_tp_rank(f"{direction}_param_op_bytes", blocks_only=blocks_only)) * self.seconds_per_op_byte)
+
+    def op_field(self, direction: str, kind: str) -> str:
+        """The profile's field of ``direction``'s operators (``kind``: ``ops`` or ``op_bytes``) as
+        the plan runs them: fused where it compiles its blocks (``fwd_fused_ops``), eager else."""
+        return f"{direction}_fused_{kind}" if self.plan.compile else f"{direction}_{kind}"
+
+    @property
+    def fused_share(self) -> float:
+        """The share of the blocks' forward bytes moved without FLOPs that fusing leaves (1 for
+        plans that do not compile): what a compiled recomputation moves of an eager one's."""
+        eager = self.stage.block_sums["fwd_op_bytes"]
+        return self.stage.block_sums["fwd_fused_op_bytes"] / eager if self.plan.compile and eager else 1.0
 
 
 def rank_step(profile: ModelProfile, *, cluster: Cluster, workload: Workload,

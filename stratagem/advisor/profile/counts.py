@@ -48,6 +48,10 @@ class SegmentCounts:
     fwd_param_op_bytes: int = 0
     bwd_param_op_bytes: int = 0
     bwd_largest_output_bytes: int = 0
+    fwd_fused_op_bytes: int = 0  # what the operators without FLOPs move fused (fusion.FusionTracker)
+    bwd_fused_op_bytes: int = 0
+    fwd_fused_ops: int = 0  # kernels launched fused: the fused groups, and every other operator
+    bwd_fused_ops: int = 0
     policies: dict[str, PolicyCounts] = field(default_factory=dict)  # a block's, per selective policy
 
 

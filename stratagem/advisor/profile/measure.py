@@ -53,6 +53,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 from stratagem.advisor.profile.block_reuse import BlockReuse, tensor_bytes
 from stratagem.advisor.profile.counts import RunRecord
 from stratagem.advisor.profile.fused import FusedKernels
+from stratagem.advisor.profile.fusion import FusionTracker
 from stratagem.advisor.profile.recompute import CheckpointPolicies
 
 aten = torch.ops.aten
@@ -159,6 +160,7 @@ class _CostCounter(FlopCounterMode):
         self.suppressed = 0  # inside a decomposition counted as its fused kernel (fused.FusedKernels)
         self.saved: _SavedTensorCounter | None = None
         self.policies = CheckpointPolicies(set(state_names))
+        self.fusion = FusionTracker()
 
     def segment(self) -> str:
         """The segment running now: the innermost block, else embed/head by execution order."""
@@ -185,10 +187,14 @@ class _CostCounter(FlopCounterMode):
             counts.bwd_ops += ops
             counts.bwd_op_bytes += op_bytes
             counts.bwd_param_op_bytes += param_op_bytes
+            counts.bwd_fused_ops += ops  # a fused kernel already: it stays one kernel when compiled
+            counts.bwd_fused_op_bytes += op_bytes
         else:
             counts.fwd_ops += ops
             counts.fwd_op_bytes += op_bytes
             counts.fwd_param_op_bytes += param_op_bytes
+            counts.fwd_fused_ops += ops
+            counts.fwd_fused_op_bytes += op_bytes
             self.policies.op(self.segment(), "fused kernel", None, flops=0, ops=ops, op_bytes=op_bytes,
                              param_op_bytes=param_op_bytes)
 
@@ -225,6 +231,8 @@ class _CostCounter(FlopCounterMode):
         if formula is not None:
             flops = formula(*args, **kwargs, out_val=out)
             unaligned = flops if func_packet in _GEMM_OPS and unaligned_gemm(args, out) else 0
+        if formula is not None or batch or sized:  # views move nothing and launch no kernel
+            self._track_fusion(seg, func_packet, args, out, fusible=formula is None and not sized)
         if is_bw:
             counts.bwd_ops += ops
             counts.bwd_op_bytes += batch
@@ -241,6 +249,16 @@ class _CostCounter(FlopCounterMode):
             counts.attention_fwd_flops += flops
         if counted:  # torch's selective checkpointing asks its policy about these alone
             self.policies.op(seg, str(func_packet), out, flops=flops, ops=1, op_bytes=batch, param_op_bytes=sized)
+
+    def _track_fusion(self, seg: str, func_packet: Any, args: Any, out: Any, *, fusible: bool) -> None:
+        """Tell the fusion tracker what an operator reads and writes (``fusible``: it moves
+        batch-sized bytes without FLOPs, so a compiler may fuse it with its neighbours)."""
+        def refs(tensors: Any) -> list[tuple[StorageWeakRef, int]]:
+            return [(StorageWeakRef(t.untyped_storage()), tensor_bytes(t)) for t in tree_flatten(tensors)[0]
+                    if isinstance(t, torch.Tensor)]
+
+        self.fusion.op((seg, self.mod_tracker.is_bw), fusible=fusible, reads=refs(args),
+                       writes=refs(_written(func_packet, out, args)))
 
     def _bytes_moved(self, func_packet: Any, args: Any, out: Any, written: list[torch.Tensor]) -> tuple[int, int]:
         """Bytes an operator without FLOPs reads and writes (``written``: :func:`_written`; none
@@ -320,6 +338,7 @@ class _SavedTensorCounter:
         if tensor is None:
             return
         ref = StorageWeakRef(tensor.untyped_storage())
+        self._counter.fusion.saved(ref)
         if ref in self._params or ref in self._seen:
             return
         self._seen[ref] = tensor
@@ -394,4 +413,18 @@ def run_fake_step(
         loss.backward()
     for block, policies in counter.policies.counts.items():
         record.segments[block].policies = policies
+    _add_fused(record, counter.fusion)
     return record
+
+
+def _add_fused(record: RunRecord, fusion: FusionTracker) -> None:
+    """Each segment's bytes and kernels fused (:mod:`~stratagem.advisor.profile.fusion`), beside what
+    ``count_kernels`` put there already (kernels fused before compilation)."""
+    for (seg, is_bw), (moved, groups) in fusion.fused().items():
+        counts = record.segments[seg]
+        if is_bw:
+            counts.bwd_fused_op_bytes += moved
+            counts.bwd_fused_ops += groups
+        else:
+            counts.fwd_fused_op_bytes += moved
+            counts.fwd_fused_ops += groups

@@ -29,7 +29,7 @@ def kernels_for(*, accelerator: bool) -> str:
     return "gpu" if accelerator else "cpu"
 
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """Version of the layout ``ModelProfile.to_dict`` writes and ``from_dict`` reads. Bump it whenever
 a field of ModelProfile, SegmentProfile or LinearLayer is added, removed, renamed or changes
 meaning (tests/unit/test_profile_cache_checks.py pins the fields to this number)."""
@@ -94,6 +94,10 @@ class SegmentProfile:
     fwd_param_op_bytes: int = 0  # moved by parameter-sized ops (autocast's weight casts), as many at any batch; apart
     bwd_param_op_bytes: int = 0  # the same in backward (gradient casts, embedding gradients); not in *_op_bytes
     bwd_largest_output_bytes: int = 0  # the largest non-weight-shaped tensor a backward op writes (the head's: loss grad)
+    fwd_fused_op_bytes: int = 0  # fwd_op_bytes as a fusing compiler moves them (torch.compile, Megatron's kernels)
+    bwd_fused_op_bytes: int = 0  # the same in backward
+    fwd_fused_ops: int = 0  # kernels forward launches fused: the fused groups and every other operator
+    bwd_fused_ops: int = 0  # the same in backward
     # A block checkpointed under each selective policy (stratagem.plan.checkpointing; 0 outside
     # the blocks): the bytes it keeps (its input and the kept operators' outputs), and the forward
     # work its backward runs again: FLOPs, operators, bytes moved (batch-sized, parameter-sized).

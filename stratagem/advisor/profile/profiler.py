@@ -231,6 +231,8 @@ def _assemble(model: nn.Module, blocks: tuple[str, ...], record: RunRecord, prec
             fwd_unaligned_flops=counts.fwd_unaligned_flops, bwd_unaligned_flops=counts.bwd_unaligned_flops,
             fwd_param_op_bytes=counts.fwd_param_op_bytes, bwd_param_op_bytes=counts.bwd_param_op_bytes,
             bwd_largest_output_bytes=counts.bwd_largest_output_bytes,
+            fwd_fused_op_bytes=counts.fwd_fused_op_bytes, bwd_fused_op_bytes=counts.bwd_fused_op_bytes,
+            fwd_fused_ops=counts.fwd_fused_ops, bwd_fused_ops=counts.bwd_fused_ops,
             **_policy_fields(counts), **extra,
         )
 
