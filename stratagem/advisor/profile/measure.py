@@ -1,4 +1,4 @@
-"""Run a model once, forward and backward, on fake tensors and attribute every cost to a segment.
+"""Attribute every cost of one fake-tensor training step (run by :mod:`.step`) to a segment.
 
 The segments are the model's blocks plus ``embed`` (whatever runs before the first block) and
 ``head`` (whatever runs after the last block, the loss included). For each segment we count
@@ -25,11 +25,6 @@ The segments are the model's blocks plus ``embed`` (whatever runs before the fir
   the saved tensors shaped s×s in their last two dimensions (softmax output, dropout mask and
   output) — what selective recomputation drops and recomputes.
 
-Blocks identical to one already measured (same class, same parameter shapes, same repr) and
-called with inputs of the same shapes are not run again: their forward is replaced by a cheap
-stand-in that returns outputs of the recorded shapes, and they inherit the measured costs. An
-80-layer model therefore costs about one layer.
-
 Kernels differ between CPU and CUDA; where that changes what is saved we translate to what the
 CUDA kernel keeps: CPU dropout keeps its mask in the input dtype, CUDA's ``native_dropout`` a
 one-byte bool mask, so masks are counted at one byte per element.
@@ -40,17 +35,14 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
-
-from stratagem.advisor.profile.fused import FusedKernels
 
 aten = torch.ops.aten
 
@@ -166,7 +158,7 @@ def _largest(tensors: list[torch.Tensor], *, but: set[tuple[int, ...]]) -> int:
     return max((tensor_bytes(t) for t in tensors if tuple(t.shape) not in but), default=0)
 
 
-class _CostCounter(FlopCounterMode):
+class CostCounter(FlopCounterMode):
     """A FlopCounterMode that attributes FLOPs and tensor provenance to segments."""
 
     def __init__(self, *, block_of: dict[str, str], record: RunRecord,
@@ -186,7 +178,7 @@ class _CostCounter(FlopCounterMode):
         self.param_copies: set[StorageWeakRef] = set()
         self.masks: set[StorageWeakRef] = set()
         self.suppressed = 0  # inside a decomposition counted as its fused kernel (fused.FusedKernels)
-        self.saved: _SavedTensorCounter | None = None
+        self.saved: SavedTensorCounter | None = None
 
     def segment(self) -> str:
         """The segment running now: the innermost block, else embed/head by execution order."""
@@ -311,10 +303,10 @@ class _CostCounter(FlopCounterMode):
             self.masks.add(StorageWeakRef(out.untyped_storage()))
 
 
-class _SavedTensorCounter:
+class SavedTensorCounter:
     """``saved_tensors_hooks`` pack hook: bytes saved for backward per segment, once per storage."""
 
-    def __init__(self, counter: _CostCounter, record: RunRecord, params: set[StorageWeakRef]) -> None:
+    def __init__(self, counter: CostCounter, record: RunRecord, params: set[StorageWeakRef]) -> None:
         self._counter = counter
         self._record = record
         self._params = params
@@ -368,132 +360,3 @@ def quiet_fake_tensor_log() -> Iterator[None]:
 def tensor_bytes(tree: Any) -> int:
     """Bytes of every tensor leaf in a (nested) structure of tensors."""
     return sum(t.numel() * t.element_size() for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor))
-
-
-def _differentiable(tree: Any) -> list[torch.Tensor]:
-    """The tensors of ``tree`` that carry gradients (hidden states, not masks or RoPE tables);
-    all of its tensors when none does."""
-    tensors = [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
-    return [t for t in tensors if t.requires_grad] or tensors
-
-
-def _leaf_meta(tree: Any) -> tuple:
-    leaves, _ = tree_flatten(tree)
-    return tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else type(t) for t in leaves)
-
-
-def block_signature(block: nn.Module) -> tuple:
-    """Blocks with equal signatures compute the same thing on the same input shapes."""
-    return (
-        type(block),
-        tuple((n, tuple(p.shape), p.dtype) for n, p in block.named_parameters()),
-        tuple((n, tuple(b.shape), b.dtype) for n, b in block.named_buffers()),
-        repr(block),
-    )
-
-
-class _BlockReuse:
-    """Record each block's input and output bytes; with ``reuse``, measure the first of each
-    group of identical blocks and stand in for the others."""
-
-    def __init__(self, model: nn.Module, blocks: tuple[str, ...], record: RunRecord, *, reuse: bool) -> None:
-        self._record = record
-        self._reuse = reuse
-        self._modules = {fqn: model.get_submodule(fqn) for fqn in blocks}
-        self._seen: dict[tuple, str] = {}  # signature -> representative FQN
-        self._calls: dict[str, tuple[tuple, Any]] = {}  # representative -> (input meta, output)
-        self._handles: list = []
-
-    def __enter__(self) -> _BlockReuse:
-        for fqn, module in self._modules.items():
-            self._handles.append(module.register_forward_hook(self._output_hook(fqn), with_kwargs=True))
-            signature = block_signature(module)
-            representative = self._seen.setdefault(signature, fqn)
-            if self._reuse and representative != fqn:
-                module.forward = self._stand_in(fqn, module, representative)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for handle in self._handles:
-            handle.remove()
-        for module in self._modules.values():
-            module.__dict__.pop("forward", None)
-
-    def _output_hook(self, fqn: str) -> Callable:
-        def hook(module, args, kwargs, output):
-            counts = self._record.segments[fqn]
-            counts.input_bytes = tensor_bytes(_differentiable((args, kwargs)))
-            counts.output_bytes = tensor_bytes(output)
-            if fqn not in self._record.measured_as:
-                self._calls[fqn] = (_leaf_meta((args, kwargs)), output)
-        return hook
-
-    def _stand_in(self, fqn: str, module: nn.Module, representative: str) -> Callable:
-        real_forward = type(module).forward.__get__(module)
-
-        def forward(*args, **kwargs):
-            meta, rep_output = self._calls.get(representative, (None, None))
-            if meta != _leaf_meta((args, kwargs)):
-                return real_forward(*args, **kwargs)  # other input shapes: measure it for real
-            self._record.measured_as[fqn] = representative
-            return _outputs_like(rep_output, args, kwargs)
-
-        return forward
-
-
-def _outputs_like(template: Any, args: tuple, kwargs: dict) -> Any:
-    """Outputs shaped like ``template`` that depend on the inputs (so backward flows through)
-    while computing and saving nothing worth counting."""
-    leaves, spec = tree_flatten(template)
-    inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
-    source = next((t for t in inputs if t.requires_grad), inputs[0] if inputs else None)
-    out = []
-    for leaf in leaves:
-        if not isinstance(leaf, torch.Tensor):
-            out.append(leaf)
-        elif source is not None and source.shape == leaf.shape and source.dtype == leaf.dtype:
-            out.append(source.clone())
-        elif source is not None and leaf.is_floating_point():
-            out.append(source.new_zeros(leaf.shape, dtype=leaf.dtype) + source.sum().to(leaf.dtype) * 0)
-        else:
-            out.append(torch.empty_like(leaf))
-    return tree_unflatten(out, spec)
-
-
-def run_fake_step(
-    model: nn.Module,
-    state: dict[str, torch.Tensor],
-    args: tuple,
-    kwargs: dict,
-    *,
-    blocks: tuple[str, ...],
-    loss_fn: Callable[[Any], torch.Tensor],
-    autocast_dtype: torch.dtype | None,
-    seq_len: int | None = None,
-    batch_size: int | None = None,
-    reuse_identical_blocks: bool = True,
-) -> RunRecord:
-    """One forward and backward of ``model`` with its parameters and buffers replaced by the
-    fake tensors in ``state``; must run inside the FakeTensorMode that made them. With
-    ``reuse_identical_blocks`` each group of identical blocks is measured once. ``seq_len`` and
-    ``batch_size`` identify attention-score tensors (``[b, heads, s, s]``)."""
-    record = RunRecord()
-    root = type(model).__name__
-    block_of = {f"{root}.{fqn}": fqn for fqn in blocks}
-    state_names: dict[StorageWeakRef, str] = {}
-    for name, tensor in state.items():  # tied names share a tensor: the first name owns it
-        state_names.setdefault(StorageWeakRef(tensor.untyped_storage()), name)
-    gradient_shapes = {(tuple(t.shape), t.dtype) for t in state.values() if t.requires_grad}
-    counter = _CostCounter(block_of=block_of, record=record, state_names=state_names,
-                           gradient_shapes=gradient_shapes, has_blocks=bool(blocks), seq_len=seq_len,
-                           batch_size=batch_size)
-    saved = counter.saved = _SavedTensorCounter(counter, record, set(state_names))
-    autocast = torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None)
-    hooks = torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack)
-    with _BlockReuse(model, blocks, record, reuse=reuse_identical_blocks), counter, hooks, FusedKernels(counter):
-        with autocast:
-            output = torch.func.functional_call(model, state, args, kwargs, strict=False)
-            record.output_bytes = tensor_bytes(output)
-            loss = loss_fn(output)
-        loss.backward()
-    return record

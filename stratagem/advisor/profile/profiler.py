@@ -23,7 +23,8 @@ from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from stratagem.advisor.profile.measure import EMBED, HEAD, RunRecord, SegmentCounts, quiet_fake_tensor_log, run_fake_step
+from stratagem.advisor.profile.measure import EMBED, HEAD, RunRecord, SegmentCounts, quiet_fake_tensor_log
+from stratagem.advisor.profile.step import run_fake_step
 from stratagem.plan.precision import Precision, get_precision, in_compute_dtype, torch_dtype
 from stratagem.advisor.profile.model_profile import ModelProfile, SegmentProfile
 from stratagem.advisor.profile.structure import attention_heads, find_blocks, linear_layers, pp_unavailable
