@@ -110,6 +110,51 @@ def _outputs_like(template: Any, args: tuple, kwargs: dict) -> Any:
     return tree_unflatten(out, spec)
 
 
+Step = Callable[..., torch.Tensor]
+"""``step(model, *args, **kwargs) -> loss``: what one training step runs on its inputs, calling the
+model (or a child of it) inside; the fake step runs backward from the loss it returns."""
+
+
+class _StepCall(nn.Module):
+    """The step as one module call, ``model`` its child: ``functional_call`` swaps the fake state
+    in, and the module tracker names the model's modules from here, whether the step calls the
+    model itself or one of its children (a LightningModule's ``self.model(...)``)."""
+
+    def __init__(self, model: nn.Module, step: Step) -> None:
+        super().__init__()
+        self.model = model
+        self._step = step
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self._step(self.model, *args, **kwargs)
+
+
+class _ModelOutput:
+    """The output of the model's forward in a step: the last output of the outermost module called
+    among ``model`` and the modules holding its blocks' container (a step may skip the model's own
+    forward and call a child)."""
+
+    def __init__(self, model: nn.Module, blocks: tuple[str, ...]) -> None:
+        parts = blocks[0].split(".")[:-2] if blocks else []  # above the container: model.layers.0 -> model
+        self._modules = [model.get_submodule(".".join(parts[:depth])) for depth in range(len(parts) + 1)]
+        self._outputs: dict[int, Any] = {}
+        self._handles: list = []
+
+    def __enter__(self) -> _ModelOutput:
+        for depth, module in enumerate(self._modules):
+            self._handles.append(module.register_forward_hook(
+                lambda _module, _args, output, depth=depth: self._outputs.__setitem__(depth, output)))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+    def bytes(self) -> int:
+        """Bytes of the outermost output recorded (0 when none of the modules ran)."""
+        return tensor_bytes(self._outputs[min(self._outputs)]) if self._outputs else 0
+
+
 def run_fake_step(
     model: nn.Module,
     state: dict[str, torch.Tensor],
@@ -117,33 +162,36 @@ def run_fake_step(
     kwargs: dict,
     *,
     blocks: tuple[str, ...],
-    loss_fn: Callable[[Any], torch.Tensor],
+    step: Step,
     autocast_dtype: torch.dtype | None,
     seq_len: int | None = None,
     batch_size: int | None = None,
     reuse_identical_blocks: bool = True,
 ) -> RunRecord:
-    """One forward and backward of ``model`` with its parameters and buffers replaced by the
-    fake tensors in ``state``; must run inside the FakeTensorMode that made them. With
-    ``reuse_identical_blocks`` each group of identical blocks is measured once. ``seq_len`` and
-    ``batch_size`` identify attention-score tensors (``[b, heads, s, s]``)."""
+    """One ``step`` of ``model`` on ``args``/``kwargs``, forward and backward, with the model's
+    parameters and buffers replaced by the fake tensors in ``state``; must run inside the
+    FakeTensorMode that made them. With ``reuse_identical_blocks`` each group of identical blocks
+    is measured once. ``seq_len`` and ``batch_size`` identify attention-score tensors
+    (``[b, heads, s, s]``)."""
     record = RunRecord()
-    root = type(model).__name__
+    root = f"{_StepCall.__name__}.model"  # the module tracker's name for the model (see _StepCall)
     block_of = {f"{root}.{fqn}": fqn for fqn in blocks}
     state_names: dict[StorageWeakRef, str] = {}
     for name, tensor in state.items():  # tied names share a tensor: the first name owns it
         state_names.setdefault(StorageWeakRef(tensor.untyped_storage()), name)
     gradient_shapes = {(tuple(t.shape), t.dtype) for t in state.values() if t.requires_grad}
     counter = CostCounter(block_of=block_of, record=record, state_names=state_names,
-                           gradient_shapes=gradient_shapes, has_blocks=bool(blocks), seq_len=seq_len,
-                           batch_size=batch_size)
+                          gradient_shapes=gradient_shapes, has_blocks=bool(blocks), seq_len=seq_len,
+                          batch_size=batch_size)
     saved = counter.saved = SavedTensorCounter(counter, record, set(state_names))
     autocast = torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None)
     hooks = torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack)
-    with _BlockReuse(model, blocks, record, reuse=reuse_identical_blocks), counter, hooks, FusedKernels(counter):
-        with autocast:
-            output = torch.func.functional_call(model, state, args, kwargs, strict=False)
-            record.output_bytes = tensor_bytes(output)
-            loss = loss_fn(output)
-        loss.backward()
+    call = _StepCall(model, step)
+    with _BlockReuse(model, blocks, record, reuse=reuse_identical_blocks), _ModelOutput(model, blocks) as output:
+        with counter, hooks, FusedKernels(counter):
+            with autocast:
+                loss = torch.func.functional_call(call, {f"model.{k}": v for k, v in state.items()}, args, kwargs,
+                                                  strict=False)
+            loss.backward()
+    record.output_bytes = output.bytes()
     return record
