@@ -87,8 +87,9 @@ def lightning_step(module: nn.Module, batch: Any, fallback: Callable[[], Any]) -
     the batch size and sequence length are forward's in that step (captured on the real batch,
     stopping at forward), or the batch's when the step calls a child rather than ``self(...)``."""
     try:
-        forward = forward_inputs(module, lambda: module.training_step(batch, 0))
-    except UsageError:
+        with _outside_the_loop(module):
+            forward = forward_inputs(module, lambda: module.training_step(batch, 0))
+    except Exception:  # the step calls a child, or fails before forward: the traced step says why, if it does
         forward = None
     return TrainingStep(run=_training_step, inputs=(batch,), forward_inputs=forward, fallback=fallback,
                         name=f"{type(module).__name__}.training_step")
