@@ -1,11 +1,12 @@
 """Train a small GPT with ``Trainer(strategy="auto-parallel")`` on two CPU processes.
 
 The model is the reference ``gpt2-tiny`` preset (GPT-2's block: LayerNorm, learned positions,
-GELU MLP) on synthetic tokens. Rank 0 profiles it on ``example_input_array``, prints the
-advisor's table and the plan it chose; every rank applies that plan, trains, and the run ends
-with a sharded checkpoint that ``trainer.fit(ckpt_path=...)`` would resume from. Run it as a
-plain script: Lightning starts the second rank by running this file again, which is why the
-import below must stay at the top level.
+GELU MLP) on synthetic tokens. Rank 0 profiles its ``training_step`` (the loss included) on
+fake tensors shaped like the first batch, prints the advisor's table and the plan it chose;
+every rank applies that plan, trains, and the run ends with a sharded checkpoint that
+``trainer.fit(ckpt_path=...)`` would resume from. Run it as a plain script: Lightning starts
+the second rank by running this file again, which is why the import below must stay at the top
+level.
 
     python examples/lightning_gpt.py [--preset llama-tiny] [--steps 8] [--accelerator gpu --devices 1]
 """
@@ -34,7 +35,7 @@ class LanguageModel(pl.LightningModule):
         self.preset = get_preset(preset)
         self.model = self.preset.build()
         (tokens,), _ = self.preset.make_batch(BATCH, seq_len=SEQ_LEN)
-        self.example_input_array = tokens  # one rank's batch: what the advisor profiles
+        self.example_input_array = tokens  # one rank's batch: profiled alone if training_step cannot be
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model(tokens)

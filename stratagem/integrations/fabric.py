@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
@@ -56,6 +56,7 @@ from stratagem.integrations.planning import (
     sampler_kwargs,
     stratagem_precision,
 )
+from stratagem.integrations.steps import fabric_step
 from stratagem.plugins import apply_plan, build_mesh, build_optimizer
 from stratagem.plugins.materialize import has_meta_tensors, materialize
 from stratagem.plugins.state_dict import (
@@ -64,6 +65,11 @@ from stratagem.plugins.state_dict import (
     optimizer_state_dict,
     save_sharded_checkpoint,
 )
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from stratagem.advisor.search.advice import Advice
 
 __all__ = ["AutoParallelFabricStrategy", "register_strategies"]
 
@@ -100,7 +106,13 @@ class AutoParallelFabricStrategy(ModelParallelStrategy):
             inputs: a tensor, a tuple of positional or a dict of keyword arguments), asks the
             advisor for the best plan on the gathered cluster for a global batch of that batch ×
             world size (``micro_batch_size`` at that batch, ``grad_accum`` 1), and broadcasts it.
+            :attr:`advice` keeps rank 0's advice.
         example_inputs: inputs to profile on when no plan is given (see ``plan``).
+        loss_fn: ``loss_fn(output) -> scalar``, the loss the training loop computes from the
+            model's output on ``example_inputs`` (closing over targets shaped for them): the
+            profile then holds the loss, its fp32 copies of the logits and their gradients.
+            Without it backward is seeded with the sum of the outputs (the advice's notes say
+            so), as when ``loss_fn`` cannot run on fake tensors (the notes say why).
         target: the runtime the advisor's plans must run on.
         objective, constraints: what ranks the plans and the Plan fields pinned in the search, as
             for :class:`~stratagem.integrations.lightning.AutoParallelStrategy`.
@@ -128,7 +140,8 @@ class AutoParallelFabricStrategy(ModelParallelStrategy):
     strategy_name = "auto-parallel"
 
     def __init__(self, plan: Plan | Mapping[str, Any] | str | Path | None = None, *,
-                 example_inputs: Any = None, target: str = "lightning", objective: str = "throughput",
+                 example_inputs: Any = None, loss_fn: Callable[[Any], Tensor] | None = None,
+                 target: str = "lightning", objective: str = "throughput",
                  constraints: Mapping[str, Any] | None = None, verbose: bool = True,
                  save_distributed_checkpoint: bool = True, process_group_backend: str | None = None,
                  timeout: timedelta | None = default_pg_timeout) -> None:
@@ -136,6 +149,8 @@ class AutoParallelFabricStrategy(ModelParallelStrategy):
                          process_group_backend=process_group_backend, timeout=timeout)
         self._plan = None if plan is None else load_plan(plan)
         self._example_inputs = example_inputs
+        self._loss_fn = loss_fn
+        self._advice: Advice | None = None
         self._target = target
         self._objective = objective
         self._constraints = check_choice(target=target, objective=objective, constraints=constraints)
@@ -150,6 +165,12 @@ class AutoParallelFabricStrategy(ModelParallelStrategy):
             raise UsageError("auto-parallel chooses its plan when the model is set up; it is not known yet\n"
                              "HINT: call fabric.setup(model, ...) first, or pass AutoParallelFabricStrategy(plan=...)")
         return self._plan
+
+    @property
+    def advice(self) -> Advice | None:
+        """The advice rank 0 chose the plan from (its profile, notes and ranked plans); None on
+        other ranks and when the plan was given."""
+        return self._advice
 
     @property
     @override
@@ -182,11 +203,11 @@ class AutoParallelFabricStrategy(ModelParallelStrategy):
                              "HINT: set up one model per Fabric, or combine the models in one nn.Module")
         if self._plan is None:
             inputs = self._profiled_inputs(module)  # on every rank: choose_plan profiles on rank 0 only
-            self._plan = choose_plan(module, lambda: inputs,
-                                     precision=stratagem_precision(self.precision.precision),
-                                     target=self._target, objective=self._objective,
-                                     constraints=self._constraints, verbose=self._verbose,
-                                     node_rank=self.node_rank, pipelined=_without_pipelines)
+            example = inputs if self._loss_fn is None else fabric_step(inputs, self._loss_fn)
+            self._plan, self._advice = choose_plan(
+                module, lambda: example, precision=stratagem_precision(self.precision.precision),
+                target=self._target, objective=self._objective, constraints=self._constraints,
+                verbose=self._verbose, node_rank=self.node_rank, pipelined=_without_pipelines)
         if self.plan.pp > 1:
             raise UsageError(f"plan {self.plan.name} is a pipeline, which the Fabric strategy does not run yet\n"
                              "HINT: pin a plan with pp=1")

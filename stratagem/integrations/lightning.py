@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
@@ -50,13 +50,13 @@ from stratagem.integrations.planning import (
     check_plan_precision,
     choose_plan,
     constructor_options,
-    forward_inputs,
     load_plan,
     plan_hyperparams,
     release_at_exit,
     sampler_kwargs,
     stratagem_precision,
 )
+from stratagem.integrations.steps import forward_inputs, lightning_step
 from stratagem.plugins import apply_plan, build_mesh, build_optimizer
 from stratagem.plugins.materialize import has_meta_tensors, materialize
 from stratagem.plugins.pipeline import Pipeline, rank_module
@@ -67,6 +67,9 @@ from stratagem.plugins.state_dict import (
     save_sharded_checkpoint,
 )
 from stratagem.plan.stages import removal_convention
+
+if TYPE_CHECKING:
+    from stratagem.advisor.search.advice import Advice
 
 __all__ = ["AutoParallelStrategy", "register_strategies"]
 
@@ -89,10 +92,13 @@ class AutoParallelStrategy(ModelParallelStrategy):
     Arguments:
         plan: a :class:`Plan`, a dict of its fields or a JSON file (see
             :func:`~stratagem.integrations.planning.load_plan`). ``None`` lets rank 0 choose in
-            ``setup``: it profiles the module on ``example_input_array`` (one rank's batch of
-            ``forward``'s inputs) or else on what ``forward`` gets from the stage's first batch,
-            advises for a global batch of that batch × world size (``grad_accum`` 1: batches
-            reach the model unchanged) and broadcasts the plan.
+            ``setup``: fitting, it profiles ``training_step`` on the first training batch (fake
+            tensors: the loss and all the step computes around forward); else, or when the step
+            cannot run on fake tensors (the advice's notes say why), forward alone on
+            ``example_input_array`` (one rank's batch of ``forward``'s inputs) or else on what
+            ``forward`` gets from the stage's first batch. It advises for a global batch of that
+            batch × world size (``grad_accum`` 1: batches reach the model unchanged) and
+            broadcasts the plan; :attr:`advice` keeps rank 0's advice.
         target, objective, constraints: steer that choice: the runtime plans must run on,
             ``"throughput"`` or ``"memory"``, Plan fields to pin (``{"zero": 3}``).
         verbose: print the advisor's table and the chosen plan on rank 0.
@@ -124,6 +130,7 @@ class AutoParallelStrategy(ModelParallelStrategy):
         super().__init__(save_distributed_checkpoint=save_distributed_checkpoint,
                          process_group_backend=process_group_backend, timeout=timeout)
         self._plan = None if plan is None else load_plan(plan)
+        self._advice: Advice | None = None
         self._target = target
         self._objective = objective
         self._constraints = check_choice(target=target, objective=objective, constraints=constraints)
@@ -139,6 +146,12 @@ class AutoParallelStrategy(ModelParallelStrategy):
         if self._plan is None:
             raise RuntimeError("the plan is chosen in AutoParallelStrategy.setup(); it is not known yet")
         return self._plan
+
+    @property
+    def advice(self) -> Advice | None:
+        """The advice rank 0 chose the plan from (its profile, notes and ranked plans); None on
+        other ranks and when the plan was given."""
+        return self._advice
 
     @property
     @override
@@ -183,10 +196,10 @@ class AutoParallelStrategy(ModelParallelStrategy):
     def _apply(self, trainer: Trainer, module: LightningModule) -> None:
         precision = stratagem_precision(self.precision_plugin.precision)
         if self._plan is None:
-            self._plan = choose_plan(module, lambda: self._example_inputs(trainer, module), precision=precision,
-                                     target=self._target, objective=self._objective, constraints=self._constraints,
-                                     verbose=self._verbose, node_rank=self.node_rank,
-                                     pipelined=lambda profile: _as_pipelined(module, profile))
+            self._plan, self._advice = choose_plan(
+                module, lambda: self._profiled(trainer, module), precision=precision, target=self._target,
+                objective=self._objective, constraints=self._constraints, verbose=self._verbose,
+                node_rank=self.node_rank, pipelined=lambda profile: _as_pipelined(module, profile))
         else:
             check_plan_precision(self._plan, self.precision_plugin.precision)
             if (reason := target_excludes("lightning", self._plan)) is not None:
@@ -230,9 +243,20 @@ class AutoParallelStrategy(ModelParallelStrategy):
         module.set_submodule(name, rank_module(pipeline))
         return pipeline
 
+    @classmethod
+    def _profiled(cls, trainer: Trainer, module: LightningModule) -> Any:
+        """What rank 0 profiles: fitting, ``training_step`` on the first training batch (forward
+        alone, as :meth:`_example_inputs` says, when it cannot be traced); else forward alone."""
+        source = trainer.fit_loop._data_source
+        if trainer.state.fn != TrainerFn.FITTING or not source.is_defined():
+            return cls._example_inputs(trainer, module)
+        batch = next(iter(source.dataloader()))
+        return lightning_step(module, batch, fallback=lambda: cls._example_inputs(trainer, module, batch))
+
     @staticmethod
-    def _example_inputs(trainer: Trainer, module: LightningModule) -> Any:
-        """``example_input_array``, else what ``forward`` receives on the stage's first batch."""
+    def _example_inputs(trainer: Trainer, module: LightningModule, batch: Any = None) -> Any:
+        """``example_input_array``, else what ``forward`` receives on the stage's first batch
+        (``batch`` when given)."""
         if module.example_input_array is not None:
             return module.example_input_array
         loop, step = _STAGE_LOOPS[trainer.state.fn]
@@ -241,7 +265,7 @@ class AutoParallelStrategy(ModelParallelStrategy):
             raise UsageError(f"auto-parallel needs {type(module).__name__}.example_input_array or a dataloader "
                              "to profile the model\nHINT: set example_input_array, or pass "
                              "AutoParallelStrategy(plan=...)")
-        batch = next(iter(source.dataloader()))
+        batch = next(iter(source.dataloader())) if batch is None else batch
         return forward_inputs(module, lambda: getattr(module, step)(batch, 0))
 
     @override

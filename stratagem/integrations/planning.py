@@ -28,9 +28,10 @@ if TYPE_CHECKING:
     from torch.optim import Optimizer
 
     from stratagem.advisor.profile.model_profile import ModelProfile
+    from stratagem.advisor.search.advice import Advice
 
 __all__ = ["LIGHTNING_PRECISIONS", "PlanPrecision", "check_choice", "check_plan_precision", "choose_plan",
-           "constructor_options", "forward_inputs", "load_plan", "plan_hyperparams", "release_at_exit", "sampler_kwargs",
+           "constructor_options", "load_plan", "plan_hyperparams", "release_at_exit", "sampler_kwargs",
            "stratagem_precision"]
 
 LIGHTNING_PRECISIONS = {"32-true": "fp32", "bf16-mixed": "bf16-mixed", "bf16-true": "bf16-true"}
@@ -138,11 +139,13 @@ def check_choice(*, target: str, objective: str, constraints: Mapping[str, Any] 
 def choose_plan(module: nn.Module, example_inputs: Callable[[], Any], *, precision: str, target: str,
                 verbose: bool, objective: str = "throughput", constraints: Mapping[str, Any] | None = None,
                 node_rank: int | None = None,
-                pipelined: Callable[[ModelProfile], ModelProfile] | None = None) -> Plan:
-    """Every rank probes its hardware; rank 0 profiles ``module`` on ``example_inputs()`` (one
-    rank's batch of forward's inputs: a tensor, a tuple of positional or a dict of keyword
-    arguments; called on rank 0 only), advises for the gathered cluster and a global batch of that batch ×
-    world size, and broadcasts the best plan. A collective: call it on every rank.
+                pipelined: Callable[[ModelProfile], ModelProfile] | None = None) -> tuple[Plan, Advice | None]:
+    """Every rank probes its hardware; rank 0 profiles ``module`` on ``example_inputs()`` (called
+    on rank 0 only: a :class:`~stratagem.integrations.steps.TrainingStep` to trace, or one rank's
+    batch of forward's inputs, a tensor, a tuple of positional or a dict of keyword arguments; see
+    :func:`~stratagem.integrations.steps.profile_for_plan`), advises for the gathered cluster and
+    a global batch of that batch × world size, and broadcasts the best plan. A collective: call it
+    on every rank. Returns the plan, and on rank 0 the advice it was chosen from (None elsewhere).
 
     The dataloader's batches reach the model unchanged, so nothing accumulates (``grad_accum``
     1) and one batch is one rank's step: without a pipeline it is the micro-batch; a pipeline
@@ -161,25 +164,28 @@ def choose_plan(module: nn.Module, example_inputs: Callable[[], Any], *, precisi
     node_key = None if node_rank is None else node_name(node_rank)
     cluster = calibrated(gather_cluster(probe_local(), node_key=node_key))
     chosen: list[str | None] = [None]
+    advice = None
     if dist.get_rank() == 0:
-        chosen[0] = _advise(module, example_inputs(), cluster, precision=precision, target=target,
-                            objective=objective, constraints=dict(constraints or {}), verbose=verbose,
-                            pipelined=pipelined).to_json()
+        advice = _advise(module, example_inputs(), cluster, precision=precision, target=target, objective=objective,
+                         constraints=dict(constraints or {}), verbose=verbose, pipelined=pipelined)
+        assert advice.best is not None  # _advise raises when no plan fits
+        chosen[0] = advice.best.plan.to_json()
     dist.broadcast_object_list(chosen, src=0)
     assert chosen[0] is not None
-    return Plan.from_json(chosen[0])
+    return Plan.from_json(chosen[0]), advice
 
 
 def _advise(module: nn.Module, example_inputs: Any, cluster: Any, *, precision: str, target: str, objective: str,
             constraints: dict[str, Any], verbose: bool,
-            pipelined: Callable[[ModelProfile], ModelProfile] | None) -> Plan:
+            pipelined: Callable[[ModelProfile], ModelProfile] | None) -> Advice:
+    """The advice (its best plan the one to apply) for ``module`` profiled on ``example_inputs``."""
     from stratagem.advisor.profile.model_profile import kernels_for
-    from stratagem.advisor.profile.profiler import profile_model
     from stratagem.advisor.report.render import render_table
     from stratagem.advisor.search.advice import advise, rank_estimates
+    from stratagem.integrations.steps import profile_for_plan
 
-    inputs = example_inputs if isinstance(example_inputs, (tuple, list, Mapping)) else (example_inputs,)
-    profile = profile_model(module, inputs, precision=precision, kernels=kernels_for(accelerator=cluster.is_accelerator))
+    profile = profile_for_plan(module, example_inputs, precision=precision,
+                               kernels=kernels_for(accelerator=cluster.is_accelerator))
     if pipelined is not None:
         profile = pipelined(profile)
     shapes = _pipeline_shapes(profile, dist.get_world_size(), constraints)
@@ -210,10 +216,9 @@ def _advise(module: nn.Module, example_inputs: Any, cluster: Any, *, precision: 
     if advice.best is None:
         raise UsageError(f"no plan fits {type(module).__name__} on this cluster\n"
                          "HINT: see the advice printed above, or pin one with AutoParallelStrategy(plan=...)")
-    plan = advice.best.plan
     if verbose:
-        print(f"auto-parallel: chose plan {plan.name}", flush=True)
-    return plan
+        print(f"auto-parallel: chose plan {advice.best.plan.name}", flush=True)
+    return advice
 
 
 def _pipeline_shapes(profile: ModelProfile, world: int, constraints: Mapping[str, Any]) -> list[tuple[int, int]]:
@@ -235,37 +240,6 @@ def plan_hyperparams(plan: Plan) -> dict[str, Any]:
     """The plan's fields as flat ``plan/...`` hyperparameters for a logger."""
     fields = {f"plan/{key}": value for key, value in plan.to_dict().items() if key != "tp_layout"}
     return {"plan/name": plan.name, **fields, "plan/tp_layout": json.dumps(plan.to_dict()["tp_layout"])}
-
-
-class _Captured(Exception):
-    """Raised by the forward pre-hook of :func:`forward_inputs` to stop the step it caught."""
-
-    def __init__(self, inputs: Any) -> None:
-        super().__init__()
-        self.inputs = inputs
-
-
-def forward_inputs(module: nn.Module, step: Callable[[], Any]) -> tuple[Any, ...] | dict[str, Any]:
-    """The inputs of ``module``'s first forward call in ``step()`` (e.g. a ``training_step`` on one
-    batch), without running the forward: a tuple of positional or a dict of keyword arguments."""
-
-    def capture(_: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        raise _Captured((args, kwargs))
-
-    handle = module.register_forward_pre_hook(capture, with_kwargs=True)
-    try:
-        step()
-    except _Captured as caught:
-        args, kwargs = caught.inputs
-    else:
-        raise UsageError(f"{type(module).__name__} was never called on the batch, so there is nothing to profile\n"
-                         "HINT: call self(...) in the step, or set example_input_array")
-    finally:
-        handle.remove()
-    if args and kwargs:
-        raise UsageError(f"{type(module).__name__}.forward takes positional and keyword inputs at once, which the "
-                         "profiler cannot take\nHINT: set example_input_array to one of the two")
-    return args or kwargs
 
 
 _RELEASE: list[weakref.WeakMethod] = []

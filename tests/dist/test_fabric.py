@@ -53,14 +53,15 @@ def dataset(case: Case) -> TensorDataset:
 
 
 def job(case: Case | None, *, steps: int = STEPS, save: Path | None = None, full: bool = False,
-        resume: Path | None = None, empty_init: bool = False) -> str:
+        resume: Path | None = None, empty_init: bool = False, loss_fn: bool = False) -> str:
     """One training job of the script: ``case``'s plan (``None``: ``Fabric(strategy="auto-parallel")``
-    chooses one from the model's ``example_input_array``; data as for ZERO3), trained up to step
-    ``steps``, then saved to ``save`` (sharded, or one file when ``full``); or resumed from
-    ``resume`` (a model built from another seed, which the checkpoint must overwrite); with
+    chooses one from the model's ``example_input_array``, or with ``loss_fn`` from
+    ``AutoParallelFabricStrategy(example_inputs=..., loss_fn=...)``; data as for ZERO3), trained
+    up to step ``steps``, then saved to ``save`` (sharded, or one file when ``full``); or resumed
+    from ``resume`` (a model built from another seed, which the checkpoint must overwrite); with
     ``empty_init`` built on meta."""
     return json.dumps({"plan": case and case.plan.to_dict(), "steps": steps, "save": save and str(save),
-                       "full": full, "resume": resume and str(resume), "empty_init": empty_init})
+                       "full": full, "resume": resume and str(resume), "empty_init": empty_init, "loss_fn": loss_fn})
 
 
 class Launch(NamedTuple):
@@ -79,7 +80,8 @@ def run_script(out: Path, jobs: dict[str, str]) -> Launch:
     done = subprocess.run(args, capture_output=True, text=True, timeout=400, cwd=out)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     results = json.loads((out / "results.json").read_text())
-    runs = [Run(r["losses"], torch.load(out / f"weights_{i}.pt", weights_only=True), {"plan": r["plan"]})
+    runs = [Run(r["losses"], torch.load(out / f"weights_{i}.pt", weights_only=True),
+                {"plan": r["plan"], "head": r.get("head")})
             for i, r in enumerate(results)]
     return Launch(dict(zip(jobs, runs, strict=True)), done.stdout, out)
 
@@ -94,6 +96,7 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Launch:
         "zero1_resumed": job(ZERO1, resume=out / "zero1.pt"),
         "tp": job(TP),
         "chosen": job(None),
+        "chosen_with_loss": job(None, loss_fn=True),
         "meta": job(META_BF16, empty_init=True),
     })
 
@@ -131,6 +134,17 @@ def test_auto_parallel_by_name_chooses_a_plan(two_ranks: Launch) -> None:
 
 
 @pytest.mark.timeout(600)
+def test_the_loss_fn_given_is_profiled(two_ranks: Launch) -> None:
+    """Rank 0's profile holds the loss: its backward writes the fp32 logits' gradient, where the
+    sum of the outputs seeds a smaller one."""
+    logits = BATCH * SEQ_LEN * ZERO3.model.vocab_size * 4
+    given, chosen = two_ranks.runs["chosen_with_loss"], two_ranks.runs["chosen"]
+    assert given.facts["head"]["bwd_largest_output_bytes"] >= logits > chosen.facts["head"]["bwd_largest_output_bytes"]
+    assert given.facts["head"]["saved_bytes"] > chosen.facts["head"]["saved_bytes"]
+    assert len(given.losses) == STEPS and all(map(math.isfinite, given.losses))
+
+
+@pytest.mark.timeout(600)
 def test_meta_initialised_model_trains_in_bf16(two_ranks: Launch) -> None:
     meta = two_ranks.runs["meta"]
     assert all(map(math.isfinite, meta.losses))
@@ -144,9 +158,12 @@ def train(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]
     pinned = spec["plan"] is not None
     case = Case("job", Plan.from_dict(spec["plan"])) if pinned else ZERO3
     strategy: Any = "auto-parallel"
+    (tokens,), targets = case.model.make_batch(BATCH, SEQ_LEN)
     if pinned:
         strategy = AutoParallelFabricStrategy(plan=case.plan, verbose=False,
                                               save_distributed_checkpoint=not spec["full"])
+    elif spec["loss_fn"]:
+        strategy = AutoParallelFabricStrategy(example_inputs=tokens, loss_fn=lambda out: case.model.loss(out, targets))
     precision = {"fp32": "32-true"}.get(case.plan.precision, case.plan.precision)
     fabric = Fabric(accelerator="cpu", devices=2, strategy=strategy, precision=precision)
     fabric.launch()  # the first job starts the other ranks and the process group; later ones reuse them
@@ -154,7 +171,7 @@ def train(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]
     with fabric.init_module(empty_init=spec["empty_init"]):
         model = case.model.build()
     if not pinned:
-        (model.example_input_array,), _ = case.model.make_batch(BATCH, SEQ_LEN)
+        model.example_input_array = tokens
     cls, options = OPTIMIZERS[case.optimizer]
     model, optimizer = fabric.setup(model, cls(model.parameters(), **options))
     loader = fabric.setup_dataloaders(DataLoader(dataset(case), batch_size=BATCH))
@@ -173,7 +190,10 @@ def train(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]
         state["step"] = step + 1
     if spec["save"]:
         fabric.save(spec["save"], state)
-    result = {"losses": losses, "plan": fabric.strategy.plan.name}
+    result: dict[str, Any] = {"losses": losses, "plan": fabric.strategy.plan.name}
+    if (advice := fabric.strategy.advice) is not None:
+        result["head"] = {"saved_bytes": advice.profile.head.saved_bytes,
+                          "bwd_largest_output_bytes": advice.profile.head.bwd_largest_output_bytes}
     return result, model_state_dict(model.module, full=True)
 
 

@@ -11,6 +11,7 @@ plain loop over the same global batches. Tolerances as in ``test_data_parallel.p
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -28,7 +29,9 @@ from torch.utils.data import DataLoader, TensorDataset
 from stratagem.plan import Plan
 from stratagem.errors import UsageError
 from stratagem.integrations.lightning import AutoParallelStrategy
+from stratagem.advisor.profile.profiler import profile_model
 from stratagem.models import get_preset
+from stratagem.models.transformer import Transformer
 from stratagem.plugins.state_dict import model_state_dict
 
 STEPS = 5
@@ -53,11 +56,13 @@ PP_TP = Plan(pp=2, tp=2, tp_layout=TP_FSDP.tp_layout, **_PIPE)
 
 class TinyLlama(pl.LightningModule):
     """llama-tiny on a fixed synthetic dataset, AdamW at lr 1e-3; the model is built in
-    ``configure_model`` (on meta under ``trainer.init_module(empty_init=True)``)."""
+    ``configure_model`` (on meta under ``trainer.init_module(empty_init=True)``), with a
+    vocabulary of ``vocab`` tokens when given (the data's stay below 256)."""
 
-    def __init__(self, example: bool = True) -> None:
+    def __init__(self, example: bool = True, vocab: int | None = None) -> None:
         super().__init__()
         self.preset = get_preset("llama-tiny")
+        self.vocab = vocab
         if example:
             (tokens,), _ = self.preset.make_batch(BATCH, seq_len=SEQ_LEN)
             self.example_input_array = tokens
@@ -65,7 +70,8 @@ class TinyLlama(pl.LightningModule):
     def configure_model(self) -> None:
         if not hasattr(self, "model"):
             torch.manual_seed(SEED)
-            self.model = self.preset.build()
+            config = self.preset.config
+            self.model = Transformer(dataclasses.replace(config, vocab_size=self.vocab or config.vocab_size))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model(tokens)
@@ -95,6 +101,15 @@ class TinyLlama(pl.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+class ItemLlama(TinyLlama):
+    """A ``training_step`` reading its loss's value, which fake tensors do not have."""
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        self.last_loss = loss.item()
+        return loss
 
 
 def dataset(dp: int) -> TensorDataset:
@@ -227,9 +242,12 @@ def test_zero1_resumes_from_a_full_checkpoint(tmp_path: Path) -> None:
 
 def test_auto_parallel_on_two_nodes_chooses_a_plan_from_a_training_batch(tmp_path: Path) -> None:
     """Two "nodes" of one process each (Lightning's NODE_RANK environment, as a cluster launcher
-    sets it), no example_input_array: rank 0 profiles forward's inputs from the first batch."""
+    sets it), no example_input_array: rank 0 profiles training_step on the first batch, the
+    cross-entropy over a 32k vocabulary included; then a second Trainer fits a module whose
+    training_step calls .item(): forward alone is profiled, the notes say why, a plan is chosen."""
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    args = [sys.executable, __file__, str(tmp_path), "--no-example", "--devices", "1", "--num-nodes", "2"]
+    args = [sys.executable, __file__, str(tmp_path), "--no-example", "--devices", "1", "--num-nodes", "2",
+            "--vocab", str(VOCAB), "--then-item"]
     nodes = [subprocess.Popen(args, env={**env, "NODE_RANK": str(n)}, cwd=tmp_path, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for n in range(2)]
     outputs = [node.communicate(timeout=240) for node in nodes]
@@ -241,6 +259,31 @@ def test_auto_parallel_on_two_nodes_chooses_a_plan_from_a_training_batch(tmp_pat
     assert len(results["losses"]) == STEPS and all(map(torch.isfinite, torch.tensor(results["losses"])))
     hparams = next(tmp_path.glob("lightning_logs/*/hparams.yaml")).read_text()
     assert "plan/name" in hparams
+    assert_profiled_the_loss(results)
+    fallback = results["item"]
+    assert f"auto-parallel: chose plan {fallback['plan']}" in stdout and len(fallback["losses"]) == STEPS
+    assert any("ItemLlama.training_step could not run on fake tensors (DataDependentOutputException" in note
+               for note in fallback["notes"])
+    assert any("backward was seeded with the sum of the outputs" in note for note in fallback["notes"])
+    assert fallback["head"]["bwd_largest_output_bytes"] < VOCAB_LOGITS
+
+
+VOCAB = 32_000
+VOCAB_LOGITS = BATCH * SEQ_LEN * VOCAB * 4  # one rank's logits in fp32
+
+
+def assert_profiled_the_loss(results: dict[str, Any]) -> None:
+    """The profile the plan was chosen from holds the cross-entropy: the fp32 log-probabilities
+    it saves and the logits' gradient, which seeding backward with the sum of the logits lacks."""
+    module = TinyLlama(vocab=VOCAB)
+    module.configure_model()
+    summed = profile_model(module, (dataset(1).tensors[0][:BATCH],), precision="fp32").head
+    head = results["head"]
+    assert not [note for note in results["notes"] if "fake tensors" in note or "sum of the outputs" in note]
+    assert head["saved_bytes"] >= VOCAB_LOGITS > summed.saved_bytes
+    assert head["bwd_largest_output_bytes"] >= VOCAB_LOGITS > summed.bwd_largest_output_bytes
+    print(f"head saved {head['saved_bytes']:,} (summed: {summed.saved_bytes:,}) B, largest backward output "
+          f"{head['bwd_largest_output_bytes']:,} (summed: {summed.bwd_largest_output_bytes:,}) B")
 
 
 def test_meta_initialised_model_trains_in_bf16(tmp_path: Path) -> None:
@@ -265,6 +308,27 @@ class _Record(pl.Callback):
         self.losses.append((metrics["loss"] if "loss" in metrics else metrics["train_loss"]).item())
 
 
+def _trainer(args: argparse.Namespace, plan: Plan | None, record: _Record) -> pl.Trainer:
+    """A Trainer on CPU ranks running ``plan`` (None: "auto-parallel" by name chooses one)."""
+    strategy = "auto-parallel" if plan is None else AutoParallelStrategy(
+        plan=plan, verbose=False, save_distributed_checkpoint=not args.full_checkpoint)
+    precision = {"fp32": "32-true"}.get(plan.precision, plan.precision) if plan else "32-true"
+    return pl.Trainer(accelerator="cpu", devices=args.devices, num_nodes=args.num_nodes, strategy=strategy,
+                      max_steps=args.steps, limit_train_batches=1, max_epochs=-1, precision=precision,
+                      callbacks=[record], logger=plan is None, default_root_dir=args.out, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False)
+
+
+def _advice(trainer: pl.Trainer) -> dict[str, Any]:
+    """What rank 0's advice profiled in the head, and its notes (nothing where there is none)."""
+    advice = trainer.strategy.advice
+    if advice is None:
+        return {}
+    head = advice.profile.head
+    return {"head": {"saved_bytes": head.saved_bytes, "bwd_largest_output_bytes": head.bwd_largest_output_bytes},
+            "notes": list(advice.notes)}
+
+
 def main() -> None:
     """Train TinyLlama on CPU ranks ("auto-parallel" by name when no plan file is given; the
     module-level import of stratagem.integrations.lightning registered it on every rank)."""
@@ -282,25 +346,27 @@ def main() -> None:
                         "then trainer.predict on batches of the wrong size")
     parser.add_argument("--no-example", action="store_true", help="leave example_input_array unset")
     parser.add_argument("--empty-init", action="store_true", help="build the model on meta")
+    parser.add_argument("--vocab", type=int, help="a vocabulary of this many tokens (llama-tiny's: 256)")
+    parser.add_argument("--then-item", action="store_true", help="then fit an ItemLlama under a new Trainer")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
     record = _Record()
     plan = None if args.plan is None else Plan.from_json(Path(args.plan).read_text())
-    strategy = "auto-parallel" if plan is None else AutoParallelStrategy(
-        plan=plan, verbose=False, save_distributed_checkpoint=not args.full_checkpoint)
-    precision = {"fp32": "32-true"}.get(plan.precision, plan.precision) if plan else "32-true"
-    trainer = pl.Trainer(accelerator="cpu", devices=args.devices, num_nodes=args.num_nodes, strategy=strategy, max_steps=args.steps,
-                         limit_train_batches=1, max_epochs=-1, precision=precision, callbacks=[record], logger=plan is None, default_root_dir=args.out,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = _trainer(args, plan, record)
     dp = plan.dp if plan else 2
     loader = DataLoader(dataset(dp), batch_size=BATCH)
-    module = TinyLlama(example=not args.no_example)
+    module = TinyLlama(example=not args.no_example, vocab=args.vocab)
     if args.empty_init:
         with trainer.init_module(empty_init=True):
             module.configure_model()
     trainer.fit(module, loader, ckpt_path=args.resume)
-    results: dict[str, Any] = {"losses": record.losses, "plan": trainer.strategy.plan.name}
+    results: dict[str, Any] = {"losses": record.losses, "plan": trainer.strategy.plan.name, **_advice(trainer)}
+    if args.then_item:
+        record = _Record()
+        item = _trainer(args, None, record)
+        item.fit(ItemLlama(example=not args.no_example, vocab=args.vocab), loader)
+        results["item"] = {"losses": record.losses, "plan": item.strategy.plan.name, **_advice(item)}
     if args.save:
         trainer.save_checkpoint(args.save)
     if args.validate:

@@ -1,13 +1,16 @@
 """What the Lightning and Fabric strategies share, without processes: reading pinned plans,
-precision names, capturing forward's inputs from a step, and materialising meta models."""
+precision names, capturing forward's inputs from a step, profiling the training step (or forward
+alone, with a note, when it cannot run on fake tensors), and materialising meta models."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import lightning.pytorch as pl
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from stratagem.plan import Plan
@@ -15,10 +18,10 @@ from stratagem.errors import UsageError
 from stratagem.integrations.planning import (
     check_choice,
     check_plan_precision,
-    forward_inputs,
     load_plan,
     stratagem_precision,
 )
+from stratagem.integrations.steps import fabric_step, forward_inputs, lightning_step, profile_for_plan
 from stratagem.models import get_preset
 from stratagem.plugins.materialize import has_meta_tensors, materialize
 
@@ -149,3 +152,76 @@ def test_a_dataloader_batch_runs_unpiped_or_split_into_micro_batches() -> None:
     assert _pipeline_shapes(profile, 4, {"pp": 2}) == [(2, 2), (2, 4)]
     assert _pipeline_shapes(profile, 4, {"microbatches": 3}) == []
     assert _pipeline_shapes(dataclasses.replace(profile, pp_unavailable="tied"), 4, {}) == [(1, 1)]
+
+
+class _Llama(pl.LightningModule):
+    """llama-tiny whose training_step logs, keeps its losses and returns a dict."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.preset = get_preset("llama-tiny")
+        self.model = self.preset.build()
+        self.losses: list[torch.Tensor] = []
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model(tokens)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> dict[str, torch.Tensor]:
+        tokens, targets = batch
+        loss = self.preset.loss(self(tokens), targets)
+        self.log("loss", loss, sync_dist=True)
+        self.losses.append(loss)
+        return {"loss": loss}
+
+
+class _ItemLlama(_Llama):
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> dict[str, torch.Tensor]:
+        output = super().training_step(batch, batch_idx)
+        self.last = output["loss"].item()
+        return output
+
+
+_BATCH = get_preset("llama-tiny").make_batch(2, seq_len=16)  # ((tokens,), targets)
+_LOGITS_FP32 = 2 * 16 * 256 * 4
+
+
+def test_the_training_step_is_profiled_with_its_loss_outside_the_loop() -> None:
+    """The loss training_step returns (in a dict) is in the head; self.log does nothing, and what
+    the step stored is put back; forward's inputs give the batch shape."""
+    (tokens,), targets = _BATCH
+    module = _Llama()
+    step = lightning_step(module, (tokens, targets), fallback=lambda: pytest.fail("the step runs"))
+    assert torch.equal(step.forward_inputs[0], tokens)
+    profile = profile_for_plan(module, step, precision="fp32")
+    summed = profile_for_plan(module, tokens, precision="fp32")
+    assert (profile.batch_size, profile.seq_len, profile.block_container) == (2, 16, "model.layers")
+    assert profile.head.bwd_largest_output_bytes >= _LOGITS_FP32 > summed.head.bwd_largest_output_bytes
+    assert profile.head.saved_bytes > summed.head.saved_bytes
+    assert not [n for n in profile.notes if "fake tensors" in n or "sum of the outputs" in n]
+    assert module.losses == [] and "log" not in vars(module)
+
+
+def test_a_step_that_cannot_run_on_fake_tensors_falls_back_to_forward_with_a_note(caplog) -> None:
+    (tokens,), targets = _BATCH
+    module = _ItemLlama()
+    profile = profile_for_plan(module, lightning_step(module, (tokens, targets), fallback=lambda: tokens),
+                               precision="fp32")
+    assert profile.batch_size == 2
+    assert any(n.startswith("_ItemLlama.training_step could not run on fake tensors (DataDependentOutputException")
+               for n in profile.notes)
+    assert any("backward was seeded with the sum of the outputs" in n for n in profile.notes)
+    assert "could not run on fake tensors" in caplog.text
+    module.automatic_optimization = False
+    manual = profile_for_plan(module, lightning_step(module, (tokens, targets), fallback=lambda: tokens),
+                              precision="fp32")
+    assert any("(UsageError: training_step runs its own backward and optimizer step" in n for n in manual.notes)
+
+
+def test_fabric_profiles_the_loss_fn_it_is_given() -> None:
+    (tokens,), targets = _BATCH
+    model = get_preset("llama-tiny").build()
+    step = fabric_step(tokens, lambda logits: F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten()))
+    profile = profile_for_plan(model, step, precision="fp32")
+    assert profile.head.bwd_largest_output_bytes >= _LOGITS_FP32 and not profile.notes
+    with pytest.raises(UsageError, match="failed on its example inputs"):  # forward itself fails: no fallback
+        profile_for_plan(model, fabric_step(torch.randn(2, 16), lambda out: out.sum()), precision="fp32")

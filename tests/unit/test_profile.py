@@ -274,3 +274,44 @@ def test_the_head_s_largest_backward_output_is_the_loss_s_gradient_of_the_logits
     profile = profile_model(Toy(), (_tokens(2, 16),), loss_fn=_ce, precision="bf16-mixed")
     assert profile.head.output_bytes == 2 * 16 * 97 * 2
     assert profile.head.bwd_largest_output_bytes == 2 * 16 * 97 * 4
+
+
+class _Holder(nn.Module):
+    """Holds the model, as a LightningModule does, and has no forward: the step calls the child."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+
+def _training_step(holder: _Holder, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    tokens, targets = batch
+    return F.cross_entropy(holder.model(tokens).flatten(0, 1).float(), targets.flatten())
+
+
+def test_a_training_step_puts_its_loss_in_the_head():
+    """step_fn runs the whole step: cross-entropy over a 32k vocabulary saves the fp32
+    log-probabilities and writes the fp32 logits' gradient, both in the head, where seeding
+    backward with the sum of the logits has neither; the blocks are found and measured alike
+    when the step calls a child of the profiled module."""
+    vocab, logits_fp32 = 32_000, 2 * 16 * 32_000 * 4
+    holder = _Holder(Toy(vocab=vocab))
+    tokens = _tokens(2, 16)
+    summed = profile_model(holder.model, (tokens,), precision="bf16-mixed")
+    traced = profile_model(holder, ((tokens, _tokens(2, 16)),), step_fn=_training_step, precision="bf16-mixed")
+    assert (traced.block_container, traced.batch_size, traced.seq_len) == ("model.layers", 2, 16)
+    assert traced.head.bwd_largest_output_bytes >= logits_fp32 > summed.head.bwd_largest_output_bytes
+    assert traced.head.saved_bytes >= logits_fp32 > summed.head.saved_bytes
+    assert traced.head.fwd_ops > summed.head.fwd_ops
+    assert traced.head.output_bytes == summed.head.output_bytes == 2 * 16 * vocab * 2  # forward's bf16 logits
+    assert [b.saved_bytes for b in traced.blocks] == [b.saved_bytes for b in summed.blocks]
+    assert traced.head.bwd_op_bytes > summed.head.bwd_op_bytes  # softmax, log and their gradients move bytes
+    assert not traced.notes and "sum of the outputs" in summed.notes[0]
+
+
+def test_a_step_that_returns_no_scalar_loss_is_a_usage_error():
+    holder = _Holder(Toy())
+    with pytest.raises(UsageError, match=r"step_fn returned a tensor of shape \[2, 16, 97\], not a scalar loss"):
+        profile_model(holder, (_tokens(),), step_fn=lambda h, tokens: h.model(tokens), precision="fp32")
+    with pytest.raises(UsageError, match="loss_fn or step_fn, not both"):
+        profile_model(holder, (_tokens(),), step_fn=_training_step, loss_fn=_ce, precision="fp32")

@@ -1,5 +1,5 @@
 """Blocks in the profile's fake step: each block's input and output bytes, and identical blocks
-measured once (:func:`~stratagem.advisor.profile.measure.run_fake_step`).
+measured once (:func:`~stratagem.advisor.profile.step.run_fake_step`).
 
 Blocks identical to one already measured (same class, same parameter shapes, same repr) and
 called with inputs of the same shapes are not run again: their forward is replaced by a cheap

@@ -41,18 +41,16 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-from stratagem.advisor.profile.block_reuse import BlockReuse, tensor_bytes
+from stratagem.advisor.profile.block_reuse import tensor_bytes
 from stratagem.advisor.profile.counts import RunRecord
-from stratagem.advisor.profile.fused import FusedKernels
 from stratagem.advisor.profile.fusion import FusionTracker
 from stratagem.advisor.profile.recompute import CheckpointPolicies
 
@@ -137,7 +135,7 @@ def _largest(tensors: list[torch.Tensor], *, but: set[tuple[int, ...]]) -> int:
     return max((tensor_bytes(t) for t in tensors if tuple(t.shape) not in but), default=0)
 
 
-class _CostCounter(FlopCounterMode):
+class CostCounter(FlopCounterMode):
     """A FlopCounterMode that attributes FLOPs and tensor provenance to segments."""
 
     def __init__(self, *, block_of: dict[str, str], record: RunRecord,
@@ -158,7 +156,7 @@ class _CostCounter(FlopCounterMode):
         self.masks: set[StorageWeakRef] = set()
         self._gpu_masks = gpu_masks  # count dropout masks as CUDA's one-byte ones
         self.suppressed = 0  # inside a decomposition counted as its fused kernel (fused.FusedKernels)
-        self.saved: _SavedTensorCounter | None = None
+        self.saved: SavedTensorCounter | None = None
         self.policies = CheckpointPolicies(set(state_names))
         self.fusion = FusionTracker()
 
@@ -314,10 +312,10 @@ class _CostCounter(FlopCounterMode):
             self.masks.add(StorageWeakRef(out.untyped_storage()))
 
 
-class _SavedTensorCounter:
+class SavedTensorCounter:
     """``saved_tensors_hooks`` pack hook: bytes saved for backward per segment, once per storage."""
 
-    def __init__(self, counter: _CostCounter, record: RunRecord, params: set[StorageWeakRef]) -> None:
+    def __init__(self, counter: CostCounter, record: RunRecord, params: set[StorageWeakRef]) -> None:
         self._counter = counter
         self._record = record
         self._params = params
@@ -369,62 +367,3 @@ def quiet_fake_tensor_log() -> Iterator[None]:
         yield
     finally:
         logger.setLevel(level)
-
-
-def run_fake_step(
-    model: nn.Module,
-    state: dict[str, torch.Tensor],
-    args: tuple,
-    kwargs: dict,
-    *,
-    blocks: tuple[str, ...],
-    loss_fn: Callable[[Any], torch.Tensor],
-    autocast_dtype: torch.dtype | None,
-    seq_len: int | None = None,
-    batch_size: int | None = None,
-    reuse_identical_blocks: bool = True,
-    kernels: str = "gpu",
-) -> RunRecord:
-    """One forward and backward of ``model`` with its parameters and buffers replaced by the
-    fake tensors in ``state``; must run inside the FakeTensorMode that made them. With
-    ``reuse_identical_blocks`` each group of identical blocks is measured once. ``seq_len`` and
-    ``batch_size`` identify attention-score tensors (``[b, heads, s, s]``). ``kernels``: count
-    what a GPU runs (``"gpu"``: fused kernels, one-byte dropout masks) or the CPU (``"cpu"``)."""
-    record = RunRecord()
-    root = type(model).__name__
-    block_of = {f"{root}.{fqn}": fqn for fqn in blocks}
-    state_names: dict[StorageWeakRef, str] = {}
-    for name, tensor in state.items():  # tied names share a tensor: the first name owns it
-        state_names.setdefault(StorageWeakRef(tensor.untyped_storage()), name)
-    gradient_shapes = {(tuple(t.shape), t.dtype) for t in state.values() if t.requires_grad}
-    counter = _CostCounter(block_of=block_of, record=record, state_names=state_names,
-                           gradient_shapes=gradient_shapes, has_blocks=bool(blocks), seq_len=seq_len,
-                           batch_size=batch_size, gpu_masks=kernels == "gpu")
-    saved = counter.saved = _SavedTensorCounter(counter, record, set(state_names))
-    autocast = torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None)
-    hooks = torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack)
-    reuse = BlockReuse(model, blocks, record, reuse=reuse_identical_blocks, on_start=counter.policies.start)
-    fused = FusedKernels(counter) if kernels == "gpu" else contextlib.nullcontext()
-    with reuse, counter, hooks, fused:
-        with autocast:
-            output = torch.func.functional_call(model, state, args, kwargs, strict=False)
-            record.output_bytes = tensor_bytes(output)
-            loss = loss_fn(output)
-        loss.backward()
-    for block, policies in counter.policies.counts.items():
-        record.segments[block].policies = policies
-    _add_fused(record, counter.fusion)
-    return record
-
-
-def _add_fused(record: RunRecord, fusion: FusionTracker) -> None:
-    """Each segment's bytes and kernels fused (:mod:`~stratagem.advisor.profile.fusion`), beside what
-    ``count_kernels`` put there already (kernels fused before compilation)."""
-    for (seg, is_bw), (moved, groups) in fusion.fused().items():
-        counts = record.segments[seg]
-        if is_bw:
-            counts.bwd_fused_op_bytes += moved
-            counts.bwd_fused_ops += groups
-        else:
-            counts.fwd_fused_op_bytes += moved
-            counts.fwd_fused_ops += groups

@@ -24,7 +24,8 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from stratagem.advisor.profile.counts import RunRecord, SegmentCounts
-from stratagem.advisor.profile.measure import EMBED, HEAD, quiet_fake_tensor_log, run_fake_step
+from stratagem.advisor.profile.measure import EMBED, HEAD, quiet_fake_tensor_log
+from stratagem.advisor.profile.step import Step, run_fake_step
 from stratagem.plan.precision import Precision, get_precision, in_compute_dtype, torch_dtype
 from stratagem.advisor.profile.model_profile import KERNELS, ModelProfile, SegmentProfile, policy_field
 from stratagem.advisor.profile.structure import attention_heads, find_blocks, linear_layers, pp_unavailable
@@ -32,7 +33,7 @@ from stratagem.advisor.profile.tp_layout import LinearCallRecorder, find_tp_layo
 from stratagem.errors import UsageError
 from stratagem.plan.stages import removal_convention
 
-__all__ = ["ModelProfile", "SegmentProfile", "profile_model"]
+__all__ = ["ModelProfile", "SegmentProfile", "input_shape", "profile_model"]
 
 
 def profile_model(
@@ -40,6 +41,7 @@ def profile_model(
     example_inputs: Sequence[Any] | Mapping[str, Any],
     *,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    step_fn: Step | None = None,
     precision: str = "bf16-mixed",
     name: str | None = None,
     batch_size: int | None = None,
@@ -53,17 +55,23 @@ def profile_model(
     tuple of positional arguments or a dict of keyword arguments; only their shapes and dtypes
     matter. ``loss_fn(output) -> scalar`` seeds the backward pass; without it a scalar output
     (or an output's ``.loss``) is used, else the sum of the outputs (the profile says so).
-    ``batch_size`` defaults to the first input's leading dimension; ``seq_len`` to its second
-    when that input holds integer token ids. ``reuse_identical_blocks=False`` measures every
-    block instead of one per group of identical blocks (slower; the same numbers). ``kernels``:
-    count what a GPU's kernels do (``"gpu"``, the default) or what CPU ranks run (``"cpu"``;
-    :mod:`~stratagem.advisor.profile.measure`). A ``*-mixed``
-    precision's step is measured twice: under autocast, and with parameters in the compute
-    dtype as FSDP2 runs it (:attr:`ModelProfile.in_compute_dtype`).
+    ``step_fn(model, *inputs) -> scalar`` (``**inputs`` for a dict) runs a whole training step
+    instead, e.g. a LightningModule's ``training_step`` on a batch: ``example_inputs`` are then the
+    step's, it calls the model (or a child) itself, and what it computes after the last block
+    (the loss) counts in the head, before the first block in the embedding. ``batch_size``
+    defaults to the first input's leading dimension; ``seq_len`` to its second when that input
+    holds integer token ids (give both when the step's inputs are not the model's).
+    ``reuse_identical_blocks=False`` measures every block instead of one per group of identical
+    blocks (slower; the same numbers). ``kernels``: count what a GPU's kernels do (``"gpu"``, the
+    default) or what CPU ranks run (``"cpu"``; :mod:`~stratagem.advisor.profile.measure`). A
+    ``*-mixed`` precision's step is measured twice: under autocast, and with parameters in the
+    compute dtype as FSDP2 runs it (:attr:`ModelProfile.in_compute_dtype`).
     """
+    if loss_fn is not None and step_fn is not None:
+        raise UsageError("profile_model takes loss_fn or step_fn, not both\nHINT: compute the loss inside step_fn")
     if kernels not in KERNELS:
         raise UsageError(f"kernels={kernels!r} is not one of {', '.join(map(repr, KERNELS))}")
-    options = dict(loss_fn=loss_fn, name=name, batch_size=batch_size, seq_len=seq_len,
+    options = dict(loss_fn=loss_fn, step_fn=step_fn, name=name, batch_size=batch_size, seq_len=seq_len,
                    reuse_identical_blocks=reuse_identical_blocks, kernels=kernels)
     profile = _profile_step(model, example_inputs, precision=precision, **options)
     if in_compute_dtype(precision) == precision:
@@ -77,6 +85,7 @@ def _profile_step(
     example_inputs: Sequence[Any] | Mapping[str, Any],
     *,
     loss_fn: Callable[[Any], torch.Tensor] | None,
+    step_fn: Step | None,
     precision: str,
     name: str | None,
     batch_size: int | None,
@@ -99,7 +108,7 @@ def _profile_step(
         args, kwargs = tree_map(functools.partial(_fake_like, floating=_input_dtype(prec)), (args, kwargs))
         with LinearCallRecorder(model, structure.blocks) as calls, _model_errors(name or type(model).__name__):
             record = run_fake_step(model, state, args, kwargs, blocks=structure.blocks,
-                                   loss_fn=_resolve_loss(loss_fn, notes),
+                                   step=_resolve_step(loss_fn, step_fn, notes),
                                    autocast_dtype=torch_dtype(prec.compute_dtype) if prec.autocast else None,
                                    seq_len=seq_len, batch_size=batch_size,
                                    reuse_identical_blocks=reuse_identical_blocks, kernels=kernels)
@@ -136,6 +145,12 @@ def _split_inputs(example_inputs: Sequence[Any] | Mapping[str, Any]) -> tuple[tu
     if isinstance(example_inputs, torch.Tensor):
         return (example_inputs,), {}
     return tuple(example_inputs), {}
+
+
+def input_shape(example_inputs: Sequence[Any] | Mapping[str, Any]) -> tuple[int, int | None]:
+    """The batch size and sequence length :func:`profile_model` reads from ``example_inputs``."""
+    args, kwargs = _split_inputs(example_inputs)
+    return _batch_shape(args, kwargs, None, None)
 
 
 def _batch_shape(args: tuple, kwargs: dict, batch_size: int | None, seq_len: int | None) -> tuple[int, int | None]:
@@ -183,6 +198,23 @@ def _fake_state(model: nn.Module, prec: Precision) -> dict[str, torch.Tensor]:
             made[id(buf)] = torch.empty(buf.shape, dtype=buf.dtype, device="cpu")
         state[name] = made[id(buf)]
     return state
+
+
+def _resolve_step(loss_fn: Callable | None, step_fn: Step | None, notes: list[str]) -> Step:
+    """The step the fake run calls: ``step_fn``, its loss checked, else the model then the loss."""
+    if step_fn is None:
+        loss = _resolve_loss(loss_fn, notes)
+        return lambda model, *args, **kwargs: loss(model(*args, **kwargs))
+
+    def step(model: nn.Module, *args: Any, **kwargs: Any) -> torch.Tensor:
+        loss = step_fn(model, *args, **kwargs)
+        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+            what = f"a tensor of shape {list(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
+            raise UsageError(f"step_fn returned {what}, not a scalar loss\n"
+                             "HINT: return the loss the step's backward starts from")
+        return loss
+
+    return step
 
 
 def _resolve_loss(loss_fn: Callable | None, notes: list[str]) -> Callable[[Any], torch.Tensor]:

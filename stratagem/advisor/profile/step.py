@@ -1,0 +1,127 @@
+"""Run one training step of a model on fake tensors, with the counters of :mod:`.measure` on: the
+model and its loss, or a whole training step around the model (a LightningModule's
+``training_step``), forward and backward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from stratagem.advisor.profile.block_reuse import BlockReuse, tensor_bytes
+from stratagem.advisor.profile.counts import RunRecord
+from stratagem.advisor.profile.fused import FusedKernels
+from stratagem.advisor.profile.fusion import FusionTracker
+from stratagem.advisor.profile.measure import CostCounter, SavedTensorCounter
+
+
+Step = Callable[..., torch.Tensor]
+"""``step(model, *args, **kwargs) -> loss``: what one training step runs on its inputs, calling the
+model (or a child of it) inside; the fake step runs backward from the loss it returns."""
+
+
+class _StepCall(nn.Module):
+    """The step as one module call, ``model`` its child: ``functional_call`` swaps the fake state
+    in, and the module tracker names the model's modules from here, whether the step calls the
+    model itself or one of its children (a LightningModule's ``self.model(...)``)."""
+
+    def __init__(self, model: nn.Module, step: Step) -> None:
+        super().__init__()
+        self.model = model
+        self._step = step
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self._step(self.model, *args, **kwargs)
+
+
+class _ModelOutput:
+    """The output of the model's forward in a step: the last output of the outermost module called
+    among ``model`` and the modules holding its blocks' container (a step may skip the model's own
+    forward and call a child)."""
+
+    def __init__(self, model: nn.Module, blocks: tuple[str, ...]) -> None:
+        parts = blocks[0].split(".")[:-2] if blocks else []  # above the container: model.layers.0 -> model
+        self._modules = [model.get_submodule(".".join(parts[:depth])) for depth in range(len(parts) + 1)]
+        self._outputs: dict[int, Any] = {}
+        self._handles: list = []
+
+    def __enter__(self) -> _ModelOutput:
+        for depth, module in enumerate(self._modules):
+            self._handles.append(module.register_forward_hook(
+                lambda _module, _args, output, depth=depth: self._outputs.__setitem__(depth, output)))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+    def bytes(self) -> int:
+        """Bytes of the outermost output recorded (0 when none of the modules ran)."""
+        return tensor_bytes(self._outputs[min(self._outputs)]) if self._outputs else 0
+
+
+def run_fake_step(
+    model: nn.Module,
+    state: dict[str, torch.Tensor],
+    args: tuple,
+    kwargs: dict,
+    *,
+    blocks: tuple[str, ...],
+    step: Step,
+    autocast_dtype: torch.dtype | None,
+    seq_len: int | None = None,
+    batch_size: int | None = None,
+    reuse_identical_blocks: bool = True,
+    kernels: str = "gpu",
+) -> RunRecord:
+    """One ``step`` of ``model`` on ``args``/``kwargs``, forward and backward, with the model's
+    parameters and buffers replaced by the fake tensors in ``state``; must run inside the
+    FakeTensorMode that made them. With ``reuse_identical_blocks`` each group of identical blocks
+    is measured once. ``seq_len`` and ``batch_size`` identify attention-score tensors
+    (``[b, heads, s, s]``). ``kernels``: count what a GPU runs (``"gpu"``: fused kernels, one-byte
+    dropout masks) or the CPU (``"cpu"``)."""
+    record = RunRecord()
+    root = f"{_StepCall.__name__}.model"  # the module tracker's name for the model (see _StepCall)
+    block_of = {f"{root}.{fqn}": fqn for fqn in blocks}
+    state_names: dict[StorageWeakRef, str] = {}
+    for name, tensor in state.items():  # tied names share a tensor: the first name owns it
+        state_names.setdefault(StorageWeakRef(tensor.untyped_storage()), name)
+    gradient_shapes = {(tuple(t.shape), t.dtype) for t in state.values() if t.requires_grad}
+    counter = CostCounter(block_of=block_of, record=record, state_names=state_names,
+                          gradient_shapes=gradient_shapes, has_blocks=bool(blocks), seq_len=seq_len,
+                          batch_size=batch_size, gpu_masks=kernels == "gpu")
+    saved = counter.saved = SavedTensorCounter(counter, record, set(state_names))
+    autocast = torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None)
+    hooks = torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack)
+    reuse = BlockReuse(model, blocks, record, reuse=reuse_identical_blocks, on_start=counter.policies.start)
+    fused = FusedKernels(counter) if kernels == "gpu" else contextlib.nullcontext()
+    call = _StepCall(model, step)
+    with reuse, _ModelOutput(model, blocks) as output:
+        with counter, hooks, fused:
+            with autocast:
+                loss = torch.func.functional_call(call, {f"model.{k}": v for k, v in state.items()}, args, kwargs,
+                                                  strict=False)
+            loss.backward()
+    record.output_bytes = output.bytes()
+    for block, policies in counter.policies.counts.items():
+        record.segments[block].policies = policies
+    _add_fused(record, counter.fusion)
+    return record
+
+
+def _add_fused(record: RunRecord, fusion: FusionTracker) -> None:
+    """Each segment's bytes and kernels fused (:mod:`~stratagem.advisor.profile.fusion`), beside what
+    ``count_kernels`` put there already (kernels fused before compilation)."""
+    for (seg, is_bw), (moved, groups) in fusion.fused().items():
+        counts = record.segments[seg]
+        if is_bw:
+            counts.bwd_fused_op_bytes += moved
+            counts.bwd_fused_ops += groups
+        else:
+            counts.fwd_fused_op_bytes += moved
+            counts.fwd_fused_ops += groups
