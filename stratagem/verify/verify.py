@@ -31,6 +31,8 @@ from stratagem.distributed import (
     leaving_process_group,
     naming_lost_peers,
     rank_died,
+    ranks_on_this_host,
+    share_host_cores,
 )
 from stratagem.advisor.cost.estimate import Estimate
 from stratagem.plan import Plan
@@ -108,7 +110,7 @@ def verify_plan(model: str, plan: Plan, *, seq_len: int | None, optimizer: str, 
         ranks = list(range(plan.world_size))
         store = host_store()  # referenced until the ranks are done
         measured = _run_ranks(ranks, ranks, plan.world_size, ("127.0.0.1", store.port), run, timeout,
-                              ranks_per_node=plan.world_size)
+                              ranks_on_host=plan.world_size)
         if measured is None:
             raise RuntimeError("rank 0 wrote no measurement")
         return measured
@@ -120,9 +122,10 @@ def verify_plan(model: str, plan: Plan, *, seq_len: int | None, optimizer: str, 
     rendezvous = [(socket.gethostname(), store.port) if store is not None else None]
     dist.broadcast_object_list(rendezvous, src=0)
     rank, local_rank = dist.get_rank(), int(os.environ.get("LOCAL_RANK", 0))
+    sharing = ranks_on_this_host()  # not LOCAL_WORLD_SIZE: a launcher's nodes may share one host
     try:
         measured = _run_ranks([rank], [local_rank], plan.world_size, rendezvous[0], run, timeout,
-                              ranks_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+                              ranks_on_host=sharing)
         failure = None
     except _Failure as err:
         measured, failure = None, (err.when, str(err))
@@ -146,16 +149,16 @@ class _Failure(RuntimeError):
 
 
 def _run_ranks(ranks: list[int], local_ranks: list[int], world_size: int, rendezvous: tuple[str, int],
-               run: tuple, timeout: float, *, ranks_per_node: int) -> Measured | None:
+               run: tuple, timeout: float, *, ranks_on_host: int) -> Measured | None:
     """Spawn one process per rank of ``ranks`` (global ranks of a ``world_size`` group meeting at
-    ``rendezvous``: host, port; ``ranks_per_node`` of the group share this host's cores), running
+    ``rendezvous``: host, port; ``ranks_on_host`` of the group share this host's cores), running
     ``run``; what global rank 0 measured, when it is among them. Raises :class:`_Failure` with
     the first failure of those processes, or when they run past ``timeout`` seconds."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
-        args = (ranks, local_ranks, world_size, ranks_per_node, rendezvous, *run, timeout, out)
+        args = (ranks, local_ranks, world_size, ranks_on_host, rendezvous, *run, timeout, out)
         context = mp.start_processes(_worker, args=args, nprocs=len(ranks), join=False, start_method="spawn")
         deadline = time.monotonic() + timeout
         try:
@@ -173,7 +176,7 @@ def _run_ranks(ranks: list[int], local_ranks: list[int], world_size: int, rendez
         return Measured(**json.loads(result.read_text())) if result.exists() else None
 
 
-def _worker(index: int, ranks: list[int], local_ranks: list[int], world_size: int, ranks_per_node: int,
+def _worker(index: int, ranks: list[int], local_ranks: list[int], world_size: int, ranks_on_host: int,
             rendezvous: tuple[str, int], model: str, plan_json: str, seq_len: int | None, optimizer: str, steps: int, warmup: int, timeout: float,
             out: Path) -> None:
     rank, local_rank = ranks[index], local_ranks[index]
@@ -183,7 +186,7 @@ def _worker(index: int, ranks: list[int], local_ranks: list[int], world_size: in
     if cuda:
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
     else:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks_per_node))
+        share_host_cores(ranks_on_host)
     # A rank whose peer hangs gives up after ``timeout`` instead of waiting in a collective for good.
     join_group("nccl" if cuda else "gloo", rendezvous, rank=rank, world_size=world_size,
                timeout=datetime.timedelta(seconds=timeout))
