@@ -38,7 +38,7 @@ from stratagem.advisor.cost.estimate import Estimate
 from stratagem.plan import Plan
 from stratagem.verify.runner import Measured, measure_plan, real_model
 
-__all__ = ["Verified", "measured_winner", "verify_estimates", "verify_plan"]
+__all__ = ["Verified", "measured_winner", "too_close_to_call", "verify_estimates", "verify_plan"]
 
 LOST_HINT = ("HINT: that rank's output says why it died (or the kernel's log, for the OOM killer); "
              "the other plans go on")
@@ -73,26 +73,45 @@ class Verified:
 
 
 def verify_estimates(model: str, estimates: Sequence[Estimate], *, seq_len: int | None, optimizer: str,
-                     steps: int = 3, warmup: int = 1, timeout: float = 300.0,
+                     steps: int = 3, warmup: int = 1, timeout: float = 300.0, repeats: int = 1,
                      progress: Callable[[int, Verified], None] | None = None) -> list[Verified]:
-    """Run every estimate's plan (``verify_plan``); ``progress(index, result)`` after each."""
-    results = []
-    for index, estimate in enumerate(estimates):
-        try:
-            measured, error = verify_plan(model, estimate.plan, seq_len=seq_len, optimizer=optimizer, steps=steps,
-                                          warmup=warmup, timeout=timeout), None
-        except RuntimeError as err:
-            measured, error = None, str(err)
-        results.append(Verified(estimate, measured, error))
-        if progress is not None:
-            progress(index, results[-1])
-    return results
+    """Run every estimate's plan (``verify_plan``) ``repeats`` times, in rounds that run each plan
+    once in turn (a host whose speed drifts moves them all alike), pooling each plan's runs
+    (:meth:`Measured.pooled`); a plan that fails is not run again. ``progress(index, result)``
+    after each run, with the plan's runs so far."""
+    runs: list[list[Measured]] = [[] for _ in estimates]
+    errors: list[str | None] = [None for _ in estimates]
+    for _ in range(repeats):
+        for index, estimate in enumerate(estimates):
+            if errors[index] is not None:
+                continue
+            try:
+                runs[index].append(verify_plan(model, estimate.plan, seq_len=seq_len, optimizer=optimizer,
+                                               steps=steps, warmup=warmup, timeout=timeout))
+            except RuntimeError as err:
+                errors[index] = str(err)
+            if progress is not None:
+                progress(index, _verified(estimate, runs[index], errors[index]))
+    return [_verified(estimate, mine, error) for estimate, mine, error in zip(estimates, runs, errors)]
+
+
+def _verified(estimate: Estimate, runs: list[Measured], error: str | None) -> Verified:
+    if error is not None or not runs:
+        return Verified(estimate, None, error)
+    return Verified(estimate, runs[0] if len(runs) == 1 else Measured.pooled(runs))
 
 
 def measured_winner(results: Sequence[Verified]) -> Verified | None:
-    """The plan that ran fastest (None when none ran)."""
+    """The plan whose median step was fastest (None when none ran)."""
     ran = [r for r in results if r.measured is not None]
     return min(ran, key=lambda r: r.measured.step_seconds) if ran else None
+
+
+def too_close_to_call(results: Sequence[Verified], winner: Verified) -> list[Verified]:
+    """The plans other than ``winner`` whose measured steps' range overlaps the winner's: at the
+    noise measured, either may be the faster."""
+    return [r for r in results if r is not winner and r.measured is not None
+            and r.measured.fastest <= winner.measured.slowest]
 
 
 def verify_plan(model: str, plan: Plan, *, seq_len: int | None, optimizer: str, steps: int = 3, warmup: int = 1,
@@ -173,7 +192,7 @@ def _run_ranks(ranks: list[int], local_ranks: list[int], world_size: int, rendez
                 if process.is_alive():
                     process.terminate()
         result = out / "measured.json"
-        return Measured(**json.loads(result.read_text())) if result.exists() else None
+        return Measured.from_dict(json.loads(result.read_text())) if result.exists() else None
 
 
 def _worker(index: int, ranks: list[int], local_ranks: list[int], world_size: int, ranks_on_host: int,

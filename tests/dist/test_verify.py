@@ -23,10 +23,11 @@ def _stratagem(*args: str, tmp_path: Path, **env: str) -> subprocess.CompletedPr
 
 
 def test_verify_runs_the_best_plan_and_writes_it(tmp_path: Path) -> None:
-    done = _stratagem("verify", *_TINY, "--nproc", "2", "--top", "1", "--steps", "2",
+    done = _stratagem("verify", *_TINY, "--nproc", "2", "--top", "1", "--steps", "2", "--repeats", "2",
                       "--output", str(tmp_path / "plan.json"), tmp_path=tmp_path)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    assert "predicted vs measured" in done.stdout and "verify [1/1]" in done.stderr
+    assert "predicted vs measured" in done.stdout and "verify [1/1] run 2/2" in done.stderr
+    assert "over 2 steps × 2 runs per plan" in " ".join(done.stdout.split())
     plan = Plan.from_json((tmp_path / "plan.json").read_text())
     assert plan.world_size == 2 and f"measured winner: {plan.name}" in done.stdout
 
