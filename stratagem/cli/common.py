@@ -91,6 +91,8 @@ STEPS = bounded_int(1, 1000, "a few steps measure a plan; more is a training run
 """argparse type of the steps ``verify`` measures."""
 WARMUP_STEPS = bounded_int(0, 1000, "a few steps warm a plan up")
 """argparse type of the steps ``verify`` runs before measuring."""
+REPEATS = bounded_int(1, 100, "a few runs show the noise; each starts its processes afresh")
+"""argparse type of the runs of each plan ``verify`` pools."""
 
 
 def seconds(text: str) -> float:

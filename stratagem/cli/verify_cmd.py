@@ -11,6 +11,7 @@ from stratagem.advisor.search.targets import TARGETS
 from stratagem.cli.common import (
     EXIT_NOTHING_FITS,
     LOCAL_RANKS,
+    REPEATS,
     STEPS,
     WARMUP_STEPS,
     add_model_arguments,
@@ -39,7 +40,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "Slurm step, the job's ranks), then train each of the K best plans for a few steps in its own "
         "processes, measuring the step time and the peak "
         "memory per rank (CUDA: max allocated; CPU: peak resident memory above the process's size "
-        "before the model). Prints predicted against measured and writes the measured winner as a "
+        "before the model). Prints predicted against measured, with the spread of the measured steps, "
+        "and writes the measured winner (fastest median step) as a "
         "plan file that auto-parallel and the exporters accept. A plan that fails is reported; "
         "the others go on. Runs every model advise takes: a preset, a factory (built for real in each rank, "
         "trained on its example inputs with its loss) or an hf: config (random weights and tokens, the "
@@ -52,6 +54,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--target", choices=TARGETS, default="any", help="runtime the plans must suit (default: any)")
     parser.add_argument("--steps", type=STEPS, default=3, help="measured steps per plan (default: 3)")
     parser.add_argument("--warmup", type=WARMUP_STEPS, default=1, help="steps run before measuring (default: 1)")
+    parser.add_argument("--repeats", type=REPEATS, default=1, metavar="N",
+                        help="run every plan N times in fresh processes, round by round, and pool their steps "
+                        "(default: 1)")
     parser.add_argument("--timeout", type=seconds, default=300.0, metavar="S",
                         help="seconds one plan may run (default: 300)")
     parser.add_argument("--output", type=file_name, default=None, metavar="FILE",
@@ -143,23 +148,27 @@ def verify_advice(advice: Advice, args: argparse.Namespace, *, top: int, output:
     estimates = advice.plans[:top]
     display = display or Progress(enabled=report)
 
+    repeats = getattr(args, "repeats", 1)
+
     def progress(index: int, result: Verified) -> None:
-        state = "failed: " + result.error if result.error else f"{result.measured.step_seconds:.3g} s/step"
-        display.line(f"verify [{index + 1}/{len(estimates)}] {result.plan.name}: {state}")
+        measured = result.measured
+        state = "failed: " + (result.error or "") if measured is None else (
+            f"{measured.step_seconds:.3g} s/step (steps {measured.fastest:.3g}–{measured.slowest:.3g})")
+        run = f" run {measured.repeats}/{repeats}" if measured is not None and repeats > 1 else ""
+        display.line(f"verify [{index + 1}/{len(estimates)}]{run} {result.plan.name}: {state}")
 
     with display:
         results = verify_estimates(args.model, estimates, seq_len=advice.workload.seq_len,
                                    optimizer=advice.workload.optimizer, steps=getattr(args, "steps", 3),
                                    warmup=getattr(args, "warmup", 1), timeout=getattr(args, "timeout", 300.0),
-                                   progress=progress if report else None, display=display)
+                                   repeats=repeats, progress=progress if report else None, display=display)
     winner = measured_winner(results)
     if not report:
         return 0 if winner is not None else EXIT_NOTHING_FITS
     Console().print(verification_table(results, cluster=advice.cluster))
     if winner is None:
         return EXIT_NOTHING_FITS
-    print(f"measured winner: {winner.plan.name}" + ("" if winner is results[0] else
-                                                    f" (the advisor ranked it #{results.index(winner) + 1})"))
+    print(winner_line(results, winner))
     if output is not None:
         output.write_text(winner.plan.to_json(indent=1) + "\n")
         print(f"wrote the plan to {output} (Trainer(strategy=AutoParallelStrategy(plan=...)), advise --emit)",
@@ -180,27 +189,60 @@ def check_this_host(cluster: Cluster) -> None:
                          "HINT: --cluster local, or Nxcpu for N CPU ranks")
 
 
+def winner_line(results: list[Verified], winner: Verified) -> str:
+    """The measured winner (by median step), where the advisor ranked it, and the plans whose
+    measured steps' range overlaps its own (too close to call at the noise measured)."""
+    from stratagem.verify import too_close_to_call
+
+    line = f"measured winner: {winner.plan.name} (median step)"
+    if winner is not results[0]:
+        line += f"; the advisor ranked it #{results.index(winner) + 1}"
+    close = too_close_to_call(results, winner)
+    if close:
+        names = ", ".join(r.plan.name for r in close)
+        line += (f"; its steps' range overlaps {names}'s: too close to call at this noise "
+                 "(HINT: more --steps or --repeats)")
+    return line
+
+
 def verification_table(results: list[Verified], *, cluster: Cluster) -> Table:
-    """Predicted against measured on ``cluster``, one row per plan."""
+    """Predicted against measured on ``cluster``, one row per plan; beside the step time's error,
+    the measured steps' spread (their range over their median), which says what of it is noise."""
     from rich.table import Table
 
     from stratagem.units import format_bytes, format_seconds
 
     table = Table(title=f"predicted vs measured on {cluster.spec} (step time: slowest rank; memory: fullest rank)")
-    for column in ("#", "plan", "step pred.", "step meas.", "err", "memory pred.", "memory meas.", "err"):
+    for column in ("#", "plan", "step pred.", "step meas.", "spread", "err", "memory pred.", "memory meas.", "err"):
         table.add_column(column, justify="left" if column == "plan" else "right")
     for index, result in enumerate(results, 1):
         predicted = (format_seconds(result.estimate.time.step_seconds), format_bytes(result.estimate.memory.total))
         if result.measured is None:
-            table.add_row(str(index), result.plan.name, predicted[0], "[red]failed[/]", "", predicted[1],
+            table.add_row(str(index), result.plan.name, predicted[0], "[red]failed[/]", "", "", predicted[1],
                           result.error or "", "")
             continue
         table.add_row(str(index), result.plan.name, predicted[0], format_seconds(result.measured.step_seconds),
-                      f"{result.time_error:+.0%}", predicted[1], format_bytes(result.measured.peak_bytes),
+                      f"{result.measured.spread:.0%}", f"{result.time_error:+.0%}", predicted[1],
+                      format_bytes(result.measured.peak_bytes),
                       "" if result.memory_error is None else f"{result.memory_error:+.0%}")
-    sharding = max((r.measured.sharding_seconds for r in results if r.measured is not None), default=0.0)
-    if sharding > 0:
-        table.caption = (f"measured steps leave out DTensor's first sharding decisions for new shapes (up to "
-                         f"{format_seconds(sharding)} a step): a warm-up cost (which a mixture of experts pays again "
-                         "while routing yields new expert row counts); the advisor predicts the steady state")
+    table.caption = "\n".join(_caption(results))
     return table
+
+
+def _caption(results: list[Verified]) -> list[str]:
+    """What the spread covers, and the first-time sharding decisions left out of the steps."""
+    from stratagem.units import format_seconds
+
+    ran = [r.measured for r in results if r.measured is not None]
+    lines = []
+    if ran:
+        runs = ran[0].repeats
+        over = f"{ran[0].steps} steps" + (f" × {runs} runs" if runs > 1 else "")
+        lines.append(f"spread: (slowest − fastest step) / median step, over {over} per plan; a step error "
+                     "smaller than it may be noise")
+    sharding = max((m.sharding_seconds for m in ran), default=0.0)
+    if sharding > 0:
+        lines.append(f"measured steps leave out DTensor's first sharding decisions for new shapes (up to "
+                     f"{format_seconds(sharding)} a step): a warm-up cost (which a mixture of experts pays again "
+                     "while routing yields new expert row counts); the advisor predicts the steady state")
+    return lines

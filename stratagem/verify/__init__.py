@@ -5,6 +5,6 @@ advisor or the plugins imports it.
 """
 
 from stratagem.verify.runner import Measured
-from stratagem.verify.verify import Verified, measured_winner, verify_estimates, verify_plan
+from stratagem.verify.verify import Verified, measured_winner, too_close_to_call, verify_estimates, verify_plan
 
-__all__ = ["Measured", "Verified", "measured_winner", "verify_estimates", "verify_plan"]
+__all__ = ["Measured", "Verified", "measured_winner", "too_close_to_call", "verify_estimates", "verify_plan"]

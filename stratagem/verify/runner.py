@@ -13,7 +13,8 @@ forward to the optimizer step's end, devices synchronised, less the time DTensor
 how to shard operators on shapes it had not met before
 (:class:`~stratagem.verify.sharding_cache.ShardingCacheMisses`): a warm-up cost, which a
 tensor-parallel MoE keeps paying for as long as its routing produces new expert row counts; the
-advisor predicts the steady state. What was left out is reported beside.
+advisor predicts the steady state. What was left out is reported beside, and so is every measured
+step's time on its slowest rank, whose range says how noisy the median is.
 """
 
 from __future__ import annotations
@@ -54,17 +55,52 @@ class Measured:
     """What one plan measured: seconds per step (median, slowest rank; first-time sharding
     decisions left out) and peak bytes per rank (the largest over ranks); ``reserved_bytes`` on
     CUDA only; ``sharding_seconds``: the first-time sharding decisions' seconds per step (median,
-    the largest over ranks) that ``step_seconds`` leaves out."""
+    the largest over ranks) that ``step_seconds`` leaves out. ``step_times``: each measured step's
+    seconds on its slowest rank, sharding left out, over every one of ``repeats`` runs
+    (:meth:`pooled`): their range is the noise beside the median."""
 
     step_seconds: float
     peak_bytes: int
     reserved_bytes: int | None
     steps: int
     sharding_seconds: float = 0.0
+    step_times: tuple[float, ...] = ()
+    repeats: int = 1
+
+    @property
+    def fastest(self) -> float:
+        """The fastest measured step's seconds (the median when steps were not kept)."""
+        return min(self.step_times, default=self.step_seconds)
+
+    @property
+    def slowest(self) -> float:
+        """The slowest measured step's seconds (the median when steps were not kept)."""
+        return max(self.step_times, default=self.step_seconds)
+
+    @property
+    def spread(self) -> float:
+        """The measured steps' range over their median: ``(slowest − fastest) / step_seconds``."""
+        return (self.slowest - self.fastest) / self.step_seconds
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Measured:
+        """Inverse of :meth:`to_dict`."""
+        return cls(**{**data, "step_times": tuple(data.get("step_times", ()))})
+
+    @classmethod
+    def pooled(cls, runs: list[Measured]) -> Measured:
+        """One measurement of runs of the same plan: the median of their medians, every step's
+        time, the fullest peak and the largest sharding time."""
+        reserved = [run.reserved_bytes for run in runs if run.reserved_bytes is not None]
+        return cls(step_seconds=statistics.median(run.step_seconds for run in runs),
+                   peak_bytes=max(run.peak_bytes for run in runs), reserved_bytes=max(reserved, default=None),
+                   steps=runs[0].steps, sharding_seconds=max(run.sharding_seconds for run in runs),
+                   step_times=tuple(t for run in runs for t in run.step_times),
+                   repeats=sum(run.repeats for run in runs))
 
 
 def measure_plan(model: RealModel, plan: Plan, *, optimizer: str, steps: int, warmup: int,
@@ -114,7 +150,17 @@ def measure_plan(model: RealModel, plan: Plan, *, optimizer: str, steps: int, wa
     timed = [train_step("measured", index, steps) for index in range(1, steps + 1)]
     return Measured(step_seconds=across_ranks(statistics.median(total - sharding for total, sharding in timed)),
                     peak_bytes=int(peak), reserved_bytes=reserved, steps=steps,
-                    sharding_seconds=across_ranks(statistics.median(sharding for _, sharding in timed)))
+                    sharding_seconds=across_ranks(statistics.median(sharding for _, sharding in timed)),
+                    step_times=_slowest_per_step([total - sharding for total, sharding in timed], device))
+
+
+def _slowest_per_step(seconds: list[float], device: torch.device) -> tuple[float, ...]:
+    """Each step's largest ``seconds`` over the ranks of the default group. A collective."""
+    import torch.distributed as dist
+
+    tensor = torch.tensor(seconds, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tuple(tensor.tolist())
 
 
 def _load_tracing() -> None:

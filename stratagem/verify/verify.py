@@ -31,6 +31,8 @@ from stratagem.distributed import (
     leaving_process_group,
     naming_lost_peers,
     rank_died,
+    ranks_on_this_host,
+    share_host_cores,
 )
 from stratagem.advisor.cost.estimate import Estimate
 from stratagem.errors import UsageError
@@ -41,7 +43,7 @@ from stratagem.verify.events import EventRelay, event_writer
 from stratagem.verify.runner import Measured, measure_plan
 from stratagem.verify.models import real_model
 
-__all__ = ["Verified", "measured_winner", "verify_estimates", "verify_plan"]
+__all__ = ["Verified", "measured_winner", "too_close_to_call", "verify_estimates", "verify_plan"]
 
 LOST_HINT = ("HINT: that rank's output says why it died (or the kernel's log, for the OOM killer); "
              "the other plans go on")
@@ -76,33 +78,51 @@ class Verified:
 
 
 def verify_estimates(model: str, estimates: Sequence[Estimate], *, seq_len: int | None, optimizer: str,
-                     steps: int = 3, warmup: int = 1, timeout: float = 300.0,
+                     steps: int = 3, warmup: int = 1, timeout: float = 300.0, repeats: int = 1,
                      progress: Callable[[int, Verified], None] | None = None,
                      display: Progress | None = None) -> list[Verified]:
-    """Run every estimate's plan (``verify_plan``); ``progress(index, result)`` after each;
-    ``display`` shows each plan's prediction, spawn, build and steps as they come. A model the
-    spawned ranks cannot load is a :class:`UsageError`."""
-    results = []
-    for index, estimate in enumerate(estimates):
-        if display is not None:
-            display.note("plan", f"{index + 1}/{len(estimates)} {estimate.plan.name}: predicted "
-                         f"{format_seconds(estimate.time.step_seconds)} a step, "
-                         f"{format_bytes(estimate.memory.total)} a rank")
-        try:
-            measured, error = verify_plan(model, estimate.plan, seq_len=seq_len, optimizer=optimizer, steps=steps,
-                                          warmup=warmup, timeout=timeout, display=display), None
-        except RuntimeError as err:
-            measured, error = None, str(err)
-        results.append(Verified(estimate, measured, error))
-        if progress is not None:
-            progress(index, results[-1])
-    return results
+    """Run every estimate's plan (``verify_plan``) ``repeats`` times, in rounds that run each plan
+    once in turn (a host whose speed drifts moves them all alike), pooling each plan's runs
+    (:meth:`Measured.pooled`); a plan that fails is not run again. ``progress(index, result)``
+    after each run, with the plan's runs so far; ``display`` shows each plan's prediction, spawn,
+    build and steps as they come. A model the spawned ranks cannot load is a :class:`UsageError`."""
+    runs: list[list[Measured]] = [[] for _ in estimates]
+    errors: list[str | None] = [None for _ in estimates]
+    for _ in range(repeats):
+        for index, estimate in enumerate(estimates):
+            if errors[index] is not None:
+                continue
+            if display is not None:
+                display.note("plan", f"{index + 1}/{len(estimates)} {estimate.plan.name}: predicted "
+                             f"{format_seconds(estimate.time.step_seconds)} a step, "
+                             f"{format_bytes(estimate.memory.total)} a rank")
+            try:
+                runs[index].append(verify_plan(model, estimate.plan, seq_len=seq_len, optimizer=optimizer,
+                                               steps=steps, warmup=warmup, timeout=timeout, display=display))
+            except RuntimeError as err:
+                errors[index] = str(err)
+            if progress is not None:
+                progress(index, _verified(estimate, runs[index], errors[index]))
+    return [_verified(estimate, mine, error) for estimate, mine, error in zip(estimates, runs, errors)]
+
+
+def _verified(estimate: Estimate, runs: list[Measured], error: str | None) -> Verified:
+    if error is not None or not runs:
+        return Verified(estimate, None, error)
+    return Verified(estimate, runs[0] if len(runs) == 1 else Measured.pooled(runs))
 
 
 def measured_winner(results: Sequence[Verified]) -> Verified | None:
-    """The plan that ran fastest (None when none ran)."""
+    """The plan whose median step was fastest (None when none ran)."""
     ran = [r for r in results if r.measured is not None]
     return min(ran, key=lambda r: r.measured.step_seconds) if ran else None
+
+
+def too_close_to_call(results: Sequence[Verified], winner: Verified) -> list[Verified]:
+    """The plans other than ``winner`` whose measured steps' range overlaps the winner's: at the
+    noise measured, either may be the faster."""
+    return [r for r in results if r is not winner and r.measured is not None
+            and r.measured.fastest <= winner.measured.slowest]
 
 
 def verify_plan(model: str, plan: Plan, *, seq_len: int | None, optimizer: str, steps: int = 3, warmup: int = 1,
@@ -123,7 +143,7 @@ def verify_plan(model: str, plan: Plan, *, seq_len: int | None, optimizer: str, 
         store = host_store()  # referenced until the ranks are done
         try:
             measured = _run_ranks(ranks, ranks, plan.world_size, ("127.0.0.1", store.port), run, timeout,
-                                  ranks_per_node=plan.world_size, display=display)
+                                  ranks_on_host=plan.world_size, display=display)
         except _Failure as err:
             if err.usage:
                 raise UsageError(str(err)) from None
@@ -139,9 +159,10 @@ def verify_plan(model: str, plan: Plan, *, seq_len: int | None, optimizer: str, 
     rendezvous = [(socket.gethostname(), store.port) if store is not None else None]
     dist.broadcast_object_list(rendezvous, src=0)
     rank, local_rank = dist.get_rank(), int(os.environ.get("LOCAL_RANK", 0))
+    sharing = ranks_on_this_host()  # not LOCAL_WORLD_SIZE: a launcher's nodes may share one host
     try:
         measured = _run_ranks([rank], [local_rank], plan.world_size, rendezvous[0], run, timeout,
-                              ranks_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", 1)), display=display)
+                              ranks_on_host=sharing, display=display)
         failure = None
     except _Failure as err:
         measured, failure = None, (err.when, str(err), err.usage)
@@ -170,9 +191,9 @@ class _Failure(RuntimeError):
 
 
 def _run_ranks(ranks: list[int], local_ranks: list[int], world_size: int, rendezvous: tuple[str, int],
-               run: tuple, timeout: float, *, ranks_per_node: int, display: Progress | None = None) -> Measured | None:
+               run: tuple, timeout: float, *, ranks_on_host: int, display: Progress | None = None) -> Measured | None:
     """Spawn one process per rank of ``ranks`` (global ranks of a ``world_size`` group meeting at
-    ``rendezvous``: host, port; ``ranks_per_node`` of the group share this host's cores), running
+    ``rendezvous``: host, port; ``ranks_on_host`` of the group share this host's cores), running
     ``run``; what global rank 0 measured, when it is among them (its events shown on ``display``
     as they come). Raises :class:`_Failure` with the first failure of those processes (``usage``
     when a rank could not load the model), or when they run past ``timeout`` seconds."""
@@ -181,7 +202,7 @@ def _run_ranks(ranks: list[int], local_ranks: list[int], world_size: int, rendez
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         relay = EventRelay(out, display, ranks=world_size) if display is not None and 0 in ranks else None
-        args = (ranks, local_ranks, world_size, ranks_per_node, rendezvous, *run, timeout, out)
+        args = (ranks, local_ranks, world_size, ranks_on_host, rendezvous, *run, timeout, out)
         context = mp.start_processes(_worker, args=args, nprocs=len(ranks), join=False, start_method="spawn")
         deadline = time.monotonic() + timeout
         try:
@@ -201,7 +222,7 @@ def _run_ranks(ranks: list[int], local_ranks: list[int], world_size: int, rendez
             if relay is not None:
                 relay.finish(ok=context.processes[0].exitcode == 0)
         result = out / "measured.json"
-        return Measured(**json.loads(result.read_text())) if result.exists() else None
+        return Measured.from_dict(json.loads(result.read_text())) if result.exists() else None
 
 
 _POLL_SECONDS = 0.25
@@ -211,7 +232,7 @@ _LOAD_HINT = ("HINT: each plan runs in fresh processes that import the model by 
               "importable there (a file on PYTHONPATH or in the working directory), not only in this process")
 
 
-def _worker(index: int, ranks: list[int], local_ranks: list[int], world_size: int, ranks_per_node: int,
+def _worker(index: int, ranks: list[int], local_ranks: list[int], world_size: int, ranks_on_host: int,
             rendezvous: tuple[str, int], model: str, plan_json: str, seq_len: int | None, optimizer: str,
             steps: int, warmup: int, timeout: float, out: Path) -> None:
     rank, local_rank = ranks[index], local_ranks[index]
@@ -227,7 +248,7 @@ def _worker(index: int, ranks: list[int], local_ranks: list[int], world_size: in
     if cuda:
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
     else:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks_per_node))
+        share_host_cores(ranks_on_host)
     # A rank whose peer hangs gives up after ``timeout`` instead of waiting in a collective for good.
     join_group("nccl" if cuda else "gloo", rendezvous, rank=rank, world_size=world_size,
                timeout=datetime.timedelta(seconds=timeout))

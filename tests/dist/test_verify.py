@@ -26,19 +26,22 @@ def _stratagem(*args: str, tmp_path: Path, **env: str) -> subprocess.CompletedPr
 
 
 def test_verify_runs_the_best_plan_and_writes_it(tmp_path: Path) -> None:
-    """…showing, with its output piped, each phase on stderr as it starts and ends and each step as it ends."""
-    done = _stratagem("verify", *_TINY, "--nproc", "2", "--top", "1", "--steps", "2",
+    """…run twice, showing, with its output piped, each phase on stderr as it starts and ends and each
+    step as it ends."""
+    done = _stratagem("verify", *_TINY, "--nproc", "2", "--top", "1", "--steps", "2", "--repeats", "2",
                       "--output", str(tmp_path / "plan.json"), tmp_path=tmp_path)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    assert "predicted vs measured" in done.stdout and "verify [1/1]" in done.stderr
+    assert "predicted vs measured" in done.stdout and "verify [1/1] run 2/2" in done.stderr
+    assert "over 2 steps × 2 runs per plan" in " ".join(done.stdout.split())
     plan = Plan.from_json((tmp_path / "plan.json").read_text())
     assert plan.world_size == 2 and f"measured winner: {plan.name}" in done.stdout
     lines = done.stderr.splitlines()
     for phase in ("profile: llama-tiny", "search: plans for 1x2xcpu", "spawn: 2 ranks", "build: model, plan"):
         assert f"{phase}" in done.stderr and any(line.startswith(phase) and "(done in " in line for line in lines)
     steps = [line for line in lines if line.startswith(("warm-up: step", "measured: step"))]
-    assert [line.split(":")[1] for line in steps] == [" step 1/3", " step 2/3", " step 3/3", " step 1/2", " step 2/2"]
-    assert lines.index(steps[-1]) < next(i for i, line in enumerate(lines) if line.startswith("verify [1/1]"))
+    assert [line.split(":")[1] for line in steps] == [" step 1/3", " step 2/3", " step 3/3", " step 1/2", " step 2/2"] * 2
+    last_step = max(i for i, line in enumerate(lines) if line.startswith(("warm-up: step", "measured: step")))
+    assert last_step < next(i for i, line in enumerate(lines) if line.startswith("verify [1/1] run 2/2"))
     assert "spawn:" not in done.stdout  # stdout keeps the results
 
 

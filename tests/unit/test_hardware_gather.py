@@ -58,6 +58,20 @@ def test_gpu_nodes_running_fewer_ranks_than_gpus():
     assert any("2 rank(s) per node on 8 device(s)" in note for note in combined.notes)
 
 
+def test_cpu_nodes_on_one_host_split_it():
+    """``torchrun --nnodes 2`` on one machine: two nodes of one rank each, sharing the host's
+    cores and memory; on hosts of their own each rank has its host whole."""
+    probe = parse_cluster("1xcpu")
+    host = probe.node.host
+    shared = combine_clusters([("node 0", probe), ("node 1", probe)], hosts=["h", "h"])
+    assert (shared.num_nodes, shared.devices_per_node) == (2, 1)
+    assert shared.device.num_cores == max(1, host.num_cores // 2)
+    assert shared.device.memory_bytes == host.memory_bytes // 2
+    assert any("2 ranks share each host" in note for note in shared.notes)
+    apart = combine_clusters([("node 0", probe), ("node 1", probe)], hosts=["a", "b"])
+    assert apart.device == probe.device and not any("share" in note for note in apart.notes)
+
+
 def _worker(rank: int, port: int, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=2)

@@ -46,6 +46,8 @@ from stratagem.distributed import (
     leaving_process_group,
     naming_lost_peers,
     rank_died,
+    ranks_on_this_host,
+    share_host_cores,
 )
 from stratagem.errors import PeerLost, UsageError
 from stratagem.progress import Progress
@@ -94,6 +96,8 @@ def calibrate(*, nproc: int | None = None, quick: bool = False, progress: bool =
         return calibrate_on_group(quick=quick, progress=progress)
     if launched_job():
         init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        if not torch.cuda.is_available():  # as verify's ranks run (and _worker's): a share of this host
+            share_host_cores(ranks_on_this_host())
         with leaving_process_group():
             calibration = calibrate_on_group(quick=quick, progress=progress)
         return calibration
@@ -137,7 +141,7 @@ def _worker(rank: int, nproc: int, port: int, quick: bool, progress: bool, out: 
     if cuda:
         torch.cuda.set_device(rank)
     else:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // nproc))
+        share_host_cores(nproc)
     join_group("nccl" if cuda else "gloo", ("127.0.0.1", port), rank=rank, world_size=nproc)
     try:
         with leaving_process_group():

@@ -44,16 +44,19 @@ def gather_cluster(local: Cluster, *, group: Any = None, node_key: str | None = 
     if not (dist.is_available() and dist.is_initialized()):
         return local
     gathered: list[Any] = [None] * dist.get_world_size(group)
-    mine = (node_key or this_node(), local.to_dict())
+    mine = (node_key or this_node(), socket.gethostname(), local.to_dict())
     dist.all_gather_object(gathered, mine, group=group)
-    return combine_clusters([(key, Cluster.from_dict(data)) for key, data in gathered])
+    return combine_clusters([(key, Cluster.from_dict(data)) for key, _, data in gathered],
+                            hosts=[host for _, host, _ in gathered])
 
 
-def combine_clusters(per_rank: list[tuple[str, Cluster]]) -> Cluster:
-    """One :class:`Cluster` from each rank's ``(node key, probe)``, rank order.
+def combine_clusters(per_rank: list[tuple[str, Cluster]], *, hosts: list[str] | None = None) -> Cluster:
+    """One :class:`Cluster` from each rank's ``(node key, probe)``, rank order, and each rank's
+    host name (``hosts``, when known).
 
     Nodes are the distinct keys, devices per node the ranks per node (CPU ranks split their
-    host). Nodes that differ are noted and the weakest one (least memory per device) is
+    host, among every rank on it when nodes share one: ``torchrun --nnodes 2`` on one machine).
+    Nodes that differ are noted and the weakest one (least memory per device) is
     planned for; the network is the slowest any node reported, or :data:`DEFAULT_NETWORK`.
     """
     probes: dict[str, Cluster] = {}  # node key -> its first rank's probe
@@ -67,7 +70,8 @@ def combine_clusters(per_rank: list[tuple[str, Cluster]]) -> Cluster:
         )
     weakest_key = min(probes, key=lambda k: probes[k].device.memory_bytes)
     notes = _merged_notes(probes) + _differences(probes, weakest_key)
-    node, fit_notes = _fit_ranks(probes[weakest_key].node, ranks[weakest_key])
+    sharing = max(Counter(hosts).values()) if hosts else ranks[weakest_key]
+    node, fit_notes = _fit_ranks(probes[weakest_key].node, ranks[weakest_key], sharing)
     network, net_notes = _network(probes) if len(probes) > 1 else (node.network, [])
     return Cluster(num_nodes=len(probes), node=replace(node, network=network), source="gather",
                    notes=tuple(dict.fromkeys(notes + fit_notes + net_notes)))
@@ -91,12 +95,17 @@ def _differences(probes: dict[str, Cluster], weakest_key: str) -> list[str]:
     return [f"nodes differ ({listed}): planning for {weakest_key}'s {shapes[weakest_key]}"]
 
 
-def _fit_ranks(node: NodeSpec, num_ranks: int) -> tuple[NodeSpec, list[str]]:
-    """The node as ``num_ranks`` ranks see it: CPU ranks share the host, GPU ranks one GPU each."""
+def _fit_ranks(node: NodeSpec, num_ranks: int, sharing: int) -> tuple[NodeSpec, list[str]]:
+    """The node as ``num_ranks`` ranks see it: CPU ranks share the host (with every one of the
+    ``sharing`` ranks on it), GPU ranks one GPU each."""
+    if not node.device.is_accelerator and node.host is not None:
+        if num_ranks == node.num_devices and sharing == num_ranks:
+            return node, []
+        notes = [] if sharing == num_ranks else [
+            f"{sharing} ranks share each host: each rank gets 1/{sharing} of its cores and memory"]
+        return cpu_node(node.host, num_ranks=num_ranks, network=node.network, sharing=sharing), notes
     if num_ranks == node.num_devices:
         return node, []
-    if not node.device.is_accelerator and node.host is not None:
-        return cpu_node(node.host, num_ranks=num_ranks, network=node.network), []
     note = (f"{num_ranks} rank(s) per node on {node.num_devices} device(s): "
             f"planning for {num_ranks} per node")
     link = node.link if num_ranks > 1 else lookup.none_link()

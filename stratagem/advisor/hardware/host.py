@@ -30,8 +30,9 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def cpu_node(host: HostSpec, *, num_ranks: int, network: NetworkSpec | None) -> NodeSpec:
-    """A node of ``num_ranks`` gloo ranks sharing ``host``."""
-    return NodeSpec(device=lookup.cpu_device(host, num_ranks=num_ranks), num_devices=num_ranks,
+def cpu_node(host: HostSpec, *, num_ranks: int, network: NetworkSpec | None, sharing: int | None = None) -> NodeSpec:
+    """A node of ``num_ranks`` gloo ranks on ``host``, each with its share of the host among
+    ``sharing`` ranks (default ``num_ranks``; more when a launcher's nodes share one host)."""
+    return NodeSpec(device=lookup.cpu_device(host, num_ranks=sharing or num_ranks), num_devices=num_ranks,
                     link=lookup.loopback_link(num_ranks=num_ranks), host_link=None,
                     network=network, host=host)
