@@ -58,6 +58,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         + ", ".join(f"{name} for {runtime}" for runtime, name in EMIT_FILES.items()))
     parser.add_argument("--no-calibration", dest="calibration", action="store_false",
                         help="use catalog figures even when `stratagem calibrate` measured this cluster")
+    parser.add_argument("--no-compile", dest="compile", action="store_false",
+                        help="leave out plans that torch.compile their blocks (a model that does not compile, or "
+                        "a run that cannot wait for it)")
     parser.add_argument("--verify", type=positive_int, metavar="K", default=None,
                         help="then run the K best plans for a few steps on this host and compare "
                         "(the cluster must be this host: 'local' or 'Nxcpu'; see `stratagem verify`)")
@@ -88,9 +91,11 @@ def run(args: argparse.Namespace) -> int:
         cluster = calibrated(cluster)
     profile, workload = model_workload(args, cluster)
     target = search_target(emit=args.emit, target=args.target)
-    advice = advise(profile, cluster, workload, top=args.top, target=target, objective=args.objective)
+    constraints = {} if args.compile else {"compile": False}
+    advice = advise(profile, cluster, workload, top=args.top, target=target, objective=args.objective,
+                    constraints=constraints)
     if target != "any":  # what the target's restriction costs
-        advice = advice.against(advise(profile, cluster, workload, top=1, target="any").best)
+        advice = advice.against(advise(profile, cluster, workload, top=1, target="any", constraints=constraints).best)
     _write(advice, args.format, None if args.emit else args.output)
     if args.emit and advice.best:
         export_config(args.emit, advice, args.output)

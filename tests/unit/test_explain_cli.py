@@ -67,7 +67,7 @@ def test_a_plan_that_does_not_fit(capsys):
 
 
 def test_a_plan_file_from_advise(capsys, tmp_path):
-    assert main(["advise", *TINY, "--global-batch-size", "32", "--json"]) == 0
+    assert main(["advise", *TINY, "--global-batch-size", "32", "--no-compile", "--json"]) == 0
     path = tmp_path / "advice.json"
     path.write_text(capsys.readouterr().out)
     data = _json(capsys, *TINY, "--plan", str(path), "--plan", FSDP)

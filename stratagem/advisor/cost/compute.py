@@ -6,6 +6,11 @@ from __future__ import annotations
 from stratagem.advisor.cost.rank_step import RankStep
 from stratagem.advisor.profile.model_profile import policy_field
 
+# Seconds torch.compile takes for one kind of block (its forward and backward graphs) on a GPU, once
+# before the first step: 6-8 s for GPT-2 medium, ViT-B/16 and GPT-2 XL (one kind of block each),
+# each block compiled, bf16 autocast, AdamW, on one H100 (docs/cost-model.md, "Compilation").
+COMPILE_SECONDS_PER_BLOCK_KIND = 7.0
+
 
 def estimate_compute_seconds(step: RankStep) -> float:
     """Forward and backward of every micro-batch on the rank, seconds: profiled FLOPs scaled to the
@@ -69,3 +74,9 @@ def selective_recompute_seconds(step: RankStep, policy: str) -> float:
     moved = (step.per_microbatch(policy_field(policy, "recompute_op_bytes"), blocks_only=True) * step.fused_share
              + step.per_tp_rank(policy_field(policy, "recompute_param_op_bytes"), blocks_only=True))
     return flops / step.block_matmul_efficiency / step.flops_per_second + moved * step.seconds_per_op_byte
+
+
+def estimate_compile_seconds(step: RankStep) -> float:
+    """Compiling the rank's blocks before the first step, seconds: one compilation per kind of
+    block (identical blocks share the compiled code); nothing for a plan that does not compile."""
+    return COMPILE_SECONDS_PER_BLOCK_KIND * len(step.stage.kinds) if step.plan.compile else 0.0

@@ -54,6 +54,7 @@ class TimeBreakdown:
     dp_comm_total: float = 0.0
     tp_comm_total: float = 0.0
     pp_comm_total: float = 0.0
+    compile_once: float = 0.0  # compiling the blocks before the first step: paid once, not in step_seconds
 
     @property
     def step_seconds(self) -> float:

@@ -196,6 +196,7 @@ GEMM_TILES = ((256, 128), (128, 256), (128, 128))
 SPLIT_K_MIN = 512
 
 
+@functools.lru_cache(maxsize=1 << 16)  # the search's plans repeat a few shapes thousands of times
 def gemm_efficiency(m: float, n: float, k: float, *, sms: int, element_bytes: int,
                     flops_per_second: float, bytes_per_second: float, batch: float = 1) -> float:
     """The share of ``flops_per_second`` (what the largest GEMMs reach) ``batch`` ``m×k · k×n``

@@ -17,7 +17,11 @@ from stratagem.advisor.cost.communication import (
     estimate_param_gather_seconds,
     estimate_tp_comm_seconds,
 )
-from stratagem.advisor.cost.compute import estimate_compute_seconds, estimate_recompute_seconds
+from stratagem.advisor.cost.compute import (
+    estimate_compile_seconds,
+    estimate_compute_seconds,
+    estimate_recompute_seconds,
+)
 from stratagem.advisor.cost.estimate import TimeBreakdown
 from stratagem.advisor.cost.host import estimate_dispatch_seconds, in_line_host_seconds
 from stratagem.advisor.cost.optimizer import estimate_offload_seconds, estimate_optimizer_seconds
@@ -59,6 +63,7 @@ def estimate_time(profile: ModelProfile, *, cluster: Cluster, workload: Workload
         dp_comm_total=grads + gathers,
         tp_comm_total=tp_comm,
         pp_comm_total=pp_comm,
+        compile_once=estimate_compile_seconds(step),
     )
 
 

@@ -131,6 +131,13 @@ def offload_note(estimate: Estimate) -> str:
             f"(of {format_bytes(estimate.host_capacity_bytes)} per GPU)")
 
 
+def compile_note(estimate: Estimate) -> str:
+    """What compiling the plan's blocks costs once, before the first step, to follow the step time
+    (``' (plus about 14 s …)'``); '' for a plan that does not compile."""
+    once = estimate.time.compile_once
+    return f" (plus about {format_seconds(once)} compiling its blocks once, before the first step)" if once else ""
+
+
 def excluded_lines(advice: Advice) -> list[str]:
     """One line per reason plans were left out before costing, most plans first; then what
     the target's restriction costs against the best plan overall."""

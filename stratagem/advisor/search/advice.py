@@ -17,7 +17,7 @@ from stratagem.advisor.cost.communication import splits_routed_experts
 from stratagem.advisor.cost.timing import estimate_time, tokens_per_second
 from stratagem.advisor.hardware import Cluster
 from stratagem.advisor.profile.model_profile import ModelProfile, kernels_for
-from stratagem.advisor.search.enumeration import search_plans
+from stratagem.advisor.search.enumeration import COMPILE_ON_CPU, search_plans
 from stratagem.advisor.search.explain import NEAR_TIE, explain_ranking, suggest_fixes
 from stratagem.advisor.search.targets import check_target, runtime_for, tp_degrees
 from stratagem.errors import UsageError
@@ -153,6 +153,8 @@ def _model_notes(profile: ModelProfile, cluster: Cluster) -> tuple[str, ...]:
     """What the model itself rules out, and what its profile does not describe, said once."""
     _, no_tp = tp_degrees(profile, cluster.devices_per_node)
     notes = (f"No tensor-parallel plans: {no_tp}.",) if no_tp else ()
+    if not cluster.is_accelerator and profile.block_container is not None:
+        notes += (COMPILE_ON_CPU,)
     wanted = kernels_for(accelerator=cluster.is_accelerator)
     if profile.kernels != wanted:
         notes += (f"The profile counts {profile.kernels.upper()} kernels and the cluster runs {wanted.upper()} ones "

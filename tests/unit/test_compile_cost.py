@@ -1,0 +1,113 @@
+"""What compiling the blocks changes in the cost model: the bytes and kernels a fusing compiler
+leaves (profile/fusion.py), the search offering it on accelerators only, and the compile time
+reported apart from the step."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from stratagem.advisor.cost.compute import COMPILE_SECONDS_PER_BLOCK_KIND
+from stratagem.advisor.cost.evaluate import evaluate
+from stratagem.advisor.hardware import parse_cluster
+from stratagem.advisor.profile.cache import profile_spec
+from stratagem.advisor.profile.fusion import FusionTracker
+from stratagem.advisor.report.render import render_markdown
+from stratagem.advisor.search.advice import advise
+from stratagem.advisor.search.enumeration import COMPILE_ON_CPU
+from stratagem.cli import main
+from stratagem.plan import Workload
+
+FORWARD = ("block", False)
+BACKWARD = ("block", True)
+
+
+class _Storages:
+    """Tensors of ``size`` bytes each, kept alive, and their storages' weak references."""
+
+    def __init__(self) -> None:
+        self._tensors: list[torch.Tensor] = []
+
+    def __call__(self, size: int) -> tuple[StorageWeakRef, int]:
+        self._tensors.append(torch.empty(size, dtype=torch.uint8))
+        return StorageWeakRef(self._tensors[-1].untyped_storage()), size
+
+
+def test_a_chain_between_gemms_is_one_kernel_moving_what_enters_and_leaves_it():
+    new = _Storages()
+    x, h, y, w, out = new(100), new(100), new(100), new(40), new(10)
+    tracker = FusionTracker()
+    tracker.op(FORWARD, fusible=True, reads=[x], writes=[h])
+    tracker.op(FORWARD, fusible=True, reads=[h, x], writes=[y])  # x again: read once by the kernel
+    tracker.op(FORWARD, fusible=False, reads=[y, w], writes=[out])  # a GEMM reads y: it leaves
+    assert tracker.fused() == {FORWARD: (200, 2)}  # x in, y out; the chain's kernel and the GEMM
+
+
+def test_what_backward_or_saving_needs_leaves_the_kernel():
+    new = _Storages()
+    x, h, y = new(100), new(100), new(100)
+    saved, read_back = FusionTracker(), FusionTracker()
+    for tracker in (saved, read_back):
+        tracker.op(FORWARD, fusible=True, reads=[x], writes=[h])
+        tracker.op(FORWARD, fusible=True, reads=[h], writes=[y])
+    saved.saved(h[0])
+    read_back.op(BACKWARD, fusible=True, reads=[h], writes=[new(100)])
+    assert saved.fused()[FORWARD] == (300, 1)  # x in; h saved and y unread, both written
+    assert read_back.fused()[FORWARD] == (300, 1)
+    assert read_back.fused()[BACKWARD] == (200, 1)  # h in, the gradient out
+
+
+def test_independent_chains_are_separate_kernels():
+    new = _Storages()
+    tracker = FusionTracker()
+    tracker.op(FORWARD, fusible=True, reads=[new(8)], writes=[new(8)])
+    tracker.op(FORWARD, fusible=True, reads=[new(8)], writes=[new(8)])
+    assert tracker.fused() == {FORWARD: (32, 2)}
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return profile_spec("gpt2", seq_len=1024)
+
+
+def test_a_profiled_block_moves_fewer_bytes_in_fewer_kernels_fused(gpt2):
+    for block in gpt2.blocks:
+        for direction in ("fwd", "bwd"):
+            eager, fused = getattr(block, f"{direction}_op_bytes"), getattr(block, f"{direction}_fused_op_bytes")
+            assert 0 < fused < eager
+            assert 0 < getattr(block, f"{direction}_fused_ops") < getattr(block, f"{direction}_ops")
+
+
+def test_gpus_get_compiled_plans_that_are_faster_and_pay_compilation_once(gpt2):
+    cluster, workload = parse_cluster("8xA100"), Workload(global_batch_size=64, seq_len=1024)
+    advice = advise(gpt2, cluster, workload, top=50)
+    compiled = [e for e in advice.plans if e.plan.compile]
+    assert compiled and COMPILE_ON_CPU not in advice.notes
+    for estimate in compiled:
+        eager = evaluate(gpt2, cluster, workload, dataclasses.replace(estimate.plan, compile=False))
+        assert estimate.time.step_seconds < eager.time.step_seconds
+        assert estimate.time.compile_once == COMPILE_SECONDS_PER_BLOCK_KIND  # GPT-2: one kind of block
+        assert eager.time.compile_once == 0
+    best = next(e for e in advice.plans if e.plan.compile)
+    assert "compiling its blocks once, before the first step" in render_markdown(
+        dataclasses.replace(advice, plans=(best, *advice.plans)))
+
+
+def test_cpu_ranks_get_no_compiled_plans_and_are_told_why():
+    profile = profile_spec("gpt2-tiny", seq_len=32, kernels="cpu")
+    advice = advise(profile, parse_cluster("2xcpu"), Workload(global_batch_size=4, seq_len=32), top=50)
+    assert advice.plans and not any(e.plan.compile for e in advice.plans)
+    assert COMPILE_ON_CPU in advice.notes
+
+
+def test_advise_no_compile_leaves_compiled_plans_out(capsys):
+    args = ["advise", "--model", "gpt2-tiny", "--cluster", "8xA100", "--global-batch-size", "32", "--top", "20",
+            "--json"]
+    assert main(args) == 0
+    assert any(plan["plan"]["compile"] for plan in json.loads(capsys.readouterr().out)["plans"])
+    assert main([*args, "--no-compile"]) == 0
+    assert not any(plan["plan"]["compile"] for plan in json.loads(capsys.readouterr().out)["plans"])
