@@ -43,6 +43,8 @@ TWO_RANKS = {case.name: case for case in [
     Case("cnn_zero1", Plan(dp_shard=2, zero=1, **_DP), preset=PRESET),
     Case("cnn_zero2_selective_ckpt", Plan(dp_shard=2, zero=2, activation_checkpointing="selective", **_DP),
          preset=PRESET),
+    Case("cnn_zero1_selective_op_ckpt", Plan(dp_shard=2, zero=1, activation_checkpointing="selective-op", **_DP),
+         preset=PRESET),
     Case("cnn_zero3_full_ckpt", Plan(dp_shard=2, zero=3, activation_checkpointing="full", **_DP), preset=PRESET),
     Case("cnn_pp2_1f1b", Plan(pp_schedule="1f1b", **_PP2), preset=PRESET),
     Case("cnn_pp2_interleaved", Plan(pp_schedule="interleaved-1f1b", pp_virtual=2, **_PP2), preset=PRESET),
