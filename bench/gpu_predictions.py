@@ -1,0 +1,92 @@
+"""The advisor's predictions, uncalibrated (catalog figures), for the GPU runs measured so far.
+
+Each case is a plan someone ran on a GPU, with what they measured: step time and peak memory
+(CUDA's max allocated). This script only predicts, on the CPU, so the table can be rebuilt after
+every change to the cost model; the measurements stay as they were recorded (card, software and
+date in ``SOURCE``). A calibrated prediction needs that machine's calibration file and goes
+through ``stratagem verify`` there.
+
+    .venv/bin/python bench/gpu_predictions.py
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import NamedTuple
+
+from stratagem.advisor.cost.evaluate import evaluate
+from stratagem.advisor.hardware import parse_cluster
+from stratagem.advisor.profile.cache import profile_spec
+from stratagem.advisor.search.given_plans import complete_plan, read_plan
+from stratagem.plan import Workload
+from stratagem.units import format_bytes, format_seconds
+
+GIB = 2**30
+
+SOURCE = {
+    "H100": "one H100 80GB, bf16 autocast, AdamW (the runs that opened the accuracy work, 2026-11)",
+    "H200": "one H200, torch 2.11, CUDA 13, bench/gpu_check.sh (2026-11-26)",
+}
+
+
+class Case(NamedTuple):
+    card: str  # a key of SOURCE
+    model: str
+    batch: int
+    seq_len: int | None
+    plan: dict
+    seconds: float  # measured step time
+    peak_gib: float  # measured peak allocated
+
+
+CASES = (
+    Case("H100", "gpt2-medium", 8, 1024, {"micro_batch_size": 8}, 0.0939, 16.9),
+    Case("H100", "gpt2-medium", 8, 1024, {"micro_batch_size": 8, "compile": True}, 0.0846, float("nan")),
+    Case("H100", "gpt2-medium", 8, 1024, {"micro_batch_size": 8, "zero": 3, "offload": "params"}, 0.880, 10.7),
+    Case("H100", "gpt2-xl", 4, 1024, {"micro_batch_size": 4}, 0.1848, float("nan")),
+    Case("H100", "gpt2-xl", 4, 1024, {"micro_batch_size": 4, "compile": True}, 0.1786, float("nan")),
+    Case("H100", "vit-b-16", 128, None, {"micro_batch_size": 128}, 0.0562, float("nan")),
+    Case("H100", "vit-b-16", 128, None, {"micro_batch_size": 128, "compile": True}, 0.0429, float("nan")),
+    Case("H100", "llama-2-7b", 8, 1024, {"micro_batch_size": 8, "zero": 3, "offload": "params"}, 11.1, 40.7),
+    Case("H100", "resnet-50", 256, None, {"micro_batch_size": 256}, 0.116, 10.9),
+    Case("H200", "llama-2-7b", 4, 2048, {"micro_batch_size": 1, "grad_accum": 4}, 1.02, 125.6),
+    Case("H200", "gpt2", 16, 1024, {"micro_batch_size": 16}, 0.0797, 16.6),
+    Case("H200", "gpt2", 16, 1024, {"micro_batch_size": 16, "zero": 3, "offload": "params"}, 0.300, 13.8),
+    Case("H200", "vit-b-16", 128, None, {"micro_batch_size": 128}, 0.0508, 10.3),
+    Case("H200", "vit-b-16", 128, None, {"micro_batch_size": 128, "zero": 3, "offload": "params"}, 0.2275, 7.4),
+)
+"""Measured runs (step time, peak memory; nan where the run did not record it). Where a run's
+step times ranged (GPT-2 and ViT offloaded on the H200: 249-352 and 220-235 ms), the middle."""
+
+CLUSTERS = {"H100": "1xH100-SXM-80GB", "H200": "1xH200"}
+
+
+def predict(case: Case) -> tuple[float, float, str]:
+    """Predicted step seconds, peak bytes and the plan's name, uncalibrated."""
+    cluster = parse_cluster(CLUSTERS[case.card])
+    workload = Workload(global_batch_size=case.batch, seq_len=case.seq_len, precision="bf16-mixed")
+    profile = profile_spec(case.model, seq_len=case.seq_len)
+    given = read_plan(json.dumps(case.plan), label="A", source="bench")
+    estimate = evaluate(profile, cluster, workload, complete_plan(given, profile, cluster, workload))
+    return estimate.time.step_seconds, estimate.memory.total, estimate.plan.name
+
+
+def main() -> None:
+    started = time.perf_counter()
+    print(f"{'card':<5} {'model':<12} {'plan':<30} {'step pred.':>10} {'measured':>9} {'error':>6}  "
+          f"{'memory pred.':>12} {'measured':>9} {'error':>6}")
+    for case in CASES:
+        seconds, peak, name = predict(case)
+        memory_error = f"{peak / (case.peak_gib * GIB) - 1:+6.0%}" if case.peak_gib == case.peak_gib else "     -"
+        measured_peak = f"{case.peak_gib:.1f} GiB" if case.peak_gib == case.peak_gib else "-"
+        print(f"{case.card:<5} {case.model:<12} {name:<36} {format_seconds(seconds):>10} "
+              f"{format_seconds(case.seconds):>9} {seconds / case.seconds - 1:+6.0%}  "
+              f"{format_bytes(peak):>12} {measured_peak:>9} {memory_error}")
+    for card, source in SOURCE.items():
+        print(f"{card}: {source}")
+    print(f"uncalibrated: catalog figures and the GEMM shape model; {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
