@@ -168,23 +168,28 @@ def _deciding(win: dict[str, float], lose: dict[str, float]) -> tuple[list[tuple
 
 def _time_terms(w: str, win: Estimate, l: str, lose: Estimate) -> str | None:
     """``"B's pipeline bubbles add 41.0 ms per step and its pipeline sends 2.10 ms; A's ..."``."""
-    worse, better = _deciding(_terms(win), _terms(lose))
-    if not worse:
-        return None
-    text = f"{l}'s {TERM_LABELS[worse[0][0]]} add {format_seconds(worse[0][1])} per step"
-    text += "".join(f" and its {TERM_LABELS[k]} {format_seconds(d)}" for k, d in worse[1:])
-    text += "".join(f"; {w}'s {TERM_LABELS[k]} add {format_seconds(d)}" for k, d in better)
-    return text + "."
+    return _differences(w, l, _deciding(_terms(win), _terms(lose)), TERM_LABELS, format_seconds,
+                        verb="add", first=" per step", others="")
 
 
 def _memory_terms(w: str, win: Estimate, l: str, lose: Estimate) -> str | None:
     """``"B's activations take 30.0 GiB more per GPU and its parameters 2.0 GiB; A's ..."``."""
-    worse, better = _deciding(*({k: getattr(e.memory, k) for k in MEMORY_LABELS} for e in (win, lose)))
+    deciding = _deciding(*({k: getattr(e.memory, k) for k in MEMORY_LABELS} for e in (win, lose)))
+    return _differences(w, l, deciding, MEMORY_LABELS, format_bytes, verb="take", first=" more per GPU",
+                        others=" more")
+
+
+def _differences(w: str, l: str, deciding: tuple[list[tuple[str, float]], list[tuple[str, float]]],
+                 labels: dict[str, str], fmt: Callable[[float], str], *, verb: str, first: str,
+                 others: str) -> str | None:
+    """One sentence of the terms where the loser ``l`` pays more (the largest first, with
+    ``first`` after it), then those where the winner ``w`` does (``others`` after each)."""
+    worse, better = deciding
     if not worse:
         return None
-    text = f"{l}'s {MEMORY_LABELS[worse[0][0]]} take {format_bytes(worse[0][1])} more per GPU"
-    text += "".join(f" and its {MEMORY_LABELS[k]} {format_bytes(d)}" for k, d in worse[1:])
-    text += "".join(f"; {w}'s {MEMORY_LABELS[k]} take {format_bytes(d)} more" for k, d in better)
+    text = f"{l}'s {labels[worse[0][0]]} {verb} {fmt(worse[0][1])}{first}"
+    text += "".join(f" and its {labels[k]} {fmt(d)}" for k, d in worse[1:])
+    text += "".join(f"; {w}'s {labels[k]} {verb} {fmt(d)}{others}" for k, d in better)
     return text + "."
 
 
