@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# On a machine with NVIDIA GPUs: what the probe sees (NVML), a calibration with NCCL, and verify's
-# predicted-against-measured table on reference models of real size. Each step has a time limit
+# On a machine with NVIDIA GPUs: what the probe sees (NVML), a calibration with NCCL (convolutions
+# included), and verify's predicted-against-measured table on reference models of real size. Each step has a time limit
 # and the next one runs whatever it ended with. Run from the repository root:
 #   bash bench/gpu_check.sh [OUT_DIR]        (default out/gpu-check; PYTHON picks the interpreter)
 # The calibration goes to OUT_DIR/cache, where advise and verify below find it, and the log to
@@ -26,6 +26,7 @@ step() {
     step 180 calibrate
     step 150 verify --model gpt2 --global-batch-size 16 --seq-len 1024 --top 2 --output "$out/gpt2-plan.json"
     step 120 verify --model vit-b-16 --global-batch-size 128 --top 2
+    step 120 verify --model resnet-50 --global-batch-size 256 --top 2
     step 150 verify --model llama-2-7b --global-batch-size 4 --seq-len 2048 --top 1
     echo "== Trainer(strategy=\"auto-parallel\") on the GPU"
     timeout 120 "$py" examples/lightning_gpt.py --accelerator gpu --devices 1 --checkpoint "$out/lightning_gpt.ckpt"

@@ -74,6 +74,9 @@ def calibration_table(calibration: Calibration) -> Table:
         table.add_row(f"matmul {dtype} (n: TFLOP/s)", rates)
         if dtype in calibration.unaligned_matmul:
             table.add_row(f"… rows off 16 bytes ({dtype})", f"{calibration.unaligned_matmul[dtype]:.0%} of that rate")
+    for dtype, points in calibration.conv.items():
+        rates = ", ".join(f"{intensity:.0f}: {rate / 1e12:.3g}" for intensity, rate in points)
+        table.add_row(f"convolutions {dtype} (FLOP/B: TFLOP/s)", rates)
     table.add_row("memory bandwidth", f"{format_bytes(calibration.memory_bandwidth)}/s")
     for scope, ops in calibration.links.items():
         for op, fits in ops.items():

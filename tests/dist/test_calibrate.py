@@ -46,7 +46,8 @@ def test_calibrate_then_advise_uses_it(one_node: _OneNode) -> None:
     # Piped, every benchmark is a line on stderr as it starts and one as it ends (rank 0's alone).
     lines = done.stderr.splitlines()
     assert "calibrate: spawning 2 ranks (gloo); rank 0 shows each benchmark" in lines
-    for what in ("framework memory", "matmuls and operators (fp32, bf16)", "memory bandwidth", "optimizer steps",
+    for what in ("framework memory", "matmuls and operators (fp32, bf16)", "convolutions (fp32, bf16)",
+                 "memory bandwidth", "optimizer steps",
                  "collectives after compute", "all_reduce intra ×2", "p2p intra ×2", "overlap of collectives"):
         started = [i for i, line in enumerate(lines) if line.startswith(f"calibrate: {what}") and line.endswith("…")]
         ended = [i for i, line in enumerate(lines) if line.startswith(f"calibrate: {what}") and "(done in " in line]
@@ -58,6 +59,7 @@ def test_calibrate_then_advise_uses_it(one_node: _OneNode) -> None:
     assert calibration.matmul_rate("fp32") > 0 and calibration.memory_bandwidth > 0
     assert set(calibration.unaligned_matmul) == set(calibration.matmul)
     assert all(0 < share <= 1 for share in calibration.unaligned_matmul.values())
+    assert set(calibration.conv) == set(calibration.matmul) and all(len(points) == 2 for points in calibration.conv.values())
 
     advised = _stratagem("advise", "--model", "llama-tiny", "--cluster", "2xcpu", "--global-batch-size", "8",
                          "--seq-len", "32", "--precision", "fp32", env=env)

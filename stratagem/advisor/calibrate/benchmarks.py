@@ -25,14 +25,15 @@ from stratagem.distributed import across_ranks
 from stratagem.peak_memory import PeakMemory
 from stratagem.advisor.profile.model_profile import ModelProfile
 
-__all__ = ["ComputeRates", "collective_seconds", "compute_rates", "dtensor_op_seconds", "framework_bytes",
+__all__ = ["TORCH_DTYPES", "ComputeRates", "collective_seconds", "compute_rates", "dtensor_op_seconds", "framework_bytes",
            "interleaved", "memory_bandwidth", "op_byte_seconds", "op_seconds", "optimizer_class", "optimizer_seconds",
            "overlap_fraction", "sync_seconds", "timed", "tp_linear_seconds"]
 
 BUDGET_SECONDS = 1.0
 """Time one measurement may take after its warm-up (the calibration aims at a minute per node)."""
 
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+"""The torch dtype of each dtype the benchmarks name."""
 
 
 def _sync(device: torch.device) -> None:
@@ -95,8 +96,8 @@ def _sustained_matmul(n: int, dtype: str, device: torch.device, *, width: int | 
     rank computes for the whole run as in training (timed one matmul at a time, ranks that share
     cores measure whichever the scheduler ran first, alone); and the slowest rank's seconds for one."""
     width = width or n
-    a = torch.randn(n, n, device=device, dtype=_DTYPES[dtype])
-    b = torch.randn(n, width, device=device, dtype=_DTYPES[dtype])
+    a = torch.randn(n, n, device=device, dtype=TORCH_DTYPES[dtype])
+    b = torch.randn(n, width, device=device, dtype=TORCH_DTYPES[dtype])
     single = across_ranks(timed(lambda: a @ b, device, repeats=1))
     count = max(1, int(SUSTAINED_SECONDS / single))
     return _Benchmark(lambda: [a @ b for _ in range(count)], 2 * n * n * width * count), single

@@ -78,7 +78,9 @@ class Calibration:
     """What ``stratagem calibrate`` measured on one cluster.
 
     ``matmul``: per dtype, (n, FLOP/s) for square n×n matmuls, each rank running at once (the
-    largest n is the rate the cost model uses). ``memory_bandwidth``: bytes/s of a large copy.
+    largest n is the rate the cost model uses). ``conv``: per dtype, (FLOPs per byte, FLOP/s) of
+    convolutions' forward and backward by arithmetic intensity (empty where not measured: a
+    calibration of an earlier stratagem). ``memory_bandwidth``: bytes/s of a large copy.
     ``links``: per scope (``"intra"`` inside a node, ``"inter"`` across nodes) per collective per
     group size, the fit. ``unaligned_matmul``: per dtype, the share of the largest matmul's rate
     that one with a matrix's rows off 16 bytes reaches (one column narrower). ``overlap``: the
@@ -113,6 +115,7 @@ class Calibration:
     created: str
     version: int = FORMAT_VERSION
     notes: tuple[str, ...] = field(default=())
+    conv: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
 
     def matmul_rate(self, dtype: str) -> float | None:
         """FLOP/s of the largest measured matmul in ``dtype``, or None when not measured."""
@@ -132,8 +135,9 @@ class Calibration:
         operator and per byte its operators without FLOPs move, a TP Linear's on DTensors, the
         optimizers' steps, the wait
         of a collective after compute, and the framework's memory. The
-        matmul rates of every size measured go along (``NodeSpec.matmul_curve``), and the share
-        of them unaligned GEMMs reach (``NodeSpec.unaligned_matmul``). A note says so."""
+        matmul rates of every size measured go along (``NodeSpec.matmul_curve``), the share
+        of them unaligned GEMMs reach (``NodeSpec.unaligned_matmul``) and the convolutions' rates
+        (``NodeSpec.conv_curve``). A note says so."""
         node = cluster.node
         measured = {f"peak_{dtype}": rate for dtype in ("fp32", "tf32", "bf16", "fp16")
                     if (rate := self.matmul_rate(dtype)) is not None}
@@ -158,6 +162,8 @@ class Calibration:
                                    matmul_curve=tuple((dtype, n, rate) for dtype, points in self.matmul.items()
                                                       for n, rate in points),
                                    unaligned_matmul=tuple(self.unaligned_matmul.items()),
+                                   conv_curve=tuple((dtype, intensity, rate) for dtype, points in self.conv.items()
+                                                    for intensity, rate in points),
                                    op_byte_seconds=self.op_byte_seconds,
                                    dtensor_op_seconds=self.dtensor_op_seconds,
                                    tp_linear_seconds=self.tp_linear_seconds,
@@ -183,9 +189,10 @@ class Calibration:
                               for n, fit in fits.items()} for op, fits in ops.items()}
                  for scope, ops in data["links"].items()}
         matmul = {dtype: tuple(map(tuple, points)) for dtype, points in data["matmul"].items()}
+        conv = {dtype: tuple(map(tuple, points)) for dtype, points in data.get("conv", {}).items()}
         optimizers = data["optimizer_seconds"]
         optimizers = optimizers and {name: tuple(costs) for name, costs in optimizers.items()}
-        return cls(**{**data, "links": links, "matmul": matmul, "optimizer_seconds": optimizers,
+        return cls(**{**data, "links": links, "matmul": matmul, "conv": conv, "optimizer_seconds": optimizers,
                       "notes": tuple(data.get("notes", ()))})
 
     def save(self, path: Path) -> None:

@@ -36,6 +36,7 @@ from stratagem.advisor.calibrate.benchmarks import (
     tp_linear_seconds,
 )
 from stratagem.advisor.calibrate.calibration import COLLECTIVES, Calibration, LinkFit, fit_link, hardware_key
+from stratagem.advisor.calibrate.convolutions import CONV_SHAPES, QUICK_CONV_SHAPES, conv_rates
 from stratagem.distributed import (
     across_ranks,
     host_store,
@@ -71,17 +72,19 @@ class Settings:
     message_bytes: tuple[int, ...]
     copy_bytes: int
     repeats: int
+    conv_batch: int = 1  # images per convolution timed (CONV_SHAPES)
+    conv_shapes: tuple[tuple[int, int, int, int], ...] = QUICK_CONV_SHAPES
 
     @classmethod
     def for_device(cls, device: torch.device, *, quick: bool = False) -> Settings:
         """The full settings (≈ a minute per node) or ``quick`` ones (seconds, for tests)."""
         if quick:
             return cls(matmul_sizes=(128, 256), message_bytes=(2**12, 2**16, 2**20), copy_bytes=2**22, repeats=2)
-        if device.type == "cuda":
+        if device.type == "cuda":  # convolutions at ResNet-50's 256 images per GPU
             return cls(matmul_sizes=(1024, 2048, 4096, 8192), message_bytes=tuple(2**k for k in range(16, 29, 2)),
-                       copy_bytes=2**30, repeats=5)
+                       copy_bytes=2**30, repeats=5, conv_batch=256, conv_shapes=CONV_SHAPES)
         return cls(matmul_sizes=(128, 256, 512, 1024), message_bytes=tuple(2**k for k in range(12, 25, 2)),
-                   copy_bytes=2**26, repeats=5)
+                   copy_bytes=2**26, repeats=5, conv_batch=2, conv_shapes=CONV_SHAPES)
 
 
 def calibrate(*, nproc: int | None = None, quick: bool = False, progress: bool = False) -> Calibration:
@@ -185,12 +188,15 @@ _Phase = Callable[[str], AbstractContextManager]
 
 
 def _measure_compute(device: torch.device, settings: Settings, dtypes: list[str], phase: _Phase) -> dict[str, Any]:
-    """The benchmarks of one rank: framework memory, matmuls and operators, memory bandwidth,
-    optimizer steps, DTensor dispatch; Calibration's fields."""
+    """The benchmarks of one rank: framework memory, matmuls and operators, convolutions, memory
+    bandwidth, optimizer steps, DTensor dispatch; Calibration's fields."""
     with phase("framework memory"):
         framework = across_ranks(framework_bytes(device))  # first: what a fresh process's first steps take
     with phase(f"matmuls and operators ({', '.join(dtypes)})"):
         compute = compute_rates(settings.matmul_sizes, dtypes, device, repeats=settings.repeats)
+    with phase(f"convolutions ({', '.join(dtypes)})"):
+        convs = conv_rates(dtypes, device, batch=settings.conv_batch, repeats=settings.repeats,
+                           shapes=settings.conv_shapes)
     with phase("memory bandwidth"):
         bandwidth = across_ranks(memory_bandwidth(settings.copy_bytes, device, repeats=settings.repeats),
                                  smallest=True)
@@ -202,6 +208,7 @@ def _measure_compute(device: torch.device, settings: Settings, dtypes: list[str]
         per_tp_linear = tp_linear_seconds(device, repeats=settings.repeats)
     return dict(
         matmul={dtype: tuple(points) for dtype, points in compute.matmul.items()}, memory_bandwidth=bandwidth,
+        conv={dtype: tuple(points) for dtype, points in convs.items()},
         unaligned_matmul=compute.unaligned, op_seconds=compute.op_seconds,
         # GPUs: the copy's bandwidth prices the bytes (BYTES_REFERENCE says why not a reference step)
         op_byte_seconds=compute.op_byte_seconds if compute.op_byte_seconds is not None else 1 / bandwidth,

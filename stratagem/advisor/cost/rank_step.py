@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stratagem.advisor.cost.collectives import mesh_links
+from stratagem.advisor.cost.convolutions import stage_layout_bytes
 from stratagem.advisor.cost.rates import (
     achievable_fraction,
     block_matmul_efficiency,
@@ -31,7 +32,9 @@ class RankStep:
     ``block_matmul_efficiency`` the share of it the blocks' matmuls reach at their sizes,
     ``unaligned_matmul_fraction`` the share GEMMs with unaligned matrices reach,
     ``seconds_per_op_byte`` what each byte operators without FLOPs move costs
-    (:mod:`~stratagem.advisor.cost.rates`)."""
+    (:mod:`~stratagem.advisor.cost.rates`); ``layout_bytes`` what the layout transforms around
+    NCHW convolutions move per ``(direction, blocks only)`` at the profiled batch
+    (:mod:`~stratagem.advisor.cost.convolutions`)."""
 
     profile: ModelProfile
     cluster: Cluster
@@ -44,6 +47,7 @@ class RankStep:
     block_matmul_efficiency: float
     unaligned_matmul_fraction: float
     seconds_per_op_byte: float
+    layout_bytes: dict[tuple[str, bool], float]
 
     def link(self, axis: MeshAxis, op: str) -> dict[str, float]:
         """``bandwidth`` and ``latency`` of ``op`` on the ``axis`` group (the collective's own
@@ -105,7 +109,8 @@ class RankStep:
         of the rate, the embedding's and head's at all of it, unaligned GEMMs at
         :attr:`unaligned_matmul_fraction` of either; plus the bytes operators without FLOPs move
         (those of parameter-sized outputs, autocast's weight casts, at any micro-batch size), fused
-        where the plan compiles its blocks (:meth:`op_field`)."""
+        where the plan compiles its blocks (:meth:`op_field`), and those of the layout transforms
+        around NCHW convolutions (:attr:`layout_bytes`)."""
         flops = f"{direction}_flops"
         blocks = self.per_microbatch(flops, blocks_only=True)
         outside = 0.0 if blocks_only else self.per_microbatch(flops) - blocks
@@ -113,7 +118,8 @@ class RankStep:
         return ((blocks / self.block_matmul_efficiency + outside
                  + unaligned * (1 / self.unaligned_matmul_fraction - 1)) / self.flops_per_second
                 + (self.per_microbatch(self.op_field(direction, "op_bytes"), blocks_only=blocks_only)
-                   + self.per_tp_rank(f"{direction}_param_op_bytes", blocks_only=blocks_only)) * self.seconds_per_op_byte)
+                   + self.per_tp_rank(f"{direction}_param_op_bytes", blocks_only=blocks_only)
+                   + self.layout_bytes[direction, blocks_only] * self.batch_scale) * self.seconds_per_op_byte)
 
     def op_field(self, direction: str, kind: str) -> str:
         """The profile's field of ``direction``'s operators (``kind``: ``ops`` or ``op_bytes``) as
@@ -150,4 +156,5 @@ def rank_step(profile: ModelProfile, *, cluster: Cluster, workload: Workload,
                         cluster, precision=plan.precision),
                     block_matmul_efficiency=block_matmul_efficiency(profile, plan, stage, curve, cluster=cluster),
                     unaligned_matmul_fraction=unaligned_matmul_fraction(cluster, plan.precision),
-                    seconds_per_op_byte=seconds_per_op_byte(cluster))
+                    seconds_per_op_byte=seconds_per_op_byte(cluster),
+                    layout_bytes=stage_layout_bytes(stage, plan, cluster))

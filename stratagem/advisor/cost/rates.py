@@ -11,9 +11,10 @@ import functools
 import math
 from collections.abc import Iterable, Iterator
 
+from stratagem.advisor.cost.convolutions import ConvGemm, arithmetic_intensity, conv_gemms, forward_flops
 from stratagem.advisor.cost.stages import Stage
 from stratagem.advisor.hardware.spec import Cluster
-from stratagem.advisor.profile.model_profile import LinearLayer, ModelProfile
+from stratagem.advisor.profile.model_profile import ConvLayer, LinearLayer, ModelProfile
 from stratagem.plan import Plan
 from stratagem.plan.precision import get_precision
 
@@ -72,6 +73,13 @@ def matmul_curve(cluster: Cluster, precision: str) -> list[tuple[int, float]]:
     return sorted((n, rate) for measured, n, rate in cluster.node.matmul_curve if measured == dtype)
 
 
+def conv_curve(cluster: Cluster, precision: str) -> list[tuple[float, float]]:
+    """The calibrated (FLOPs per byte, FLOP/s) of convolutions in ``precision``'s matmul dtype, by
+    arithmetic intensity (``NodeSpec.conv_curve``; empty uncalibrated)."""
+    dtype = matmul_dtype(cluster, precision)
+    return sorted((intensity, rate) for measured, intensity, rate in cluster.node.conv_curve if measured == dtype)
+
+
 def unaligned_matmul_fraction(cluster: Cluster, precision: str) -> float:
     """The share of the aligned rate GEMMs with unaligned matrices reach in ``precision``'s matmul
     dtype: as calibrated (``NodeSpec.unaligned_matmul``), else :data:`UNALIGNED_MATMUL_FRACTION`."""
@@ -96,13 +104,18 @@ def block_matmul_efficiency(profile: ModelProfile, plan: Plan, stage: Stage, cur
 
     Calibrated: each Linear's GEMM on one TP rank (:func:`_linear_gemms`) runs at the measured
     curve's rate for a square matmul of the same FLOPs (``n³ = m·k·n``, interpolated in ``log n``,
-    clamped at the measured ends), over the rate at the largest size. Uncalibrated, on a GPU whose
-    SMs the catalog counts: each Linear's forward, input-gradient and weight-gradient GEMMs and
-    the attention core's (:func:`_attention_gemms`) at :func:`gemm_efficiency`."""
+    clamped at the measured ends), over the rate at the largest size; each convolution's implicit
+    GEMMs (:func:`~stratagem.advisor.cost.convolutions.conv_gemms`) likewise, or at the calibrated
+    convolutions' rate for their arithmetic intensity where measured (:func:`_conv_rate`).
+    Uncalibrated, on a GPU whose SMs the catalog counts: each Linear's and convolution's forward,
+    input-gradient and weight-gradient GEMMs and the attention core's (:func:`_attention_gemms`)
+    at :func:`gemm_efficiency`, a convolution's streaming its tensors, not its window matrix."""
     if curve:
-        return _weighted((count * size, count * size / _interpolated_rate(curve, size ** (1 / 3)) * curve[-1][1])
-                         for count, rows, inner, outer in _linear_gemms(profile, plan, stage)
-                         for size in [rows * inner * outer])
+        convs = conv_curve(cluster, plan.precision) if cluster is not None else []
+        linears = ((count * size, count * size / _interpolated_rate(curve, size ** (1 / 3)) * curve[-1][1])
+                   for count, rows, inner, outer in _linear_gemms(profile, plan, stage)
+                   for size in [rows * inner * outer])
+        return _weighted((*linears, *_calibrated_convs(profile, plan, stage, curve, convs)))
     if cluster is None or not cluster.is_accelerator or not cluster.device.num_sms:
         return 1.0
     device = cluster.device
@@ -114,7 +127,48 @@ def block_matmul_efficiency(profile: ModelProfile, plan: Plan, stage: Stage, cur
                for count, rows, inner, outer in _linear_gemms(profile, plan, stage)
                for dims in ((rows, outer, inner), (rows, inner, outer), (inner, outer, rows)))
     attention = ((flops, shape(*dims, batch=batch)) for flops, batch, dims in _attention_gemms(profile, plan, stage))
-    return _weighted((flops, flops / efficiency) for flops, efficiency in (*linears, *attention))
+    convs = ((count * gemm.size, shape(gemm.m, gemm.n, gemm.k, batch=gemm.batch, moved=gemm.moved))
+             for count, _, gemm in _block_conv_gemms(profile, plan, stage))
+    return _weighted((flops, flops / efficiency) for flops, efficiency in (*linears, *attention, *convs))
+
+
+def _block_conv_gemms(profile: ModelProfile, plan: Plan, stage: Stage) -> Iterator[tuple[int, ConvLayer, ConvGemm]]:
+    """``(count, conv, gemm)`` of each implicit GEMM of the stage's blocks' convolutions for one
+    micro-batch; TP leaves convolutions whole."""
+    scale = plan.micro_batch_size / profile.batch_size
+    for block, count in stage.kinds:
+        for conv in block.convs:
+            for gemm in conv_gemms(conv, scale):
+                yield count, conv, gemm
+
+
+def _calibrated_convs(profile: ModelProfile, plan: Plan, stage: Stage, curve: list[tuple[int, float]],
+                      convs: list[tuple[float, float]]) -> Iterator[tuple[float, float]]:
+    """``(work, work / efficiency)`` of the blocks' convolutions' GEMMs on a calibrated rank: at the
+    convolutions' measured rate for their intensity (``convs``), else at the matmul ``curve``'s for
+    a square GEMM of the same FLOPs per group, over the curve's largest rate."""
+    scale = plan.micro_batch_size / profile.batch_size
+    element_bytes = get_precision(plan.precision).compute_bytes
+    for count, conv, gemm in _block_conv_gemms(profile, plan, stage):
+        work = count * gemm.size
+        if convs:
+            rate = _conv_rate(convs, arithmetic_intensity(conv, scale, element_bytes))
+        else:
+            rate = _interpolated_rate(curve, (gemm.m * gemm.n * gemm.k) ** (1 / 3))
+        yield work, work / rate * curve[-1][1]
+
+
+def _conv_rate(curve: list[tuple[float, float]], intensity: float) -> float:
+    """The calibrated convolutions' FLOP/s at ``intensity`` FLOPs per byte (``curve`` sorted by
+    it): linear in ``log intensity`` between measured points, the most intense one's rate above
+    them, and below the least intense in proportion to intensity, as memory binds there (roofline,
+    Williams et al. 2009)."""
+    if intensity <= curve[0][0]:
+        return curve[0][1] * intensity / curve[0][0]
+    for (i0, r0), (i1, r1) in zip(curve, curve[1:]):
+        if intensity <= i1:
+            return r0 + (r1 - r0) * math.log(intensity / i0) / math.log(i1 / i0)
+    return curve[-1][1]
 
 
 def _weighted(pairs: Iterable[tuple[float, float]]) -> float:
@@ -136,7 +190,8 @@ def _linear_gemms(profile: ModelProfile, plan: Plan, stage: Stage) -> Iterator[t
         widths = sum(linear.in_features * linear.out_features for linear in block.linears)
         if not widths:
             continue
-        per_sample = (block.fwd_flops - block.attention_fwd_flops) / (2 * widths) / profile.batch_size
+        convs = sum(forward_flops(conv) for conv in block.convs)  # 0 without any
+        per_sample = (block.fwd_flops - block.attention_fwd_flops - convs) / (2 * widths) / profile.batch_size
         for linear in block.linears:
             style = styles.get(linear.name)
             inner = linear.in_features / (plan.tp if style == "rowwise" else 1)
@@ -198,18 +253,20 @@ SPLIT_K_MIN = 512
 
 @functools.lru_cache(maxsize=1 << 16)  # the search's plans repeat a few shapes thousands of times
 def gemm_efficiency(m: float, n: float, k: float, *, sms: int, element_bytes: int,
-                    flops_per_second: float, bytes_per_second: float, batch: float = 1) -> float:
+                    flops_per_second: float, bytes_per_second: float, batch: float = 1,
+                    moved: float | None = None) -> float:
     """The share of ``flops_per_second`` (what the largest GEMMs reach) ``batch`` ``m×k · k×n``
     GEMMs reach on a GPU of ``sms`` streaming multiprocessors: their outputs padded to whole tiles
     (:data:`GEMM_TILES`, the best of them), the tiles run one per SM in waves, too few of them
-    split along ``k`` (:data:`SPLIT_K_MIN`); and no faster than their operands and outputs stream
-    from memory at ``bytes_per_second`` (roofline, Williams et al. 2009)."""
+    split along ``k`` (:data:`SPLIT_K_MIN`); and no faster than each streams ``moved`` elements
+    from memory at ``bytes_per_second`` (roofline, Williams et al. 2009): its operands and output,
+    ``m·k + k·n + m·n``, unless given (an implicit GEMM's are fewer)."""
     if min(m, n, k, batch) <= 0:
         return 1.0
     ideal = 2 * batch * m * n * k / flops_per_second
     per_sm = flops_per_second / sms
     compute = min(_tiled_seconds(m, n, k, tile, batch=batch, sms=sms, per_sm=per_sm) for tile in GEMM_TILES)
-    memory = batch * (m * k + k * n + m * n) * element_bytes / bytes_per_second
+    memory = batch * (m * k + k * n + m * n if moved is None else moved) * element_bytes / bytes_per_second
     return ideal / max(compute, memory)
 
 

@@ -179,6 +179,9 @@ class NodeSpec:
     # Measured (dtype, share of the aligned rate) of GEMMs whose matrices' leading dimensions are
     # not multiples of 16 bytes (``stratagem calibrate``); () takes the cost model's estimate.
     unaligned_matmul: tuple[tuple[str, float], ...] = ()
+    # Measured (dtype, FLOPs per byte, FLOP/s) of convolutions' forward and backward by arithmetic
+    # intensity (``stratagem calibrate``); () runs them at the matmul curve's rates.
+    conv_curve: tuple[tuple[str, float, float], ...] = ()
     op_seconds: float | None = None  # measured host seconds per operator of a small model's step
     op_byte_seconds: float | None = None  # measured seconds per byte operators without FLOPs read or write
     dtensor_op_seconds: float | None = None  # per optimizer operator on DTensor parameters
@@ -207,6 +210,7 @@ class NodeSpec:
             collectives=tuple(tuple(c) for c in data.get("collectives", ())),
             matmul_curve=tuple(tuple(c) for c in data.get("matmul_curve", ())),
             unaligned_matmul=tuple(tuple(c) for c in data.get("unaligned_matmul", ())),
+            conv_curve=tuple(tuple(c) for c in data.get("conv_curve", ())),
             op_seconds=data.get("op_seconds"),
             op_byte_seconds=data.get("op_byte_seconds"),
             dtensor_op_seconds=data.get("dtensor_op_seconds"),

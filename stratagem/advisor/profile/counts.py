@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from stratagem.advisor.profile.model_profile import ConvLayer
+
 
 @dataclass
 class PolicyCounts:
@@ -53,6 +55,7 @@ class SegmentCounts:
     fwd_fused_ops: int = 0  # kernels launched fused: the fused groups, and every other operator
     bwd_fused_ops: int = 0
     policies: dict[str, PolicyCounts] = field(default_factory=dict)  # a block's, per selective policy
+    convs: list[ConvLayer] = field(default_factory=list)  # the convolutions its forward ran, in order
 
 
 @dataclass

@@ -50,6 +50,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from stratagem.advisor.profile.block_reuse import tensor_bytes
+from stratagem.advisor.profile.convolutions import conv_layer
 from stratagem.advisor.profile.counts import RunRecord
 from stratagem.advisor.profile.fusion import FusionTracker
 from stratagem.advisor.profile.recompute import CheckpointPolicies
@@ -140,11 +141,13 @@ class CostCounter(FlopCounterMode):
 
     def __init__(self, *, block_of: dict[str, str], record: RunRecord,
                  state_names: dict[StorageWeakRef, str], gradient_shapes: set[tuple[tuple[int, ...], torch.dtype]],
-                 has_blocks: bool, seq_len: int | None, batch_size: int | None, gpu_masks: bool = True) -> None:
+                 has_blocks: bool, seq_len: int | None, batch_size: int | None, gpu_masks: bool = True,
+                 model_name: str = "") -> None:
         super().__init__(display=False, custom_mapping=CPU_ATTENTION_FLOPS)
         self.seq_len = seq_len
         self.batch_size = batch_size
         self._block_of = block_of  # module-tracker name -> block FQN
+        self._model_name = model_name  # the module tracker's name for the model
         self._record = record
         self._state_names = state_names
         self._gradient_shapes = gradient_shapes  # (shape, dtype) of the trainable parameters
@@ -176,6 +179,16 @@ class CostCounter(FlopCounterMode):
         if is_bw:
             return EMBED if self._bwd_after_blocks else HEAD
         return HEAD if self._fwd_after_blocks else EMBED
+
+    def _module(self, seg: str) -> str:
+        """The innermost module running now, named relative to segment ``seg``'s block (to the
+        model outside the blocks)."""
+        name = max(self.mod_tracker.parents, key=lambda n: n.count("."), default="")
+        block = next((tracked for tracked, fqn in self._block_of.items() if fqn == seg), None)
+        for prefix in (f"{block}.", f"{self._model_name}.") if block else (f"{self._model_name}.",):
+            if name.startswith(prefix) and name != block:
+                return name[len(prefix):]
+        return ""  # the block itself, or the model
 
     def count_kernels(self, *, ops: int, op_bytes: int, param_op_bytes: int = 0) -> None:
         """Count ``ops`` operators moving ``op_bytes`` (and ``param_op_bytes`` of parameter-sized
@@ -245,6 +258,8 @@ class CostCounter(FlopCounterMode):
         counts.fwd_unaligned_flops += unaligned
         if formula is not None and (func_packet in ATTENTION_OPS or self._touches_scores(args, out)):
             counts.attention_fwd_flops += flops
+        if func_packet is aten.convolution and (conv := conv_layer(args, kwargs, out, name=self._module(seg))):
+            counts.convs.append(conv)
         if counted:  # torch's selective checkpointing asks its policy about these alone
             self.policies.op(seg, str(func_packet), out, flops=flops, ops=1, op_bytes=batch, param_op_bytes=sized)
 

@@ -29,9 +29,9 @@ def kernels_for(*, accelerator: bool) -> str:
     return "gpu" if accelerator else "cpu"
 
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """Version of the layout ``ModelProfile.to_dict`` writes and ``from_dict`` reads. Bump it whenever
-a field of ModelProfile, SegmentProfile or LinearLayer is added, removed, renamed or changes
+a field of ModelProfile, SegmentProfile, LinearLayer or ConvLayer is added, removed, renamed or changes
 meaning (tests/unit/test_profile_cache_checks.py pins the fields to this number)."""
 
 
@@ -64,6 +64,40 @@ class LinearLayer:
     def from_dict(cls, data: Any, where: str = "linear") -> LinearLayer:
         """The inverse of :meth:`to_dict`, checked (:class:`ProfileDataError` if it does not hold)."""
         return cls(**_checked_fields(cls, data, where))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConvLayer:
+    """A convolution a segment's forward ran (``aten.convolution``, not transposed): the shapes
+    its implicit GEMMs and layout transforms follow from (docs/cost-model.md, "Rates")."""
+
+    name: str  # the innermost module that ran it, relative to its block (to the model outside the blocks)
+    in_channels: int
+    out_channels: int
+    kernel: tuple[int, ...]  # the window per spatial dimension: (3, 3)
+    stride: tuple[int, ...]
+    groups: int = 1
+    rows: int  # output positions at the profiled batch: N·H_out·W_out
+    input_rows: int  # input positions at the profiled batch: N·H_in·W_in
+    channels_last: bool = False  # its input laid out channels-last (NHWC), as cuDNN's tensor-core kernels read
+    input_grad: bool = True  # backward computes its input's gradient (not the first conv of an image model)
+
+    @property
+    def window(self) -> int:
+        """Elements of one filter window: kh·kw (9 for 3×3)."""
+        return math.prod(self.kernel)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "kernel": list(self.kernel), "stride": list(self.stride)}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "conv") -> ConvLayer:
+        """The inverse of :meth:`to_dict`, checked (:class:`ProfileDataError` if it does not hold)."""
+        values = _checked_fields(cls, data, where)
+        for key in ("kernel", "stride"):
+            items = _list(_require(data, key, where), f"{where}.{key}")
+            values[key] = tuple(_count(x, f"{where}.{key}[{i}]", minimum=1) for i, x in enumerate(items))
+        return cls(**values)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -112,6 +146,7 @@ class SegmentProfile:
     selective_op_recompute_op_bytes: int = 0
     selective_op_recompute_param_op_bytes: int = 0
     linears: tuple[LinearLayer, ...] = ()
+    convs: tuple[ConvLayer, ...] = ()  # every convolution its forward ran, in order
     measured_as: str | None = None  # identical block whose measurement this one reuses
 
     @property
@@ -122,6 +157,7 @@ class SegmentProfile:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["linears"] = [linear.to_dict() for linear in self.linears]
+        out["convs"] = [conv.to_dict() for conv in self.convs]
         out["flops"] = self.flops
         return out
 
@@ -132,6 +168,8 @@ class SegmentProfile:
         values = _checked_fields(cls, data, where)
         linears = _list(data.get("linears", []), f"{where}.linears")
         values["linears"] = tuple(LinearLayer.from_dict(x, f"{where}.linears[{i}]") for i, x in enumerate(linears))
+        convs = _list(data.get("convs", []), f"{where}.convs")
+        values["convs"] = tuple(ConvLayer.from_dict(x, f"{where}.convs[{i}]") for i, x in enumerate(convs))
         segment = cls(**values)
         if "flops" in data and data["flops"] != segment.flops:
             raise ProfileDataError(f"{where}.flops: {data['flops']!r} is not fwd_flops + bwd_flops ({segment.flops})")
@@ -268,7 +306,8 @@ class ModelProfile:
 
 # Checking stored profiles: each field by its annotation, then what holds between fields.
 
-_POSITIVE = frozenset({"batch_size", "seq_len", "num_heads", "num_kv_heads", "in_features", "out_features"})
+_POSITIVE = frozenset({"batch_size", "seq_len", "num_heads", "num_kv_heads", "in_features", "out_features",
+                       "in_channels", "out_channels", "groups"})
 _TOTALS = {"parameters": "num_params", "param_bytes": "param_bytes", "buffer_bytes": "buffer_bytes",
            "fwd_flops": "fwd_flops", "bwd_flops": "bwd_flops", "flops_per_step": "flops_per_step",
            "saved_bytes": "saved_bytes"}

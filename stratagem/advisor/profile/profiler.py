@@ -23,6 +23,7 @@ from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from stratagem.advisor.profile.convolutions import memory_format
 from stratagem.advisor.profile.counts import RunRecord, SegmentCounts
 from stratagem.advisor.profile.measure import EMBED, HEAD, quiet_fake_tensor_log
 from stratagem.advisor.profile.step import Step, run_fake_step
@@ -167,14 +168,16 @@ def _batch_shape(args: tuple, kwargs: dict, batch_size: int | None, seq_len: int
 
 
 def _fake_like(value: Any, *, floating: torch.dtype | None) -> Any:
-    """A fake CPU tensor with ``value``'s shape and dtype (values never matter here), a floating
-    one in ``floating`` when given; a fake tensor (a factory's) itself, cast likewise."""
+    """A fake CPU tensor with ``value``'s shape, dtype and channels-last layout, if it has one
+    (values never matter here), a floating one in ``floating`` when given; a fake tensor (a
+    factory's) itself, cast likewise."""
     if not isinstance(value, torch.Tensor):
         return value
     dtype = floating if floating is not None and value.is_floating_point() else value.dtype
     if isinstance(value, FakeTensor):
         return value if value.dtype == dtype else value.to(dtype)
-    return torch.empty(value.shape, dtype=dtype, device="cpu", requires_grad=value.requires_grad)
+    return torch.empty(value.shape, dtype=dtype, device="cpu", requires_grad=value.requires_grad,
+                       memory_format=memory_format(value))
 
 
 def _input_dtype(prec: Precision) -> torch.dtype | None:
@@ -184,14 +187,15 @@ def _input_dtype(prec: Precision) -> torch.dtype | None:
 
 
 def _fake_state(model: nn.Module, prec: Precision) -> dict[str, torch.Tensor]:
-    """Fake parameters (leaves, in the precision's parameter dtype) and buffers for every name,
-    tied names sharing one tensor."""
+    """Fake parameters (leaves, in the precision's parameter dtype, channels-last where the model's
+    are) and buffers for every name, tied names sharing one tensor."""
     made: dict[int, torch.Tensor] = {}
     state: dict[str, torch.Tensor] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
         if id(param) not in made:
             dtype = torch_dtype(prec.param_dtype) if param.is_floating_point() else param.dtype
-            made[id(param)] = torch.empty(param.shape, dtype=dtype, device="cpu", requires_grad=param.requires_grad)
+            made[id(param)] = torch.empty(param.shape, dtype=dtype, device="cpu", requires_grad=param.requires_grad,
+                                          memory_format=memory_format(param))
         state[name] = made[id(param)]
     for name, buf in model.named_buffers(remove_duplicate=False):
         if id(buf) not in made:
@@ -265,7 +269,7 @@ def _assemble(model: nn.Module, blocks: tuple[str, ...], record: RunRecord, prec
             bwd_largest_output_bytes=counts.bwd_largest_output_bytes,
             fwd_fused_op_bytes=counts.fwd_fused_op_bytes, bwd_fused_op_bytes=counts.bwd_fused_op_bytes,
             fwd_fused_ops=counts.fwd_fused_ops, bwd_fused_ops=counts.bwd_fused_ops,
-            **_policy_fields(counts), **extra,
+            convs=tuple(counts.convs), **_policy_fields(counts), **extra,
         )
 
     block_profiles = []
