@@ -126,7 +126,9 @@ def block_matmul_efficiency(profile: ModelProfile, plan: Plan, stage: Stage, cur
     linears = ((count * rows * inner * outer, shape(*dims))
                for count, rows, inner, outer in _linear_gemms(profile, plan, stage)
                for dims in ((rows, outer, inner), (rows, inner, outer), (inner, outer, rows)))
-    attention = ((flops, shape(*dims, batch=batch)) for flops, batch, dims in _attention_gemms(profile, plan, stage))
+    # Weighted in multiply-adds (m·n·k), as the Linears and convolutions are: half the FLOPs.
+    attention = ((flops / 2, shape(*dims, batch=batch))
+                 for flops, batch, dims in _attention_gemms(profile, plan, stage))
     convs = ((count * gemm.size, shape(gemm.m, gemm.n, gemm.k, batch=gemm.batch, moved=gemm.moved))
              for count, _, gemm in _block_conv_gemms(profile, plan, stage))
     return _weighted((flops, flops / efficiency) for flops, efficiency in (*linears, *attention, *convs))
