@@ -16,6 +16,7 @@ rest outside the blocks (the final norm, position embeddings) runs whole on ever
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, fields
 
 from stratagem.advisor.memo import by_identity
@@ -39,6 +40,8 @@ class Stage:
     largest_block_params: int  # the largest block: FSDP's largest unit but the root
     max_block_output_bytes: int  # the largest block output (profiled batch): a pipeline message
     vocab_shares: dict[str, dict[str, float]]  # per vocabulary style, of the module the rank holds: vocabulary_shares
+    # outside_per_tp_rank's sums, by field and vocabulary styles: the search asks for them per plan
+    _outside: dict[tuple[str, frozenset[str]], tuple[float, float]] = dataclasses.field(default_factory=dict, compare=False)
 
     @property
     def num_params(self) -> int:
@@ -56,8 +59,10 @@ class Stage:
 
     def outside_per_tp_rank(self, field: str, tp: int, vocab: frozenset[str] = frozenset()) -> float:
         """:meth:`outside_blocks` as one TP rank holds or runs it, the vocabulary split by ``vocab``."""
-        split = sum(self.vocab_shares[style].get(field, 0.0) for style in vocab if style in self.vocab_shares)
-        return self.outside_blocks(field) - split * (1 - 1 / tp)
+        whole, split = self._outside.get((field, vocab)) or self._outside.setdefault((field, vocab), (
+            self.outside_blocks(field),
+            sum(self.vocab_shares[style].get(field, 0.0) for style in vocab if style in self.vocab_shares)))
+        return whole - split * (1 - 1 / tp)
 
 
 def vocabulary_shares(embed: SegmentProfile | None, head: SegmentProfile | None) -> dict[str, dict[str, float]]:
