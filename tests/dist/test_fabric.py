@@ -81,7 +81,7 @@ def run_script(out: Path, jobs: dict[str, str]) -> Launch:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     results = json.loads((out / "results.json").read_text())
     runs = [Run(r["losses"], torch.load(out / f"weights_{i}.pt", weights_only=True),
-                {"plan": r["plan"], "head": r.get("head")})
+                facts={"plan": r["plan"], "head": r.get("head")})
             for i, r in enumerate(results)]
     return Launch(dict(zip(jobs, runs, strict=True)), done.stdout, out)
 
