@@ -7,7 +7,9 @@ For each preset, 2 gloo ranks apply TP 2 with the preset's own layout (no data p
 one forward and backward to warm up, then one under ``torch.profiler`` on identical data, and
 count DTensor's dispatches (the profiler's ``PythonSubclass`` events: one per operator a
 DTensor argument sends through ``__torch_dispatch__``). Prints the count, the TP collectives
-waited on (``wait_tensor``), the Linears the layout splits and the dispatches per split Linear.
+waited on (``wait_tensor``), the modules the layout splits (the blocks' Linears, and the input
+embedding and output head it splits by vocabulary, which the time model counts as TP Linears
+too) and the dispatches per split module.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from stratagem.verify.runner import real_model
 MICRO_BATCH = 2
 
 
-def _worker(rank: int, port: int, model: str, seq_len: int | None, plan_json: str, split_linears: int) -> None:
+def _worker(rank: int, port: int, model: str, seq_len: int | None, plan_json: str, split_modules: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2)
@@ -46,7 +48,7 @@ def _worker(rank: int, port: int, model: str, seq_len: int | None, plan_json: st
             counts = {event.key: event.count for event in prof.key_averages()}
             dispatches = counts.get("PythonSubclass", 0)
             print(f"{model:<16} {dispatches:>10} {counts.get('_c10d_functional::wait_tensor', 0):>12} "
-                  f"{split_linears:>14} {dispatches / split_linears:>12.1f}", flush=True)
+                  f"{split_modules:>14} {dispatches / split_modules:>12.1f}", flush=True)
     finally:
         dist.destroy_process_group()
 
@@ -56,15 +58,15 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["llama-small", "mixtral-small", "vit-small"])
     parser.add_argument("--seq-len", type=int, default=128, help="tokens per sample of the sequence models")
     args = parser.parse_args()
-    print(f"{'model':<16} {'dispatches':>10} {'collectives':>12} {'split Linears':>14} {'per Linear':>12}")
+    print(f"{'model':<16} {'dispatches':>10} {'collectives':>12} {'split modules':>14} {'per module':>12}")
     for model in args.models:
         seq_len = args.seq_len if PRESETS[model].input_kind == "tokens" else None
         profile = profile_spec(model, seq_len=seq_len, precision="fp32", kernels="cpu")
         plan = Plan(tp=2, tp_layout=profile.tp_layout, block_container=profile.block_container,
                     micro_batch_size=MICRO_BATCH, precision="fp32")
         per_block = sum(style in ("colwise", "rowwise") for _, style in profile.tp_layout)
-        mp.spawn(_worker, args=(free_port(), model, seq_len, plan.to_json(), per_block * len(profile.blocks)),
-                 nprocs=2)
+        split = per_block * len(profile.blocks) + len(plan.vocab_tp_styles)
+        mp.spawn(_worker, args=(free_port(), model, seq_len, plan.to_json(), split), nprocs=2)
 
 
 if __name__ == "__main__":

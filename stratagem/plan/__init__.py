@@ -11,13 +11,13 @@ from stratagem.plan.plan import (
     INTERLEAVED_SCHEDULES,
     OFFLOAD,
     PP_SCHEDULES,
-    TP_STYLES,
     MeshAxis,
     Plan,
     admitted_offloads,
     even_stage_blocks,
     zero_bubble_refuses,
 )
+from stratagem.plan.tp_styles import TP_STYLES, VOCAB_STYLES
 from stratagem.plan.workload import OPTIMIZERS, Workload
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "PP_SCHEDULES",
     "SELECTIVE_POLICIES",
     "TP_STYLES",
+    "VOCAB_STYLES",
     "MeshAxis",
     "Plan",
     "Workload",

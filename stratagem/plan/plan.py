@@ -32,15 +32,13 @@ from stratagem.plan.checks import (
     shown,
 )
 from stratagem.plan.precision import PRECISIONS
+from stratagem.plan.tp_styles import block_styles, check_tp_layout, vocab_styles
 
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb")
 # Schedules that run pp_virtual >= 2 stages per rank, looping over the ranks.
 INTERLEAVED_SCHEDULES = ("interleaved-1f1b", "interleaved-zb")
 CHECKPOINTING = ("none", "selective", "selective-op", "full")  # selective ones: plan/checkpointing.py
 OFFLOAD = ("none", "optimizer", "params")
-# colwise: split a Linear's outputs; rowwise: split its inputs and all-reduce (or, with sequence
-# parallelism, reduce-scatter) the result; sequence_parallel: a norm run on sequence shards.
-TP_STYLES = ("colwise", "rowwise", "sequence_parallel")
 
 
 _PRECISION_NAMES = tuple(PRECISIONS)
@@ -56,18 +54,6 @@ class MeshAxis(StrEnum):
     DP_REPLICATE = "dp_replicate"
     DP_SHARD = "dp_shard"
     TP = "tp"
-
-
-@functools.lru_cache(maxsize=64)
-def _check_tp_layout(layout: Any) -> None:
-    """``layout`` is a tuple of ``(pattern, style)`` string pairs with known styles (once per layout:
-    the search shares one across plans)."""
-    if not isinstance(layout, (tuple, list)):
-        raise UsageError(f"Plan.tp_layout must be a list of [pattern, style] pairs, got {shown(layout)}")
-    for pair in layout:
-        if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and all(isinstance(s, str) for s in pair)):
-            raise UsageError(f"Plan.tp_layout entry {shown(pair)} is not a [pattern, style] pair of strings")
-        check_choice(f"Plan.tp_layout style of {pair[0]!r}", pair[1], TP_STYLES)
 
 
 def admitted_offloads(zero: int) -> tuple[str, ...]:
@@ -106,7 +92,7 @@ class Plan:
     ``compile`` runs each block through ``torch.compile`` (after TP and checkpointing, before FSDP).
     ``tp_layout`` says how tensor parallelism splits the model: ``(pattern, style)`` pairs, the
     pattern a module FQN with ``*`` for a block index (``"layers.*.attention.wq"``), the style one
-    of :data:`TP_STYLES` — the Hugging Face ``base_model_tp_plan`` vocabulary.
+    of :data:`~stratagem.plan.tp_styles.TP_STYLES` (most in Hugging Face's words).
     ``stage_blocks`` is the pipeline partition: blocks per stage, ``pp × pp_virtual`` entries in
     stage order (rank ``r`` runs stages ``r, r + pp, …``), the embedding before stage 0's blocks and
     the head after the last stage's; None splits the blocks as evenly as possible
@@ -174,9 +160,9 @@ class Plan:
         if self.sequence_parallel and self.tp == 1:
             raise UsageError("Plan.sequence_parallel needs tp > 1: it splits activations over the TP group")
         try:
-            _check_tp_layout(self.tp_layout)
+            check_tp_layout(self.tp_layout)
         except TypeError:  # not hashable (lists): checked without the cache
-            _check_tp_layout.__wrapped__(self.tp_layout)
+            check_tp_layout.__wrapped__(self.tp_layout)
 
     def _check_data_parallel(self) -> None:
         if not self.shards_optimizer and self.dp_shard > 1:
@@ -304,7 +290,13 @@ class Plan:
     def block_tp_styles(self) -> dict[str, str]:
         """``tp_layout``'s styles by module name inside a block (``layers.*.attention.wq`` →
         ``attention.wq``): how TP splits each block's modules."""
-        return _block_styles(self.tp_layout, self.block_container)
+        return block_styles(self.tp_layout, self.block_container)
+
+    @property
+    def vocab_tp_styles(self) -> frozenset[str]:
+        """The vocabulary styles ``tp_layout`` applies (``vocab_embedding``, ``vocab_head``): whether
+        TP splits the input embedding and the output head by vocabulary."""
+        return vocab_styles(self.tp_layout)
 
     @property
     def runs_autocast(self) -> bool:
@@ -438,7 +430,7 @@ class Plan:
         if unknown:
             raise UsageError(f"unknown Plan field(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
         layout, stages = data.get("tp_layout", ()), data.get("stage_blocks")
-        _check_tp_layout.__wrapped__(layout)
+        check_tp_layout.__wrapped__(layout)
         if stages is not None and not isinstance(stages, (list, tuple)):
             raise UsageError(f"Plan.stage_blocks must be a list of block counts or null, got {shown(stages)}")
         return cls(**{**data, "tp_layout": tuple(tuple(pair) for pair in layout),
@@ -472,12 +464,6 @@ class Plan:
 
 # Each field's slot setter: what object.__setattr__ calls for a frozen Plan, without its lookups.
 _SET_FIELD = {f.name: Plan.__dict__[f.name].__set__ for f in fields(Plan)}
-
-
-@functools.lru_cache(maxsize=256)
-def _block_styles(layout: tuple[tuple[str, str], ...], container: str | None) -> dict[str, str]:
-    prefix = f"{container}.*."
-    return {pattern[len(prefix):]: style for pattern, style in layout if pattern.startswith(prefix)}
 
 
 @functools.lru_cache(maxsize=256)

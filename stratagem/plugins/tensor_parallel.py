@@ -2,8 +2,10 @@
 
 The layout is applied as given, never discovered here: each ``(pattern, style)`` pair names
 modules by FQN relative to the model root, ``*`` standing for a block index
-(``"layers.*.attention.wq"``). Every pattern must match at least one module, and every match must
-lie inside ``plan.block_container``: the embedding, the final norm and the output head stay
+(``"layers.*.attention.wq"``). Every pattern must match at least one module (a pipeline stage may
+lack the embedding or the head its vocabulary styles name). The block styles split modules inside
+``plan.block_container``; the vocabulary styles split the input embedding and the output head
+outside it; whatever the layout does not name (the final norm, position embeddings) stays
 replicated (plain tensors, the same on every TP rank).
 
 =====================  ==========================================================================
@@ -19,15 +21,29 @@ style                  applied as
                        rank's sequence shard, then its output is all-gathered into a replicated
                        DTensor for the colwise linears that read it (so backward reduce-scatters
                        their partial gradients); without it the entry is ignored (logged)
+``vocab_embedding``    ``RowwiseParallel`` on an Embedding: its table split by rows (the
+                       vocabulary), each rank looking up the ids its rows hold, the lookups
+                       all-reduced into a replicated plain tensor; its gradient kept as the
+                       table's shard (DTensor computes it whole, docs/design.md)
+``vocab_head``         ``ColwiseParallel`` on the output Linear with a replicated output: its
+                       weight split by vocabulary, the logits all-gathered into a plain tensor,
+                       so the loss sees them whole; backward all-reduces its input's gradient
 =====================  ==========================================================================
+
+The vocabulary need not divide by ``tp``: DTensor shards it unevenly (``torch.chunk``'s sizes).
+An embedding and a head that share their weight (tied, GPT-2) are split alike, ``Shard(0)``, and
+tied again after ``parallelize_module`` made each its own parameter; a layout that splits one of
+them and not the other is refused.
 
 Sequence-parallel layouts between blocks: the first block takes the embedding's replicated plain
 tensor and keeps its own sequence shard (``Replicate → Shard(1)``, a local slice, no
 communication); blocks hand each other plain local shards ``[b, s / tp, dim]``, which the
 residual adds work on; the last block's output is all-gathered back into a replicated plain
-tensor for the final norm and the head. The sequence length must divide by ``tp``. A
-sequence-parallel norm must read the block's residual stream and feed only colwise linears, as in
-a pre-norm transformer block.
+tensor for the final norm and the head. The vocabulary styles keep these edges: the split
+embedding's output is all-reduced, not reduce-scattered, and the head reads the whole sequence,
+as torchtitan's layout does not (docs/design.md says why). The sequence length must divide by
+``tp``. A sequence-parallel norm must read the block's residual stream and feed only colwise
+linears, as in a pre-norm transformer block.
 """
 
 from __future__ import annotations
@@ -48,7 +64,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from stratagem.plan import Plan
+from stratagem.plan import VOCAB_STYLES, Plan
 from stratagem.errors import UsageError
 from stratagem.plugins.blocks import find_blocks
 
@@ -57,43 +73,64 @@ __all__ = ["apply_tensor_parallel", "check_tp_layout_given", "match_tp_layout", 
 log = logging.getLogger(__name__)
 
 _NORMS = (nn.LayerNorm, nn.RMSNorm)
+# What each style splits, and how a wrong match is named.
+_KINDS: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "colwise": (nn.Linear, "a Linear"), "rowwise": (nn.Linear, "a Linear"),
+    "sequence_parallel": (_NORMS, "a LayerNorm or RMSNorm"),
+    "vocab_embedding": (nn.Embedding, "an Embedding"), "vocab_head": (nn.Linear, "a Linear"),
+}
 
 
 def apply_tensor_parallel(module: nn.Module, plan: Plan, tp_mesh: DeviceMesh | None) -> None:
-    """Shard ``module``'s linears (and, with ``plan.sequence_parallel``, run its block norms on
-    sequence shards) over the 1-D ``tp_mesh`` (None at ``tp = 1``) as ``plan.tp_layout`` says,
-    in place.
+    """Shard ``module``'s linears, and its input embedding and output head by vocabulary (and, with
+    ``plan.sequence_parallel``, run its block norms on sequence shards) over the 1-D ``tp_mesh``
+    (None at ``tp = 1``) as ``plan.tp_layout`` says, in place. With ``pp > 1`` ``module`` is a
+    pipeline stage, which may lack the embedding or the head.
 
     Raises :class:`UsageError` (before changing anything) for an empty layout, a pattern that
-    matches no module, a match outside the blocks or of the wrong kind, or a width the TP degree
-    does not divide.
+    matches no module, a match on the wrong side of the blocks or of the wrong kind, a width the
+    TP degree does not divide, or a shared weight split one way and not the other.
     """
     if plan.tp == 1:
         log.info("tensor parallel: degree 1, nothing to shard")
         return
-    styles = match_tp_layout(module, plan)
+    styles = match_tp_layout(module, plan, stage=plan.pp > 1)
+    tied = _tied_heads(module, styles)
     sequence = plan.sequence_parallel
     for fqn, style in styles.items():
+        sub = module.get_submodule(fqn)
         if style == "colwise":
-            parallelize_module(module.get_submodule(fqn), tp_mesh, ColwiseParallel())
+            parallelize_module(sub, tp_mesh, ColwiseParallel())
         elif style == "rowwise":
             output = Shard(1) if sequence else Replicate()
-            parallelize_module(module.get_submodule(fqn), tp_mesh, RowwiseParallel(output_layouts=output))
+            parallelize_module(sub, tp_mesh, RowwiseParallel(output_layouts=output))
+        elif style == "vocab_embedding":
+            _split_vocab_embedding(sub, tp_mesh)
+        elif style == "vocab_head":
+            parallelize_module(sub, tp_mesh, ColwiseParallel(output_layouts=Replicate(), use_local_output=True))
         elif sequence:
-            _apply_sequence_parallel_norm(module.get_submodule(fqn), tp_mesh)
+            _apply_sequence_parallel_norm(sub, tp_mesh)
+    for head, embedding in tied.items():
+        module.get_submodule(head).weight = module.get_submodule(embedding).weight
     if sequence:
         _shard_sequence_between_blocks(find_blocks(module, plan), tp_mesh, tp=plan.tp)
-    norms = sum(style == "sequence_parallel" for style in styles.values())
-    log.info("tensor parallel over %d ranks: %d linears sharded; %d norms %s", plan.tp, len(styles) - norms,
-             norms, "on sequence shards" if sequence else "replicated (plan.sequence_parallel is False)")
+    counts = {kind: sum(style in kinds for style in styles.values()) for kind, kinds in
+              (("linears", ("colwise", "rowwise")), ("norms", ("sequence_parallel",)), ("vocab", VOCAB_STYLES))}
+    log.info("tensor parallel over %d ranks: %d linears sharded; %d norms %s; %d modules split by vocabulary%s",
+             plan.tp, counts["linears"], counts["norms"],
+             "on sequence shards" if sequence else "replicated (plan.sequence_parallel is False)",
+             counts["vocab"], " (a tied weight)" if tied else "")
 
 
-def match_tp_layout(module: nn.Module, plan: Plan) -> dict[str, str]:
-    """Each module FQN ``plan.tp_layout`` names, with its style, in model order.
+def match_tp_layout(module: nn.Module, plan: Plan, *, stage: bool = False) -> dict[str, str]:
+    """Each module FQN ``plan.tp_layout`` names, with its style, in model order. ``stage``:
+    ``module`` is one pipeline stage of a model checked whole, so a vocabulary style may match
+    nothing there (or the placeholder that stands for a module the stage does not run).
 
     Raises :class:`UsageError` when the layout is empty (with ``tp > 1``), when a pattern matches
-    no module, or a match lies outside ``plan.block_container``, is not a Linear (colwise,
-    rowwise) or norm (sequence_parallel), or has a width ``plan.tp`` does not divide.
+    no module, or a match lies on the wrong side of ``plan.block_container`` (block styles inside,
+    vocabulary styles outside), is not the kind of module its style splits, has a width
+    ``plan.tp`` does not divide, or shares its weight with a module not split the same way.
     """
     check_tp_layout_given(plan)
     find_blocks(module, plan)  # raises unless plan.block_container names the blocks
@@ -102,6 +139,10 @@ def match_tp_layout(module: nn.Module, plan: Plan) -> dict[str, str]:
     for pattern, style in plan.tp_layout:
         regex = _pattern_regex(pattern)
         matched = [name for name in names if regex.fullmatch(name)]
+        if stage and style in VOCAB_STYLES:
+            matched = [name for name in matched if isinstance(module.get_submodule(name), _KINDS[style][0])]
+            if not matched:
+                continue
         if not matched:
             raise UsageError(f"tp_layout pattern {pattern!r} ({style}) matches no module of "
                              f"{type(module).__name__}\nHINT: patterns are FQNs from the model root "
@@ -109,6 +150,7 @@ def match_tp_layout(module: nn.Module, plan: Plan) -> dict[str, str]:
         for name in matched:
             _check_match(module.get_submodule(name), name, style, plan)
             styles[name] = style
+    _check_shared_weights(module, styles)
     return {name: styles[name] for name in names if name in styles}
 
 
@@ -140,19 +182,62 @@ def _block_zero_names(module: nn.Module, plan: Plan) -> str:
 
 
 def _check_match(sub: nn.Module, name: str, style: str, plan: Plan) -> None:
-    if not name.startswith(f"{plan.block_container}."):
+    inside = name.startswith(f"{plan.block_container}.")
+    if style in VOCAB_STYLES and inside:
+        raise UsageError(f"tp_layout marks {name!r} {style}, inside the blocks ({plan.block_container!r}); "
+                         "the vocabulary styles split the input embedding and the output head\n"
+                         "HINT: use colwise or rowwise inside the blocks")
+    if style not in VOCAB_STYLES and not inside:
         raise UsageError(f"tp_layout puts {name!r} ({style}) outside the blocks ({plan.block_container!r}); "
-                         "the embedding, final norm and output head stay replicated\n"
-                         "HINT: name only modules inside the blocks")
-    kind = _NORMS if style == "sequence_parallel" else nn.Linear
+                         "outside them only the input embedding and the output head split, by vocabulary\n"
+                         "HINT: name modules inside the blocks, or use vocab_embedding / vocab_head")
+    kind, wanted = _KINDS[style]
     if not isinstance(sub, kind):
-        wanted = "a LayerNorm or RMSNorm" if style == "sequence_parallel" else "a Linear"
         raise UsageError(f"tp_layout marks {name!r} {style}, which needs {wanted}, but it is a "
                          f"{type(sub).__name__}\nHINT: fix the pattern or the style")
+    if style == "vocab_embedding" and (sub.max_norm is not None or sub.sparse):
+        raise UsageError(f"tp_layout splits the Embedding {name!r} by vocabulary, but it "
+                         f"{'renormalizes its rows (max_norm)' if sub.max_norm is not None else 'has sparse gradients'}, "
+                         "which DTensor does not shard\nHINT: leave it out of tp_layout")
     width = {"colwise": "out_features", "rowwise": "in_features"}.get(style)
     if width and getattr(sub, width) % plan.tp:
         raise UsageError(f"tp={plan.tp} does not divide {name}.{width} ({getattr(sub, width)}), which "
                          f"{style} splits\nHINT: pick a tp that divides it")
+
+
+def _check_shared_weights(module: nn.Module, styles: dict[str, str]) -> None:
+    """Refuse a weight shared by a module the layout splits by vocabulary and one it does not: a
+    tied embedding and head are both split, or neither."""
+    users: dict[int, list[str]] = {}
+    for name, sub in module.named_modules():
+        weight = sub._parameters.get("weight")
+        if weight is not None:
+            users.setdefault(id(weight), []).append(name)
+    for names in users.values():
+        split = {styles.get(name) in VOCAB_STYLES for name in names}
+        if len(names) > 1 and True in split and split != {True}:
+            raise UsageError(f"{', '.join(map(repr, names))} share one weight (tied), and tp_layout splits "
+                             f"them differently ({', '.join(styles.get(n, 'replicated') for n in names)})\n"
+                             "HINT: split a tied embedding and head both by vocabulary (vocab_embedding, "
+                             "vocab_head), or leave both out")
+
+
+def _tied_heads(module: nn.Module, styles: dict[str, str]) -> dict[str, str]:
+    """``{head: embedding}`` for each vocabulary-split head whose weight is a split embedding's."""
+    embeddings = {id(module.get_submodule(name).weight): name for name, style in styles.items()
+                  if style == "vocab_embedding"}
+    return {name: embeddings[id(module.get_submodule(name).weight)] for name, style in styles.items()
+            if style == "vocab_head" and id(module.get_submodule(name).weight) in embeddings}
+
+
+def _split_vocab_embedding(embedding: nn.Embedding, tp_mesh: DeviceMesh) -> None:
+    """Split ``embedding``'s table by rows over ``tp_mesh``; its replicated lookups all-reduced.
+    DTensor (torch 2.13) computes the table's gradient whole on every rank (its
+    ``embedding_dense_backward`` has no vocabulary-sharded strategy); the hook keeps this rank's
+    rows of it, as FSDP does for the parameters it shards, so the gradient held is the shard."""
+    parallelize_module(embedding, tp_mesh, RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()))
+    placements = embedding.weight.placements  # not the weight: FSDP replaces it, the hook goes with it
+    embedding.weight.register_hook(lambda grad: grad.redistribute(placements=placements))
 
 
 def _apply_sequence_parallel_norm(norm: nn.Module, tp_mesh: DeviceMesh) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from spawn import free_port
-from test_tensor_parallel import LLAMA_LAYOUT, TP_FP32
+from test_tensor_parallel import LLAMA_LAYOUT, TP_FP32, VOCAB
 from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -46,7 +46,8 @@ _PINNED = {"micro_batch_size": BATCH, "precision": "fp32", "block_container": "m
 DDP = Plan(dp_replicate=2, zero=0, **_PINNED)
 ZERO1 = Plan(dp_shard=2, zero=1, **_PINNED)
 ZERO3 = Plan(dp_shard=2, zero=3, **_PINNED)
-TP_FSDP = Plan(dp_shard=2, zero=3, tp=2, tp_layout=tuple((f"model.{p}", s) for p, s in LLAMA_LAYOUT), **_PINNED)
+TP_FSDP = Plan(dp_shard=2, zero=3, tp=2, tp_layout=tuple((f"model.{p}", s) for p, s in (*LLAMA_LAYOUT, *VOCAB)),
+               **_PINNED)
 # A pipeline takes the data-parallel rank's batch (BATCH samples) as micro-batches of one.
 _PIPE = {**_PINNED, "micro_batch_size": 1, "microbatches": BATCH}
 GPIPE_DDP = Plan(pp=2, dp_replicate=2, pp_schedule="gpipe", stage_blocks=(1, 3), **_PIPE)

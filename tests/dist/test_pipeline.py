@@ -21,7 +21,7 @@ from functools import partial
 import pytest
 import torch
 from test_data_parallel import FP32, TIED_FP32, assert_matches_single_process
-from test_tensor_parallel import LLAMA_LAYOUT, TP_FP32
+from test_tensor_parallel import LLAMA_LAYOUT, TP_FP32, VOCAB
 from training import SEQ_LEN, Case, global_batches, train_single
 
 from stratagem.advisor.cost.activations import estimate_activations
@@ -62,7 +62,7 @@ FOUR_RANKS = {case.name: case for case in [
     Case("pp2_gpipe_ddp2", Plan(dp_replicate=2, **{**_PP2, "pp_schedule": "gpipe", "microbatches": 2})),
     Case("pp2_fsdp2", Plan(dp_shard=2, zero=3, pp_schedule="gpipe", **_PP2)),
     Case("pp2_zero2_full_ckpt", Plan(dp_shard=2, zero=2, activation_checkpointing="full", **_PP2)),
-    Case("pp2_tp2", Plan(tp=2, tp_layout=LLAMA_LAYOUT, **_PP2)),
+    Case("pp2_tp2", Plan(tp=2, tp_layout=(*LLAMA_LAYOUT, *VOCAB), **_PP2)),  # the vocabulary split too
     Case("pp2_zero_bubble_tp2", Plan(tp=2, tp_layout=LLAMA_LAYOUT, pp_schedule="interleaved-zb", pp_virtual=2,
                                      **_PP2)),
 ]}

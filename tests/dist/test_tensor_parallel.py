@@ -1,5 +1,8 @@
 """Tensor-parallel plans match one process: TP, TP + sequence parallel, and TP × FSDP (with and
-without full checkpointing), each trained on real gloo processes from the Plan's ``tp_layout``.
+without full checkpointing), each trained on real gloo processes from the Plan's ``tp_layout``;
+each also with the vocabulary split (the input embedding and the output head), on llama-tiny
+(untied) and on a GPT-2 whose tied embedding and head hold 257 tokens, which two ranks split
+unevenly (129 and 128 rows).
 
 The layouts are written out here as the advisor would produce them for the reference presets
 (llama-tiny: 4 heads, 2 key/value heads, ffn 176, so tp = 2 splits whole heads).
@@ -13,15 +16,27 @@ about one element per plan moved by up to 3.1e-5 (observed, 5 steps), every othe
 
 from __future__ import annotations
 
+import dataclasses
+from functools import partial
+from pathlib import Path
+
 import pytest
 import torch
+import torch.distributed as dist
+from spawn import run_on_ranks
 from test_data_parallel import assert_matches_single_process
-from training import Case
+from training import Case, global_batches
 
 from stratagem.plan import Plan
 from stratagem.errors import UsageError
-from stratagem.models import get_preset
-from stratagem.plugins import apply_plan
+from stratagem.models import Preset, Transformer, get_preset
+from stratagem.plugins import apply_plan, build_mesh, build_optimizer
+from stratagem.plugins.state_dict import (
+    load_checkpoint,
+    model_state_dict,
+    optimizer_state_dict,
+    save_sharded_checkpoint,
+)
 from stratagem.plugins.tensor_parallel import match_tp_layout
 
 LLAMA_LAYOUT = (
@@ -42,18 +57,39 @@ GPT2_LAYOUT = (
     *LLAMA_LAYOUT[-2:],
 )
 
+VOCAB = (("tok_embeddings", "vocab_embedding"), ("output", "vocab_head"))
+
 TP_FP32 = {"rtol": 1e-5, "atol": 1e-4}
 
 _TP2 = {"tp": 2, "micro_batch_size": 2, "precision": "fp32", "block_container": "layers",
         "tp_layout": LLAMA_LAYOUT}
+_VOCAB = {**_TP2, "tp_layout": (*LLAMA_LAYOUT, *VOCAB)}
+_GPT2_VOCAB = {**_TP2, "tp_layout": (*GPT2_LAYOUT, *VOCAB)}
+
+
+def _gpt2_tied_257():
+    """gpt2-tiny with 257 tokens: a tied embedding and head that two ranks split unevenly."""
+    preset = get_preset("gpt2-tiny")
+    config = dataclasses.replace(preset.config, vocab_size=257)
+    return dataclasses.replace(preset, name="gpt2-tiny-257", config=config, vocab_size=257,
+                               build=partial(Transformer, config))
+
+
+GPT2_TIED_257 = _gpt2_tied_257()
 
 TWO_RANKS = {case.name: case for case in [
     Case("tp", Plan(**_TP2)),
     Case("tp_sp", Plan(sequence_parallel=True, **_TP2)),
+    Case("tp_vocab", Plan(**_VOCAB)),
+    Case("tp_sp_vocab", Plan(sequence_parallel=True, **_VOCAB)),
+    Case("tp_vocab_tied", Plan(**_GPT2_VOCAB), preset=GPT2_TIED_257),
+    Case("tp_sp_vocab_tied", Plan(sequence_parallel=True, **_GPT2_VOCAB), preset=GPT2_TIED_257),
 ]}
 FOUR_RANKS = {case.name: case for case in [
     Case("tp_fsdp", Plan(dp_shard=2, zero=3, **_TP2)),
     Case("tp_fsdp_full_ckpt", Plan(dp_shard=2, zero=3, activation_checkpointing="full", **_TP2)),
+    Case("tp_fsdp_vocab", Plan(dp_shard=2, zero=3, **_VOCAB)),
+    Case("tp_fsdp_vocab_tied", Plan(dp_shard=2, zero=3, **_GPT2_VOCAB), preset=GPT2_TIED_257),
 ]}
 
 
@@ -75,6 +111,20 @@ def test_tp_fsdp_full_checkpointing_matches_single_process(four_ranks):
     assert_matches_single_process(FOUR_RANKS["tp_fsdp_full_ckpt"], four_ranks["tp_fsdp_full_ckpt"], TP_FP32)
 
 
+@pytest.mark.parametrize(("name", "rows", "tied"), [
+    ("tp_vocab", 128, False), ("tp_sp_vocab", 128, False), ("tp_vocab_tied", 129, True), ("tp_sp_vocab_tied", 129, True),
+])
+def test_vocabulary_split_matches_single_process(two_ranks, name, rows, tied):
+    assert_matches_single_process(TWO_RANKS[name], two_ranks[name], TP_FP32)
+    assert two_ranks[name].facts["embedding_rows"] == rows  # rank 0's share of the vocabulary
+    assert two_ranks[name].facts["tied"] is tied
+
+
+@pytest.mark.parametrize("name", ["tp_fsdp_vocab", "tp_fsdp_vocab_tied"])
+def test_vocabulary_split_under_fsdp_matches_single_process(four_ranks, name):
+    assert_matches_single_process(FOUR_RANKS[name], four_ranks[name], TP_FP32)
+
+
 def tiny_model(preset: str = "llama-tiny") -> torch.nn.Module:
     torch.manual_seed(0)
     return get_preset(preset).build()
@@ -83,6 +133,7 @@ def tiny_model(preset: str = "llama-tiny") -> torch.nn.Module:
 @pytest.mark.parametrize(("preset", "layout", "count"), [
     ("llama-tiny", LLAMA_LAYOUT, 9 * 4),
     ("gpt2-tiny", GPT2_LAYOUT, 8 * 2),
+    ("gpt2-tiny", (*GPT2_LAYOUT, *VOCAB), 8 * 2 + 2),
 ])
 def test_layout_matches_every_block(preset, layout, count):
     plan = Plan(**{**_TP2, "tp_layout": layout})
@@ -107,6 +158,8 @@ def test_apply_plan_refuses_tp_it_cannot_apply(changes, message):
     (("output", "colwise"), "outside the blocks"),
     (("layers.*.attention", "colwise"), "needs a Linear, but it is a Attention"),
     (("layers.*.attention.wq", "sequence_parallel"), "needs a LayerNorm or RMSNorm"),
+    (("layers.*.attention.wq", "vocab_head"), "inside the blocks"),
+    (("output", "vocab_embedding"), "needs an Embedding, but it is a Linear"),
 ])
 def test_layout_that_does_not_fit_the_model_is_refused(pair, message):
     plan = Plan(**{**_TP2, "tp_layout": (*LLAMA_LAYOUT, pair)})
@@ -118,3 +171,66 @@ def test_width_tp_does_not_divide_is_refused():
     plan = Plan(**{**_TP2, "tp": 3})
     with pytest.raises(UsageError, match=r"tp=3 does not divide layers.0.attention.wq.out_features \(64\)"):
         match_tp_layout(tiny_model(), plan)
+
+
+def test_tied_weight_split_one_way_only_is_refused():
+    plan = Plan(**{**_TP2, "tp_layout": (*GPT2_LAYOUT, ("output", "vocab_head"))})
+    with pytest.raises(UsageError, match=r"'tok_embeddings', 'output' share one weight(?s:.*)HINT"):
+        match_tp_layout(tiny_model("gpt2-tiny"), plan)
+
+
+def _trained(preset: Preset, plan: Plan, seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """``preset`` built with ``seed`` under ``plan``, after one AdamW step (so it has states)."""
+    torch.manual_seed(seed)
+    model = apply_plan(preset.build(), plan, build_mesh(plan, device_type="cpu"))
+    optimizer = build_optimizer(model, plan, torch.optim.AdamW, lr=1e-3)
+    (tokens,), targets = global_batches(Case("", plan, preset))[0]
+    preset.loss(model(tokens[:plan.micro_batch_size]), targets[:plan.micro_batch_size]).backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def _full(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    return {"state_dict": model_state_dict(model, full=True),
+            "optimizer_states": [optimizer_state_dict(model, optimizer, full=True)]}
+
+
+def _checkpoints_of_split_vocabulary(rank: int, world_size: int, folder: str) -> dict[str, list[dict]]:
+    """On every rank, for llama-tiny and the tied GPT-2 of 257 tokens split by vocabulary: the
+    full state a trained model saves, and the full state of fresh models (other seeds) after each
+    loaded the sharded checkpoint and the full file of it."""
+    results = {}
+    for name, preset, plan in (("llama", get_preset("llama-tiny"), Plan(**_VOCAB)),
+                               ("gpt2", GPT2_TIED_257, Plan(**_GPT2_VOCAB))):
+        model, optimizer = _trained(preset, plan, seed=0)
+        saved = _full(model, optimizer)
+        sharded, file = Path(folder) / f"{name}.ckpt", Path(folder) / f"{name}.pt"
+        save_sharded_checkpoint(sharded, {"state_dict": model_state_dict(model, full=False),
+                                          "optimizer_states": [optimizer_state_dict(model, optimizer, full=False)]},
+                                [optimizer])
+        if rank == 0:
+            torch.save(saved, file)
+        dist.barrier()
+        loaded = []
+        for seed, path in ((1, sharded), (2, file)):
+            fresh, fresh_optimizer = _trained(preset, plan, seed=seed)
+            load_checkpoint(path, fresh, [fresh_optimizer], weights_only=False)
+            loaded.append(_full(fresh, fresh_optimizer))
+        results[name] = [saved, *loaded]
+    return results
+
+
+def test_split_vocabulary_saves_and_loads_full_weights(tmp_path):
+    """Checkpoints of a model split by vocabulary (uneven and tied, or not) hold the model's own
+    full weights under its own names, and load back, sharded or whole, into a split model."""
+    results = run_on_ranks(_checkpoints_of_split_vocabulary, str(tmp_path), world_size=2)
+    for name, preset in (("llama", get_preset("llama-tiny")), ("gpt2", GPT2_TIED_257)):
+        saved, *loaded = results[name]
+        assert saved["state_dict"].keys() == preset.build().state_dict().keys()
+        assert saved["state_dict"]["tok_embeddings.weight"].shape == (preset.vocab_size, 64)
+        for state in loaded:
+            torch.testing.assert_close(state["state_dict"], saved["state_dict"], rtol=0, atol=0)
+            (optimizer,), (expected,) = state["optimizer_states"], saved["optimizer_states"]
+            torch.testing.assert_close(optimizer["state"], expected["state"], rtol=0, atol=0)
+            assert [(g["params"], g["lr"]) for g in optimizer["param_groups"]] == \
+                [(g["params"], g["lr"]) for g in expected["param_groups"]]

@@ -185,7 +185,8 @@ def _train_plan(case: Case, *, rank: int, world_size: int) -> Run:
     model = apply_plan(preset.build(), plan, build_mesh(plan, device_type="cpu"))
     cls, options = OPTIMIZERS[case.optimizer]
     optimizer = build_optimizer(model, plan, cls, **options)
-    facts: dict[str, object] = {"wrapper": type(model).__name__, "optimizer": type(optimizer).__name__}
+    facts: dict[str, object] = {"wrapper": type(model).__name__, "optimizer": type(optimizer).__name__,
+                                **_embedding_facts(model)}
     losses = []
     for inputs, targets in global_batches(case):
         step_loss = torch.zeros(())
@@ -296,6 +297,18 @@ def _gather_objects(obj: object) -> list:
 def dp_rank(plan: Plan, rank: int) -> int:
     """The data-parallel rank of global rank ``rank`` (mesh pp × dp_replicate × dp_shard × tp)."""
     return (rank // plan.tp) % plan.dp
+
+
+def _embedding_facts(model: nn.Module) -> dict[str, object]:
+    """For a model with a token embedding: the table's rows this rank holds (``embedding_rows``) and
+    whether the output layer still shares its weight (``tied``)."""
+    inner = model.module if isinstance(model, DistributedDataParallel) else model
+    embedding = getattr(inner, "tok_embeddings", None)
+    if embedding is None:
+        return {}
+    weight = embedding.weight
+    rows = (weight.to_local() if isinstance(weight, DTensor) else weight).shape[0]
+    return {"embedding_rows": rows, "tied": inner.output.weight is weight}
 
 
 def _block_is_sharded(model: nn.Module) -> bool:

@@ -113,10 +113,11 @@ def test_zero_stages_say_what_they_shard(zero, optimizer, only, gradients, param
 def test_derived_meanings_of_the_other_fields():
     plan = Plan(pp=2, dp_replicate=2, dp_shard=2, tp=2, zero=3, pp_schedule="interleaved-1f1b", pp_virtual=2,
                 microbatches=4, activation_checkpointing="full", offload="params", block_container="layers",
-                tp_layout=(("layers.*.attention.wq", "colwise"), ("output", "colwise")))
+                tp_layout=(("layers.*.attention.wq", "colwise"), ("output", "vocab_head")))
     assert plan.is_hsdp and plan.is_interleaved and not plan.is_zero_bubble
     assert plan.checkpoints and plan.recomputes_blocks and plan.offloads and plan.offloads_parameters
     assert plan.block_tp_styles == {"attention.wq": "colwise"}
+    assert plan.vocab_tp_styles == {"vocab_head"}
     assert plan.mesh_degrees == (2, 2, 2, 2)
     assert dict(plan.mesh_strides) == {MeshAxis.TP: 1, MeshAxis.DP_SHARD: 2, MeshAxis.DP_REPLICATE: 4,
                                        MeshAxis.PP: 8}

@@ -1,4 +1,5 @@
-"""The TP layout the profiler finds: Megatron pairs by structure, proven by a two-way split."""
+"""The TP layout the profiler finds: Megatron pairs by structure, proven by a two-way split; the
+input embedding and output head split by vocabulary, proven alike."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stratagem.advisor.profile.profiler import profile_model
 from stratagem.advisor.profile.cache import profile_spec
+from stratagem.advisor.profile.model_profile import LinearLayer
+from stratagem.advisor.profile.profiler import profile_model
 
 LLAMA = {
     "attention.wq": "colwise", "attention.wk": "colwise", "attention.wv": "colwise", "attention.wo": "rowwise",
@@ -19,9 +21,69 @@ LLAMA = {
 }
 
 
+VOCAB = {"tok_embeddings": "vocab_embedding", "output": "vocab_head"}
+
+
 def test_llama_preset_layout():
-    layout = profile_spec("llama-tiny").tp_layout
-    assert dict(layout) == {f"layers.*.{name}": style for name, style in LLAMA.items()}
+    profile = profile_spec("llama-tiny")
+    assert dict(profile.tp_layout) == {f"layers.*.{name}": style for name, style in LLAMA.items()} | VOCAB
+    assert profile.embed.vocab_params == profile.embed.num_params == 256 * 64  # the table, split
+    assert profile.head.vocab_params == 256 * 64  # the output weight; the final norm's 64 stay whole
+    assert profile.head.linears == (LinearLayer(name="output", in_features=64, out_features=256, bias=False,
+                                                rows=profile.batch_size * profile.seq_len),)
+    assert not profile.notes
+
+
+def test_tied_gpt2_splits_its_one_weight_with_the_embedding():
+    profile = profile_spec("gpt2-tiny")
+    assert {p: s for p, s in profile.tp_layout if ".*." not in p} == VOCAB
+    assert profile.embed.vocab_params == 256 * 64 < profile.embed.num_params  # positions stay whole
+    assert profile.head.vocab_params == 0 and profile.head.linears[0].out_features == 256
+
+
+class FixedVocabHead(nn.Linear):
+    """A head that reshapes its logits to a vocabulary it was told: splitting it would be wrong."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x).view(*x.shape[:-1], self.out_features)
+
+
+class TinyLM(nn.Module):
+    def __init__(self, head: type[nn.Linear] = nn.Linear, tie_to_block: bool = False) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(40, 16)
+        self.layers = nn.ModuleList(_MLP() for _ in range(2))
+        self.head = head(16, 40, bias=False)
+        if tie_to_block:  # the table also feeds a block's Linear: not the head's alone
+            self.layers[0].up = nn.Linear(16, 40, bias=False)
+            self.layers[0].up.weight = self.embed.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.embed(tokens)
+        for layer in self.layers:
+            h = layer(h)
+        return self.head(h)
+
+
+class _MLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(16, 40), nn.Linear(40, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(F.gelu(self.up(x)))
+
+
+@pytest.mark.parametrize(("model", "split", "why"), [
+    (TinyLM(), {"embed", "head"}, None),
+    (TinyLM(FixedVocabHead), {"embed"}, "head (split two ways it fails: RuntimeError"),
+    (TinyLM(tie_to_block=True), {"head"}, "embed (its weight is shared with layers.0.up)"),
+])
+def test_vocabulary_split_is_proven_or_left_out_with_the_reason(model, split, why):
+    profile = profile_model(model, (torch.zeros(2, 8, dtype=torch.long),), precision="fp32")
+    assert {name for name, style in profile.tp_layout if style.startswith("vocab_")} == split
+    notes = " ".join(profile.notes)
+    assert (why in notes) if why else "vocabulary" not in notes
 
 
 def test_mixture_of_experts_splits_each_expert_and_keeps_the_router_whole():
@@ -42,6 +104,7 @@ def test_hugging_face_llama_layout(tmp_path):
     assert layout["model.layers.*.self_attn.o_proj"] == "rowwise"
     assert layout["model.layers.*.mlp.down_proj"] == "rowwise"
     assert layout["model.layers.*.input_layernorm"] == "sequence_parallel"
+    assert layout["model.embed_tokens"] == "vocab_embedding" and layout["lm_head"] == "vocab_head"
 
 
 class FixedHeads(nn.Module):
@@ -86,3 +149,16 @@ def test_hugging_face_declared_plan_is_used():
     model.config.base_model_tp_plan = {"layers.*.mlp.experts": "moe_tp_experts"}  # not ours: structure decides
     layout = dict(profile_model(model, (torch.zeros(2, 16, dtype=torch.long),)).tp_layout)
     assert layout["model.layers.*.mlp.down_proj"] == "rowwise"
+
+
+def test_hugging_face_plan_that_splits_the_head_otherwise_keeps_it_whole():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                                      num_key_value_heads=2, num_hidden_layers=2, vocab_size=100, use_cache=False)
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(config)
+    assert model.tp_plan["lm_head"] == "colwise_gather_output"  # what vocab_head is
+    model._tp_plan = {**model._tp_plan, "lm_head": "rowwise_split_input"}
+    profile = profile_model(model, (torch.zeros(2, 16, dtype=torch.long),))
+    assert [p for p, s in profile.tp_layout if s.startswith("vocab_")] == ["model.embed_tokens"]
+    assert "lm_head (the model's own TP plan makes it 'rowwise_split_input')" in " ".join(profile.notes)

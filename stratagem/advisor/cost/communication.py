@@ -47,19 +47,46 @@ def collective_wait_seconds(step: RankStep, group_size: int) -> float:
 def estimate_tp_comm_seconds(step: RankStep) -> float:
     """TP collectives of every block and micro-batch, seconds, none overlapped: those of
     :func:`tp_collectives` in forward and backward, the forward's again under full recomputation,
-    each with its wait for the ranks."""
+    each with its wait for the ranks; and those of the embedding and head split by vocabulary
+    (:func:`vocab_collectives`), outside the recomputed blocks."""
     plan = step.plan
     if plan.tp == 1:
         return 0.0
     forwards = 2 if plan.recomputes_blocks else 1
-    per_microbatch = 0.0
+    vocab_forward, vocab_backward = vocab_collectives(step)
+    per_microbatch = _tp_seconds(step, vocab_forward) + _tp_seconds(step, vocab_backward)
     for block, count in step.stage.kinds:
         forward, backward = tp_collectives(step, block)
-        seconds = [sum(_COLLECTIVE_SECONDS[op](num_bytes, group_size=plan.tp, **step.link(MeshAxis.TP, op))
-                       + collective_wait_seconds(step, plan.tp) for op, num_bytes in messages)
-                   for messages in (forward, backward)]
-        per_microbatch += count * (forwards * seconds[0] + seconds[1])
+        per_microbatch += count * (forwards * _tp_seconds(step, forward) + _tp_seconds(step, backward))
     return step.num_microbatches * per_microbatch
+
+
+def _tp_seconds(step: RankStep, messages: _Messages) -> float:
+    """Seconds of ``messages`` over the TP group, each with its wait for the ranks."""
+    tp = step.plan.tp
+    return sum(_COLLECTIVE_SECONDS[op](num_bytes, group_size=tp, **step.link(MeshAxis.TP, op))
+               + collective_wait_seconds(step, tp) for op, num_bytes in messages)
+
+
+def vocab_collectives(step: RankStep) -> tuple[_Messages, _Messages]:
+    """The TP collectives ``(op, bytes)`` of one micro-batch through the input embedding and the
+    output head the stage holds and the layout splits by vocabulary, in forward and in backward,
+    as the TP plugin applies them (torch's ``RowwiseParallel`` on the Embedding, ``ColwiseParallel``
+    gathering the logits; alike with sequence parallelism, whose edges stay at the blocks:
+    docs/design.md): the embedding's lookups all-reduced (its output: the first block's input);
+    the head's logits all-gathered forward (its rows × the vocabulary, in the compute dtype) and its
+    input's gradient all-reduced backward (the head's input, the last block's output)."""
+    styles, shares, profile = step.plan.vocab_tp_styles, step.stage.vocab_shares, step.profile
+    forward: list[tuple[str, float]] = []
+    backward: list[tuple[str, float]] = []
+    if "vocab_embedding" in styles and "vocab_embedding" in shares:
+        forward.append(("all_reduce", profile.embed.output_bytes * step.batch_scale))
+    if "vocab_head" in styles and "vocab_head" in shares:
+        for linear in profile.head.linears:
+            rows = linear_rows(linear, step.batch_scale, step.tokens_per_microbatch)
+            forward.append(("all_gather", rows * linear.out_features * step.precision.compute_bytes))
+        backward.append(("all_reduce", profile.head.input_bytes * step.batch_scale))
+    return tuple(forward), tuple(backward)
 
 
 def tp_collectives(step: RankStep, block: SegmentProfile) -> tuple[_Messages, _Messages]:

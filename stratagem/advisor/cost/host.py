@@ -47,7 +47,8 @@ def microbatch_dispatch_seconds(step: RankStep) -> float:
     forward and backward (and those the checkpointed blocks run again: their whole forward under
     full recomputation, what the profile measured a selective policy recomputing; TP does not
     divide them), or a compiled block's kernels, at the node's seconds per operator, and each TP
-    Linear's DTensor overhead (:func:`_tp_linear_seconds`)."""
+    Linear's DTensor overhead (:func:`_tp_linear_seconds`), the embedding and head split by
+    vocabulary counted as TP Linears (:func:`num_vocab_splits`)."""
     sums, plan = step.stage.sums, step.plan
     ops = sums[step.op_field("fwd", "ops")] + sums[step.op_field("bwd", "ops")]
     if plan.recomputes_blocks:
@@ -55,8 +56,16 @@ def microbatch_dispatch_seconds(step: RankStep) -> float:
     elif plan.checkpoints_selectively:
         recomputed = step.stage.block_sums[policy_field(plan.activation_checkpointing, "recompute_ops")]
         ops += recomputed * _fused_ops_share(step)
-    tp_linears = sum(n * num_tp_linears(plan, b) for b, n in step.stage.kinds) if plan.tp > 1 else 0
+    tp_linears = sum(n * num_tp_linears(plan, b) for b, n in step.stage.kinds) + num_vocab_splits(step) \
+        if plan.tp > 1 else 0
     return _op_seconds(step)[0] * ops + tp_linears * _tp_linear_seconds(step)
+
+
+def num_vocab_splits(step: RankStep) -> int:
+    """The stage's modules the layout splits by vocabulary (the input embedding, the output head):
+    each costs the host what a TP Linear does (its lookup or projection, gradient and layout
+    changes on DTensors; :data:`DTENSOR_OPS_PER_TP_LINEAR`)."""
+    return len(step.plan.vocab_tp_styles & step.stage.vocab_shares.keys())
 
 
 def _fused_ops_share(step: RankStep) -> float:

@@ -46,7 +46,7 @@ HOST_USABLE_FRACTION = 0.8
 
 # What model states never depend on: a layout's plans differ only in these.
 _NOT_IN_MODEL_STATES = ("micro_batch_size", "microbatches", "grad_accum", "pp_schedule", "sequence_parallel",
-                        "activation_checkpointing", "tp_layout")
+                        "activation_checkpointing")
 # What activations never depend on: the data-parallel sharding, offload, precision (profiled in it).
 _NOT_IN_ACTIVATIONS = ("dp_replicate", "dp_shard", "zero", "offload", "precision", "grad_accum",
                        "block_container", "tp_layout")
@@ -119,7 +119,8 @@ def _capacities(cluster: Cluster) -> tuple[float, float]:
 
 def estimate_params_per_rank(view: RankView) -> float:
     """Parameters the rank holds before ZeRO sharding: its blocks divided over TP, the embedding
-    and head whole (:meth:`~stratagem.advisor.cost.stages.Stage.per_tp_rank`)."""
+    and head too where the layout splits the vocabulary, the rest whole
+    (:meth:`~stratagem.advisor.cost.stages.Stage.per_tp_rank`)."""
     return view.per_tp_rank("num_params")
 
 
@@ -173,7 +174,7 @@ def estimate_buffers(view: RankView, params: float) -> float:
     if plan.uses_fsdp:
         if not plan.shards_parameters or plan.block_container is None:
             return params * prec.compute_bytes
-        return (view.stage.root_params + 2 * view.stage.largest_block_params / plan.tp) * prec.compute_bytes
+        return (view.outside_per_tp_rank("num_params") + 2 * view.stage.largest_block_params / plan.tp) * prec.compute_bytes
     copies = view.per_tp_rank("saved_param_copy_bytes") if prec.autocast else 0.0
     buckets = params * prec.param_bytes if plan.dp > 1 else 0.0
     return buckets + copies
@@ -182,11 +183,13 @@ def estimate_buffers(view: RankView, params: float) -> float:
 class RankStates(NamedTuple):
     """A rank's model states (:func:`_model_states`' breakdown) and the gradients that exist only
     while backward runs, beyond the sharded ones (:func:`estimate_unsharded_gradients`): the head's
-    and one block unit's."""
+    and one block unit's; and the input embedding's beyond the rank's rows, for a moment at the
+    backward's end (:func:`estimate_embedding_gradient`)."""
 
     states: MemoryBreakdown
     head_grads: float
     unit_grads: float
+    embedding_grads: float = 0.0
 
 
 def estimate_unsharded_gradients(view: RankView, layout: StateLayout) -> tuple[float, float]:
@@ -199,7 +202,20 @@ def estimate_unsharded_gradients(view: RankView, layout: StateLayout) -> tuple[f
     if not plan.uses_fsdp or not layout.frees_gradients or plan.block_container is None:
         return 0.0, 0.0
     head = sum(s.num_params for s in view.head)
+    if view.head and "vocab_head" in plan.vocab_tp_styles:
+        head -= view.stage.vocab_shares.get("vocab_head", {}).get("num_params", 0) * (1 - 1 / plan.tp)
     return layout.grads * head, layout.grads * view.stage.largest_block_params / plan.tp
+
+
+def estimate_embedding_gradient(view: RankView, layout: StateLayout) -> float:
+    """Bytes of the input embedding's gradient beyond the rank's rows, alive for a moment at the end
+    of backward where TP splits the vocabulary: DTensor computes the whole table's gradient on every
+    rank, which the rank then cuts to its rows (docs/design.md, "Tensor parallelism")."""
+    plan = view.plan
+    share = view.stage.vocab_shares.get("vocab_embedding")
+    if share is None or plan.tp == 1 or "vocab_embedding" not in plan.vocab_tp_styles:
+        return 0.0
+    return layout.grads * share["num_params"] * (1 - 1 / plan.tp)
 
 
 def estimate_memory(profile: ModelProfile, workload: Workload, plan: Plan, *, runtime: str = "torch",
@@ -251,7 +267,7 @@ def _model_states(view: RankView, layout: StateLayout) -> RankStates:
         buffers=estimate_buffers(view, params),
         host=estimate_offloaded(params, plan, layout),
     )
-    return RankStates(states, *estimate_unsharded_gradients(view, layout))
+    return RankStates(states, *estimate_unsharded_gradients(view, layout), estimate_embedding_gradient(view, layout))
 
 
 def _alive_at_peak(states: RankStates, activations: RankActivations, apart: bool) -> tuple[float, float]:
@@ -261,14 +277,17 @@ def _alive_at_peak(states: RankStates, activations: RankActivations, apart: bool
     yet); the end of the first block's backward (the activations but the head's; the head's
     gradients and the block unit's twice, as the reduce-scatter copies them, while the block's
     activations are freed); the backward's end (every gradient, and the block full checkpointing
-    rebuilt last, likewise)."""
+    rebuilt last, likewise). Either way, the embedding's backward after the blocks' may peak
+    instead: every gradient, and the whole table's gradient of a vocabulary split."""
     unit = states.unit_grads
     unsharded = states.head_grads + 2 * unit
+    embedding = (states.states.gradients + unsharded + states.embedding_grads, 0.0)
     if not apart:
-        return states.states.gradients + unsharded, activations.total + activations.loss_grads
+        return max((states.states.gradients + unsharded, activations.total + activations.loss_grads), embedding, key=sum)
     moments = ((0.0, activations.total + activations.loss_grads),
                (unsharded, activations.total - activations.released - min(activations.block, unit)),
-               (states.states.gradients + unsharded, activations.rebuilt - min(activations.rebuilt, unit)))
+               (states.states.gradients + unsharded, activations.rebuilt - min(activations.rebuilt, unit)),
+               embedding)
     return max(moments, key=sum)
 
 

@@ -79,7 +79,7 @@ class RankStep:
     @property
     def params_per_rank(self) -> float:
         """Parameters of the stage on one TP rank (before any data-parallel sharding)."""
-        return self.stage.per_tp_rank("num_params", self.plan.tp)
+        return self.per_tp_rank("num_params")
 
     @property
     def optimizer_params(self) -> float:
@@ -93,10 +93,11 @@ class RankStep:
 
     def per_tp_rank(self, field: str, *, blocks_only: bool = False) -> float:
         """A profiled quantity summed over the stage (or its blocks only) as one TP rank runs it
-        (the blocks split over the TP group, the embedding and head whole), at the profiled batch."""
+        (the blocks split over the TP group, the embedding and head as the layout splits the
+        vocabulary: :meth:`~stratagem.advisor.cost.stages.Stage.per_tp_rank`), at the profiled batch."""
         if blocks_only:
             return self.stage.block_sums[field] / self.plan.tp
-        return self.stage.per_tp_rank(field, self.plan.tp)
+        return self.stage.per_tp_rank(field, self.plan.tp, self.plan.vocab_tp_styles)
 
     def per_microbatch(self, field: str, *, blocks_only: bool = False) -> float:
         """A profiled quantity that grows with the batch (``fwd_flops``, ``bwd_op_bytes``, …) for
@@ -106,7 +107,8 @@ class RankStep:
     def pass_seconds(self, direction: str, *, blocks_only: bool = False) -> float:
         """Seconds of one micro-batch's forward (``"fwd"``) or backward (``"bwd"``) over the stage
         (or its blocks only) on one TP rank: the blocks' FLOPs at :attr:`block_matmul_efficiency`
-        of the rate, the embedding's and head's at all of it, unaligned GEMMs at
+        of the rate, the embedding's and head's (the vocabulary projection's split as the layout
+        says) at all of it, unaligned GEMMs at
         :attr:`unaligned_matmul_fraction` of either; plus the bytes operators without FLOPs move
         (those of parameter-sized outputs, autocast's weight casts, at any micro-batch size), fused
         where the plan compiles its blocks (:meth:`op_field`), and those of the layout transforms

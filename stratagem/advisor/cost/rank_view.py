@@ -30,7 +30,12 @@ class RankView:
 
     def per_tp_rank(self, field: str) -> float:
         """``field`` summed over the rank's segments as one TP rank holds it (:meth:`Stage.per_tp_rank`)."""
-        return self.stage.per_tp_rank(field, self.plan.tp)
+        return self.stage.per_tp_rank(field, self.plan.tp, self.plan.vocab_tp_styles)
+
+    def outside_per_tp_rank(self, field: str) -> float:
+        """``field`` summed over the rank's segments outside the blocks as one TP rank holds it
+        (:meth:`Stage.outside_per_tp_rank`): FSDP's root unit, for ``num_params``."""
+        return self.stage.outside_per_tp_rank(field, self.plan.tp, self.plan.vocab_tp_styles)
 
 
 def rank_view(profile: ModelProfile, plan: Plan, rank: int = 0) -> RankView:

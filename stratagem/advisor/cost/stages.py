@@ -7,10 +7,16 @@ cost term is a few multiplications. A plan's stages are looked up by its partiti
 (:func:`partition`: the pipeline degree and the blocks per stage, which every function here
 keys on), not rebuilt per plan: pipeline rank ``r`` holds stages ``r, r + pp, …`` (one per
 virtual stage), the embedding with stage 0, the head with the last.
+
+One TP rank runs ``1 / tp`` of the blocks, and of the input embedding and the output head where
+the plan's layout splits the vocabulary (:func:`vocabulary_shares` says what that divides); the
+rest outside the blocks (the final norm, position embeddings) runs whole on every TP rank, as
+:mod:`stratagem.plugins.tensor_parallel` applies it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, fields
 
 from stratagem.advisor.memo import by_identity
@@ -33,6 +39,9 @@ class Stage:
     block_sums: dict[str, int]  # the same over ``blocks`` only
     largest_block_params: int  # the largest block: FSDP's largest unit but the root
     max_block_output_bytes: int  # the largest block output (profiled batch): a pipeline message
+    vocab_shares: dict[str, dict[str, float]]  # per vocabulary style, of the module the rank holds: vocabulary_shares
+    # outside_per_tp_rank's sums, by field and vocabulary styles: the search asks for them per plan
+    _outside: dict[tuple[str, frozenset[str]], tuple[float, float]] = dataclasses.field(default_factory=dict, compare=False)
 
     @property
     def num_params(self) -> int:
@@ -42,16 +51,40 @@ class Stage:
         """``field`` summed over the segments outside the blocks: the embedding, head and final norm."""
         return self.sums[field] - self.block_sums[field]
 
-    @property
-    def root_params(self) -> int:
-        """Parameters outside the blocks: FSDP's root unit."""
-        return self.outside_blocks("num_params")
-
-    def per_tp_rank(self, field: str, tp: int) -> float:
+    def per_tp_rank(self, field: str, tp: int, vocab: frozenset[str] = frozenset()) -> float:
         """``field`` summed over the stage as one of ``tp`` tensor-parallel ranks holds or runs it:
-        TP splits the blocks; the embedding, final norm and head stay whole on every TP rank
-        (:mod:`stratagem.plugins.tensor_parallel`)."""
-        return self.block_sums[field] / tp + self.outside_blocks(field)
+        TP splits the blocks, and the embedding and head as ``vocab`` (the plan's vocabulary styles,
+        ``Plan.vocab_tp_styles``) says; the rest stays whole on every TP rank."""
+        return self.block_sums[field] / tp + self.outside_per_tp_rank(field, tp, vocab)
+
+    def outside_per_tp_rank(self, field: str, tp: int, vocab: frozenset[str] = frozenset()) -> float:
+        """:meth:`outside_blocks` as one TP rank holds or runs it, the vocabulary split by ``vocab``."""
+        whole, split = self._outside.get((field, vocab)) or self._outside.setdefault((field, vocab), (
+            self.outside_blocks(field),
+            sum(self.vocab_shares[style].get(field, 0.0) for style in vocab if style in self.vocab_shares)))
+        return whole - split * (1 - 1 / tp)
+
+
+def vocabulary_shares(embed: SegmentProfile | None, head: SegmentProfile | None) -> dict[str, dict[str, float]]:
+    """What splitting the vocabulary divides over the TP ranks, per style, of the input embedding
+    and output head a stage holds (None where it holds neither), by summed field: the embedding's
+    table (its parameters; DTensor computes the table's gradient whole, so its dense gradient's
+    bytes stay: docs/design.md); the head's weight, its projection's forward GEMM and the
+    backward's two (input and weight gradients: twice the forward), their unaligned share, and the
+    head's parameter-sized traffic (autocast's copies of its weight and casts of its gradient: all
+    but a final norm's of them are the projection's)."""
+    shares: dict[str, dict[str, float]] = {}
+    if embed is not None and embed.vocab_params:
+        shares["vocab_embedding"] = {"num_params": embed.vocab_params}
+    if head is not None and head.linears:
+        forward = sum(2 * linear.rows * linear.in_features * linear.out_features for linear in head.linears)
+        shares["vocab_head"] = {
+            "num_params": head.vocab_params, "fwd_flops": forward, "bwd_flops": 2 * forward,
+            "fwd_unaligned_flops": min(head.fwd_unaligned_flops, forward),
+            "bwd_unaligned_flops": min(head.bwd_unaligned_flops, 2 * forward),
+            **{f: getattr(head, f) for f in ("saved_param_copy_bytes", "fwd_param_op_bytes", "bwd_param_op_bytes")},
+        }
+    return shares
 
 
 def partition(profile: ModelProfile, plan: Plan) -> tuple[int, tuple[int, ...]]:
@@ -132,7 +165,7 @@ def _parts(profile: ModelProfile, stage_blocks: tuple[int, ...]) -> tuple[Stage,
         blocks = profile.blocks[start:start + count]
         segments = ((profile.embed,) if index == 0 else ()) + blocks + \
             ((profile.head,) if index == len(stage_blocks) - 1 else ())
-        parts.append(_stage(segments, blocks))
+        parts.append(_stage(profile, segments, blocks))
         start += count
     return tuple(parts)
 
@@ -148,11 +181,11 @@ def _ranks(profile: ModelProfile, pp: int, stage_blocks: tuple[int, ...]) -> tup
         stages = range(rank, len(stage_blocks), pp)
         blocks = tuple(b for s in stages for b in profile.blocks[bounds[s]:bounds[s + 1]])
         segments = ((profile.embed,) if rank == 0 else ()) + blocks + ((profile.head,) if last in stages else ())
-        ranks.append(_stage(segments, blocks))
+        ranks.append(_stage(profile, segments, blocks))
     return tuple(ranks)
 
 
-def _stage(segments: tuple[SegmentProfile, ...], blocks: tuple[SegmentProfile, ...]) -> Stage:
+def _stage(profile: ModelProfile, segments: tuple[SegmentProfile, ...], blocks: tuple[SegmentProfile, ...]) -> Stage:
     counts: dict[str, int] = {}
     first_of: dict[str, SegmentProfile] = {}
     for block in blocks:
@@ -166,4 +199,5 @@ def _stage(segments: tuple[SegmentProfile, ...], blocks: tuple[SegmentProfile, .
         block_sums={f: sum(getattr(b, f) for b in blocks) for f in _SUMMED},
         largest_block_params=max((b.num_params for b in blocks), default=0),
         max_block_output_bytes=max((b.output_bytes for b in blocks), default=0),
+        vocab_shares=vocabulary_shares(*(s if s in segments else None for s in (profile.embed, profile.head))),
     )

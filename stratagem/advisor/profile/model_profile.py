@@ -29,7 +29,7 @@ def kernels_for(*, accelerator: bool) -> str:
     return "gpu" if accelerator else "cpu"
 
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 """Version of the layout ``ModelProfile.to_dict`` writes and ``from_dict`` reads. Bump it whenever
 a field of ModelProfile, SegmentProfile, LinearLayer or ConvLayer is added, removed, renamed or changes
 meaning (tests/unit/test_profile_cache_checks.py pins the fields to this number)."""
@@ -48,9 +48,10 @@ class ProfileDataError(ValueError):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LinearLayer:
-    """A Linear layer inside a block: the pieces tensor parallelism splits."""
+    """A Linear layer inside a block, or the output head's vocabulary projection: the pieces
+    tensor parallelism splits."""
 
-    name: str  # FQN relative to the block
+    name: str  # FQN relative to the block (the head's: from the model's root)
     in_features: int
     out_features: int
     bias: bool
@@ -145,7 +146,11 @@ class SegmentProfile:
     selective_op_recompute_ops: int = 0
     selective_op_recompute_op_bytes: int = 0
     selective_op_recompute_param_op_bytes: int = 0
-    linears: tuple[LinearLayer, ...] = ()
+    # Tensor parallelism's split of the vocabulary (the vocab_embedding and vocab_head styles):
+    # of num_params, those of the split input embedding or output head this segment owns (a tied
+    # weight counts where it is first used: the embedding).
+    vocab_params: int = 0
+    linears: tuple[LinearLayer, ...] = ()  # a block's Linears; the head's: the vocabulary projection TP splits
     convs: tuple[ConvLayer, ...] = ()  # every convolution its forward ran, in order
     measured_as: str | None = None  # identical block whose measurement this one reuses
 

@@ -31,6 +31,7 @@ from stratagem.plan.precision import Precision, get_precision, in_compute_dtype,
 from stratagem.advisor.profile.model_profile import KERNELS, ModelProfile, SegmentProfile, policy_field
 from stratagem.advisor.profile.structure import attention_heads, find_blocks, linear_layers, pp_unavailable
 from stratagem.advisor.profile.tp_layout import LinearCallRecorder, find_tp_layout
+from stratagem.advisor.profile.vocab_layout import VocabCallRecorder, find_vocab_layout, vocab_segment_fields
 from stratagem.errors import UsageError
 from stratagem.plan.stages import removal_convention
 
@@ -107,22 +108,36 @@ def _profile_step(
     with fake_mode:
         state = _fake_state(model, prec)
         args, kwargs = tree_map(functools.partial(_fake_like, floating=_input_dtype(prec)), (args, kwargs))
-        with LinearCallRecorder(model, structure.blocks) as calls, _model_errors(name or type(model).__name__):
+        with LinearCallRecorder(model, structure.blocks) as calls, VocabCallRecorder(model, structure.blocks) as vocab_calls, \
+                _model_errors(name or type(model).__name__):
             record = run_fake_step(model, state, args, kwargs, blocks=structure.blocks,
                                    step=_resolve_step(loss_fn, step_fn, notes),
                                    autocast_dtype=torch_dtype(prec.compute_dtype) if prec.autocast else None,
                                    seq_len=seq_len, batch_size=batch_size,
                                    reuse_identical_blocks=reuse_identical_blocks, kernels=kernels)
         tp_layout, tp_unavailable = find_tp_layout(model, structure.container, calls, state)
+        vocab = _vocab_layout(model, vocab_calls, (args, kwargs), state, notes) if tp_layout else ()
     heads, kv_heads = attention_heads(model)
     return ModelProfile(
         name=name or type(model).__name__, precision=prec.name, kernels=kernels, batch_size=batch_size,
         seq_len=seq_len, block_container=structure.container, num_heads=heads, num_kv_heads=kv_heads,
-        tp_layout=tp_layout, tp_unavailable=tp_unavailable, pp_unavailable=pp_unavailable(model, structure),
+        tp_layout=tp_layout + vocab, tp_unavailable=tp_unavailable, pp_unavailable=pp_unavailable(model, structure),
         pp_traced=removal_convention(model, block_container=structure.container) is None,
         notes=tuple(notes), profile_seconds=time.perf_counter() - started,
-        **_assemble(model, structure.blocks, record, prec, notes, calls),
+        **_assemble(model, structure.blocks, record, prec, notes, calls, (vocab, vocab_calls)),
     )
+
+
+def _vocab_layout(model: nn.Module, calls: VocabCallRecorder, inputs: Any, state: dict[str, torch.Tensor],
+                  notes: list[str]) -> tuple[tuple[str, str], ...]:
+    """The vocabulary pairs of the TP layout; a note saying what the vocabulary split leaves out,
+    for a model with an input embedding."""
+    layout, unsplit = find_vocab_layout(model, calls, inputs, state)
+    if unsplit and layout:
+        notes.append(f"tensor parallelism splits the vocabulary only partly: {unsplit}")
+    elif unsplit and not unsplit.startswith("no Embedding"):
+        notes.append(f"tensor parallelism keeps the vocabulary whole on every rank: {unsplit}")
+    return layout
 
 
 @contextlib.contextmanager
@@ -240,10 +255,13 @@ def _resolve_loss(loss_fn: Callable | None, notes: list[str]) -> Callable[[Any],
 
 
 def _assemble(model: nn.Module, blocks: tuple[str, ...], record: RunRecord, prec: Precision,
-              notes: list[str], calls: LinearCallRecorder) -> dict[str, Any]:
+              notes: list[str], calls: LinearCallRecorder,
+              vocab: tuple[tuple[tuple[str, str], ...], VocabCallRecorder]) -> dict[str, Any]:
     """Turn the raw run record into the embed/blocks/head segment profiles (each block's Linears
-    with the rows ``calls`` saw them multiply)."""
+    with the rows ``calls`` saw them multiply; what the vocabulary split divides, ``vocab``: its
+    layout pairs and their calls)."""
     owner = _state_owners(model, blocks, record, notes)
+    split = vocab_segment_fields(model, *vocab, owner)
     sizes = _state_sizes(model, prec)
     by_segment: dict[str, list[str]] = {}
     for state_name, seg in owner.items():
@@ -284,9 +302,9 @@ def _assemble(model: nn.Module, blocks: tuple[str, ...], record: RunRecord, prec
     head_counts.input_bytes = block_profiles[-1].output_bytes if block_profiles else 0
     head_counts.output_bytes = record.output_bytes if block_profiles else 0
     return {
-        "embed": make(EMBED, EMBED, embed_counts),
+        "embed": make(EMBED, EMBED, embed_counts, **split.get(EMBED, {})),
         "blocks": tuple(block_profiles),
-        "head": make(HEAD, HEAD, head_counts),
+        "head": make(HEAD, HEAD, head_counts, **split.get(HEAD, {})),
     }
 
 

@@ -15,7 +15,10 @@ fails that run or changes its output's shape — and the model gets no TP layout
 A model that declares its own plan — Hugging Face's ``config.base_model_tp_plan`` — gets that
 plan instead of the structural pairing, when every entry splits a block's Linear by column or row
 (entries such as ``packed_colwise`` or ``moe_tp_experts`` have no equivalent here; the structure
-then decides). The declared plan is proven by the same two-way split.
+then decides; the embedding's and head's entries are :mod:`~.vocab_layout`'s). The declared plan is
+proven by the same two-way split.
+
+The input embedding and the output head, outside the blocks, are :mod:`~.vocab_layout`'s.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from stratagem.advisor.profile.measure import quiet_fake_tensor_log
+from stratagem.advisor.profile.vocab_layout import HF_VOCAB_STYLES
 
 Layout = tuple[tuple[str, str], ...]
 
@@ -139,7 +143,7 @@ def find_tp_layout(model: nn.Module, container: str | None, recorder: LinearCall
 def declared_styles(model: nn.Module, container: str) -> dict[str, str] | None:
     """``{linear: style}`` (relative to a block) from the model's own ``config.base_model_tp_plan``,
     or None when it declares none or one with entries other than colwise/rowwise Linears of the
-    blocks in ``container``."""
+    blocks in ``container`` and the vocabulary's (:data:`~.vocab_layout.HF_VOCAB_STYLES`)."""
     declared = getattr(getattr(model, "config", None), "base_model_tp_plan", None)
     if not declared:
         return None
@@ -147,6 +151,8 @@ def declared_styles(model: nn.Module, container: str) -> dict[str, str] | None:
     linears = {name for name, sub in model.get_submodule(container)[0].named_modules() if isinstance(sub, nn.Linear)}
     styles = {}
     for pattern, style in declared.items():
+        if style in HF_VOCAB_STYLES and ".*." not in pattern:
+            continue  # the embedding's and head's: vocab_layout.py reads them
         head, star, name = pattern.partition(".*.")
         if head != blocks_name or not star or name not in linears or style not in ("colwise", "rowwise"):
             return None
