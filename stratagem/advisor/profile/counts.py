@@ -66,3 +66,4 @@ class RunRecord:
     param_segment: dict[str, str] = field(default_factory=dict)  # state name -> first segment to use it
     measured_as: dict[str, str] = field(default_factory=dict)  # duplicate block -> representative
     output_bytes: int = 0
+    math_attention_calls: int = 0  # SDPA calls run on the math path, as CUDA runs them (profile.attention)

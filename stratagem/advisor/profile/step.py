@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from stratagem.advisor.profile.attention import CudaAttention, unpacked_sequences
 from stratagem.advisor.profile.block_reuse import BlockReuse, tensor_bytes
 from stratagem.advisor.profile.counts import RunRecord
 from stratagem.advisor.profile.fused import FusedKernels
@@ -84,7 +85,7 @@ def run_fake_step(
     FakeTensorMode that made them. With ``reuse_identical_blocks`` each group of identical blocks
     is measured once. ``seq_len`` and ``batch_size`` identify attention-score tensors
     (``[b, heads, s, s]``). ``kernels``: count what a GPU runs (``"gpu"``: fused kernels, one-byte
-    dropout masks) or the CPU (``"cpu"``)."""
+    dropout masks, CUDA's choice of attention kernel) or the CPU (``"cpu"``)."""
     record = RunRecord()
     root = f"{_StepCall.__name__}.model"  # the module tracker's name for the model (see _StepCall)
     block_of = {f"{root}.{fqn}": fqn for fqn in blocks}
@@ -100,14 +101,16 @@ def run_fake_step(
     hooks = torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack)
     reuse = BlockReuse(model, blocks, record, reuse=reuse_identical_blocks, on_start=counter.policies.start)
     fused = FusedKernels(counter) if kernels == "gpu" else contextlib.nullcontext()
+    attention = CudaAttention()
     call = _StepCall(model, step)
     with reuse, _ModelOutput(model, blocks) as output:
-        with counter, hooks, fused:
+        with counter, hooks, fused, attention if kernels == "gpu" else contextlib.nullcontext(), unpacked_sequences():
             with autocast:
                 loss = torch.func.functional_call(call, {f"model.{k}": v for k, v in state.items()}, args, kwargs,
                                                   strict=False)
             loss.backward()
     record.output_bytes = output.bytes()
+    record.math_attention_calls = attention.math_calls
     for block, policies in counter.policies.counts.items():
         record.segments[block].policies = policies
     _add_fused(record, counter.fusion)
