@@ -178,6 +178,19 @@ def test_fsdp_backward_holds_the_head_s_and_a_unit_s_unsharded_gradients():
     assert (ddp.gradients, ddp.activations) == (4 * 12000, 0)  # the backward's end: every gradient, no activation
 
 
+def test_fsdp_under_a_pipeline_holds_the_stage_gathered_and_its_gradients_unsharded():
+    """torch's pipeline schedule keeps every FSDP unit gathered after its backward and reduces the
+    gradients only after the last micro-batch: the whole stage's weights and gradients, beside the
+    sharded states. A model FSDP wraps as one unit reduces all its gradients through one copy."""
+    profile = _with_root(_states_only(8000, num_blocks=4), embed=1000, head=3000)  # blocks of 2000
+    plan = Plan(pp=2, dp_shard=2, zero=3, microbatches=2, precision="fp32", block_container="layers")
+    last = estimate_rank_memory(profile, plan, state_layout("fp32", "adamw"), rank=1)  # 2 blocks and the head
+    assert (last.buffers, last.gradients) == (4 * 7000, 4 * 7000 / 2 + 4 * 7000)
+    one_unit = estimate_memory(profile, Workload(global_batch_size=4, precision="fp32"),
+                               Plan(dp_shard=4, zero=3, precision="fp32"))
+    assert (one_unit.buffers, one_unit.gradients) == (4 * 12000, 4 * 12000 / 4 + 2 * 4 * 12000)
+
+
 def test_the_loss_gradients_are_as_wide_as_the_loss_computes_them():
     """Under autocast the logits leave the head in bf16 and the loss upcasts them: its two
     gradients are the fp32 one the head's backward wrote (measured on an H200: GPT-2 at 16 × 1024

@@ -166,13 +166,16 @@ def estimate_buffers(view: RankView, params: float) -> float:
 
     FSDP2 holds the root unit (embedding, head) gathered from its forward to its backward and a
     block unit and the next, prefetched (ZeRO-3); ZeRO-2 keeps every unit gathered until backward;
-    a plan without blocks has the root as its only unit. DDP keeps a copy of every gradient in its
-    buckets for the module's life (``gradient_as_bucket_view=False``, torch's default, which the
-    plugins keep); autocast's compute-dtype weight copies live from forward to backward."""
+    a plan without blocks has the root as its only unit. Under a pipeline, torch's schedule keeps
+    every unit gathered after its backward until the last micro-batch's gradients are reduced
+    (``set_reshard_after_backward(False)``): the whole stage, gathered. DDP keeps a copy of every
+    gradient in its buckets for the module's life (``gradient_as_bucket_view=False``, torch's
+    default, which the plugins keep); autocast's compute-dtype weight copies live from forward to
+    backward."""
     plan = view.plan
     prec = get_precision(plan.precision)
     if plan.uses_fsdp:
-        if not plan.shards_parameters or plan.block_container is None:
+        if not plan.shards_parameters or view.one_fsdp_unit or plan.pp > 1:
             return params * prec.compute_bytes
         return (view.outside_per_tp_rank("num_params") + 2 * view.stage.largest_block_params / plan.tp) * prec.compute_bytes
     copies = view.per_tp_rank("saved_param_copy_bytes") if prec.autocast else 0.0
@@ -182,25 +185,34 @@ def estimate_buffers(view: RankView, params: float) -> float:
 
 class RankStates(NamedTuple):
     """A rank's model states (:func:`_model_states`' breakdown) and the gradients that exist only
-    while backward runs, beyond the sharded ones (:func:`estimate_unsharded_gradients`): the head's
-    and one block unit's; and the input embedding's beyond the rank's rows, for a moment at the
-    backward's end (:func:`estimate_embedding_gradient`)."""
+    while backward runs, beyond the sharded ones (:func:`estimate_unsharded_gradients`): those held
+    and the unit's being reduced; and the input embedding's beyond the rank's rows, for a moment at
+    the backward's end (:func:`estimate_embedding_gradient`)."""
 
     states: MemoryBreakdown
-    head_grads: float
+    held_grads: float
     unit_grads: float
     embedding_grads: float = 0.0
 
 
 def estimate_unsharded_gradients(view: RankView, layout: StateLayout) -> tuple[float, float]:
-    """Gradient bytes FSDP2 holds unsharded while backward runs, beyond the sharded gradients: the
-    root unit's head gradients, reduced only when the root's backward ends (after the embedding's),
-    and one block unit's, which the reduce-scatter then copies into its input (two of them for a
-    moment). Without FSDP, none: DDP reduces into its buckets (:func:`estimate_buffers`); nor for a
-    model without blocks (one unit)."""
+    """Gradient bytes FSDP2 holds unsharded while backward runs, beyond the sharded gradients: those
+    held while a unit's are reduced, and that unit's, which the reduce-scatter copies into its
+    input (two of them for a moment). Each block unit is reduced as its backward ends, the root
+    unit's gradients (the head's) only when the root's backward ends, after the embedding's; a
+    model without block units is one unit, reduced at the end. Under a pipeline, torch's schedule
+    reduces nothing until the last micro-batch's backward has run (``set_requires_gradient_sync(
+    False)``, then ``perform_reduce_grad``): every unit's gradients are held through the step,
+    accumulated in the reduce dtype, and copied for reducing only once the activations are freed.
+    Without FSDP, none: DDP reduces into its buckets (:func:`estimate_buffers`)."""
     plan = view.plan
-    if not plan.uses_fsdp or not layout.frees_gradients or plan.block_container is None:
+    if not plan.uses_fsdp or not layout.frees_gradients:
         return 0.0, 0.0
+    stage = estimate_params_per_rank(view)
+    if plan.pp > 1:
+        return layout.grads * stage, 0.0
+    if view.one_fsdp_unit:
+        return 0.0, layout.grads * stage
     head = sum(s.num_params for s in view.head)
     if view.head and "vocab_head" in plan.vocab_tp_styles:
         head -= view.stage.vocab_shares.get("vocab_head", {}).get("num_params", 0) * (1 - 1 / plan.tp)
@@ -274,13 +286,13 @@ def _alive_at_peak(states: RankStates, activations: RankActivations, apart: bool
     """Gradients and activations at the peak. Where they meet (not ``apart``), all of both, with
     the unsharded gradients and the loss's. Otherwise the fullest of three moments: the loss's
     backward (every activation and the gradients of the head's output, no parameter gradient
-    yet); the end of the first block's backward (the activations but the head's; the head's
-    gradients and the block unit's twice, as the reduce-scatter copies them, while the block's
+    yet); the end of the first block's backward (the activations but the head's; the gradients
+    held and the block unit's twice, as the reduce-scatter copies them, while the block's
     activations are freed); the backward's end (every gradient, and the block full checkpointing
     rebuilt last, likewise). Either way, the embedding's backward after the blocks' may peak
     instead: every gradient, and the whole table's gradient of a vocabulary split."""
     unit = states.unit_grads
-    unsharded = states.head_grads + 2 * unit
+    unsharded = states.held_grads + 2 * unit
     embedding = (states.states.gradients + unsharded + states.embedding_grads, 0.0)
     if not apart:
         return max((states.states.gradients + unsharded, activations.total + activations.loss_grads), embedding, key=sum)

@@ -17,8 +17,9 @@ class RankView:
     """Pipeline rank ``rank`` of ``plan``: ``stage`` (all its segments), ``virtual`` (its stages
     one by one, in schedule order), ``in_flight`` (the micro-batches each of those holds at the
     peak of its schedule: :func:`in_flight_per_stage`), ``head`` (the head segment where the rank
-    runs it, else empty) and ``scale`` (micro-batch size over profiled batch size: what profiled
-    bytes scale by)."""
+    runs it, else empty), ``scale`` (micro-batch size over profiled batch size: what profiled
+    bytes scale by) and ``one_fsdp_unit`` (FSDP wraps the rank's model as one unit, the root: it
+    has no blocks, or its pipeline stage is a traced graph with no block modules to wrap)."""
 
     plan: Plan
     rank: int
@@ -27,6 +28,7 @@ class RankView:
     in_flight: tuple[int, ...]
     head: tuple[SegmentProfile, ...]
     scale: float
+    one_fsdp_unit: bool = False
 
     def per_tp_rank(self, field: str) -> float:
         """``field`` summed over the rank's segments as one TP rank holds it (:meth:`Stage.per_tp_rank`)."""
@@ -44,7 +46,8 @@ def rank_view(profile: ModelProfile, plan: Plan, rank: int = 0) -> RankView:
     return RankView(plan=plan, rank=rank, stage=stage, virtual=virtual_stages(profile, plan, rank=rank),
                     in_flight=in_flight_per_stage(plan, rank=rank),
                     head=tuple(s for s in stage.segments if s is profile.head),
-                    scale=plan.micro_batch_size / profile.batch_size)
+                    scale=plan.micro_batch_size / profile.batch_size,
+                    one_fsdp_unit=plan.block_container is None or (plan.pp > 1 and profile.pp_traced))
 
 
 def in_flight_microbatches(plan: Plan, *, rank: int = 0) -> float:
