@@ -488,3 +488,15 @@ def test_parameter_sized_bytes_do_not_grow_with_the_micro_batch_and_gradients_ac
                         plan=Plan(grad_accum=4, dp_shard=8, zero=3, block_container="layers"))
     assert compute.estimate_grad_accumulation_seconds(sharded) == pytest.approx(
         3 * 3 * params / 8 * 4 * step.seconds_per_op_byte)
+
+
+def test_zero3_under_a_pipeline_gathers_each_unit_once_per_micro_batch_and_once_more():
+    """torch's pipeline schedule leaves FSDP units gathered after their backward: m + 1 gathers
+    per unit for m micro-batches (ZeRO-3 without a pipeline gathers twice per micro-batch)."""
+    def gathers(microbatches: int) -> float:
+        plan = Plan(pp=2, dp_shard=2, zero=3, micro_batch_size=1, microbatches=microbatches, block_container="layers")
+        step = rank_step(TOY, cluster=H100, workload=Workload(global_batch_size=2 * microbatches, seq_len=SEQ),
+                         plan=plan)
+        return communication.estimate_param_gather_seconds(step)
+
+    assert gathers(8) / gathers(2) == pytest.approx((8 + 1) / (2 + 1))
