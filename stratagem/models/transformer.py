@@ -110,7 +110,9 @@ class Attention(nn.Module):
             s = q.size(2)
             future = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(diagonal=1)
             scores = scores.masked_fill(future, float("-inf"))
-        probs = F.dropout(scores.softmax(dim=-1), p=self.dropout, training=self.training)
+        # in the scores' dtype, as Megatron's fused softmax reads and writes them (CUDA's autocast
+        # would run a softmax without a dtype in float32)
+        probs = F.dropout(scores.softmax(dim=-1, dtype=scores.dtype), p=self.dropout, training=self.training)
         return probs @ v
 
 

@@ -14,6 +14,7 @@ from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from stratagem.advisor.profile.attention import CudaAttention, unpacked_sequences
+from stratagem.advisor.profile.autocast import CudaAutocast
 from stratagem.advisor.profile.block_reuse import BlockReuse, tensor_bytes
 from stratagem.advisor.profile.counts import RunRecord
 from stratagem.advisor.profile.fused import FusedKernels
@@ -100,15 +101,17 @@ def run_fake_step(
     autocast = torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None)
     hooks = torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack)
     reuse = BlockReuse(model, blocks, record, reuse=reuse_identical_blocks, on_start=counter.policies.start)
-    fused = FusedKernels(counter) if kernels == "gpu" else contextlib.nullcontext()
     attention = CudaAttention()
+    # entered last, handled first: CUDA's autocast casts an rms_norm's input before its fused kernel counts it
+    on_gpu = (FusedKernels(counter), attention, CudaAutocast()) if kernels == "gpu" else ()
     call = _StepCall(model, step)
-    with reuse, _ModelOutput(model, blocks) as output:
-        with counter, hooks, fused, attention if kernels == "gpu" else contextlib.nullcontext(), unpacked_sequences():
-            with autocast:
-                loss = torch.func.functional_call(call, {f"model.{k}": v for k, v in state.items()}, args, kwargs,
-                                                  strict=False)
-            loss.backward()
+    with reuse, _ModelOutput(model, blocks) as output, contextlib.ExitStack() as modes:
+        for mode in (counter, hooks, *on_gpu, unpacked_sequences()):
+            modes.enter_context(mode)
+        with autocast:
+            loss = torch.func.functional_call(call, {f"model.{k}": v for k, v in state.items()}, args, kwargs,
+                                              strict=False)
+        loss.backward()
     record.output_bytes = output.bytes()
     record.math_attention_calls = attention.math_calls
     for block, policies in counter.policies.counts.items():
