@@ -44,7 +44,6 @@ EFFICIENT_ALIGNMENT_BYTES = 16
 """The memory-efficient kernel needs each head's row to be a whole number of 16-byte vectors:
 8 half-precision or 4 single-precision elements (``check_head_dim_size_mem_efficient``)."""
 
-
 MATH_ATTENTION_NOTE = ("attention runs PyTorch's math SDPA kernel on CUDA for these inputs (fp32 with grouped "
                        "key/value heads, or a head size no fused kernel takes): its s×s scores are saved for "
                        "backward and counted; a 16-bit precision runs flash attention instead")

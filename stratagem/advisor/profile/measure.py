@@ -32,8 +32,10 @@ Blocks identical to one already measured are not run again
 
 Kernels differ between CPU and CUDA. A profile for GPUs (``kernels="gpu"``) counts what the
 CUDA kernels do: dropout masks at one byte per element (CPU dropout keeps its mask in the input
-dtype, CUDA's ``native_dropout`` a bool mask) and the functions CUDA fuses as one kernel
-(:mod:`~stratagem.advisor.profile.fused`); a profile for CPU ranks (``kernels="cpu"``) counts
+dtype, CUDA's ``native_dropout`` a bool mask), the functions CUDA fuses as one kernel
+(:mod:`~stratagem.advisor.profile.fused`), the attention kernel CUDA picks
+(:mod:`~stratagem.advisor.profile.attention`) and what CUDA's autocast runs in float32
+(:mod:`~stratagem.advisor.profile.autocast`); a profile for CPU ranks (``kernels="cpu"``) counts
 what the CPU runs.
 """
 

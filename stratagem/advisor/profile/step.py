@@ -86,7 +86,8 @@ def run_fake_step(
     FakeTensorMode that made them. With ``reuse_identical_blocks`` each group of identical blocks
     is measured once. ``seq_len`` and ``batch_size`` identify attention-score tensors
     (``[b, heads, s, s]``). ``kernels``: count what a GPU runs (``"gpu"``: fused kernels, one-byte
-    dropout masks, CUDA's choice of attention kernel) or the CPU (``"cpu"``)."""
+    dropout masks, CUDA's choice of attention kernel and its autocast's float32 list) or the CPU
+    (``"cpu"``)."""
     record = RunRecord()
     root = f"{_StepCall.__name__}.model"  # the module tracker's name for the model (see _StepCall)
     block_of = {f"{root}.{fqn}": fqn for fqn in blocks}
