@@ -17,6 +17,7 @@ from stratagem.advisor.cost.rates import (
 )
 from stratagem.advisor.cost.stages import Stage, busiest_stage
 from stratagem.advisor.hardware.spec import Cluster
+from stratagem.advisor.memo import by_identity_and_plan
 from stratagem.advisor.profile.model_profile import ModelProfile
 from stratagem.errors import UsageError
 from stratagem.plan import MeshAxis, Plan, Workload
@@ -156,7 +157,20 @@ def rank_step(profile: ModelProfile, *, cluster: Cluster, workload: Workload,
                     precision=get_precision(plan.precision), stage=stage, links=mesh_links(cluster, plan),
                     flops_per_second=achievable_fraction(cluster, curve) * estimate_peak_flops(
                         cluster, precision=plan.precision),
-                    block_matmul_efficiency=block_matmul_efficiency(profile, plan, stage, curve, cluster=cluster),
+                    block_matmul_efficiency=_busiest_matmul_efficiency(profile, plan, cluster),
                     unaligned_matmul_fraction=unaligned_matmul_fraction(cluster, plan.precision),
                     seconds_per_op_byte=seconds_per_op_byte(cluster),
                     layout_bytes=stage_layout_bytes(stage, plan, cluster))
+
+
+# What the busiest stage's GEMM shapes never depend on: data-parallel sharding, the schedule,
+# checkpointing, compilation, offload, how many micro-batches run.
+_NOT_IN_BLOCK_GEMMS = ("dp_replicate", "dp_shard", "zero", "sequence_parallel", "pp_schedule", "microbatches",
+                       "grad_accum", "activation_checkpointing", "compile", "offload")
+
+
+@by_identity_and_plan(ignoring=_NOT_IN_BLOCK_GEMMS)
+def _busiest_matmul_efficiency(profile: ModelProfile, plan: Plan, cluster: Cluster) -> float:
+    """:func:`block_matmul_efficiency` of :func:`busiest_stage`, once for the plans that share its GEMMs."""
+    return block_matmul_efficiency(profile, plan, busiest_stage(profile, plan), matmul_curve(cluster, plan.precision),
+                                   cluster=cluster)
