@@ -19,6 +19,7 @@ step's time on its slowest rank, whose range says how noisy the median is.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from stratagem.advisor.calibrate.benchmarks import optimizer_class
 from stratagem.distributed import across_ranks
@@ -132,8 +134,8 @@ def measure_plan(model: RealModel, plan: Plan, *, optimizer: str, steps: int, wa
         with ShardingCacheMisses() as misses:
             _sync(device)
             start = time.perf_counter()
-            for _ in range(plan.grad_accum):
-                run()
+            for micro_step in range(plan.grad_accum):
+                run(micro_step == plan.grad_accum - 1)
             opt.step()
             opt.zero_grad(set_to_none=True)
             _sync(device)
@@ -174,22 +176,25 @@ def _load_tracing() -> None:
 
 
 def _data_parallel_step(built: Built, plan: Plan, mesh: Any, batch: Batch,
-                        device: torch.device) -> tuple[Callable[[], None], nn.Module]:
+                        device: torch.device) -> tuple[Callable[[bool], None], nn.Module]:
     if not plan.uses_fsdp:
         materialize(built.module, device)  # DDP broadcasts real tensors; FSDP shards meta ones first
     parallel = apply_plan(built.module, plan, mesh)
     materialize(built.module, device)
 
-    def run() -> None:
-        with autocast_context(plan, device.type):
-            loss = built.loss(parallel(*batch.args, **batch.kwargs), batch.targets) / plan.grad_accum
-        loss.backward()
+    def run(last: bool) -> None:
+        # DDP reduces only the last accumulation step's backward, as Lightning's does (FSDP reduces each)
+        ddp = isinstance(parallel, DistributedDataParallel)
+        with parallel.no_sync() if ddp and not last else contextlib.nullcontext():
+            with autocast_context(plan, device.type):
+                loss = built.loss(parallel(*batch.args, **batch.kwargs), batch.targets) / plan.grad_accum
+            loss.backward()
 
     return run, parallel
 
 
 def _pipeline_step(built: Built, plan: Plan, mesh: Any, batch: Batch,
-                   device: torch.device) -> tuple[Callable[[], None], Any]:
+                   device: torch.device) -> tuple[Callable[[bool], None], Any]:
     if not batch.args:
         raise UsageError(f"plan {plan.name} is a pipeline, whose stages take positional inputs, and the model's "
                          "inputs are keyword arguments\nHINT: return the example inputs as a tuple, or verify "
@@ -200,7 +205,7 @@ def _pipeline_step(built: Built, plan: Plan, mesh: Any, batch: Batch,
     pipe = apply_plan(built.module, plan, mesh, loss_fn=built.loss, example_inputs=example)
     for stage in pipe.modules:
         materialize(stage, device)
-    return (lambda: pipe.step(*batch.args, target=targets)), pipe.modules
+    return (lambda last: pipe.step(*batch.args, target=targets)), pipe.modules
 
 
 def _sync(device: torch.device) -> None:

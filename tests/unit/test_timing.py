@@ -336,11 +336,15 @@ def _dp_volume_seconds(plan: Plan, latency_steps: int) -> float:
     return _time(plan).dp_comm_total - latency_steps * 3e-6
 
 
-def test_mixed_precision_gathers_in_bf16_and_zero3_gathers_every_microbatch():
+def test_fsdp_reduces_every_accumulation_step_and_zero3_gathers_every_microbatch():
+    """DDP reduces once (``no_sync`` before the last accumulation step); FSDP2 reduce-scatters
+    each backward's gradients (fp32), ZeRO-2 gathers once and ZeRO-3 twice a micro-batch (bf16)."""
     ddp = _dp_volume_seconds(Plan(dp_replicate=8, grad_accum=4), 2 * 14)
-    zero2 = _dp_volume_seconds(Plan(dp_shard=8, zero=2, grad_accum=4), 2 * UNITS * 7)
+    zero2 = _dp_volume_seconds(Plan(dp_shard=8, zero=2, grad_accum=4), (4 + 1) * UNITS * 7)
     zero3 = _dp_volume_seconds(Plan(dp_shard=8, zero=3, grad_accum=4), (4 + 2 * 4) * UNITS * 7)
-    assert zero3 > ddp > zero2  # fp32 reductions, bf16 gathers
+    assert zero3 > zero2 > ddp
+    # four fp32 reduce-scatters (half an all-reduce's volume each) and one bf16 gather (a quarter)
+    assert zero2 == pytest.approx((4 / 2 + 1 / 4) * ddp, rel=0.02)
 
 
 def test_exposed_dp_comm_never_exceeds_the_total_and_overlap_hides_most_of_fsdp():

@@ -166,8 +166,9 @@ def estimate_grad_sync_seconds(step: RankStep) -> float:
     unit_bytes = step.params_per_rank * step.precision.param_bytes / units
     if not plan.uses_fsdp:
         axis = MeshAxis.DP_SHARD if plan.shards_optimizer else MeshAxis.DP_REPLICATE
-        return units * (estimate_all_reduce_seconds(unit_bytes, group_size=plan.dp, **step.link(axis, "all_reduce"))
-                        + collective_wait_seconds(step, plan.dp))
+        return step.num_reductions * units * (
+            estimate_all_reduce_seconds(unit_bytes, group_size=plan.dp, **step.link(axis, "all_reduce"))
+            + collective_wait_seconds(step, plan.dp))
     shard = estimate_reduce_scatter_seconds(unit_bytes, group_size=plan.dp_shard,
                                             **step.link(MeshAxis.DP_SHARD, "reduce_scatter"))
     shard += estimate_all_reduce_seconds(unit_bytes / plan.dp_shard, group_size=plan.dp_replicate,
@@ -181,19 +182,14 @@ def estimate_param_gather_seconds(step: RankStep) -> float:
     ZeRO-1: ZeroRedundancyOptimizer re-syncs the updated parameters after its step (each rank
     broadcasts its bucket, all at once: one gather of the parameter dtype's bytes). ZeRO-2: each
     FSDP unit gathered once per step in the compute dtype; ZeRO-3: before forward and again before
-    backward of every micro-batch (Rajbhandari et al. 2020, §7.2.2: 1.5× DDP's volume). Under a
-    pipeline, torch's schedule keeps each unit gathered after its backward
-    (``set_reshard_after_backward(False)``), so a forward after a backward finds it gathered and
-    only a backward after a forward gathers again: ``m + 1`` gathers per unit for ``m``
-    micro-batches (counted on 4 gloo ranks, 1F1B and GPipe, m = 2, 4, 8: 3, 5, 9)."""
+    backward of every micro-batch (Rajbhandari et al. 2020, §7.2.2: 1.5× DDP's volume), fewer
+    under a pipeline (:attr:`RankStep.num_gathers`)."""
     plan = step.plan
     if not plan.shards_optimizer:
         return 0.0
     dtype_bytes = step.precision.param_bytes if plan.shards_optimizer_only else step.precision.compute_bytes
     pieces = 1 if plan.shards_optimizer_only else _num_comm_units(step)
-    count = 1
-    if plan.shards_parameters:
-        count = (plan.microbatches + 1) * plan.grad_accum if plan.pp > 1 else 2 * step.num_microbatches
+    count = 1 if plan.shards_optimizer_only else step.num_gathers
     gather = estimate_all_gather_seconds(step.params_per_rank * dtype_bytes / pieces, group_size=plan.dp_shard,
                                          **step.link(MeshAxis.DP_SHARD, "all_gather"))
     return count * pieces * (gather + collective_wait_seconds(step, plan.dp_shard))

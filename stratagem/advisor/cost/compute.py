@@ -44,8 +44,7 @@ def estimate_dp_copy_seconds(step: RankStep) -> float:
     if not plan.uses_fsdp:
         copied = 2 * params * prec.param_bytes
     else:
-        gathers = 2 * step.num_microbatches if plan.shards_parameters else 1
-        copied = (gathers * params * prec.compute_bytes * (1 + 1 / plan.dp_shard)
+        copied = (step.num_gathers * params * prec.compute_bytes * (1 + 1 / plan.dp_shard)
                   + step.num_reductions * params * prec.param_bytes)
     return 2 * copied * step.seconds_per_op_byte
 

@@ -48,7 +48,7 @@ def estimate_offload_seconds(step: RankStep) -> float:
     if not plan.offloads or host_link is None:
         return 0.0
     shard_bytes = step.optimizer_params * step.precision.param_bytes
-    uploads = 2 * step.num_microbatches if plan.offloads_parameters else 1
+    uploads = step.num_gathers if plan.offloads_parameters else 1
     copy = estimate_p2p_seconds(shard_bytes, bandwidth=host_link.effective_bandwidth,
                                 latency=host_link.latency)
     return (step.num_reductions + uploads) * copy

@@ -63,9 +63,22 @@ class RankStep:
 
     @property
     def num_reductions(self) -> int:
-        """Gradient reductions per step: once, except under ZeRO-3 (once per accumulation step:
-        sharded gradients cannot accumulate unreduced)."""
-        return self.plan.grad_accum if self.plan.shards_parameters else 1
+        """Gradient reductions per step: once per accumulation step under FSDP (ZeRO-2 and 3: FSDP2
+        reduces each backward's gradients into their shards, as the verify runner and Lightning run
+        it) and under a pipeline (each schedule step reduces after its micro-batches); once per
+        step under DDP (``no_sync`` until the last accumulation step)."""
+        return self.plan.grad_accum if self.plan.uses_fsdp or self.plan.pp > 1 else 1
+
+    @property
+    def num_gathers(self) -> int:
+        """All-gathers of each FSDP unit per step: ZeRO-2 once; ZeRO-3 before every micro-batch's
+        forward and again before its backward, but under a pipeline ``m + 1`` per schedule step
+        (torch's schedule leaves units gathered after their backward, so a forward that follows
+        one gathers nothing: counted on 4 gloo ranks, 1F1B and GPipe, m = 2, 4, 8: 3, 5, 9)."""
+        plan = self.plan
+        if not plan.shards_parameters:
+            return 1
+        return (plan.microbatches + 1) * plan.grad_accum if plan.pp > 1 else 2 * self.num_microbatches
 
     @property
     def batch_scale(self) -> float:
