@@ -43,8 +43,8 @@ def test_zero_paper_table_1(zero, expected_gb):
 
 
 def test_torch_layout_keeps_fp32_weights_and_grads_under_autocast():
-    assert state_layout("bf16-mixed", "adamw") == StateLayout(weights=4, grads=4, optimizer=8)
-    assert state_layout("bf16-true", "adamw") == StateLayout(weights=2, grads=2, optimizer=4)
+    assert state_layout("bf16-mixed", "adamw") == StateLayout(weights=4, grads=4, optimizer=8, step_temporaries=4)
+    assert state_layout("bf16-true", "adamw") == StateLayout(weights=2, grads=2, optimizer=4, step_temporaries=2)
     assert state_layout("fp32", "sgd") == StateLayout(weights=4, grads=4, optimizer=4)
     assert state_layout("bf16-mixed", "adamw", runtime="deepspeed") == StateLayout(
         weights=2, grads=2, optimizer=12, zero2_shards_weights=False, frees_gradients=False)
@@ -132,16 +132,37 @@ def test_gradients_and_activations_meet_only_when_forwards_run_into_gradients():
     holds the larger; with accumulation or pipeline micro-batches it holds both."""
     profile = _states_only(1000, num_blocks=2)
     profile = dataclasses.replace(profile, batch_size=1, precision="fp32", blocks=tuple(
-        dataclasses.replace(b, saved_bytes=3000) for b in profile.blocks))
+        dataclasses.replace(b, saved_bytes=6000) for b in profile.blocks))
     workload = Workload(global_batch_size=2, precision="fp32")
     alone = estimate_memory(profile, workload, Plan(precision="fp32"))
-    assert (alone.activations, alone.gradients) == (6000, 0)
+    assert (alone.activations, alone.gradients) == (12000, 0)
     accumulating = estimate_memory(profile, workload, Plan(precision="fp32", grad_accum=2))
-    assert (accumulating.activations, accumulating.gradients) == (6000, 4000)
+    assert (accumulating.activations, accumulating.gradients) == (12000, 4000)
     piped = estimate_memory(profile, workload, Plan(precision="fp32", pp=2, microbatches=2))
     assert piped.gradients > 0 and piped.activations > 0
     kept = estimate_memory(profile, workload, Plan(precision="fp32"), runtime="deepspeed")  # its own buffers
-    assert kept.gradients > 0 and kept.activations == 6000
+    assert kept.gradients > 0 and kept.activations == 12000
+
+
+def test_the_optimizer_step_peaks_with_foreach_adamw_s_temporaries():
+    """torch.optim's foreach AdamW (its GPU default) holds one state's bytes per parameter beside
+    the states at its step: 20 bytes per fp32 parameter (bench/fake_peak.py's MemTracker count),
+    none on CPU ranks (one tensor at a time) or for SGD. Where activations are few, that is the
+    peak; DDP's buckets outlive the backward, FSDP's gathered units do not."""
+    profile = dataclasses.replace(_states_only(1000, num_blocks=2), precision="fp32", batch_size=1)
+    workload = Workload(global_batch_size=1, precision="fp32")
+    adamw = estimate_memory(profile, workload, Plan(precision="fp32"))
+    assert (adamw.optimizer, adamw.total) == (8000 + 4000, 20 * 1000)
+    cpu = estimate_memory(dataclasses.replace(profile, kernels="cpu"), workload, Plan(precision="fp32"))
+    assert cpu.total == 16 * 1000
+    sgd = Workload(global_batch_size=1, precision="fp32", optimizer="sgd")
+    assert estimate_memory(profile, sgd, Plan(precision="fp32")).total == 12 * 1000
+    workload = Workload(global_batch_size=4, precision="fp32")
+    ddp = estimate_memory(profile, workload, Plan(dp_replicate=4, precision="fp32"))
+    assert (ddp.optimizer, ddp.buffers) == (8000 + 4000, 4000)  # the buckets stay
+    blocks = dataclasses.replace(_states_only(1000, num_blocks=100), precision="fp32", batch_size=1)
+    fsdp = estimate_memory(blocks, workload, Plan(dp_shard=4, zero=3, precision="fp32", block_container="layers"))
+    assert (fsdp.optimizer, fsdp.buffers) == ((8000 + 4000) / 4, 0)  # the shard's temporaries; nothing gathered
 
 
 def test_tp_splits_the_blocks_and_keeps_the_embedding_and_head_whole():

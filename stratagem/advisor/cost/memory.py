@@ -66,6 +66,7 @@ class StateLayout:
     optimizer: float
     zero2_shards_weights: bool = True
     frees_gradients: bool = True
+    step_temporaries: float = 0.0  # bytes per parameter the optimizer's step allocates at once (foreach)
 
 
 @functools.lru_cache(maxsize=None)
@@ -86,8 +87,12 @@ def state_layout(precision: str, optimizer: str, *, runtime: str = "torch") -> S
     else:
         weights = grads = prec.param_bytes
         states = num_states * prec.param_bytes
+    # torch.optim's foreach AdamW (its default on GPUs) holds sqrt(exp_avg_sq) for every parameter
+    # at once, one state's bytes: 20 bytes per fp32 parameter at its step against 16 (MemTracker,
+    # bench/fake_peak.py); foreach SGD with momentum updates in place; DeepSpeed's fused Adam too.
+    temporaries = prec.param_bytes if optimizer == "adamw" and not deepspeed else 0.0
     return StateLayout(weights=weights, grads=grads, optimizer=states, zero2_shards_weights=not deepspeed,
-                       frees_gradients=not deepspeed)
+                       frees_gradients=not deepspeed, step_temporaries=temporaries)
 
 
 def usable_bytes(memory_bytes: float) -> float:
@@ -193,6 +198,8 @@ class RankStates(NamedTuple):
     held_grads: float
     unit_grads: float
     embedding_grads: float = 0.0
+    step_temporaries: float = 0.0  # the optimizer step's (estimate_step_bytes)
+    step_buffers: float = 0.0  # the buffers that outlive the backward (estimate_step_bytes)
 
 
 def estimate_unsharded_gradients(view: RankView, layout: StateLayout) -> tuple[float, float]:
@@ -217,6 +224,18 @@ def estimate_unsharded_gradients(view: RankView, layout: StateLayout) -> tuple[f
     if view.head and "vocab_head" in plan.vocab_tp_styles:
         head -= view.stage.vocab_shares.get("vocab_head", {}).get("num_params", 0) * (1 - 1 / plan.tp)
     return layout.grads * head, layout.grads * view.stage.largest_block_params / plan.tp
+
+
+def estimate_step_bytes(plan: Plan, params: float, layout: StateLayout, *, foreach: bool) -> tuple[float, float]:
+    """Bytes beyond the model states while the optimizer steps (``params``: the rank's before
+    sharding): the step's temporaries over the rank's optimizer shard where torch.optim runs its
+    ``foreach`` path (its default on GPUs), and the buffers that outlive the backward: DDP's
+    gradient buckets (FSDP's gathered units and autocast's weight copies are gone by then)."""
+    temporaries = 0.0
+    if foreach and not plan.offloads:
+        temporaries = layout.step_temporaries * params / (plan.dp_shard if plan.shards_optimizer else 1)
+    buckets = params * get_precision(plan.precision).param_bytes if plan.dp > 1 and not plan.uses_fsdp else 0.0
+    return temporaries, buckets
 
 
 def estimate_embedding_gradient(view: RankView, layout: StateLayout) -> float:
@@ -262,13 +281,15 @@ def framework_bytes(cluster: Cluster) -> float:
 def estimate_rank_memory(profile: ModelProfile, plan: Plan, layout: StateLayout, *, rank: int,
                          framework: float = 0.0) -> MemoryBreakdown:
     """Peak bytes of pipeline rank ``rank``, term by term (``framework``: :func:`framework_bytes`)."""
-    view = rank_view(profile.computed_by(plan), plan, rank)
-    return _with_activations(_model_states(view, layout), rank_activations(view), framework,
-                             not gradients_meet_activations(plan, layout))
+    profile = profile.computed_by(plan)
+    view = rank_view(profile, plan, rank)
+    return _with_activations(_model_states(view, layout, foreach=profile.kernels == "gpu"), rank_activations(view),
+                             framework, not gradients_meet_activations(plan, layout))
 
 
-def _model_states(view: RankView, layout: StateLayout) -> RankStates:
-    """Every term of the rank but activations and framework: what micro-batching leaves alone."""
+def _model_states(view: RankView, layout: StateLayout, *, foreach: bool) -> RankStates:
+    """Every term of the rank but activations and framework: what micro-batching leaves alone.
+    ``foreach``: the optimizer runs torch.optim's foreach path (a GPU's profile)."""
     plan = view.plan
     params = estimate_params_per_rank(view)
     states = MemoryBreakdown(
@@ -279,7 +300,8 @@ def _model_states(view: RankView, layout: StateLayout) -> RankStates:
         buffers=estimate_buffers(view, params),
         host=estimate_offloaded(params, plan, layout),
     )
-    return RankStates(states, *estimate_unsharded_gradients(view, layout), estimate_embedding_gradient(view, layout))
+    return RankStates(states, *estimate_unsharded_gradients(view, layout), estimate_embedding_gradient(view, layout),
+                      *estimate_step_bytes(plan, params, layout, foreach=foreach))
 
 
 def _alive_at_peak(states: RankStates, activations: RankActivations, apart: bool) -> tuple[float, float]:
@@ -303,28 +325,39 @@ def _alive_at_peak(states: RankStates, activations: RankActivations, apart: bool
     return max(moments, key=sum)
 
 
+def _peak(states: RankStates, activations: RankActivations, apart: bool) -> tuple[float, float, float, float]:
+    """``(gradients, optimizer, activations, buffers)`` at the rank's peak: the fuller of the
+    backward's (:func:`_alive_at_peak`, with the model states and buffers) and the optimizer
+    step's (every gradient, the step's temporaries beside the states, no activation, the buffers
+    that outlive the backward)."""
+    kept = states.states
+    gradients, alive = _alive_at_peak(states, activations, apart)
+    step = (kept.gradients, kept.optimizer + states.step_temporaries, 0.0, states.step_buffers)
+    return max((gradients, kept.optimizer, alive, kept.buffers), step, key=sum)
+
+
 def _with_activations(states: RankStates, activations: RankActivations, framework: float,
                       apart: bool) -> MemoryBreakdown:
     """:func:`_model_states`' breakdown with the rank's activations and the framework's bytes, as
-    alive at the peak (:func:`_alive_at_peak`)."""
-    gradients, alive = _alive_at_peak(states, activations, apart)
+    alive at the peak (:func:`_peak`)."""
+    gradients, optimizer, alive, buffers = _peak(states, activations, apart)
     kept = states.states
-    return MemoryBreakdown(parameters=kept.parameters, gradients=gradients, optimizer=kept.optimizer,
-                           activations=alive, buffers=kept.buffers, framework=framework, host=kept.host)
+    return MemoryBreakdown(parameters=kept.parameters, gradients=gradients, optimizer=optimizer,
+                           activations=alive, buffers=buffers, framework=framework, host=kept.host)
 
 
 def _fullness(states: RankStates, activations: RankActivations, framework: float, apart: bool) -> tuple[float, float]:
     """The device and host bytes of :func:`_with_activations`' breakdown, without building it:
     the fuller rank has the larger total, then the larger host share."""
-    gradients, alive = _alive_at_peak(states, activations, apart)
     kept = states.states
-    return device_bytes(kept.parameters, gradients, kept.optimizer, alive, kept.buffers, framework), kept.host
+    return device_bytes(kept.parameters, *_peak(states, activations, apart), framework), kept.host
 
 
 @by_identity_and_plan(ignoring=_NOT_IN_MODEL_STATES)
 def _candidates_states(profile: ModelProfile, plan: Plan, layout: StateLayout) -> tuple[RankStates, ...]:
     """:func:`_model_states` of each of :func:`candidate_ranks`, once for the plans of a layout."""
-    return tuple(_model_states(rank_view(profile, plan, r), layout) for r in candidate_ranks(profile, plan))
+    return tuple(_model_states(rank_view(profile, plan, r), layout, foreach=profile.kernels == "gpu")
+                 for r in candidate_ranks(profile, plan))
 
 
 @by_identity_and_plan(ignoring=_NOT_IN_ACTIVATIONS)

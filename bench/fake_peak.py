@@ -1,0 +1,138 @@
+"""The memory model against torch's own count: the peak that ``MemTracker`` sees on fake tensors.
+
+For one-device plans, with no GPU: each case's model is built on fake tensors and trained for
+two steps (forward, the loss, backward, AdamW on its ``foreach`` path as on GPUs, ``zero_grad``) under
+``torch.distributed._tools.mem_tracker.MemTracker``, which follows every tensor's storage. The
+attention kernel and autocast's float32 list are CUDA's, as on the GPU the plan is for
+(:mod:`stratagem.advisor.profile.attention`, :mod:`stratagem.advisor.profile.autocast`: the
+kernel choice only; the bytes are torch's). Printed beside it: the advisor's predicted peak for
+the same plan, without the framework's bytes and the allocator's rounding (no GPU, so neither
+exists here).
+
+    .venv/bin/python bench/fake_peak.py            # about two minutes on 2 cores
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed._tools.mem_tracker import MemTracker
+
+from stratagem.advisor.cost.evaluate import evaluate
+from stratagem.advisor.hardware import parse_cluster
+from stratagem.advisor.profile.attention import CudaAttention, unpacked_sequences
+from stratagem.advisor.profile.autocast import CudaAutocast
+from stratagem.advisor.profile.cache import profile_spec
+from stratagem.advisor.search.given_plans import complete_plan, read_plan
+from stratagem.plan import Workload
+from stratagem.plan.precision import get_precision, torch_dtype
+
+GIB = 2**30
+
+QWEN2 = {"model_type": "qwen2", "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
+         "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 151936, "max_position_embeddings": 4096,
+         "tie_word_embeddings": True}
+"""Qwen2-0.5B's shape, as ``bench/trainer_hf.py`` trains it."""
+
+
+class Case(NamedTuple):
+    model: str  # a preset, or "qwen2" (QWEN2 through transformers)
+    batch: int
+    seq_len: int | None
+    precision: str
+
+
+CASES = (
+    Case("qwen2", 4, 1024, "fp32"),
+    Case("gpt2-medium", 8, 1024, "bf16-mixed"),
+    Case("llama-small", 8, 512, "bf16-mixed"),
+    Case("vit-small", 64, None, "bf16-mixed"),
+)
+
+
+def _spec(case: Case, folder: Path) -> str:
+    if case.model != "qwen2":
+        return case.model
+    path = folder / "qwen2.json"
+    path.write_text(json.dumps(QWEN2))
+    return f"hf:{path}"
+
+
+def predicted(case: Case, folder: Path) -> float:
+    """The advisor's peak bytes for ``single mb=batch`` on one H100, without framework bytes."""
+    cluster = parse_cluster("1xH100-SXM-80GB")
+    workload = Workload(global_batch_size=case.batch, seq_len=case.seq_len, precision=case.precision)
+    profile = profile_spec(_spec(case, folder), seq_len=case.seq_len, precision=case.precision)
+    plan = complete_plan(read_plan(json.dumps({"micro_batch_size": case.batch}), label="A", source="bench"),
+                         profile, cluster, workload)
+    return evaluate(profile, cluster, workload, plan).memory.total
+
+
+def _model_and_step(case: Case):
+    """The model, and one step's loss from it, built inside the active FakeTensorMode."""
+    if case.model == "qwen2":
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        config = dict(QWEN2)
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(config.pop("model_type"), **config),
+                                                 attn_implementation="sdpa")
+        tokens = torch.randint(0, QWEN2["vocab_size"], (case.batch, case.seq_len))
+
+        def step() -> torch.Tensor:  # bench/trainer_hf.py's training_step
+            logits = model(input_ids=tokens).logits
+            return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten())
+
+        return model, step
+    from stratagem.models import get_preset
+
+    preset = get_preset(case.model)
+    model = preset.build()
+    (inputs,), targets = preset.make_batch(case.batch, seq_len=case.seq_len)
+    return model, lambda: preset.loss(model(inputs), targets)
+
+
+def measured(case: Case) -> float:
+    """MemTracker's peak bytes over the second of two training steps."""
+    precision = get_precision(case.precision)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model, step = _model_and_step(case)  # parameters in fp32: the cases' precisions keep them so
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)  # as on GPUs
+        tracker = MemTracker()
+        tracker.track_external(model, optimizer)
+        autocast = torch.autocast("cpu", dtype=torch_dtype(precision.compute_dtype), enabled=precision.autocast)
+        with tracker, CudaAttention(), CudaAutocast(), unpacked_sequences():
+            for index in range(2):
+                with autocast:
+                    loss = step()
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                del loss
+                if index == 0:
+                    tracker.reset_mod_stats()
+        return max(device["Total"] for device in tracker.get_tracker_snapshot("peak").values())
+
+
+def main() -> None:
+    started = time.perf_counter()
+    folder = Path(tempfile.mkdtemp())
+    print(f"{'model':<12} {'batch':>5} {'seq':>5} {'precision':<10} {'predicted':>10} {'MemTracker':>10} {'error':>6}")
+    for case in CASES:
+        if case.model == "qwen2" and importlib.util.find_spec("transformers") is None:
+            print(f"{case.model:<12} skipped: transformers is not installed (pip install 'stratagem[hf]')")
+            continue
+        ours, torchs = predicted(case, folder), measured(case)
+        print(f"{case.model:<12} {case.batch:>5} {case.seq_len or '-':>5} {case.precision:<10} "
+              f"{ours / GIB:>8.2f} G {torchs / GIB:>8.2f} G {ours / torchs - 1:>+6.1%}", flush=True)
+    print(f"one H100 plan each (single, micro-batch = batch); {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
