@@ -74,7 +74,7 @@ class RankStep:
         """All-gathers of each FSDP unit per step: ZeRO-2 once; ZeRO-3 before every micro-batch's
         forward and again before its backward, but under a pipeline ``m + 1`` per schedule step
         (torch's schedule leaves units gathered after their backward, so a forward that follows
-        one gathers nothing: counted on 4 gloo ranks, 1F1B and GPipe, m = 2, 4, 8: 3, 5, 9)."""
+        one gathers nothing: bench/fsdp_pipeline_gathers.py counts 3, 5, 9 at m = 2, 4, 8)."""
         plan = self.plan
         if not plan.shards_parameters:
             return 1
