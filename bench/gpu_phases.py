@@ -1,7 +1,7 @@
 """Where a single-device training step spends its time and memory, to check the cost model's
 terms one by one: forward, backward and optimizer time (device-synchronised), the device time
-of the kernels by the kind of ATen operator that launched them (GEMMs, attention, the
-optimizer's multi-tensor operators, everything else: elementwise, norms, reductions, copies; the
+of the kernels by the kind of ATen operator that launched them (GEMMs, attention, convolutions,
+batch norm, the optimizer's multi-tensor operators, everything else: elementwise, norms, reductions, copies; the
 largest of those by name) and the peak memory within forward, backward and the optimizer step;
 for language models, the memory their forward and loss hold step by step; then the rate of a
 GEMM whose widths are multiples of 8 against one whose output width is not.
@@ -32,6 +32,8 @@ from stratagem.models import get_preset
 KINDS = {
     "attention": ("attention", "flash", "efficient"),
     "gemm": ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"),
+    "convolution": ("convolution", "cudnn_conv"),
+    "batch norm": ("batch_norm",),
     "optimizer": ("_foreach", "_fused_adam"),
 }
 TOP_OTHER = 12

@@ -3,12 +3,13 @@ strategy chose, its predicted step time and peak memory, against what the run me
 
 The model is built from a config with random weights (no download): by default a Qwen2 of
 Qwen2-0.5B's shape (hidden 896, 24 layers, 14 heads, 2 KV heads, vocabulary 151,936), whose
-cross-entropy in ``training_step`` makes the fp32 logits and their gradients the peak. Tokens are
-random. The step time is the median of the steps after ``--warmup``, each timed between
+cross-entropy in ``training_step`` makes the fp32 logits and their gradients the peak; or
+(``--shape llama-1b``) a Llama of TinyLlama-1.1B's shape (hidden 2048, 22 layers, 32 heads, 4 KV
+heads, vocabulary 32,000). Tokens are random. The step time is the median of the steps after ``--warmup``, each timed between
 ``on_train_batch_start`` and ``on_train_batch_end`` with the device synchronized; the peak is
 CUDA's max allocated (on CPU: not measured).
 
-    python bench/trainer_hf.py --accelerator gpu [--batch 4] [--seq-len 1024] [--steps 8]
+    python bench/trainer_hf.py --accelerator gpu [--shape llama-1b] [--batch 4] [--seq-len 1024] [--steps 8]
     python bench/trainer_hf.py --tiny                      # a small config, two CPU ranks: a smoke run
 """
 
@@ -28,6 +29,10 @@ from stratagem.units import format_bytes, format_seconds
 QWEN2_0_5B = {"model_type": "qwen2", "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
               "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 151936,
               "max_position_embeddings": 4096, "tie_word_embeddings": True}
+LLAMA_1B = {"model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 22, "num_attention_heads": 32,
+            "num_key_value_heads": 4, "intermediate_size": 5632, "vocab_size": 32000,
+            "max_position_embeddings": 2048, "tie_word_embeddings": False}
+SHAPES = {"qwen2-0.5b": QWEN2_0_5B, "llama-1b": LLAMA_1B}
 TINY = {**QWEN2_0_5B, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 1024}
 
@@ -79,11 +84,12 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--shape", choices=SHAPES, default="qwen2-0.5b", help="the model's shape")
     parser.add_argument("--tiny", action="store_true", help="a small config (a smoke run on CPU)")
     args = parser.parse_args()
     devices = args.devices or (1 if args.accelerator == "gpu" else 2)
     seq_len = 32 if args.tiny else args.seq_len
-    module = CausalLM(TINY if args.tiny else QWEN2_0_5B, args.batch, seq_len)
+    module = CausalLM(TINY if args.tiny else SHAPES[args.shape], args.batch, seq_len)
     tokens = torch.randint(0, module.vocab, (args.steps * args.batch * devices, seq_len))
     trainer = pl.Trainer(accelerator=args.accelerator, devices=devices, strategy="auto-parallel",
                          precision="bf16-mixed" if args.accelerator == "gpu" else "32-true",
