@@ -1,0 +1,111 @@
+"""Where one training step's device time goes, by kernel family, for a preset trained as
+``stratagem verify`` trains a single-device plan (bf16 autocast, AdamW), eager or with each block
+compiled by the plugin: GEMMs (cuBLAS, CUTLASS), attention (flash and memory-efficient), cuDNN's
+convolutions and their layout transforms, batch norm, Triton (what compilation fused), the
+optimizer's multi-tensor kernels and everything else, with the largest kernels by name. It prints
+the median step beside the device time, so the gaps between kernels show.
+
+    python bench/gpu_kernels.py PRESET:MICRO_BATCH[:SEQ_LEN][:compiled] ...
+
+e.g. ``gpt2-large:8:1024:compiled vit-l-16:64::compiled resnet-101:128::compiled``. On CPU it runs
+too (tiny presets, eager), for checking the script; the figures that matter are a GPU's.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import torch
+
+from stratagem.advisor.profile.structure import find_blocks
+from stratagem.models import get_preset
+from stratagem.plan import Plan
+from stratagem.plugins import apply_compile
+
+FAMILIES = (  # the first family whose marks a kernel's name holds (lower case) takes it
+    ("attention", ("flash", "fmha", "attention", "efficient")),
+    ("batch norm", ("batch_norm", "batchnorm", "bn_fw", "bn_bw")),
+    ("layout", ("nchwtonhwc", "nhwctonchw")),
+    ("optimizer", ("multi_tensor", "foreach", "adam")),
+    ("triton", ("triton",)),
+    ("gemm/conv", ("gemm", "xmma", "cutlass", "nvjet", "cublas", "conv", "cudnn", "wgrad", "dgrad")),
+)
+TOP = 8
+
+
+def family(kernel: str) -> str:
+    """The family of a kernel by its name."""
+    name = kernel.lower()
+    return next((label for label, marks in FAMILIES if any(mark in name for mark in marks)), "other")
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def run_case(spec: str, device: torch.device, *, steps: int = 5) -> None:
+    name, micro, seq, mode = (spec.split(":") + ["", "", ""])[:4]
+    preset = get_preset(name)
+    torch.manual_seed(0)
+    inputs, targets = (preset.make_batch(int(micro), int(seq) if seq else None) if preset.input_kind == "tokens"
+                       else preset.make_batch(int(micro)))
+    inputs, targets = tuple(t.to(device) for t in inputs), targets.to(device)
+    with torch.device(device):
+        model = preset.build()
+    if mode == "compiled":
+        apply_compile(model, Plan(compile=True, block_container=find_blocks(model).container))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step() -> None:
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            loss = preset.loss(model(*inputs), targets)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    started = time.perf_counter()
+    step()
+    sync()
+    first = time.perf_counter() - started
+    for _ in range(2):
+        step()
+    times = []
+    for _ in range(steps):
+        sync()
+        started = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - started)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as profile:
+        step()
+        sync()
+    kernels = [(event.self_device_time_total if device.type == "cuda" else event.self_cpu_time_total, event.key,
+                event.count) for event in profile.key_averages()
+               if (event.device_type == torch.autograd.DeviceType.CUDA) == (device.type == "cuda")
+               and (device.type == "cuda" or event.key.startswith("aten::"))]
+    families: dict[str, float] = {}
+    for micros, key, _ in kernels:
+        families[family(key)] = families.get(family(key), 0.0) + micros / 1e3
+    print(f"{spec}: step {statistics.median(times) * 1e3:.1f} ms (first {first:.1f} s), device "
+          f"{sum(families.values()):.1f} ms: " + ", ".join(
+              f"{label} {ms:.1f}" for label, ms in sorted(families.items(), key=lambda item: -item[1])), flush=True)
+    print("  largest: " + "; ".join(f"{key[:64]} {micros / 1e3:.2f} ms ({count})"
+                                    for micros, key, count in sorted(kernels, reverse=True)[:TOP]), flush=True)
+
+
+def main(specs: list[str]) -> None:
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    for spec in specs or ["gpt2-tiny:4:64", "resnet-tiny:8"]:
+        run_case(spec, device)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
