@@ -50,3 +50,29 @@ def test_compile_is_a_bool_named_in_the_plan_and_needs_blocks():
 def test_runtimes_that_cannot_compile_per_block_leave_it_out():
     plan = Plan(compile=True, block_container="layers")
     assert "torch.compile" in accelerate_excludes(plan) and "torch.compile" in deepspeed_excludes(plan)
+
+
+class Indexed(nn.Module):
+    """A block that reads its own index in forward, as a Hugging Face decoder layer reads ``layer_idx``."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__()
+        self.index = index
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) * (self.index + 1)
+
+
+def test_every_block_compiles_past_dynamos_eight_graphs_per_code_object():
+    from torch._dynamo.utils import counters
+
+    model = nn.Module()
+    model.layers = nn.ModuleList(Indexed(i) for i in range(10))
+    apply_compile(model, Plan(compile=True, block_container="layers"))
+    before = counters["stats"]["unique_graphs"]
+    x = torch.randn(2, 8)
+    for layer in model.layers:
+        x = layer(x)
+    x.sum().backward()
+    assert counters["stats"]["unique_graphs"] - before == 10  # none left eager
