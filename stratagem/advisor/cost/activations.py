@@ -42,20 +42,27 @@ def estimate_block_activations(block: SegmentProfile, plan: Plan, *, scale: floa
                                checkpointing: str | None = None) -> float:
     """Bytes one block keeps for backward for one micro-batch (``scale`` = micro-batch size /
     profiled batch size), after checkpointing (the plan's, unless ``checkpointing`` is given),
-    TP and SP (Korthikanti eq. 1–5). A selective policy keeps what the profile measured a block
-    checkpointed under it keeping: its input and the kept operators' outputs."""
+    TP and SP (Korthikanti eq. 1–5). Without checkpointing it keeps :func:`saved_bytes`; a
+    selective policy keeps what the profile measured a block checkpointed under it keeping (its
+    input and the kept operators' outputs, eager)."""
     checkpointing = checkpointing or plan.activation_checkpointing
     if checkpointing == "full":
         kept = block.input_bytes * scale  # eq. 5: only the block's input (2sbh)
         return kept / plan.tp if plan.sequence_parallel else kept
     if checkpointing == "none":
-        saved = block.saved_bytes * scale
+        saved = saved_bytes(block, plan) * scale
     else:
         saved = getattr(block, policy_field(checkpointing, "kept_bytes")) * scale
     if plan.tp == 1 or plan.sequence_parallel:
         return saved / plan.tp  # eq. 4: SP splits the replicated part too
     replicated = min(saved, TP_REPLICATED_INPUT_WIDTHS * block.input_bytes * scale)
     return replicated + (saved - replicated) / plan.tp  # eq. 2
+
+
+def saved_bytes(block: SegmentProfile, plan: Plan) -> int:
+    """What ``block`` saves for backward at the profiled batch: as the profile measured it compiled
+    where the plan compiles its blocks (:mod:`~stratagem.advisor.profile.compiled`), else eager."""
+    return block.compiled_saved_bytes if plan.compile and block.compiled_saved_bytes else block.saved_bytes
 
 
 def estimate_activations(view: RankView) -> float:

@@ -54,6 +54,7 @@ class SegmentCounts:
     bwd_fused_op_bytes: int = 0
     fwd_fused_ops: int = 0  # kernels launched fused: the fused groups, and every other operator
     bwd_fused_ops: int = 0
+    compiled_saved_bytes: int = 0  # saved_bytes of the block compiled (profile.compiled); 0: not measured
     policies: dict[str, PolicyCounts] = field(default_factory=dict)  # a block's, per selective policy
     convs: list[ConvLayer] = field(default_factory=list)  # the convolutions its forward ran, in order
 
@@ -67,3 +68,4 @@ class RunRecord:
     measured_as: dict[str, str] = field(default_factory=dict)  # duplicate block -> representative
     output_bytes: int = 0
     math_attention_calls: int = 0  # SDPA calls run on the math path, as CUDA runs them (profile.attention)
+    compiled_unmeasured: str = ""  # why the blocks' compiled activations were not measured (profile.compiled)

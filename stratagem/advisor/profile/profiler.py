@@ -118,6 +118,8 @@ def _profile_step(
                                    reuse_identical_blocks=reuse_identical_blocks, kernels=kernels)
         if record.math_attention_calls:
             notes.append(MATH_ATTENTION_NOTE)
+        if record.compiled_unmeasured:
+            notes.append(f"compiled plans keep the eager step's activations: {record.compiled_unmeasured}")
         tp_layout, tp_unavailable = find_tp_layout(model, structure.container, calls, state)
         vocab = _vocab_layout(model, vocab_calls, (args, kwargs), state, notes) if tp_layout else ()
     heads, kv_heads = attention_heads(model)
@@ -290,6 +292,7 @@ def _assemble(model: nn.Module, blocks: tuple[str, ...], record: RunRecord, prec
             bwd_largest_output_bytes=counts.bwd_largest_output_bytes,
             fwd_fused_op_bytes=counts.fwd_fused_op_bytes, bwd_fused_op_bytes=counts.bwd_fused_op_bytes,
             fwd_fused_ops=counts.fwd_fused_ops, bwd_fused_ops=counts.bwd_fused_ops,
+            compiled_saved_bytes=counts.compiled_saved_bytes,
             convs=tuple(counts.convs), **_policy_fields(counts), **extra,
         )
 
