@@ -2,8 +2,10 @@
 ``stratagem verify`` trains a single-device plan (bf16 autocast, AdamW), eager or with each block
 compiled by the plugin: GEMMs (cuBLAS, CUTLASS), attention (flash and memory-efficient), cuDNN's
 convolutions and their layout transforms, batch norm, Triton (what compilation fused), the
-optimizer's multi-tensor kernels and everything else, with the largest kernels by name. It prints
-the median step beside the device time, so the gaps between kernels show.
+optimizer's multi-tensor kernels and everything else, each with its time and kernel count, and
+the largest kernels by name. It prints the median step beside the device time, so the time
+between kernels shows (the profiler's own ranges, such as the optimizer's step, are left out:
+they would count their kernels twice).
 
     python bench/gpu_kernels.py PRESET:MICRO_BATCH[:SEQ_LEN][:compiled] ...
 
@@ -87,14 +89,18 @@ def run_case(spec: str, device: torch.device, *, steps: int = 5) -> None:
         sync()
     kernels = [(event.self_device_time_total if device.type == "cuda" else event.self_cpu_time_total, event.key,
                 event.count) for event in profile.key_averages()
-               if (event.device_type == torch.autograd.DeviceType.CUDA) == (device.type == "cuda")
+               if not event.is_user_annotation  # a profiler range (the optimizer's step) repeats its kernels
+               and (event.device_type == torch.autograd.DeviceType.CUDA) == (device.type == "cuda")
                and (device.type == "cuda" or event.key.startswith("aten::"))]
-    families: dict[str, float] = {}
-    for micros, key, _ in kernels:
-        families[family(key)] = families.get(family(key), 0.0) + micros / 1e3
-    print(f"{spec}: step {statistics.median(times) * 1e3:.1f} ms (first {first:.1f} s), device "
-          f"{sum(families.values()):.1f} ms: " + ", ".join(
-              f"{label} {ms:.1f}" for label, ms in sorted(families.items(), key=lambda item: -item[1])), flush=True)
+    families: dict[str, tuple[float, int]] = {}
+    for micros, key, count in kernels:
+        ms, calls = families.get(family(key), (0.0, 0))
+        families[family(key)] = (ms + micros / 1e3, calls + count)
+    step_ms, device_ms = statistics.median(times) * 1e3, sum(ms for ms, _ in families.values())
+    print(f"{spec}: step {step_ms:.1f} ms (first {first:.1f} s), device {device_ms:.1f} ms in "
+          f"{sum(calls for _, calls in families.values())} kernels, {step_ms - device_ms:.1f} ms between them: "
+          + ", ".join(f"{label} {ms:.1f} ({calls})" for label, (ms, calls) in
+                      sorted(families.items(), key=lambda item: -item[1][0])), flush=True)
     print("  largest: " + "; ".join(f"{key[:64]} {micros / 1e3:.2f} ms ({count})"
                                     for micros, key, count in sorted(kernels, reverse=True)[:TOP]), flush=True)
 
