@@ -29,8 +29,8 @@ GIB = 2**30
 SOURCE = {
     "H100": "one H100 80GB, bf16 autocast, AdamW (the runs that opened the accuracy work, 2026-11)",
     "H200": "one H200, torch 2.11, CUDA 13, bench/gpu_check.sh (2026-11-26)",
-    "H100b": "one H100 80GB HBM3, torch 2.11, CUDA 13, bench/gpu_check.sh at fcd334a, models never tuned on; "
-             "ResNet-50 compiled by bench/gpu_kernels.py (2026-11-26)",
+    "H100b": "one H100 80GB HBM3, torch 2.11, CUDA 13, bench/gpu_check.sh at fcd334a, models never tuned on "
+             "(2026-11-26)",
 }
 
 
@@ -71,7 +71,6 @@ CASES = (
          0.872, 11.5),
     Case("H100b", "vit-l-16", 64, None, {"micro_batch_size": 64, "compile": True}, 0.0738, 14.1),
     Case("H100b", "resnet-101", 128, None, {"micro_batch_size": 128, "compile": True}, 0.0751, 9.5),
-    Case("H100b", "resnet-50", 256, None, {"micro_batch_size": 256, "compile": True}, 0.0525, float("nan")),
 )
 """Measured runs (step time, peak memory; nan where the run did not record it). Where a run's
 step times ranged (GPT-2 and ViT offloaded on the H200: 249-352 and 220-235 ms), the middle. The
