@@ -9,15 +9,25 @@ they would count their kernels twice).
 
     python bench/gpu_kernels.py PRESET:MICRO_BATCH[:SEQ_LEN][:compiled] ...
 
+With Nsight Compute, the bytes each family moves to and from device memory, and at what rate
+(one step, each kernel replayed; minutes for a step of a few thousand kernels):
+
+    ncu --nvtx --nvtx-include measured/ --metrics gpu__time_duration.sum,dram__bytes.sum --csv \
+        --page raw python bench/gpu_kernels.py --ncu gpt2-large:8:1024:compiled > kernels.csv
+    python bench/gpu_kernels.py --summarize kernels.csv
+
 e.g. ``gpt2-large:8:1024:compiled vit-l-16:64::compiled resnet-101:128::compiled``. On CPU it runs
 too (tiny presets, eager), for checking the script; the figures that matter are a GPU's.
 """
 
 from __future__ import annotations
 
+import contextlib
+import csv
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -48,7 +58,9 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def run_case(spec: str, device: torch.device, *, steps: int = 5) -> None:
+def build_step(spec: str, device: torch.device) -> tuple[Callable[[], None], float]:
+    """One training step of ``spec`` (``PRESET:MICRO_BATCH[:SEQ_LEN][:compiled]``) and the seconds
+    its first run took (compilation included), after two more warm-up steps."""
     name, micro, seq, mode = (spec.split(":") + ["", "", ""])[:4]
     preset = get_preset(name)
     torch.manual_seed(0)
@@ -74,6 +86,11 @@ def run_case(spec: str, device: torch.device, *, steps: int = 5) -> None:
     first = time.perf_counter() - started
     for _ in range(2):
         step()
+    return step, first
+
+
+def run_case(spec: str, device: torch.device, *, steps: int = 5) -> None:
+    step, first = build_step(spec, device)
     times = []
     for _ in range(steps):
         sync()
@@ -105,10 +122,48 @@ def run_case(spec: str, device: torch.device, *, steps: int = 5) -> None:
                                     for micros, key, count in sorted(kernels, reverse=True)[:TOP]), flush=True)
 
 
-def main(specs: list[str]) -> None:
+def ncu_case(spec: str, device: torch.device) -> None:
+    """One step of ``spec`` after its warm-up, inside the NVTX range ``measured``: for Nsight
+    Compute to replay kernel by kernel (``ncu --nvtx --nvtx-include measured/``)."""
+    step, _ = build_step(spec, device)
+    sync()
+    with torch.cuda.nvtx.range("measured") if device.type == "cuda" else contextlib.nullcontext():
+        step()
+        sync()
+
+
+def summarize_ncu(path: str) -> None:
+    """Per kernel family, from Nsight Compute's raw CSV (``--csv --page raw`` with the metrics
+    ``gpu__time_duration.sum`` and ``dram__bytes.sum``): kernels, time, bytes moved to and from
+    device memory and the rate they moved at."""
+    with open(path, newline="") as handle:
+        lines = [line for line in handle if line.startswith('"')]  # ncu's own messages are not quoted
+    rows = [row for row in csv.DictReader(lines) if row.get("ID", "").isdigit()]  # the units row has no ID
+    families: dict[str, list[float]] = {}
+    for row in rows:
+        totals = families.setdefault(family(row["Kernel Name"]), [0, 0.0, 0.0])
+        totals[0] += 1
+        totals[1] += _number(row["gpu__time_duration.sum"]) * 1e-9  # ns
+        totals[2] += _number(row["dram__bytes.sum"])
+    print(f"{path}: {len(rows)} kernels")
+    for label, (count, seconds, moved) in sorted(families.items(), key=lambda item: -item[1][1]):
+        print(f"  {label:<11} {count:>6} kernels {seconds * 1e3:8.2f} ms {moved / 1e9:8.2f} GB "
+              f"{moved / seconds / 1e9 if seconds else 0:8.0f} GB/s")
+
+
+def _number(text: str) -> float:
+    return float(text.replace(",", "")) if text.strip() else 0.0
+
+
+def main(args: list[str]) -> None:
+    if args[:1] == ["--summarize"]:
+        for path in args[1:]:
+            summarize_ncu(path)
+        return
+    ncu = args[:1] == ["--ncu"]
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    for spec in specs or ["gpt2-tiny:4:64", "resnet-tiny:8"]:
-        run_case(spec, device)
+    for spec in (args[1:] if ncu else args) or ["gpt2-tiny:4:64", "resnet-tiny:8"]:
+        ncu_case(spec, device) if ncu else run_case(spec, device)
         if device.type == "cuda":
             torch.cuda.empty_cache()
 
