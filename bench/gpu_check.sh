@@ -4,8 +4,9 @@
 # was never tuned on: GPT-2 large, ViT-L/16, ResNet-101, a Hugging Face GPT-NeoX config of
 # Pythia-410M's shape (hf:), and a Llama of TinyLlama-1.1B's shape through
 # Trainer(strategy="auto-parallel"). On one GPU each verify's top 2 are the compiled plan and the
-# offloaded one. Last, where a ResNet-50 step spends its device time (bench/gpu_phases.py).
-# Each step has a time limit (about 9 minutes in all) and the next one runs whatever it ended
+# offloaded one. Last, where a ResNet-50 step spends its device time (bench/gpu_phases.py), and
+# the compiled transformer steps' kernels by family, with Nsight Compute's bytes (bench/gpu_kernels.py).
+# Each step has a time limit (about 13 minutes in all) and the next one runs whatever it ended
 # with. Run from the repository root:
 #   bash bench/gpu_check.sh [OUT_DIR]        (default out/gpu-check; PYTHON picks the interpreter)
 # The log goes to OUT_DIR/log, the calibration file beside it; advise and verify below read the
@@ -35,7 +36,12 @@ run() {
     run 110 "$py" -m stratagem verify --model gpt2-large --global-batch-size 8 --seq-len 1024 --top 2
     run 90 "$py" -m stratagem verify --model hf:bench/configs/pythia-410m --global-batch-size 8 --seq-len 1024 --top 2
     run 60 "$py" -m stratagem verify --model vit-l-16 --global-batch-size 64 --top 1
-    run 70 "$py" -m stratagem verify --model resnet-101 --global-batch-size 128 --top 1
+    run 100 "$py" -m stratagem verify --model resnet-101 --global-batch-size 128 --top 1
     run 80 "$py" bench/trainer_hf.py --accelerator gpu --shape llama-1b --batch 4 --seq-len 1024
     run 50 "$py" bench/gpu_phases.py resnet-50:256
+    # the compiled steps' time by kernel family, then each family's bytes as Nsight Compute counts them
+    run 70 "$py" bench/gpu_kernels.py gpt2-large:8:1024:compiled vit-l-16:64::compiled
+    run 150 bash -c "ncu --nvtx --nvtx-include measured/ --metrics gpu__time_duration.sum,dram__bytes.sum --csv \
+        --page raw $py bench/gpu_kernels.py --ncu gpt2-large:8:1024:compiled > $out/kernels-ncu.csv"
+    "$py" bench/gpu_kernels.py --summarize "$out/kernels-ncu.csv"
 } 2>&1 | tee "$out/log"
