@@ -36,21 +36,19 @@ from stratagem.plan.precision import get_precision, torch_dtype
 
 GIB = 2**30
 
-QWEN2 = {"model_type": "qwen2", "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
-         "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 151936, "max_position_embeddings": 4096,
-         "tie_word_embeddings": True}
-"""Qwen2-0.5B's shape, as ``bench/trainer_hf.py`` trains it."""
+from trainer_hf import SHAPES  # bench/trainer_hf.py's Hugging Face shapes, trained as it trains them
 
 
 class Case(NamedTuple):
-    model: str  # a preset, or "qwen2" (QWEN2 through transformers)
+    model: str  # a preset, or a key of SHAPES (a Hugging Face config through transformers)
     batch: int
     seq_len: int | None
     precision: str
 
 
 CASES = (
-    Case("qwen2", 4, 1024, "fp32"),
+    Case("qwen2-0.5b", 4, 1024, "fp32"),
+    Case("llama-1b", 4, 1024, "bf16-mixed"),
     Case("gpt2-medium", 8, 1024, "bf16-mixed"),
     Case("llama-small", 8, 512, "bf16-mixed"),
     Case("vit-small", 64, None, "bf16-mixed"),
@@ -58,10 +56,10 @@ CASES = (
 
 
 def _spec(case: Case, folder: Path) -> str:
-    if case.model != "qwen2":
+    if case.model not in SHAPES:
         return case.model
-    path = folder / "qwen2.json"
-    path.write_text(json.dumps(QWEN2))
+    path = folder / f"{case.model}.json"
+    path.write_text(json.dumps(SHAPES[case.model]))
     return f"hf:{path}"
 
 
@@ -77,13 +75,13 @@ def predicted(case: Case, folder: Path) -> float:
 
 def _model_and_step(case: Case):
     """The model, and one step's loss from it, built inside the active FakeTensorMode."""
-    if case.model == "qwen2":
+    if case.model in SHAPES:
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        config = dict(QWEN2)
+        config = dict(SHAPES[case.model])
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(config.pop("model_type"), **config),
                                                  attn_implementation="sdpa")
-        tokens = torch.randint(0, QWEN2["vocab_size"], (case.batch, case.seq_len))
+        tokens = torch.randint(0, model.config.vocab_size, (case.batch, case.seq_len))
 
         def step() -> torch.Tensor:  # bench/trainer_hf.py's training_step
             logits = model(input_ids=tokens).logits
@@ -144,7 +142,7 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp())
     print(f"{'model':<12} {'batch':>5} {'seq':>5} {'precision':<10} {'predicted':>10} {'MemTracker':>10} {'error':>6}")
     for case in CASES:
-        if case.model == "qwen2" and importlib.util.find_spec("transformers") is None:
+        if case.model in SHAPES and importlib.util.find_spec("transformers") is None:
             print(f"{case.model:<12} skipped: transformers is not installed (pip install 'stratagem[hf]')")
             continue
         ours, torchs = predicted(case, folder), measured(case)
