@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from stratagem.advisor.profile.attention import CudaAttention
@@ -96,8 +97,8 @@ def compiled_saved_bytes(block: nn.Module, state: dict[str, torch.Tensor], args:
     (:mod:`~stratagem.advisor.profile.autocast`, :mod:`~stratagem.advisor.profile.attention`).
     ``state`` holds the block's fake parameters and buffers by their names in it (buffers are
     inputs too: BatchNorm updates its running statistics in place); must run inside the
-    FakeTensorMode that made them. Autocast's 16-bit copies of the weights are left out, as the
-    eager step counts them apart (``saved_param_copy_bytes``)."""
+    FakeTensorMode that made them. What is computed from the parameters alone (autocast's 16-bit
+    copies of the weights) is left out, as the eager step counts it apart (``saved_param_copy_bytes``)."""
     from torch._functorch.aot_autograd import aot_function
     from torch._functorch.compilers import nop
     from torch._functorch.partitioners import min_cut_rematerialization_partition
@@ -117,18 +118,36 @@ def compiled_saved_bytes(block: nn.Module, state: dict[str, torch.Tensor], args:
 
     traced = aot_function(forward, fw_compiler=nop, bw_compiler=nop, decompositions=select_decomp_table(),
                           partition_fn=min_cut_rematerialization_partition)
-    params = {StorageWeakRef(tensor.untyped_storage()) for tensor in state.values()}
-    # autocast's copies of the weights: counted apart, as the eager step counts them (saved_param_copy_bytes)
-    copies = {(tuple(tensor.shape), autocast_dtype) for tensor in state.values() if tensor.requires_grad}
+    params = [state[name] for name in names]
+    inputs = [leaves[i].detach().requires_grad_(leaves[i].requires_grad) for i in where]
+    with CudaAttention(), CudaAutocast():
+        traced(params, inputs)  # traced and partitioned once; the second call runs the partitioned forward
+    derived = _ParamDerived(params)  # the parameters and what is computed from them alone (autocast's copies)
     saved: dict[StorageWeakRef, torch.Tensor] = {}
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         ref = StorageWeakRef(tensor.untyped_storage())
-        if ref not in params and (tuple(tensor.shape), tensor.dtype) not in copies:
+        if ref not in derived.storages:
             saved.setdefault(ref, tensor)
         return tensor
 
-    inputs = [leaves[i].detach().requires_grad_(leaves[i].requires_grad) for i in where]
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), CudaAttention(), CudaAutocast():
-        traced([state[name] for name in names], inputs)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), CudaAttention(), CudaAutocast(), \
+            derived:
+        traced(params, [tensor.detach().requires_grad_(tensor.requires_grad) for tensor in inputs])
     return sum(tensor.untyped_storage().nbytes() for tensor in saved.values())
+
+
+class _ParamDerived(TorchDispatchMode):
+    """Follows, operator by operator, the storages computed from the given tensors alone."""
+
+    def __init__(self, roots: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.storages = {StorageWeakRef(tensor.untyped_storage()) for tensor in roots}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        if tensors and all(StorageWeakRef(t.untyped_storage()) in self.storages for t in tensors):
+            self.storages.update(StorageWeakRef(t.untyped_storage()) for t in tree_flatten(out)[0]
+                                 if isinstance(t, torch.Tensor))
+        return out
