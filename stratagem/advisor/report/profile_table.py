@@ -27,6 +27,7 @@ def _row(label: str, seg: SegmentProfile, times: int) -> list[str]:
         format_count(seg.fwd_flops * times),
         format_count(seg.bwd_flops * times),
         format_bytes(seg.saved_bytes * times),
+        format_bytes(seg.compiled_saved_bytes * times) if seg.compiled_saved_bytes else "-",
         format_bytes(seg.output_bytes),
     ]
 
@@ -34,12 +35,13 @@ def _row(label: str, seg: SegmentProfile, times: int) -> list[str]:
 def profile_table(profile: ModelProfile) -> Table:
     """One row per segment (embedding, each run of identical blocks, head) and a total.
 
-    FLOPs and bytes of a folded row are for all its blocks; ``output`` is per block."""
+    FLOPs and bytes of a folded row are for all its blocks; ``output`` is per block; ``compiled``
+    is what a block keeps for backward compiled (``-`` outside the blocks, or not measured)."""
     shape = f"batch {profile.batch_size}" + (f" × seq {profile.seq_len}" if profile.seq_len else "")
     kinds = "/".join(dict.fromkeys(b.kind for b in profile.blocks))
     blocks = f" · blocks: {profile.block_container} ({kinds})" if profile.blocks else ""
     table = Table(title=f"{profile.name} · {shape} · {profile.precision}{blocks}", title_justify="left")
-    for column in ("segment", "params", "fwd FLOP", "bwd FLOP", "saved", "output"):
+    for column in ("segment", "params", "fwd FLOP", "bwd FLOP", "saved", "compiled", "output"):
         table.add_column(column, justify="left" if column == "segment" else "right", no_wrap=True)
     table.add_row(*_row("embed", profile.embed, 1))
     for run in _runs(profile.blocks):
@@ -49,7 +51,7 @@ def profile_table(profile: ModelProfile) -> Table:
     table.add_row(*_row("head + loss", profile.head, 1))
     table.add_section()
     table.add_row("total", format_params(profile.num_params), format_count(profile.fwd_flops),
-                  format_count(profile.bwd_flops), format_bytes(profile.saved_bytes), "", style="bold")
+                  format_count(profile.bwd_flops), format_bytes(profile.saved_bytes), "", "", style="bold")
     notes = [f"profiled in {profile.profile_seconds:.2f} s on fake tensors", *profile.notes]
     table.caption = "\n".join(notes)
     table.caption_justify = "left"
