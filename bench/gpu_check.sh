@@ -39,7 +39,9 @@ run() {
     run 100 "$py" -m stratagem verify --model resnet-101 --global-batch-size 128 --top 1
     run 80 "$py" bench/trainer_hf.py --accelerator gpu --shape llama-1b --batch 4 --seq-len 1024
     run 50 "$py" bench/gpu_phases.py resnet-50:256
-    # the compiled steps' time by kernel family, then each family's bytes as Nsight Compute counts them
+    # operators without FLOPs by kind against a copy; the compiled steps' time by kernel family, then
+    # each family's bytes as Nsight Compute counts them
+    run 40 "$py" bench/reduction_rate.py
     run 70 "$py" bench/gpu_kernels.py gpt2-large:8:1024:compiled vit-l-16:64::compiled
     run 150 bash -c "ncu --nvtx --nvtx-include measured/ --metrics gpu__time_duration.sum,dram__bytes.sum --csv \
         --page raw $py bench/gpu_kernels.py --ncu gpt2-large:8:1024:compiled > $out/kernels-ncu.csv"

@@ -1,0 +1,84 @@
+"""How fast a GPU moves the bytes of a training step's operators without FLOPs, by kind: a copy,
+a sum over the tokens (a bias's gradient), a sum over the width (a norm's statistics), LayerNorm
+and RMSNorm forward and backward with their weights' gradients, GELU forward and backward. Each
+at transformer sizes (16,384 tokens of widths 768 to 4,096, bf16 and fp32), as GB/s of the bytes
+the operator must read and write at least, beside the copy's rate.
+
+The lead this follows (docs/benchmarks.md, "GPU figures"): Llama 2 7B's operators without FLOPs
+ran at the copy's rate on an H200, GPT-2's and ViT's, which have biases and LayerNorm, at about
+55 % of it; their gradients are sums over every token.
+
+    python bench/reduction_rate.py            # on a GPU; on CPU at 1,024 tokens, to check the script
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+WIDTHS = (768, 1024, 3072, 4096)
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def median_seconds(fn: Callable[[], object], repeats: int = 10) -> float:
+    fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def cases(x: torch.Tensor) -> dict[str, tuple[Callable[[], object], int]]:
+    """Each operator on ``x`` ([tokens, width]) and the tensors of ``x``'s size it must move."""
+    width = x.shape[-1]
+    weight = torch.ones(width, device=x.device, dtype=x.dtype, requires_grad=True)
+    bias = torch.zeros(width, device=x.device, dtype=x.dtype, requires_grad=True)
+    leaf = x.detach().requires_grad_(True)
+    grad = torch.randn_like(x)
+
+    def layer_norm() -> None:
+        F.layer_norm(leaf, (width,), weight, bias).backward(grad)
+
+    def rms_norm() -> None:
+        F.rms_norm(leaf, (width,), weight).backward(grad)
+
+    def gelu() -> None:
+        F.gelu(leaf, approximate="tanh").backward(grad)
+
+    return {
+        "copy": (lambda: x.clone(), 2),
+        "sum over tokens": (lambda: x.sum(0), 1),
+        "sum over width": (lambda: x.sum(-1), 1),
+        "layer norm fwd+bwd": (layer_norm, 5),  # x and y; x, dy and dx (the statistics are small)
+        "rms norm fwd+bwd": (rms_norm, 5),
+        "gelu fwd+bwd": (gelu, 5),  # x and y; x, dy and dx
+    }
+
+
+def main() -> None:
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    tokens = 16384 if device.type == "cuda" else 1024
+    for dtype in (torch.bfloat16, torch.float32):
+        for width in WIDTHS:
+            x = torch.randn(tokens, width, device=device, dtype=dtype)
+            size = x.numel() * x.element_size()
+            rates = {name: passes * size / median_seconds(fn) / 1e9 for name, (fn, passes) in cases(x).items()}
+            copy = rates["copy"]
+            print(f"{tokens} × {width} {str(dtype)[6:]}: " + ", ".join(
+                f"{name} {rate:.0f} GB/s ({rate / copy:.0%})" for name, rate in rates.items()), flush=True)
+
+
+if __name__ == "__main__":
+    main()
