@@ -4,15 +4,19 @@
 # was never tuned on: GPT-2 large, ViT-L/16, ResNet-101, a Hugging Face GPT-NeoX config of
 # Pythia-410M's shape (hf:), and a Llama of TinyLlama-1.1B's shape through
 # Trainer(strategy="auto-parallel"). On one GPU each verify's top 2 are the compiled plan and the
-# offloaded one. Last, where a ResNet-50 step spends its device time (bench/gpu_phases.py), and
+# offloaded one. Then the mechanisms: where a ResNet-50 step spends its device time
+# (bench/gpu_phases.py), operators without FLOPs by kind against a copy (bench/reduction_rate.py),
 # the compiled transformer steps' kernels by family, with Nsight Compute's bytes (bench/gpu_kernels.py).
-# Each step has a time limit (about 13 minutes in all) and the next one runs whatever it ended
-# with. Run from the repository root:
-#   bash bench/gpu_check.sh [OUT_DIR]        (default out/gpu-check; PYTHON picks the interpreter)
-# The log goes to OUT_DIR/log, the calibration file beside it; advise and verify below read the
+# Each step has a time limit and the next one runs whatever it ended with: the table's steps
+# about 9 minutes in all (6 when last run), the mechanisms' 5, so that each part fits one call
+# of a lent machine. Run from the repository root:
+#   bash bench/gpu_check.sh [OUT_DIR] [table|mechanisms|all]   (default out/gpu-check, all;
+#                                                               PYTHON picks the interpreter)
+# The log goes to OUT_DIR/log-PART, the calibration file beside it; advise and verify read the
 # calibration from the cache ($STRATAGEM_CACHE_DIR, default OUT_DIR/cache).
 set -u
 out=${1:-out/gpu-check}
+part=${2:-all}
 mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export STRATAGEM_CACHE_DIR=${STRATAGEM_CACHE_DIR:-$out/cache}
@@ -26,10 +30,7 @@ run() {
     echo "== exit $? after $((SECONDS - started)) s"
 }
 
-{
-    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-    "$py" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, torch.cuda.get_device_name())'
-    git log -1 --format='commit %h %cd' 2>/dev/null
+table() {
     run 30 "$py" -m stratagem hardware
     run 60 "$py" -m stratagem calibrate
     cp "$STRATAGEM_CACHE_DIR"/calibration/*.json "$out"/ 2>/dev/null
@@ -38,6 +39,9 @@ run() {
     run 60 "$py" -m stratagem verify --model vit-l-16 --global-batch-size 64 --top 1
     run 100 "$py" -m stratagem verify --model resnet-101 --global-batch-size 128 --top 1
     run 80 "$py" bench/trainer_hf.py --accelerator gpu --shape llama-1b --batch 4 --seq-len 1024
+}
+
+mechanisms() {
     run 50 "$py" bench/gpu_phases.py resnet-50:256
     # operators without FLOPs by kind against a copy; the compiled steps' time by kernel family, then
     # each family's bytes as Nsight Compute counts them
@@ -46,4 +50,14 @@ run() {
     run 150 bash -c "ncu --nvtx --nvtx-include measured/ --metrics gpu__time_duration.sum,dram__bytes.sum --csv \
         --page raw $py bench/gpu_kernels.py --ncu gpt2-large:8:1024:compiled > $out/kernels-ncu.csv"
     "$py" bench/gpu_kernels.py --summarize "$out/kernels-ncu.csv"
-} 2>&1 | tee "$out/log"
+}
+
+{
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    "$py" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, torch.cuda.get_device_name())'
+    case $part in
+        table) table ;;
+        mechanisms) mechanisms ;;
+        *) table; mechanisms ;;
+    esac
+} 2>&1 | tee "$out/log-$part"
