@@ -162,3 +162,24 @@ def test_hugging_face_plan_that_splits_the_head_otherwise_keeps_it_whole():
     profile = profile_model(model, (torch.zeros(2, 16, dtype=torch.long),))
     assert [p for p, s in profile.tp_layout if s.startswith("vocab_")] == ["model.embed_tokens"]
     assert "lm_head (the model's own TP plan makes it 'rowwise_split_input')" in " ".join(profile.notes)
+
+
+def test_a_hugging_face_layer_that_fills_a_cache_splits_on_a_copy_of_it():
+    """Through a training step (the Lightning strategy's ``training_step``) a Hugging Face Llama
+    hands each layer the cache it fills; the two-way split runs each time on a copy of the cache as
+    the layer received it (it had run on the filled one, and failed). The compiled trace, which
+    cannot take the cache, leaves it out and says so."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.AutoConfig.for_model("llama", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                               num_key_value_heads=2, intermediate_size=128, vocab_size=256)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    tokens = torch.randint(0, 256, (2, 32))
+
+    def training_step(module: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+        logits = module(input_ids=batch).logits  # use_cache: the config's default, True
+        return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), batch[:, 1:].flatten())
+
+    profile = profile_model(model, (tokens,), step_fn=training_step, batch_size=2, seq_len=32)
+    assert profile.tp_unavailable is None and profile.tp_layout
+    assert [note for note in profile.notes if "DynamicCache left out" in note]
+    assert all(0 < block.compiled_saved_bytes < block.saved_bytes for block in profile.blocks)

@@ -7,7 +7,7 @@ reductions' statistics), while element-wise results (a norm's output, an activat
 weight's cast to 16 bits) are recomputed from them in backward. The eager step saves those too.
 
 The profile traces each kind of block once more the way inductor does (its decompositions, the
-same partitioner, no code generated) on the input the fake step gave it, and counts the storages
+same partitioner, no code generated) on the input the fake step gave it (:mod:`.block_inputs`), and counts the storages
 the partitioned forward saves. On one H100 the peak of compiled plans followed it: GPT-2 large
 26.9 GiB measured, 28.9 predicted from the eager step's activations; ViT-L/16 14.1 against 15.8
 (docs/benchmarks.md, "GPU figures").
@@ -15,7 +15,6 @@ the partitioned forward saves. On one H100 the peak of compiled plans followed i
 
 from __future__ import annotations
 
-import copy
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -26,67 +25,58 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from stratagem.advisor.profile.attention import CudaAttention
 from stratagem.advisor.profile.autocast import CudaAutocast
+from stratagem.advisor.profile.block_inputs import fresh
 from stratagem.advisor.profile.block_reuse import block_signature
 
 if TYPE_CHECKING:
     from stratagem.advisor.profile.counts import RunRecord
-    from stratagem.advisor.profile.measure import CostCounter
 
 
-class FirstCalls:
-    """Forward pre-hooks that keep the first call of each kind of block (its signature): the
-    arguments as they were, objects other than tensors copied before the call can change them
-    (a Hugging Face layer's cache entry), with ``counter``'s counting suppressed meanwhile."""
-
-    def __init__(self, model: nn.Module, blocks: tuple[str, ...], counter: CostCounter) -> None:
-        self._modules = {fqn: model.get_submodule(fqn) for fqn in blocks}
-        self._counter = counter
-        self.calls: dict[str, tuple[tuple, dict]] = {}  # the first block of each kind -> (args, kwargs)
-        self._kinds: set[tuple] = set()
-        self._handles: list = []
-
-    def __enter__(self) -> FirstCalls:
-        for fqn, module in self._modules.items():
-            self._handles.append(module.register_forward_pre_hook(
-                lambda _module, args, kwargs, fqn=fqn: self._record(fqn, args, kwargs), with_kwargs=True))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for handle in self._handles:
-            handle.remove()
-
-    def _record(self, fqn: str, args: tuple, kwargs: dict) -> None:
-        kind = block_signature(self._modules[fqn])
-        if kind in self._kinds:
-            return
-        self._kinds.add(kind)
-        leaves, spec = tree_flatten((args, kwargs))
-        self._counter.suppressed += 1
+def measure_compiled(blocks: dict[str, nn.Module], calls: dict[str, tuple[tuple, dict]],
+                     state: dict[str, torch.Tensor], record: RunRecord, *, autocast_dtype: torch.dtype | None) -> None:
+    """Set ``compiled_saved_bytes`` of every block ``record`` measured: :func:`compiled_saved_bytes`
+    of the first block of each kind (its signature) on its first call (``calls``, by FQN), for all
+    blocks of that kind. A call whose objects the trace cannot take (a Hugging Face cache makes
+    tensors inside the block) is traced again without them, and ``record.compiled_note`` says so;
+    where that fails too, the blocks stay at 0 (priced eager) and the note says why."""
+    by_kind: dict[tuple, int] = {}
+    for fqn, (args, kwargs) in calls.items():
+        kind = block_signature(blocks[fqn])
+        if kind in by_kind or fqn in record.measured_as:
+            continue
+        prefix = f"{fqn}."
+        block_state = {name[len(prefix):]: tensor for name, tensor in state.items() if name.startswith(prefix)}
         try:
-            self.calls[fqn] = tree_unflatten([x if isinstance(x, torch.Tensor) else copy.deepcopy(x) for x in leaves],
-                                             spec)
-        finally:
-            self._counter.suppressed -= 1
+            by_kind[kind] = _traced(blocks[fqn], block_state, (args, kwargs), autocast_dtype, record, fqn)
+        except Exception as err:  # noqa: BLE001  (any model's error: reported, priced as eager)
+            first_line = (str(err).strip().splitlines() or [""])[0]
+            record.compiled_note = (f"compiled plans keep the eager step's activations: tracing {fqn} as "
+                                    f"torch.compile does failed ({type(err).__name__}: {first_line})")
+            return
+    for fqn, module in blocks.items():
+        if fqn not in record.measured_as:  # a block the step never called saves nothing either way
+            record.segments[fqn].compiled_saved_bytes = by_kind.get(block_signature(module), 0)
 
-    def measure(self, state: dict[str, torch.Tensor], record: RunRecord, *,
-                autocast_dtype: torch.dtype | None) -> None:
-        """Set ``compiled_saved_bytes`` of every block ``record`` measured (each kind's first
-        call's :func:`compiled_saved_bytes`, for all blocks of that kind); where tracing fails,
-        leave them at 0 and say why in ``record.compiled_unmeasured``."""
-        by_kind = {}
-        for fqn, (args, kwargs) in self.calls.items():
-            prefix = f"{fqn}."
-            block_state = {name[len(prefix):]: tensor for name, tensor in state.items() if name.startswith(prefix)}
-            try:
-                by_kind[block_signature(self._modules[fqn])] = compiled_saved_bytes(
-                    self._modules[fqn], block_state, args, kwargs, autocast_dtype=autocast_dtype)
-            except Exception as err:  # noqa: BLE001  (any model's error: reported, priced as eager)
-                first_line = (str(err).strip().splitlines() or [""])[0]
-                record.compiled_unmeasured = f"tracing {fqn} as torch.compile does failed ({type(err).__name__}: {first_line})"
-                return
-        for fqn, module in self._modules.items():
-            if fqn not in record.measured_as:  # a block the step never called saves nothing either way
-                record.segments[fqn].compiled_saved_bytes = by_kind.get(block_signature(module), 0)
+
+_PLAIN = (bool, int, float, str, type(None), torch.dtype, torch.device)
+
+
+def _traced(block: nn.Module, state: dict[str, torch.Tensor], call: tuple[tuple, dict],
+            autocast_dtype: torch.dtype | None, record: RunRecord, fqn: str) -> int:
+    """:func:`compiled_saved_bytes` on ``call``; failing that, on ``call`` with its objects other than
+    tensors and plain values left out (None), noted in ``record.compiled_note``."""
+    try:
+        return compiled_saved_bytes(block, state, *fresh(*call), autocast_dtype=autocast_dtype)
+    except Exception:  # noqa: BLE001  (tried again without the objects below)
+        leaves, spec = tree_flatten(call)
+        left_out = sorted({type(x).__name__ for x in leaves if not isinstance(x, (torch.Tensor, *_PLAIN))})
+        if not left_out:
+            raise
+        args, kwargs = tree_unflatten([x if isinstance(x, (torch.Tensor, *_PLAIN)) else None for x in leaves], spec)
+        saved = compiled_saved_bytes(block, state, args, kwargs, autocast_dtype=autocast_dtype)
+        record.compiled_note = (f"compiled activations traced with {fqn}'s {', '.join(left_out)} left out "
+                                "(the trace on fake tensors cannot take it)")
+        return saved
 
 
 def compiled_saved_bytes(block: nn.Module, state: dict[str, torch.Tensor], args: tuple, kwargs: dict, *,

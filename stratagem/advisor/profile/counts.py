@@ -68,4 +68,5 @@ class RunRecord:
     measured_as: dict[str, str] = field(default_factory=dict)  # duplicate block -> representative
     output_bytes: int = 0
     math_attention_calls: int = 0  # SDPA calls run on the math path, as CUDA runs them (profile.attention)
-    compiled_unmeasured: str = ""  # why the blocks' compiled activations were not measured (profile.compiled)
+    block_inputs: dict[str, tuple[tuple, dict]] = field(default_factory=dict)  # each block's first call (block_inputs)
+    compiled_note: str = ""  # what the blocks' compiled activations were not measured with, or why not (profile.compiled)

@@ -118,9 +118,9 @@ def _profile_step(
                                    reuse_identical_blocks=reuse_identical_blocks, kernels=kernels)
         if record.math_attention_calls:
             notes.append(MATH_ATTENTION_NOTE)
-        if record.compiled_unmeasured:
-            notes.append(f"compiled plans keep the eager step's activations: {record.compiled_unmeasured}")
-        tp_layout, tp_unavailable = find_tp_layout(model, structure.container, calls, state)
+        if record.compiled_note:
+            notes.append(record.compiled_note)
+        tp_layout, tp_unavailable = find_tp_layout(model, structure.container, calls, state, record.block_inputs)
         vocab = _vocab_layout(model, vocab_calls, (args, kwargs), state, notes) if tp_layout else ()
     heads, kv_heads = attention_heads(model)
     return ModelProfile(

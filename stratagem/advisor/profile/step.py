@@ -16,7 +16,8 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from stratagem.advisor.profile.attention import CudaAttention, unpacked_sequences
 from stratagem.advisor.profile.autocast import CudaAutocast
 from stratagem.advisor.profile.block_reuse import BlockReuse, tensor_bytes
-from stratagem.advisor.profile.compiled import FirstCalls
+from stratagem.advisor.profile.block_inputs import BlockInputs
+from stratagem.advisor.profile.compiled import measure_compiled
 from stratagem.advisor.profile.counts import RunRecord
 from stratagem.advisor.profile.fused import FusedKernels
 from stratagem.advisor.profile.fusion import FusionTracker
@@ -106,17 +107,19 @@ def run_fake_step(
     attention = CudaAttention()
     # entered last, handled first: CUDA's autocast casts an rms_norm's input before its fused kernel counts it
     on_gpu = (FusedKernels(counter), attention, CudaAutocast()) if kernels == "gpu" else ()
-    first_calls = FirstCalls(model, blocks, counter)
+    inputs = BlockInputs(model, blocks, counter)
     call = _StepCall(model, step)
-    with reuse, _ModelOutput(model, blocks) as output, first_calls, contextlib.ExitStack() as modes:
+    with reuse, _ModelOutput(model, blocks) as output, inputs, contextlib.ExitStack() as modes:
         for mode in (counter, hooks, *on_gpu, unpacked_sequences()):
             modes.enter_context(mode)
         with autocast:
             loss = torch.func.functional_call(call, {f"model.{k}": v for k, v in state.items()}, args, kwargs,
                                               strict=False)
         loss.backward()
+    record.block_inputs = inputs.calls
     if kernels == "gpu":  # torch.compile runs on GPUs only (the search offers it nowhere else)
-        first_calls.measure(state, record, autocast_dtype=autocast_dtype)
+        measure_compiled({fqn: model.get_submodule(fqn) for fqn in blocks}, inputs.calls, state, record,
+                         autocast_dtype=autocast_dtype)
     record.output_bytes = output.bytes()
     record.math_attention_calls = attention.math_calls
     for block, policies in counter.policies.counts.items():

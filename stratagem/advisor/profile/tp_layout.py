@@ -30,6 +30,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
+from stratagem.advisor.profile.block_inputs import fresh
 from stratagem.advisor.profile.measure import quiet_fake_tensor_log
 from stratagem.advisor.profile.vocab_layout import HF_VOCAB_STYLES
 
@@ -46,12 +47,11 @@ class _LinearCall:
 
 
 class LinearCallRecorder:
-    """While active, records each block's first call (its inputs) and its Linears' calls."""
+    """While active, records the calls of each block's Linears."""
 
     def __init__(self, model: nn.Module, blocks: tuple[str, ...]) -> None:
         self._model = model
         self._blocks = blocks
-        self.inputs: dict[str, tuple[tuple, dict]] = {}
         self.calls: dict[str, list[_LinearCall]] = {b: [] for b in blocks}
         self._inputs_seen: list[torch.Tensor] = []  # keeps the ids in ``reads`` unique
         self._handles: list = []
@@ -59,7 +59,6 @@ class LinearCallRecorder:
     def __enter__(self) -> LinearCallRecorder:
         for fqn in self._blocks:
             block = self._model.get_submodule(fqn)
-            self._handles.append(block.register_forward_pre_hook(self._block_hook(fqn), with_kwargs=True))
             for name, sub in block.named_modules():
                 if isinstance(sub, nn.Linear):
                     self._handles.append(sub.register_forward_hook(self._linear_hook(fqn, name)))
@@ -68,11 +67,6 @@ class LinearCallRecorder:
     def __exit__(self, *exc: Any) -> None:
         for handle in self._handles:
             handle.remove()
-
-    def _block_hook(self, fqn: str):
-        def hook(module, args, kwargs):
-            self.inputs.setdefault(fqn, (args, kwargs))
-        return hook
 
     def _linear_hook(self, block: str, name: str):
         def hook(module, args, output):
@@ -110,14 +104,15 @@ def pair_linears(calls: list[_LinearCall]) -> dict[str, str]:
 
 
 def find_tp_layout(model: nn.Module, container: str | None, recorder: LinearCallRecorder,
-                   state: dict[str, torch.Tensor]) -> tuple[Layout, str | None]:
+                   state: dict[str, torch.Tensor], inputs: dict[str, tuple[tuple, dict]]) -> tuple[Layout, str | None]:
     """The model's TP layout (patterns with ``*`` for the block index) and, when there is none,
-    why. Must run inside the fake mode that made ``state`` and the recorded inputs."""
+    why: each block that ran is split on its first call's ``inputs`` (:mod:`.block_inputs`). Must
+    run inside the fake mode that made ``state`` and the recorded inputs."""
     if container is None:
         return (), "the model has no repeated blocks to split"
     kinds: dict[str, dict[str, str]] = {}
     for fqn, calls in recorder.calls.items():
-        if fqn in recorder.inputs and calls:
+        if fqn in inputs and calls:
             kinds[fqn] = pair_linears(calls)
     layouts = {tuple(sorted(styles.items())) for styles in kinds.values()}
     declared = declared_styles(model, container)
@@ -128,7 +123,7 @@ def find_tp_layout(model: nn.Module, container: str | None, recorder: LinearCall
     if len(layouts) > 1:
         return (), "its blocks split differently from one another"
     for fqn, styles in kinds.items():
-        failure = _try_split(model.get_submodule(fqn), fqn, styles, recorder.inputs[fqn], state)
+        failure = _try_split(model.get_submodule(fqn), fqn, styles, inputs[fqn], state)
         if failure:
             return (), f"splitting {fqn} two ways fails ({failure})"
     styles = next(iter(kinds.values()))
@@ -162,14 +157,14 @@ def declared_styles(model: nn.Module, container: str) -> dict[str, str] | None:
 
 def _try_split(block: nn.Module, fqn: str, styles: dict[str, str], inputs: tuple[tuple, dict],
                state: dict[str, torch.Tensor]) -> str | None:
-    """Run ``block`` on fake weights split two ways as ``styles`` says; why it fails, or None."""
+    """Run ``block`` on fake weights split two ways as ``styles`` says, each run on its own copy of
+    the call's objects (:func:`~.block_inputs.fresh`); why it fails, or None."""
     own = {name[len(fqn) + 1:]: t for name, t in state.items() if name.startswith(f"{fqn}.")}
-    args, kwargs = inputs
     try:  # a failing split is an answer here, not an error to log
         split = {name: _halved(name, t, styles) for name, t in own.items()}
         with torch.no_grad(), quiet_fake_tensor_log():
-            whole = torch.func.functional_call(block, own, args, kwargs)
-            halves = torch.func.functional_call(block, split, args, kwargs)
+            whole = torch.func.functional_call(block, own, *fresh(*inputs))
+            halves = torch.func.functional_call(block, split, *fresh(*inputs))
     except Exception as err:  # noqa: BLE001 — any failure means the split is unsafe
         return f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"
     shapes = [tuple(t.shape) for t in tree_flatten(whole)[0] if isinstance(t, torch.Tensor)]
