@@ -2,11 +2,12 @@
 tensor-parallel layout search splits it on them (:mod:`.tp_layout`), the compiled measurement
 traces it on them (:mod:`.compiled`).
 
-Objects other than tensors are copied as the call receives them, before the block changes them
-(where they can be: the first block's cache is still empty):
-a Hugging Face layer adds its keys and values to the cache it is handed, and run again on that
-cache would attend over its own keys twice (splitting a Llama's layer two ways for tensor
-parallelism failed so, under the Lightning strategy's ``training_step``).
+Objects other than tensors are copied as the call receives them, before the block changes them,
+and each run on a kept call gets a copy of its own: a Hugging Face layer adds its keys and values
+to the cache it is handed, and run again on that cache attends over its own keys twice (splitting
+a Llama's layer two ways for tensor parallelism failed so, under the Lightning strategy's
+``training_step``). An object that cannot be copied (a cache that earlier blocks filled with
+tensors autograd computed) is kept as it is.
 """
 
 from __future__ import annotations

@@ -7,10 +7,10 @@ reductions' statistics), while element-wise results (a norm's output, an activat
 weight's cast to 16 bits) are recomputed from them in backward. The eager step saves those too.
 
 The profile traces each kind of block once more the way inductor does (its decompositions, the
-same partitioner, no code generated) on the input the fake step gave it (:mod:`.block_inputs`), and counts the storages
-the partitioned forward saves. On one H100 the peak of compiled plans followed it: GPT-2 large
-26.9 GiB measured, 28.9 predicted from the eager step's activations; ViT-L/16 14.1 against 15.8
-(docs/benchmarks.md, "GPU figures").
+same partitioner, no code generated) on the input the fake step gave it (:mod:`.block_inputs`),
+and counts the storages the partitioned forward saves. On one H100 the peaks of compiled plans
+followed it: GPT-2 large 26.9 GiB measured, 28.9 predicted from the eager step's activations and
+26.8 from the compiled ones; ViT-L/16 14.1, 15.8 and 14.0 (docs/benchmarks.md, "GPU figures").
 """
 
 from __future__ import annotations
