@@ -111,13 +111,21 @@ def test_a_plain_group_names_a_lost_rank_0_while_its_store_lives_on(tmp_path: Pa
         assert f"after a collective of rank {rank} failed" in error and "The job cannot continue" in error
 
 
+def _mark_killed(out: Path) -> None:
+    """Write the kill's time to ``out/killed`` whole at once (renamed into place): the test polls
+    for the file and reads it as soon as it exists, which a file still being written fails."""
+    partial = out / "killed.partial"
+    partial.write_text(str(time.time()))
+    partial.replace(out / "killed")
+
+
 def _all_reduce_until_lost(rank: int, port: int, out: Path) -> None:
     join_group("gloo", ("127.0.0.1", port), rank=rank, world_size=3, timeout=TIMEOUT)
     try:
         with naming_lost_peers():
             for step in itertools.count():
                 if rank == 0 and step == 20:
-                    (out / "killed").write_text(str(time.time()))
+                    _mark_killed(out)
                     os.kill(os.getpid(), signal.SIGKILL)
                 dist.all_reduce(torch.ones(8))
     except PeerLost as err:
@@ -139,7 +147,7 @@ def _kill_at(out: Path, victim: int) -> Any:
 
         def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
             if trainer.global_rank == victim and trainer.global_step == KILL_AFTER:
-                (out / "killed").write_text(str(time.time()))
+                _mark_killed(out)
                 os.kill(os.getpid(), signal.SIGKILL)
 
     return KillAt()
