@@ -11,32 +11,13 @@ On CPU it runs too, at 8 images, for checking the script.
 
 from __future__ import annotations
 
-import statistics
-import time
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from timing import median_seconds, sync
 
 SHAPES = ((64, 112, 112), (256, 56, 56), (512, 28, 28), (1024, 14, 14), (2048, 7, 7))  # ResNet-50's
 PASSES = 8  # input-sized tensors streamed by forward (3) and backward (5)
-
-
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def median_seconds(fn: Callable[[], object], repeats: int = 10) -> float:
-    fn()
-    sync()
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
 
 
 def run_case(shape: tuple[int, ...], dtype: torch.dtype, channels_last: bool, device: torch.device) -> None:

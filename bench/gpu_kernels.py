@@ -32,6 +32,7 @@ from collections.abc import Callable
 import torch
 
 from stratagem.advisor.profile.structure import find_blocks
+from timing import sync  # bench/timing.py
 from stratagem.models import get_preset
 from stratagem.plan import Plan
 from stratagem.plugins import apply_compile
@@ -51,11 +52,6 @@ def family(kernel: str) -> str:
     """The family of a kernel by its name."""
     name = kernel.lower()
     return next((label for label, marks in FAMILIES if any(mark in name for mark in marks)), "other")
-
-
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
 
 def build_step(spec: str, device: torch.device) -> tuple[Callable[[], None], float]:

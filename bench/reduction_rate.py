@@ -13,31 +13,13 @@ ran at the copy's rate on an H200, GPT-2's and ViT's, which have biases and Laye
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from timing import median_seconds
 
 WIDTHS = (768, 1024, 3072, 4096)
-
-
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def median_seconds(fn: Callable[[], object], repeats: int = 10) -> float:
-    fn()
-    sync()
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
 
 
 def cases(x: torch.Tensor) -> dict[str, tuple[Callable[[], object], int]]:

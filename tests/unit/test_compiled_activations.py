@@ -16,6 +16,7 @@ from stratagem.advisor.profile.cache import profile_spec
 from stratagem.advisor.profile.profiler import profile_model
 from stratagem.models import get_preset
 from stratagem.plan import Plan, Workload
+from test_compile_plugin import Blocks  # pytest puts this folder on sys.path
 
 
 def _saved_by_torch_compile(block: nn.Module, x: torch.Tensor) -> int:
@@ -113,24 +114,13 @@ def test_a_block_the_trace_cannot_take_is_priced_eager_and_the_profile_says_so()
     assert all(b.compiled_saved_bytes == 0 for b in profile.blocks)
 
 
-class _Mlp(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(16, 16), nn.GELU(), nn.Linear(16, 16)) for _ in range(2))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = x + layer(x)
-        return x
-
-
 @pytest.mark.parametrize("batch", [2, 3])
 def test_activations_shaped_like_a_weight_are_activations(batch):
     """Autocast's copies of the weights are told apart by what they are computed from, not by
-    their shape: at 2 × 8 tokens of width 16 the Linears' 16-bit inputs are shaped like their
-    weights, and count as activations all the same (in proportion to the tokens)."""
+    their shape: at 2 × 8 tokens the second Linear's 16-bit input, [16, 32], is shaped like its
+    weight, and counts as an activation all the same (in proportion to the tokens)."""
     def per_token(tokens_per_sample: int) -> float:
-        profile = profile_model(_Mlp(), (torch.randn(batch, tokens_per_sample, 16),), precision="bf16-mixed")
+        profile = profile_model(Blocks(), (torch.randn(batch, tokens_per_sample, 16),), precision="bf16-mixed")
         return profile.blocks[0].compiled_saved_bytes / (batch * tokens_per_sample)
 
     assert per_token(8) == per_token(7) > 0
