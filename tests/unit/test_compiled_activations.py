@@ -72,8 +72,9 @@ def test_cpu_profiles_measure_no_compiled_activations():
     assert all(b.compiled_saved_bytes == 0 for b in profile_spec("llama-tiny", seq_len=64, kernels="cpu").blocks)
 
 
-def test_hugging_face_layers_are_traced_with_their_cache_and_masks(tmp_path):
-    """A Qwen2's decoder layers take position embeddings, a mask and the cache as they run."""
+def test_hugging_face_layers_are_traced_on_their_own_arguments(tmp_path):
+    """A Qwen2's decoder layers are traced on what they take as they run (position embeddings,
+    position ids); a cache they fill is left out (tests/unit/test_tp_layout.py)."""
     pytest.importorskip("transformers")
     config = {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
               "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 512, "max_position_embeddings": 64}
