@@ -230,7 +230,8 @@ def verification_table(results: list[Verified], *, cluster: Cluster) -> Table:
 
 
 def _caption(results: list[Verified]) -> list[str]:
-    """What the spread covers, and the first-time sharding decisions left out of the steps."""
+    """What the spread covers, compiled plans whose blocks broke into pieces, and the first-time
+    sharding decisions left out of the steps."""
     from stratagem.units import format_seconds
 
     ran = [r.measured for r in results if r.measured is not None]
@@ -240,6 +241,12 @@ def _caption(results: list[Verified]) -> list[str]:
         over = f"{ran[0].steps} steps" + (f" × {runs} runs" if runs > 1 else "")
         lines.append(f"spread: (slowest − fastest step) / median step, over {over} per plan; a step error "
                      "smaller than it may be noise")
+    for result in results:
+        if result.measured is not None and result.measured.graph_breaks:
+            lines.append(f"{result.plan.name}: torch.compile broke its blocks into pieces "
+                         f"({result.measured.graph_breaks} graph breaks; the first: "
+                         f"{result.measured.graph_break.splitlines()[0] if result.measured.graph_break else '?'}): "
+                         "the advisor predicts whole compiled blocks")
     sharding = max((m.sharding_seconds for m in ran), default=0.0)
     if sharding > 0:
         lines.append(f"measured steps leave out DTensor's first sharding decisions for new shapes (up to "

@@ -59,7 +59,10 @@ class Measured:
     CUDA only; ``sharding_seconds``: the first-time sharding decisions' seconds per step (median,
     the largest over ranks) that ``step_seconds`` leaves out. ``step_times``: each measured step's
     seconds on its slowest rank, sharding left out, over every one of ``repeats`` runs
-    (:meth:`pooled`): their range is the noise beside the median."""
+    (:meth:`pooled`): their range is the noise beside the median. ``graph_breaks``: for a plan
+    that compiles its blocks, the graph breaks torch.compile met in them on the busiest rank (each
+    splits a block into graphs compiled apart, which the advisor does not predict), and the first
+    one's reason."""
 
     step_seconds: float
     peak_bytes: int
@@ -68,6 +71,8 @@ class Measured:
     sharding_seconds: float = 0.0
     step_times: tuple[float, ...] = ()
     repeats: int = 1
+    graph_breaks: int = 0
+    graph_break: str = ""
 
     @property
     def fastest(self) -> float:
@@ -102,7 +107,8 @@ class Measured:
                    peak_bytes=max(run.peak_bytes for run in runs), reserved_bytes=max(reserved, default=None),
                    steps=runs[0].steps, sharding_seconds=max(run.sharding_seconds for run in runs),
                    step_times=tuple(t for run in runs for t in run.step_times),
-                   repeats=sum(run.repeats for run in runs))
+                   repeats=sum(run.repeats for run in runs), graph_breaks=max(run.graph_breaks for run in runs),
+                   graph_break=next((run.graph_break for run in runs if run.graph_break), ""))
 
 
 def measure_plan(model: RealModel, plan: Plan, *, optimizer: str, steps: int, warmup: int,
@@ -150,10 +156,20 @@ def measure_plan(model: RealModel, plan: Plan, *, optimizer: str, steps: int, wa
     reserved = int(across_ranks(torch.cuda.max_memory_reserved(device))) if device.type == "cuda" else None
     train_step("warm-up", warm + 1, warm + 1)  # one more warm-up step, malloc's policy back
     timed = [train_step("measured", index, steps) for index in range(1, steps + 1)]
+    breaks, reason = _graph_breaks() if plan.compile else (0, "")
     return Measured(step_seconds=across_ranks(statistics.median(total - sharding for total, sharding in timed)),
                     peak_bytes=int(peak), reserved_bytes=reserved, steps=steps,
                     sharding_seconds=across_ranks(statistics.median(sharding for _, sharding in timed)),
-                    step_times=_slowest_per_step([total - sharding for total, sharding in timed], device))
+                    step_times=_slowest_per_step([total - sharding for total, sharding in timed], device),
+                    graph_breaks=int(across_ranks(breaks)), graph_break=reason)
+
+
+def _graph_breaks() -> tuple[int, str]:
+    """The graph breaks torch.compile met in this process, and the first one's reason."""
+    from torch._dynamo.utils import counters
+
+    breaks = counters["graph_break"]
+    return sum(breaks.values()), next(iter(breaks), "")
 
 
 def _slowest_per_step(seconds: list[float], device: torch.device) -> tuple[float, ...]:

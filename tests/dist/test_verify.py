@@ -197,3 +197,41 @@ def _estimate(plan: Plan) -> Estimate:
     profile = profile_spec("llama-tiny", seq_len=16, precision="fp32")
     workload = Workload(global_batch_size=plan.global_batch_size, seq_len=16, precision="fp32")
     return evaluate(profile, parse_cluster("2xcpu"), workload, plan)
+
+
+class _Breaking(torch.nn.Module):
+    """A block whose forward torch.compile cannot take in one graph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.first(x)
+        torch._dynamo.graph_break()
+        return self.second(x)
+
+
+class _BreakingStack(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList([_Breaking(), _Breaking()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def graph_breaking(batch_size: int = 2):
+    """A factory (``test_verify:graph_breaking``): the stack and its example input."""
+    return _BreakingStack(), (torch.randn(batch_size, 8),)
+
+
+def test_a_compiled_plan_reports_the_graph_breaks_in_its_blocks() -> None:
+    """No silent fallback: blocks torch.compile splits into graphs are counted on the ranks and
+    reported, with the first reason."""
+    measured = verify_plan("test_verify:graph_breaking", Plan(micro_batch_size=2, precision="fp32", compile=True,
+                                                              block_container="layers"),
+                           seq_len=None, optimizer="adamw", steps=1, timeout=240)
+    assert measured.graph_breaks >= 2 and "graph_break" in measured.graph_break

@@ -71,3 +71,11 @@ def test_the_winner_is_the_fastest_median_and_overlapping_ranges_are_called_too_
     assert "ranked it #2" in line and f"overlaps {results[0].plan.name}'s" in line
     clear = _verified(_measured(0.50, 0.52, 0.53), _measured(0.30, 0.31, 0.32))
     assert "overlaps" not in winner_line(clear, measured_winner(clear))
+
+
+def test_a_compiled_plan_whose_blocks_broke_into_pieces_is_said():
+    text = _rendered(Measured(step_seconds=0.5, peak_bytes=2**20, reserved_bytes=None, steps=3, graph_breaks=4,
+                              graph_break="Call to `torch._dynamo.graph_break()`"))
+    assert "broke its blocks into pieces (4 graph breaks; the first: Call to `torch._dynamo.graph_break()`)" in text
+    assert "whole compiled blocks" in _rendered(Measured(step_seconds=0.5, peak_bytes=2**20, reserved_bytes=None,
+                                                         steps=3, graph_breaks=1))
