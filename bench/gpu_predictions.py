@@ -1,10 +1,10 @@
-"""The advisor's predictions, uncalibrated (catalog figures), for the GPU runs measured so far.
+"""The advisor's predictions for the GPU runs measured so far: uncalibrated (catalog figures), and
+calibrated where the run's machine left its calibration file in ``bench/calibrations/``.
 
 Each case is a plan someone ran on a GPU, with what they measured: step time and peak memory
 (CUDA's max allocated). This script only predicts, on the CPU, so the table can be rebuilt after
 every change to the cost model; the measurements stay as they were recorded (card, software and
-date in ``SOURCE``). A calibrated prediction needs that machine's calibration file and goes
-through ``stratagem verify`` there.
+date in ``SOURCE``), as do the calibrations (``stratagem calibrate`` on that machine).
 
     .venv/bin/python bench/gpu_predictions.py
 """
@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
+from stratagem.advisor.calibrate.calibration import Calibration
 from stratagem.advisor.cost.evaluate import evaluate
 from stratagem.advisor.hardware import parse_cluster
 from stratagem.advisor.profile.cache import profile_spec
@@ -81,6 +82,9 @@ TinyLlama-shaped run of the H100b set is left out: dynamo left 14 of its 22 comp
 
 CLUSTERS = {"H100": "1xH100-SXM-80GB", "H200": "1xH200", "H100b": "1xH100-SXM-80GB"}
 
+CALIBRATIONS = {"H100b": Path(__file__).parent / "calibrations" / "h100-sxm5-80gb-2026-11-26.json"}
+"""The calibration file the card's machine wrote before its runs (``bench/gpu_check.sh``)."""
+
 HF_CONFIGS = {"qwen2-0.5b-shape": {
     "model_type": "qwen2", "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
     "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 151936, "max_position_embeddings": 4096,
@@ -98,9 +102,12 @@ def model_spec(name: str, folder: Path) -> str:
     return f"hf:{path}"
 
 
-def predict(case: Case, folder: Path) -> tuple[float, float, str]:
-    """Predicted step seconds, peak bytes and the plan's name, uncalibrated."""
+def predict(case: Case, folder: Path, *, calibrated: bool = False) -> tuple[float, float, str]:
+    """Predicted step seconds, peak bytes and the plan's name: from catalog figures, or with the
+    card's calibration applied (``calibrated``)."""
     cluster = parse_cluster(CLUSTERS[case.card])
+    if calibrated:
+        cluster = Calibration.load(CALIBRATIONS[case.card]).apply(cluster)
     workload = Workload(global_batch_size=case.batch, seq_len=case.seq_len, precision=case.precision)
     profile = profile_spec(model_spec(case.model, folder), seq_len=case.seq_len, precision=case.precision)
     given = read_plan(json.dumps(case.plan), label="A", source="bench")
@@ -108,21 +115,29 @@ def predict(case: Case, folder: Path) -> tuple[float, float, str]:
     return estimate.time.step_seconds, estimate.memory.total, estimate.plan.name
 
 
+def _error(predicted: float, measured: float) -> str:
+    return f"{predicted / measured - 1:+6.0%}" if measured == measured else "     -"
+
+
 def main() -> None:
     started = time.perf_counter()
     print(f"{'card':<5} {'model':<16} {'plan':<36} {'step pred.':>10} {'measured':>9} {'error':>6}  "
-          f"{'memory pred.':>12} {'measured':>9} {'error':>6}")
+          f"{'memory pred.':>12} {'measured':>9} {'error':>6}  {'calibrated: step':>16} {'memory':>6}")
     folder = Path(tempfile.mkdtemp())
     for case in CASES:
         seconds, peak, name = predict(case, folder)
-        memory_error = f"{peak / (case.peak_gib * GIB) - 1:+6.0%}" if case.peak_gib == case.peak_gib else "     -"
         measured_peak = f"{case.peak_gib:.1f} GiB" if case.peak_gib == case.peak_gib else "-"
-        print(f"{case.card:<5} {case.model.removeprefix('hf:bench/configs/'):<16} {name:<36} {format_seconds(seconds):>10} "
-              f"{format_seconds(case.seconds):>9} {seconds / case.seconds - 1:+6.0%}  "
-              f"{format_bytes(peak):>12} {measured_peak:>9} {memory_error}")
+        calibrated = ""
+        if case.card in CALIBRATIONS:
+            step, memory, _ = predict(case, folder, calibrated=True)
+            calibrated = f"  {_error(step, case.seconds):>16} {_error(memory, case.peak_gib * GIB):>6}"
+        print(f"{case.card:<5} {case.model.removeprefix('hf:bench/configs/'):<16} {name:<36} "
+              f"{format_seconds(seconds):>10} {format_seconds(case.seconds):>9} {_error(seconds, case.seconds)}  "
+              f"{format_bytes(peak):>12} {measured_peak:>9} {_error(peak, case.peak_gib * GIB)}{calibrated}")
     for card, source in SOURCE.items():
         print(f"{card}: {source}")
-    print(f"uncalibrated: catalog figures and the GEMM shape model; {time.perf_counter() - started:.0f} s")
+    print(f"uncalibrated: catalog figures and the GEMM shape model; calibrated: the card's stored "
+          f"calibration; {time.perf_counter() - started:.0f} s")
 
 
 if __name__ == "__main__":
