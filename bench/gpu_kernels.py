@@ -9,15 +9,15 @@ they would count their kernels twice).
 
     python bench/gpu_kernels.py PRESET:MICRO_BATCH[:SEQ_LEN][:compiled] ...
 
+e.g. ``gpt2-large:8:1024:compiled vit-l-16:64::compiled resnet-101:128::compiled``. On CPU it runs
+too (tiny presets, eager), for checking the script; the figures that matter are a GPU's.
+
 With Nsight Compute, the bytes each family moves to and from device memory, and at what rate
 (one step, each kernel replayed; minutes for a step of a few thousand kernels):
 
     ncu --nvtx --nvtx-include measured/ --metrics gpu__time_duration.sum,dram__bytes.sum --csv \
         --page raw python bench/gpu_kernels.py --ncu gpt2-large:8:1024:compiled > kernels.csv
     python bench/gpu_kernels.py --summarize kernels.csv
-
-e.g. ``gpt2-large:8:1024:compiled vit-l-16:64::compiled resnet-101:128::compiled``. On CPU it runs
-too (tiny presets, eager), for checking the script; the figures that matter are a GPU's.
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from collections.abc import Callable
 import torch
 
 from stratagem.advisor.profile.structure import find_blocks
-from timing import sync  # bench/timing.py
 from stratagem.models import get_preset
 from stratagem.plan import Plan
 from stratagem.plugins import apply_compile
+from timing import sync  # bench/timing.py
 
 FAMILIES = (  # the first family whose marks a kernel's name holds (lower case) takes it
     ("attention", ("flash", "fmha", "attention", "efficient")),
