@@ -30,14 +30,15 @@ def cases(x: torch.Tensor) -> dict[str, tuple[Callable[[], object], int]]:
     leaf = x.detach().requires_grad_(True)
     grad = torch.randn_like(x)
 
+    # torch.autograd.grad, not backward: nothing accumulates into .grad between calls
     def layer_norm() -> None:
-        F.layer_norm(leaf, (width,), weight, bias).backward(grad)
+        torch.autograd.grad(F.layer_norm(leaf, (width,), weight, bias), (leaf, weight, bias), grad)
 
     def rms_norm() -> None:
-        F.rms_norm(leaf, (width,), weight).backward(grad)
+        torch.autograd.grad(F.rms_norm(leaf, (width,), weight), (leaf, weight), grad)
 
     def gelu() -> None:
-        F.gelu(leaf, approximate="tanh").backward(grad)
+        torch.autograd.grad(F.gelu(leaf, approximate="tanh"), leaf, grad)
 
     return {
         "copy": (lambda: x.clone(), 2),
