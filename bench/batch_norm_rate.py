@@ -34,8 +34,8 @@ def run_case(shape: tuple[int, ...], dtype: torch.dtype, channels_last: bool, de
     def forward() -> torch.Tensor:
         return F.batch_norm(x, mean, var, weight, bias, training=True)
 
-    def both() -> None:
-        forward().backward(grad)
+    def both() -> None:  # autograd.grad, not backward: nothing accumulates into .grad between calls
+        torch.autograd.grad(forward(), (x, weight, bias), grad)
 
     forward_s, both_s = median_seconds(forward), median_seconds(both)
     activities = [torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else \
