@@ -6,9 +6,10 @@
 # Trainer(strategy="auto-parallel"). On one GPU each verify's top 2 are the compiled plan and the
 # offloaded one. Then the mechanisms: where a ResNet-50 step spends its device time
 # (bench/gpu_phases.py), operators without FLOPs by kind against a copy (bench/reduction_rate.py),
+# the attention core's rate by sequence, head width and causality (bench/attention_rate.py),
 # the compiled transformer steps' kernels by family, with Nsight Compute's bytes (bench/gpu_kernels.py).
 # Each step has a time limit and the next one runs whatever it ended with: the table's steps
-# about 9 minutes in all (6 when last run), the mechanisms' 5, so that each part fits one call
+# about 9 minutes in all (6 when last run), the mechanisms' 6, so that each part fits one call
 # of a lent machine. Run from the repository root:
 #   bash bench/gpu_check.sh [OUT_DIR] [table|mechanisms|all]   (default out/gpu-check, all;
 #                                                               PYTHON picks the interpreter)
@@ -46,6 +47,7 @@ mechanisms() {
     # operators without FLOPs by kind against a copy; the compiled steps' time by kernel family, then
     # each family's bytes as Nsight Compute counts them
     run 40 "$py" bench/reduction_rate.py
+    run 40 "$py" bench/attention_rate.py
     run 70 "$py" bench/gpu_kernels.py gpt2-large:8:1024:compiled vit-l-16:64::compiled
     run 150 bash -c "ncu --nvtx --nvtx-include measured/ --metrics gpu__time_duration.sum,dram__bytes.sum --csv \
         --page raw $py bench/gpu_kernels.py --ncu gpt2-large:8:1024:compiled > $out/kernels-ncu.csv"
