@@ -125,3 +125,40 @@ def test_activations_shaped_like_a_weight_are_activations(batch):
         return profile.blocks[0].compiled_saved_bytes / (batch * tokens_per_sample)
 
     assert per_token(8) == per_token(7) > 0
+
+
+class _Handle:
+    """An object deepcopy refuses (it holds a lock)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.lock = threading.Lock()
+
+
+class _TakesHandle(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, handle: _Handle) -> torch.Tensor:
+        return self.linear(x) if handle.lock is not None else x
+
+
+class _WithHandle(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(_TakesHandle() for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        handle = _Handle()
+        for layer in self.layers:
+            x = layer(x, handle=handle)
+        return x
+
+
+def test_blocks_called_with_objects_that_cannot_be_copied_still_profile():
+    """The profile keeps each block's call to run it again; an object deepcopy refuses is kept as
+    it is, and the blocks are measured compiled all the same."""
+    profile = profile_model(_WithHandle(), (torch.randn(4, 8),), precision="fp32")
+    assert all(block.compiled_saved_bytes > 0 for block in profile.blocks)

@@ -62,8 +62,9 @@ def fresh(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
 
 def _snapshot(value: object) -> object:
     """A copy of ``value``; itself where it cannot be copied (an object holding tensors autograd
-    computed: a cache the earlier blocks filled, which a block that ran before is not run on)."""
+    computed, such as a cache the earlier blocks filled, or anything deepcopy refuses: a lock, a
+    stream, a generator)."""
     try:
         return copy.deepcopy(value)
-    except RuntimeError:
+    except Exception:  # noqa: BLE001  (whatever an object's copying raises, the call keeps the object)
         return value
