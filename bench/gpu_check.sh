@@ -48,7 +48,7 @@ mechanisms() {
     # each family's bytes as Nsight Compute counts them
     run 40 "$py" bench/reduction_rate.py
     run 40 "$py" bench/attention_rate.py
-    run 70 "$py" bench/gpu_kernels.py gpt2-large:8:1024:compiled vit-l-16:64::compiled
+    run 110 "$py" bench/gpu_kernels.py gpt2-large:8:1024:compiled vit-l-16:64::compiled resnet-50:256::whole
     run 150 bash -c "ncu --nvtx --nvtx-include measured/ --metrics gpu__time_duration.sum,dram__bytes.sum --csv \
         --page raw $py bench/gpu_kernels.py --ncu gpt2-large:8:1024:compiled > $out/kernels-ncu.csv"
     "$py" bench/gpu_kernels.py --summarize "$out/kernels-ncu.csv"

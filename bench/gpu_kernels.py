@@ -1,15 +1,15 @@
 """Where one training step's device time goes, by kernel family, for a preset trained as
-``stratagem verify`` trains a single-device plan (bf16 autocast, AdamW), eager or with each block
-compiled by the plugin: GEMMs (cuBLAS, CUTLASS), attention (flash and memory-efficient), cuDNN's
+``stratagem verify`` trains a single-device plan (bf16 autocast, AdamW), eager, with each block
+compiled by the plugin (``compiled``) or compiled whole, one graph (``whole``): GEMMs (cuBLAS, CUTLASS), attention (flash and memory-efficient), cuDNN's
 convolutions and their layout transforms, batch norm, Triton (what compilation fused), the
 optimizer's multi-tensor kernels and everything else, each with its time and kernel count, and
 the largest kernels by name. It prints the median step beside the device time, so the time
 between kernels shows (the profiler's own ranges, such as the optimizer's step, are left out:
 they would count their kernels twice).
 
-    python bench/gpu_kernels.py PRESET:MICRO_BATCH[:SEQ_LEN][:compiled] ...
+    python bench/gpu_kernels.py PRESET:MICRO_BATCH[:SEQ_LEN][:compiled|:whole] ...
 
-e.g. ``gpt2-large:8:1024:compiled vit-l-16:64::compiled resnet-101:128::compiled``. On CPU it runs
+e.g. ``gpt2-large:8:1024:compiled vit-l-16:64::compiled resnet-101:128::compiled resnet-50:256::whole``. On CPU it runs
 too (tiny presets, eager), for checking the script; the figures that matter are a GPU's.
 
 With Nsight Compute, the bytes each family moves to and from device memory, and at what rate
@@ -55,7 +55,7 @@ def family(kernel: str) -> str:
 
 
 def build_step(spec: str, device: torch.device) -> tuple[Callable[[], None], float]:
-    """One training step of ``spec`` (``PRESET:MICRO_BATCH[:SEQ_LEN][:compiled]``) and the seconds
+    """One training step of ``spec`` (``PRESET:MICRO_BATCH[:SEQ_LEN][:compiled|:whole]``) and the seconds
     its first run took (compilation included), after two more warm-up steps."""
     name, micro, seq, mode = (spec.split(":") + ["", "", ""])[:4]
     preset = get_preset(name)
@@ -67,6 +67,8 @@ def build_step(spec: str, device: torch.device) -> tuple[Callable[[], None], flo
         model = preset.build()
     if mode == "compiled":
         apply_compile(model, Plan(compile=True, block_container=find_blocks(model).container))
+    elif mode == "whole":
+        model = torch.compile(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def step() -> None:

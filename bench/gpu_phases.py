@@ -28,6 +28,7 @@ from stratagem.plan import Plan, Workload
 from stratagem.advisor.profile.cache import profile_spec
 from stratagem.advisor.cost.rank_step import rank_step
 from stratagem.models import get_preset
+from timing import median_seconds, sync  # bench/timing.py
 
 KINDS = {
     "attention": ("attention", "flash", "efficient"),
@@ -45,11 +46,6 @@ def kind_of(operator: str) -> str:
         if any(mark in operator for mark in marks):
             return kind
     return "other"
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def run_case(spec: str, device: torch.device, *, steps: int = 3) -> None:
@@ -78,16 +74,16 @@ def run_case(spec: str, device: torch.device, *, steps: int = 3) -> None:
 
     def step(record: bool) -> None:
         for _ in range(grad_accum):
-            sync(device)
+            sync()
             phase_peak("optimizer")  # what came before this forward
             start = time.perf_counter()
             with torch.autocast(device.type, dtype=dtype):
                 loss = preset.loss(model(*inputs), targets) / grad_accum
-            sync(device)
+            sync()
             middle = time.perf_counter()
             phase_peak("forward")
             loss.backward()
-            sync(device)
+            sync()
             phase_peak("backward")
             if record:
                 phases["forward"].append(middle - start)
@@ -95,7 +91,7 @@ def run_case(spec: str, device: torch.device, *, steps: int = 3) -> None:
         start = time.perf_counter()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        sync(device)
+        sync()
         if record:
             phases["optimizer"].append(time.perf_counter() - start)
 
@@ -154,15 +150,7 @@ def gemm_alignment(device: torch.device) -> None:
         rates = []
         for label, fn in (("forward", lambda: a @ b), ("grad input", lambda: grad @ b.T),
                           ("grad weight", lambda: a.T @ grad)):
-            fn()
-            sync(device)
-            times = []
-            for _ in range(5):
-                start = time.perf_counter()
-                fn()
-                sync(device)
-                times.append(time.perf_counter() - start)
-            rates.append(f"{label} {2 * rows * 768 * width / statistics.median(times) / 1e12:.3g}")
+            rates.append(f"{label} {2 * rows * 768 * width / median_seconds(fn, repeats=5) / 1e12:.3g}")
         print(f"  GEMM {rows}x768x{width} TFLOP/s: " + ", ".join(rates))
 
 

@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import stratagem.integrations.lightning  # noqa: F401  (registers strategy="auto-parallel")
 from stratagem.units import format_bytes, format_seconds
+from timing import sync  # bench/timing.py
 
 QWEN2_0_5B = {"model_type": "qwen2", "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
               "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 151936,
@@ -63,17 +64,12 @@ class CausalLM(pl.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=1e-4)
 
     def on_train_batch_start(self, batch: object, batch_idx: int) -> None:
-        _synchronize()
+        sync()
         self._started = time.perf_counter()
 
     def on_train_batch_end(self, outputs: object, batch: object, batch_idx: int) -> None:
-        _synchronize()
+        sync()
         self.times.append(time.perf_counter() - self._started)
-
-
-def _synchronize() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
 
 def main() -> None:

@@ -198,9 +198,10 @@ def _data_parallel_step(built: Built, plan: Plan, mesh: Any, batch: Batch,
     parallel = apply_plan(built.module, plan, mesh)
     materialize(built.module, device)
 
+    # DDP reduces only the last accumulation step's backward, as Lightning's does (FSDP reduces each)
+    ddp = isinstance(parallel, DistributedDataParallel)
+
     def run(last: bool) -> None:
-        # DDP reduces only the last accumulation step's backward, as Lightning's does (FSDP reduces each)
-        ddp = isinstance(parallel, DistributedDataParallel)
         with parallel.no_sync() if ddp and not last else contextlib.nullcontext():
             with autocast_context(plan, device.type):
                 loss = built.loss(parallel(*batch.args, **batch.kwargs), batch.targets) / plan.grad_accum

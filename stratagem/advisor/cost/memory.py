@@ -184,8 +184,13 @@ def estimate_buffers(view: RankView, params: float) -> float:
             return params * prec.compute_bytes
         return (view.outside_per_tp_rank("num_params") + 2 * view.stage.largest_block_params / plan.tp) * prec.compute_bytes
     copies = view.per_tp_rank("saved_param_copy_bytes") if prec.autocast else 0.0
-    buckets = params * prec.param_bytes if plan.dp > 1 else 0.0
-    return buckets + copies
+    return ddp_bucket_bytes(plan, params) + copies
+
+
+def ddp_bucket_bytes(plan: Plan, params: float) -> float:
+    """DDP's gradient buckets: a copy of every gradient, in the parameter dtype, for the module's
+    life (``gradient_as_bucket_view=False``); none without data parallelism or under FSDP."""
+    return params * get_precision(plan.precision).param_bytes if plan.dp > 1 and not plan.uses_fsdp else 0.0
 
 
 class RankStates(NamedTuple):
@@ -234,8 +239,13 @@ def estimate_step_bytes(plan: Plan, params: float, layout: StateLayout, *, forea
     temporaries = 0.0
     if foreach and not plan.offloads:
         temporaries = layout.step_temporaries * params / (plan.dp_shard if plan.shards_optimizer else 1)
-    buckets = params * get_precision(plan.precision).param_bytes if plan.dp > 1 and not plan.uses_fsdp else 0.0
-    return temporaries, buckets
+    return temporaries, ddp_bucket_bytes(plan, params)
+
+
+def runs_foreach(profile: ModelProfile) -> bool:
+    """Whether the optimizer steps on torch.optim's ``foreach`` path: its default on GPUs, so for a
+    GPU's profile; CPU ranks step one tensor at a time."""
+    return profile.kernels == "gpu"
 
 
 def estimate_embedding_gradient(view: RankView, layout: StateLayout) -> float:
@@ -281,15 +291,14 @@ def framework_bytes(cluster: Cluster) -> float:
 def estimate_rank_memory(profile: ModelProfile, plan: Plan, layout: StateLayout, *, rank: int,
                          framework: float = 0.0) -> MemoryBreakdown:
     """Peak bytes of pipeline rank ``rank``, term by term (``framework``: :func:`framework_bytes`)."""
-    profile = profile.computed_by(plan)
-    view = rank_view(profile, plan, rank)
-    return _with_activations(_model_states(view, layout, foreach=profile.kernels == "gpu"), rank_activations(view),
+    view = rank_view(profile.computed_by(plan), plan, rank)
+    return _with_activations(_model_states(view, layout, foreach=runs_foreach(profile)), rank_activations(view),
                              framework, not gradients_meet_activations(plan, layout))
 
 
 def _model_states(view: RankView, layout: StateLayout, *, foreach: bool) -> RankStates:
     """Every term of the rank but activations and framework: what micro-batching leaves alone.
-    ``foreach``: the optimizer runs torch.optim's foreach path (a GPU's profile)."""
+    ``foreach``: the optimizer runs torch.optim's foreach path (:func:`runs_foreach`)."""
     plan = view.plan
     params = estimate_params_per_rank(view)
     states = MemoryBreakdown(
@@ -356,7 +365,7 @@ def _fullness(states: RankStates, activations: RankActivations, framework: float
 @by_identity_and_plan(ignoring=_NOT_IN_MODEL_STATES)
 def _candidates_states(profile: ModelProfile, plan: Plan, layout: StateLayout) -> tuple[RankStates, ...]:
     """:func:`_model_states` of each of :func:`candidate_ranks`, once for the plans of a layout."""
-    return tuple(_model_states(rank_view(profile, plan, r), layout, foreach=profile.kernels == "gpu")
+    return tuple(_model_states(rank_view(profile, plan, r), layout, foreach=runs_foreach(profile))
                  for r in candidate_ranks(profile, plan))
 
 

@@ -28,13 +28,13 @@ class BlockInputs:
     ``counter``'s counting suppressed while objects are copied."""
 
     def __init__(self, model: nn.Module, blocks: tuple[str, ...], counter: CostCounter) -> None:
-        self._modules = {fqn: model.get_submodule(fqn) for fqn in blocks}
+        self.modules = {fqn: model.get_submodule(fqn) for fqn in blocks}  # the blocks by FQN
         self._counter = counter
         self.calls: dict[str, tuple[tuple, dict]] = {}
         self._handles: list = []
 
     def __enter__(self) -> BlockInputs:
-        for fqn, module in self._modules.items():
+        for fqn, module in self.modules.items():
             self._handles.append(module.register_forward_pre_hook(
                 lambda _module, args, kwargs, fqn=fqn: self._record(fqn, args, kwargs), with_kwargs=True))
         return self

@@ -118,8 +118,7 @@ def run_fake_step(
         loss.backward()
     record.block_inputs = inputs.calls
     if kernels == "gpu":  # torch.compile runs on GPUs only (the search offers it nowhere else)
-        measure_compiled({fqn: model.get_submodule(fqn) for fqn in blocks}, inputs.calls, state, record,
-                         autocast_dtype=autocast_dtype)
+        measure_compiled(inputs.modules, inputs.calls, state, record, autocast_dtype=autocast_dtype)
     record.output_bytes = output.bytes()
     record.math_attention_calls = attention.math_calls
     for block, policies in counter.policies.counts.items():
