@@ -1,59 +1,61 @@
-"""The attention core's rate on a GPU by sequence length, head width and causality: SDPA forward
-and forward plus backward in bf16 on the kernel torch picks, in TFLOP/s as the profile counts its
-FLOPs (the whole ``s × s``, causal or not: torch's FLOP counter), beside a large bf16 GEMM's.
+"""The attention core's rate on a GPU by sequence length, head width and causality, as `stratagem
+calibrate` measures it (`stratagem.advisor.calibrate.attention`): SDPA's forward and backward apart
+on the kernel torch picks, in TFLOP/s as torch's counter counts them (the whole ``s × s``, causal or
+not), beside a large GEMM's, and what the uncalibrated tile model (`stratagem.advisor.cost.attention`)
+predicts for the same call on this device.
 
-The cost model prices the attention core at the GEMMs' rate; on one H100 cuDNN's flash kernel ran
-GPT-2 large's (1,024 causal tokens, head width 64) at 490 TFLOP/s as counted and ViT-L/16's (197
-tokens) at 138, against 676 for the GEMMs (docs/benchmarks.md, "GPU figures"). This measures the
-curve a model of it needs.
+On one H100, cuDNN's kernel took 9.4 ms a step for GPT-2 large's attention core and 5.3 ms for
+ViT-L/16's (docs/benchmarks.md, "GPU figures"); the tile model gives 8.8 and 4.2.
 
     python bench/attention_rate.py            # on a GPU; on CPU at small sizes, to check the script
 """
 
 from __future__ import annotations
 
+import os
+import socket
+
 import torch
-import torch.nn.functional as F
+import torch.distributed as dist
 from timing import median_seconds
 
-SEQUENCES = (197, 256, 1024, 4096)
-HEAD_WIDTHS = (64, 128)
-TOKENS = 65536  # per call: batch × sequence, heads of 1,024 model width in all
-
-
-def counted_flops(batch: int, heads: int, seq: int, width: int) -> int:
-    """The forward's FLOPs as torch's counter counts them: QKᵀ and the product with V, whole."""
-    return 4 * batch * heads * seq * seq * width
+from stratagem.advisor.calibrate.attention import attention_rates
+from stratagem.advisor.cost.attention import ATTENTION_PEAK_SHARE, tile_seconds
+from stratagem.advisor.hardware import probe_local
+from stratagem.advisor.profile.model_profile import AttentionCall
 
 
 def main() -> None:
-    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    tokens = TOKENS if device.type == "cuda" else 2048
-    a = torch.randn(8192 if device.type == "cuda" else 512, 8192 if device.type == "cuda" else 512,
-                    device=device, dtype=dtype)
-    gemm = 2 * a.shape[0] ** 3 / median_seconds(lambda: a @ a) / 1e12
-    print(f"GEMM {a.shape[0]}³ {str(dtype)[6:]}: {gemm:.3g} TFLOP/s", flush=True)
-    for width in HEAD_WIDTHS:
-        heads = 1024 // width
-        for seq in SEQUENCES:
-            batch = max(1, tokens // seq)
-            q, k, v = (torch.randn(batch, heads, seq, width, device=device, dtype=dtype, requires_grad=True)
-                       for _ in range(3))
-            grad = torch.randn_like(q)
-            flops = counted_flops(batch, heads, seq, width)
-            for causal in (False, True):
-                def forward() -> torch.Tensor:
-                    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-                def both() -> None:
-                    torch.autograd.grad(forward(), (q, k, v), grad)
-
-                fwd = flops / median_seconds(forward) / 1e12
-                total = 3 * flops / median_seconds(both) / 1e12
-                print(f"s {seq:>5} d {width:>3} {'causal' if causal else 'full  '}: forward {fwd:6.1f}, "
-                      f"forward+backward {total:6.1f} TFLOP/s as counted ({total / gemm:.0%} of the GEMM's)",
-                      flush=True)
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda") if cuda else torch.device("cpu")
+    dtype, torch_dtype = ("bf16", torch.bfloat16) if cuda else ("fp32", torch.float32)
+    with socket.socket() as sock:  # the benchmark agrees on its timings over a process group
+        sock.bind(("127.0.0.1", 0))
+        os.environ.setdefault("MASTER_PORT", str(sock.getsockname()[1]))
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
+    side = 8192 if cuda else 512
+    a = torch.randn(side, side, device=device, dtype=torch_dtype)
+    gemm = 2 * side**3 / median_seconds(lambda: a @ a)
+    print(f"GEMM {side}³ {dtype}: {gemm / 1e12:.3g} TFLOP/s", flush=True)
+    device_spec = probe_local().device
+    share = ATTENTION_PEAK_SHARE.get(device_spec.compute_capability) if cuda else None
+    sizes = {} if cuda else dict(sequences=(64, 256), widths=(16,), tokens=1024)
+    rates = attention_rates([dtype], device, repeats=3, **sizes)
+    dist.destroy_process_group()
+    model = f"   tile model at {share:.0%} of the peak: forward, backward" if share else ""
+    print(f"{'s':>5} {'d':>4} {'':6}  forward  backward TFLOP/s as counted (of the GEMM's){model}")
+    for width, causal, seq, fwd, bwd in rates[dtype]:
+        line = (f"{seq:>5} {width:>4} {'causal' if causal else 'full':6} {fwd / 1e12:8.1f} {bwd / 1e12:9.1f}"
+                f"  ({fwd / gemm:.0%}, {bwd / gemm:.0%})")
+        if share:
+            peak = share * device_spec.peak_flops(dtype)  # the catalog's dense peak
+            counted = 4 * seq * seq * width
+            call = AttentionCall(seq_q=seq, seq_kv=seq, head_dim=width, causal=causal, fwd_flops=counted,
+                                 bwd_flops=5 * counted // 2)
+            line += (f"   {counted / tile_seconds(call, 'fwd', peak) / 1e12:8.1f}"
+                     f" {call.bwd_flops / tile_seconds(call, 'bwd', peak) / 1e12:9.1f}")
+        print(line, flush=True)
 
 
 if __name__ == "__main__":

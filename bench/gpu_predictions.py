@@ -124,8 +124,10 @@ def main() -> None:
     print(f"{'card':<5} {'model':<16} {'plan':<36} {'step pred.':>10} {'measured':>9} {'error':>6}  "
           f"{'memory pred.':>12} {'measured':>9} {'error':>6}  {'calibrated: step':>16} {'memory':>6}")
     folder = Path(tempfile.mkdtemp())
+    errors = []
     for case in CASES:
         seconds, peak, name = predict(case, folder)
+        errors.append(abs(seconds / case.seconds - 1))
         measured_peak = f"{case.peak_gib:.1f} GiB" if case.peak_gib == case.peak_gib else "-"
         calibrated = ""
         if case.card in CALIBRATIONS:
@@ -134,6 +136,7 @@ def main() -> None:
         print(f"{case.card:<5} {case.model.removeprefix('hf:bench/configs/'):<16} {name:<36} "
               f"{format_seconds(seconds):>10} {format_seconds(case.seconds):>9} {_error(seconds, case.seconds)}  "
               f"{format_bytes(peak):>12} {measured_peak:>9} {_error(peak, case.peak_gib * GIB)}{calibrated}")
+    print(f"mean |step error| uncalibrated over the {len(errors)} runs: {sum(errors) / len(errors):.1%}")
     for card, source in SOURCE.items():
         print(f"{card}: {source}")
     print(f"uncalibrated: catalog figures and the GEMM shape model; calibrated: the card's stored "

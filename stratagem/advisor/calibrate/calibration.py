@@ -80,7 +80,9 @@ class Calibration:
     ``matmul``: per dtype, (n, FLOP/s) for square n×n matmuls, each rank running at once (the
     largest n is the rate the cost model uses). ``conv``: per dtype, (FLOPs per byte, FLOP/s) of
     convolutions' forward and backward by arithmetic intensity (empty where not measured: a
-    calibration of an earlier stratagem). ``memory_bandwidth``: bytes/s of a large copy.
+    calibration of an earlier stratagem). ``attention``: per dtype, (head width, causal, sequence,
+    forward FLOP/s, backward FLOP/s) of fused attention as torch's counter counts its FLOPs
+    (GPUs; empty on CPU ranks and in earlier calibrations). ``memory_bandwidth``: bytes/s of a large copy.
     ``links``: per scope (``"intra"`` inside a node, ``"inter"`` across nodes) per collective per
     group size, the fit. ``unaligned_matmul``: per dtype, the share of the largest matmul's rate
     that one with a matrix's rows off 16 bytes reaches (one column narrower). ``overlap``: the
@@ -116,6 +118,7 @@ class Calibration:
     version: int = FORMAT_VERSION
     notes: tuple[str, ...] = field(default=())
     conv: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+    attention: dict[str, tuple[tuple[int, bool, int, float, float], ...]] = field(default_factory=dict)
 
     def matmul_rate(self, dtype: str) -> float | None:
         """FLOP/s of the largest measured matmul in ``dtype``, or None when not measured."""
@@ -136,8 +139,8 @@ class Calibration:
         optimizers' steps, the wait
         of a collective after compute, and the framework's memory. The
         matmul rates of every size measured go along (``NodeSpec.matmul_curve``), the share
-        of them unaligned GEMMs reach (``NodeSpec.unaligned_matmul``) and the convolutions' rates
-        (``NodeSpec.conv_curve``). A note says so."""
+        of them unaligned GEMMs reach (``NodeSpec.unaligned_matmul``), the convolutions' rates
+        (``NodeSpec.conv_curve``) and fused attention's (``NodeSpec.attention_curve``). A note says so."""
         node = cluster.node
         measured = {f"peak_{dtype}": rate for dtype in ("fp32", "tf32", "bf16", "fp16")
                     if (rate := self.matmul_rate(dtype)) is not None}
@@ -164,6 +167,8 @@ class Calibration:
                                    unaligned_matmul=tuple(self.unaligned_matmul.items()),
                                    conv_curve=tuple((dtype, intensity, rate) for dtype, points in self.conv.items()
                                                     for intensity, rate in points),
+                                   attention_curve=tuple((dtype, *point) for dtype, points in self.attention.items()
+                                                         for point in points),
                                    op_byte_seconds=self.op_byte_seconds,
                                    dtensor_op_seconds=self.dtensor_op_seconds,
                                    tp_linear_seconds=self.tp_linear_seconds,
@@ -190,9 +195,11 @@ class Calibration:
                  for scope, ops in data["links"].items()}
         matmul = {dtype: tuple(map(tuple, points)) for dtype, points in data["matmul"].items()}
         conv = {dtype: tuple(map(tuple, points)) for dtype, points in data.get("conv", {}).items()}
+        attention = {dtype: tuple(map(tuple, points)) for dtype, points in data.get("attention", {}).items()}
         optimizers = data["optimizer_seconds"]
         optimizers = optimizers and {name: tuple(costs) for name, costs in optimizers.items()}
-        return cls(**{**data, "links": links, "matmul": matmul, "conv": conv, "optimizer_seconds": optimizers,
+        return cls(**{**data, "links": links, "matmul": matmul, "conv": conv, "attention": attention,
+                      "optimizer_seconds": optimizers,
                       "notes": tuple(data.get("notes", ()))})
 
     def save(self, path: Path) -> None:

@@ -36,6 +36,7 @@ from stratagem.advisor.calibrate.benchmarks import (
     tp_linear_seconds,
 )
 from stratagem.advisor.calibrate.calibration import COLLECTIVES, Calibration, LinkFit, fit_link, hardware_key
+from stratagem.advisor.calibrate.attention import ATTENTION_SEQUENCES, attention_rates
 from stratagem.advisor.calibrate.convolutions import CONV_SHAPES, QUICK_CONV_SHAPES, conv_rates
 from stratagem.distributed import (
     across_ranks,
@@ -74,6 +75,7 @@ class Settings:
     repeats: int
     conv_batch: int = 1  # images per convolution timed (CONV_SHAPES)
     conv_shapes: tuple[tuple[int, int, int, int], ...] = QUICK_CONV_SHAPES
+    attention_sequences: tuple[int, ...] = ()  # of fused attention timed (GPUs: ATTENTION_SEQUENCES)
 
     @classmethod
     def for_device(cls, device: torch.device, *, quick: bool = False) -> Settings:
@@ -82,7 +84,8 @@ class Settings:
             return cls(matmul_sizes=(128, 256), message_bytes=(2**12, 2**16, 2**20), copy_bytes=2**22, repeats=2)
         if device.type == "cuda":  # convolutions at ResNet-50's 256 images per GPU
             return cls(matmul_sizes=(1024, 2048, 4096, 8192), message_bytes=tuple(2**k for k in range(16, 29, 2)),
-                       copy_bytes=2**30, repeats=5, conv_batch=256, conv_shapes=CONV_SHAPES)
+                       copy_bytes=2**30, repeats=5, conv_batch=256, conv_shapes=CONV_SHAPES,
+                       attention_sequences=ATTENTION_SEQUENCES)
         return cls(matmul_sizes=(128, 256, 512, 1024), message_bytes=tuple(2**k for k in range(12, 25, 2)),
                    copy_bytes=2**26, repeats=5, conv_batch=2, conv_shapes=CONV_SHAPES)
 
@@ -188,8 +191,8 @@ _Phase = Callable[[str], AbstractContextManager]
 
 
 def _measure_compute(device: torch.device, settings: Settings, dtypes: list[str], phase: _Phase) -> dict[str, Any]:
-    """The benchmarks of one rank: framework memory, matmuls and operators, convolutions, memory
-    bandwidth, optimizer steps, DTensor dispatch; Calibration's fields."""
+    """The benchmarks of one rank: framework memory, matmuls and operators, convolutions, fused
+    attention (GPUs), memory bandwidth, optimizer steps, DTensor dispatch; Calibration's fields."""
     with phase("framework memory"):
         framework = across_ranks(framework_bytes(device))  # first: what a fresh process's first steps take
     with phase(f"matmuls and operators ({', '.join(dtypes)})"):
@@ -197,6 +200,10 @@ def _measure_compute(device: torch.device, settings: Settings, dtypes: list[str]
     with phase(f"convolutions ({', '.join(dtypes)})"):
         convs = conv_rates(dtypes, device, batch=settings.conv_batch, repeats=settings.repeats,
                            shapes=settings.conv_shapes)
+    attention = {}
+    if settings.attention_sequences:  # CPU ranks price attention among their matmuls (cost.attention)
+        with phase(f"attention ({', '.join(dtypes)})"):
+            attention = attention_rates(dtypes, device, repeats=settings.repeats, sequences=settings.attention_sequences)
     with phase("memory bandwidth"):
         bandwidth = across_ranks(memory_bandwidth(settings.copy_bytes, device, repeats=settings.repeats),
                                  smallest=True)
@@ -209,6 +216,7 @@ def _measure_compute(device: torch.device, settings: Settings, dtypes: list[str]
     return dict(
         matmul={dtype: tuple(points) for dtype, points in compute.matmul.items()}, memory_bandwidth=bandwidth,
         conv={dtype: tuple(points) for dtype, points in convs.items()},
+        attention={dtype: tuple(points) for dtype, points in attention.items()},
         unaligned_matmul=compute.unaligned, op_seconds=compute.op_seconds,
         # GPUs: the copy's bandwidth prices the bytes (BYTES_REFERENCE says why not a reference step)
         op_byte_seconds=compute.op_byte_seconds if compute.op_byte_seconds is not None else 1 / bandwidth,

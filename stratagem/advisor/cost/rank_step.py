@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from stratagem.advisor.cost.attention import AttentionTime, fused_attention_time
 from stratagem.advisor.cost.collectives import mesh_links
 from stratagem.advisor.cost.convolutions import stage_layout_bytes
 from stratagem.advisor.cost.rates import (
@@ -12,6 +13,7 @@ from stratagem.advisor.cost.rates import (
     block_matmul_efficiency,
     estimate_peak_flops,
     matmul_curve,
+    matmul_dtype,
     seconds_per_op_byte,
     unaligned_matmul_fraction,
 )
@@ -35,7 +37,9 @@ class RankStep:
     ``seconds_per_op_byte`` what each byte operators without FLOPs move costs
     (:mod:`~stratagem.advisor.cost.rates`); ``layout_bytes`` what the layout transforms around
     NCHW convolutions move per ``(direction, blocks only)`` at the profiled batch
-    (:mod:`~stratagem.advisor.cost.convolutions`)."""
+    (:mod:`~stratagem.advisor.cost.convolutions`); ``attention`` the fused attention kernels' FLOPs
+    and seconds per micro-batch by ``blocks only``, where priced apart from the GEMMs
+    (:mod:`~stratagem.advisor.cost.attention`)."""
 
     profile: ModelProfile
     cluster: Cluster
@@ -49,6 +53,7 @@ class RankStep:
     unaligned_matmul_fraction: float
     seconds_per_op_byte: float
     layout_bytes: dict[tuple[str, bool], float]
+    attention: dict[bool, AttentionTime] | None = None
 
     def link(self, axis: MeshAxis, op: str) -> dict[str, float]:
         """``bandwidth`` and ``latency`` of ``op`` on the ``axis`` group (the collective's own
@@ -126,12 +131,19 @@ class RankStep:
         :attr:`unaligned_matmul_fraction` of either; plus the bytes operators without FLOPs move
         (those of parameter-sized outputs, autocast's weight casts, at any micro-batch size), fused
         where the plan compiles its blocks (:meth:`op_field`), and those of the layout transforms
-        around NCHW convolutions (:attr:`layout_bytes`)."""
+        around NCHW convolutions (:attr:`layout_bytes`); fused attention at its own seconds
+        (:attr:`attention`), where priced apart."""
         flops = f"{direction}_flops"
         blocks = self.per_microbatch(flops, blocks_only=True)
         outside = 0.0 if blocks_only else self.per_microbatch(flops) - blocks
+        attention = 0.0
+        if self.attention is not None:
+            in_blocks, stage = self.attention[True], self.attention[blocks_only]
+            blocks -= in_blocks.flops[direction]
+            outside -= stage.flops[direction] - in_blocks.flops[direction]
+            attention = stage.seconds[direction]
         unaligned = self.per_microbatch(f"{direction}_unaligned_flops", blocks_only=blocks_only)
-        return ((blocks / self.block_matmul_efficiency + outside
+        return attention + ((blocks / self.block_matmul_efficiency + outside
                  + unaligned * (1 / self.unaligned_matmul_fraction - 1)) / self.flops_per_second
                 + (self.per_microbatch(self.op_field(direction, "op_bytes"), blocks_only=blocks_only)
                    + self.per_tp_rank(f"{direction}_param_op_bytes", blocks_only=blocks_only)
@@ -170,6 +182,7 @@ def rank_step(profile: ModelProfile, *, cluster: Cluster, workload: Workload,
                     precision=get_precision(plan.precision), stage=stage, links=mesh_links(cluster, plan),
                     flops_per_second=achievable_fraction(cluster, curve) * estimate_peak_flops(
                         cluster, precision=plan.precision),
+                    attention=_busiest_attention(profile, plan, cluster),
                     block_matmul_efficiency=_busiest_matmul_efficiency(profile, plan, cluster),
                     unaligned_matmul_fraction=unaligned_matmul_fraction(cluster, plan.precision),
                     seconds_per_op_byte=seconds_per_op_byte(cluster),
@@ -187,3 +200,11 @@ def _busiest_matmul_efficiency(profile: ModelProfile, plan: Plan, cluster: Clust
     """:func:`block_matmul_efficiency` of :func:`busiest_stage`, once for the plans that share its GEMMs."""
     return block_matmul_efficiency(profile, plan, busiest_stage(profile, plan), matmul_curve(cluster, plan.precision),
                                    cluster=cluster)
+
+
+@by_identity_and_plan(ignoring=_NOT_IN_BLOCK_GEMMS)
+def _busiest_attention(profile: ModelProfile, plan: Plan, cluster: Cluster) -> dict[bool, AttentionTime] | None:
+    """:func:`~stratagem.advisor.cost.attention.fused_attention_time` of :func:`busiest_stage`, once
+    for the plans that share its attention calls."""
+    return fused_attention_time(profile, plan, busiest_stage(profile, plan), cluster,
+                                dtype=matmul_dtype(cluster, plan.precision))

@@ -11,6 +11,7 @@ import functools
 import math
 from collections.abc import Iterable, Iterator
 
+from stratagem.advisor.cost.attention import prices_fused_attention
 from stratagem.advisor.cost.convolutions import ConvGemm, arithmetic_intensity, conv_gemms, forward_flops
 from stratagem.advisor.cost.stages import Stage
 from stratagem.advisor.hardware.spec import Cluster
@@ -108,8 +109,9 @@ def block_matmul_efficiency(profile: ModelProfile, plan: Plan, stage: Stage, cur
     GEMMs (:func:`~stratagem.advisor.cost.convolutions.conv_gemms`) likewise, or at the calibrated
     convolutions' rate for their arithmetic intensity where measured (:func:`_conv_rate`).
     Uncalibrated, on a GPU whose SMs the catalog counts: each Linear's and convolution's forward,
-    input-gradient and weight-gradient GEMMs and the attention core's (:func:`_attention_gemms`)
-    at :func:`gemm_efficiency`, a convolution's streaming its tensors, not its window matrix."""
+    input-gradient and weight-gradient GEMMs and the attention core's (:func:`_attention_gemms`:
+    written out, unless fused attention is priced apart) at :func:`gemm_efficiency`, a
+    convolution's streaming its tensors, not its window matrix."""
     if curve:
         convs = conv_curve(cluster, plan.precision) if cluster is not None else []
         linears = ((count * size, count * size / _interpolated_rate(curve, size ** (1 / 3)) * curve[-1][1])
@@ -127,8 +129,9 @@ def block_matmul_efficiency(profile: ModelProfile, plan: Plan, stage: Stage, cur
                for count, rows, inner, outer in _linear_gemms(profile, plan, stage)
                for dims in ((rows, outer, inner), (rows, inner, outer), (inner, outer, rows)))
     # Weighted in multiply-adds (m·n·k), as the Linears and convolutions are: half the FLOPs.
+    fused_apart = prices_fused_attention(cluster, matmul_dtype(cluster, plan.precision))
     attention = ((flops / 2, shape(*dims, batch=batch))
-                 for flops, batch, dims in _attention_gemms(profile, plan, stage))
+                 for flops, batch, dims in _attention_gemms(profile, plan, stage, fused_apart=fused_apart))
     convs = ((count * gemm.size, shape(gemm.m, gemm.n, gemm.k, batch=gemm.batch, moved=gemm.moved))
              for count, _, gemm in _block_conv_gemms(profile, plan, stage))
     return _weighted((flops, flops / efficiency) for flops, efficiency in (*linears, *attention, *convs))
@@ -201,20 +204,23 @@ def _linear_gemms(profile: ModelProfile, plan: Plan, stage: Stage) -> Iterator[t
             yield count, linear_rows(linear, scale, per_sample * plan.micro_batch_size), inner, outer
 
 
-def _attention_gemms(profile: ModelProfile, plan: Plan, stage: Stage) -> Iterator[tuple[float, float, tuple]]:
+def _attention_gemms(profile: ModelProfile, plan: Plan, stage: Stage, *,
+                     fused_apart: bool) -> Iterator[tuple[float, float, tuple]]:
     """``(flops, batch, (m, n, k))`` of the attention core's GEMMs per micro-batch on one TP
     rank: scores ``s×d·d×s`` and their product with the values ``s×s·s×d`` for each sample and
     head, the backward's four as two of each; the head width ``d`` the block's model width over
-    its heads. Nothing for a model without heads or sequence."""
+    its heads; with ``fused_apart``, those of explicit attention alone (fused kernels are priced
+    by :mod:`~stratagem.advisor.cost.attention`). Nothing for a model without heads or sequence."""
     if not profile.num_heads or not profile.seq_len:
         return
     s, heads = profile.seq_len, profile.num_heads / plan.tp
     scale = plan.micro_batch_size / profile.batch_size
     for block, count in stage.kinds:
-        if not block.attention_fwd_flops or not block.linears:
+        explicit = block.attention_fwd_flops - (sum(c.fwd_flops for c in block.fused_attention) if fused_apart else 0)
+        if not explicit or not block.linears:
             continue
         width = block.linears[0].in_features / profile.num_heads
-        flops = count * block.attention_fwd_flops * scale / plan.tp * 3  # forward, and backward at twice it
+        flops = count * explicit * scale / plan.tp * 3  # forward, and backward at twice it
         batch = plan.micro_batch_size * heads
         yield flops / 2, batch, (s, s, width)
         yield flops / 2, batch, (s, width, s)

@@ -182,6 +182,10 @@ class NodeSpec:
     # Measured (dtype, FLOPs per byte, FLOP/s) of convolutions' forward and backward by arithmetic
     # intensity (``stratagem calibrate``); () runs them at the matmul curve's rates.
     conv_curve: tuple[tuple[str, float, float], ...] = ()
+    # Measured (dtype, head width, causal, sequence, forward FLOP/s, backward FLOP/s) of fused
+    # attention, FLOPs as torch's counter counts them (``stratagem calibrate``, GPUs); () prices it
+    # by the tile model (stratagem.advisor.cost.attention).
+    attention_curve: tuple[tuple[str, int, bool, int, float, float], ...] = ()
     op_seconds: float | None = None  # measured host seconds per operator of a small model's step
     op_byte_seconds: float | None = None  # measured seconds per byte operators without FLOPs read or write
     dtensor_op_seconds: float | None = None  # per optimizer operator on DTensor parameters
@@ -211,6 +215,7 @@ class NodeSpec:
             matmul_curve=tuple(tuple(c) for c in data.get("matmul_curve", ())),
             unaligned_matmul=tuple(tuple(c) for c in data.get("unaligned_matmul", ())),
             conv_curve=tuple(tuple(c) for c in data.get("conv_curve", ())),
+            attention_curve=tuple(tuple(c) for c in data.get("attention_curve", ())),
             op_seconds=data.get("op_seconds"),
             op_byte_seconds=data.get("op_byte_seconds"),
             dtensor_op_seconds=data.get("dtensor_op_seconds"),

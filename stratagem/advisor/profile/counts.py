@@ -57,6 +57,8 @@ class SegmentCounts:
     compiled_saved_bytes: int = 0  # saved_bytes of the block compiled (profile.compiled); 0: not measured
     policies: dict[str, PolicyCounts] = field(default_factory=dict)  # a block's, per selective policy
     convs: list[ConvLayer] = field(default_factory=list)  # the convolutions its forward ran, in order
+    # its fused attention kernels' FLOPs by (seq_q, seq_kv, head_dim, causal): [forward, backward]
+    fused_attention: dict[tuple[int, int, int, bool], list[int]] = field(default_factory=dict)
 
 
 @dataclass

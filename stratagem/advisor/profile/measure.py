@@ -103,6 +103,22 @@ ATTENTION_OPS = {
     aten._scaled_dot_product_cudnn_attention,
 }
 
+ATTENTION_BACKWARD_OPS = {
+    aten._scaled_dot_product_flash_attention_for_cpu_backward,
+    aten._scaled_dot_product_flash_attention_backward,
+    aten._scaled_dot_product_efficient_attention_backward,
+    aten._scaled_dot_product_cudnn_attention_backward,
+}
+
+
+def attention_shape(func_packet: Any, args: tuple, kwargs: dict) -> tuple[int, int, int, bool]:
+    """``(seq_q, seq_kv, head_dim, causal)`` of a call of a fused attention kernel or its backward
+    (:data:`ATTENTION_OPS`, :data:`ATTENTION_BACKWARD_OPS`), read by the names of the operator's schema."""
+    named = dict(zip((a.name for a in func_packet.default._schema.arguments), args)) | kwargs
+    query, key = named["query"], named["key"]
+    return int(query.shape[-2]), int(key.shape[-2]), int(query.shape[-1]), bool(named.get("is_causal", False))
+
+
 CPU_ATTENTION_FLOPS = {
     aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_attention_flops,
     aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_attention_backward_flops,
@@ -246,6 +262,9 @@ class CostCounter(FlopCounterMode):
             unaligned = flops if func_packet in _GEMM_OPS and unaligned_gemm(args, out) else 0
         if formula is not None or batch or sized:  # views move nothing and launch no kernel
             self._track_fusion(seg, func_packet, args, out, fusible=formula is None and not sized)
+        if formula is not None and func_packet in (ATTENTION_BACKWARD_OPS if is_bw else ATTENTION_OPS):
+            calls = counts.fused_attention.setdefault(attention_shape(func_packet, args, kwargs), [0, 0])
+            calls[is_bw] += flops
         if is_bw:
             counts.bwd_ops += ops
             counts.bwd_op_bytes += batch

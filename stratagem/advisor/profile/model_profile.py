@@ -29,9 +29,9 @@ def kernels_for(*, accelerator: bool) -> str:
     return "gpu" if accelerator else "cpu"
 
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 """Version of the layout ``ModelProfile.to_dict`` writes and ``from_dict`` reads. Bump it whenever
-a field of ModelProfile, SegmentProfile, LinearLayer or ConvLayer is added, removed, renamed or changes
+a field of ModelProfile, SegmentProfile, LinearLayer, ConvLayer or AttentionCall is added, removed, renamed or changes
 meaning (tests/unit/test_profile_cache_checks.py pins the fields to this number)."""
 
 
@@ -102,6 +102,29 @@ class ConvLayer:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class AttentionCall:
+    """A segment's calls of a fused attention kernel of one shape (SDPA on the flash,
+    memory-efficient or cuDNN kernel, not its math path): what the attention core's time follows
+    from (docs/cost-model.md, "Attention"). FLOPs as torch's counter counts them: the whole
+    ``s_q × s_kv`` causal or not, the backward's five products over the forward's two."""
+
+    seq_q: int  # query rows per head
+    seq_kv: int  # key and value rows per head
+    head_dim: int
+    causal: bool  # the kernel skips the scores above the diagonal
+    fwd_flops: int  # of these calls at the profiled batch, summed
+    bwd_flops: int  # of their backward
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "attention") -> AttentionCall:
+        """The inverse of :meth:`to_dict`, checked (:class:`ProfileDataError` if it does not hold)."""
+        return cls(**_checked_fields(cls, data, where))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SegmentProfile:
     """Costs of one segment (the embedding, one block, or the head) for one step of the
     profiled batch. Bytes are bytes, FLOPs are floating-point operations (a multiply-add is 2)."""
@@ -153,6 +176,7 @@ class SegmentProfile:
     vocab_params: int = 0
     linears: tuple[LinearLayer, ...] = ()  # a block's Linears; the head's: the vocabulary projection TP splits
     convs: tuple[ConvLayer, ...] = ()  # every convolution its forward ran, in order
+    fused_attention: tuple[AttentionCall, ...] = ()  # its fused attention kernels' calls, by shape
     measured_as: str | None = None  # identical block whose measurement this one reuses
 
     @property
@@ -164,6 +188,7 @@ class SegmentProfile:
         out = asdict(self)
         out["linears"] = [linear.to_dict() for linear in self.linears]
         out["convs"] = [conv.to_dict() for conv in self.convs]
+        out["fused_attention"] = [call.to_dict() for call in self.fused_attention]
         out["flops"] = self.flops
         return out
 
@@ -176,6 +201,9 @@ class SegmentProfile:
         values["linears"] = tuple(LinearLayer.from_dict(x, f"{where}.linears[{i}]") for i, x in enumerate(linears))
         convs = _list(data.get("convs", []), f"{where}.convs")
         values["convs"] = tuple(ConvLayer.from_dict(x, f"{where}.convs[{i}]") for i, x in enumerate(convs))
+        calls = _list(data.get("fused_attention", []), f"{where}.fused_attention")
+        values["fused_attention"] = tuple(AttentionCall.from_dict(x, f"{where}.fused_attention[{i}]")
+                                          for i, x in enumerate(calls))
         segment = cls(**values)
         if "flops" in data and data["flops"] != segment.flops:
             raise ProfileDataError(f"{where}.flops: {data['flops']!r} is not fwd_flops + bwd_flops ({segment.flops})")
@@ -313,7 +341,7 @@ class ModelProfile:
 # Checking stored profiles: each field by its annotation, then what holds between fields.
 
 _POSITIVE = frozenset({"batch_size", "seq_len", "num_heads", "num_kv_heads", "in_features", "out_features",
-                       "in_channels", "out_channels", "groups"})
+                       "in_channels", "out_channels", "groups", "seq_q", "seq_kv", "head_dim"})
 _TOTALS = {"parameters": "num_params", "param_bytes": "param_bytes", "buffer_bytes": "buffer_bytes",
            "fwd_flops": "fwd_flops", "bwd_flops": "bwd_flops", "flops_per_step": "flops_per_step",
            "saved_bytes": "saved_bytes"}

@@ -29,7 +29,7 @@ from stratagem.advisor.profile.counts import RunRecord, SegmentCounts
 from stratagem.advisor.profile.measure import EMBED, HEAD, quiet_fake_tensor_log
 from stratagem.advisor.profile.step import Step, run_fake_step
 from stratagem.plan.precision import Precision, get_precision, in_compute_dtype, torch_dtype
-from stratagem.advisor.profile.model_profile import KERNELS, ModelProfile, SegmentProfile, policy_field
+from stratagem.advisor.profile.model_profile import KERNELS, AttentionCall, ModelProfile, SegmentProfile, policy_field
 from stratagem.advisor.profile.structure import attention_heads, find_blocks, linear_layers, pp_unavailable
 from stratagem.advisor.profile.tp_layout import LinearCallRecorder, find_tp_layout
 from stratagem.advisor.profile.vocab_layout import VocabCallRecorder, find_vocab_layout, vocab_segment_fields
@@ -293,7 +293,7 @@ def _assemble(model: nn.Module, blocks: tuple[str, ...], record: RunRecord, prec
             fwd_fused_op_bytes=counts.fwd_fused_op_bytes, bwd_fused_op_bytes=counts.bwd_fused_op_bytes,
             fwd_fused_ops=counts.fwd_fused_ops, bwd_fused_ops=counts.bwd_fused_ops,
             compiled_saved_bytes=counts.compiled_saved_bytes,
-            convs=tuple(counts.convs), **_policy_fields(counts), **extra,
+            convs=tuple(counts.convs), fused_attention=_attention_calls(counts), **_policy_fields(counts), **extra,
         )
 
     block_profiles = []
@@ -322,6 +322,13 @@ def _policy_fields(counts: SegmentCounts) -> dict[str, int]:
         for quantity, value in asdict(measured).items():
             values[policy_field(policy, quantity)] = value + (counts.input_bytes if quantity == "kept_bytes" else 0)
     return values
+
+
+def _attention_calls(counts: SegmentCounts) -> tuple[AttentionCall, ...]:
+    """A segment's fused attention calls, one per shape, in the order they first ran."""
+    return tuple(AttentionCall(seq_q=seq_q, seq_kv=seq_kv, head_dim=head_dim, causal=causal, fwd_flops=fwd,
+                               bwd_flops=bwd)
+                 for (seq_q, seq_kv, head_dim, causal), (fwd, bwd) in counts.fused_attention.items())
 
 
 def _state_owners(model: nn.Module, blocks: tuple[str, ...], record: RunRecord, notes: list[str]) -> dict[str, str]:

@@ -1,0 +1,155 @@
+"""The attention core's fused kernels (SDPA on flash, memory-efficient or cuDNN attention): their
+seconds per micro-batch on a GPU, apart from the GEMMs' rates (docs/cost-model.md, "Attention").
+
+A fused kernel never writes the ``s × s`` scores: it computes them a tile at a time, with the
+softmax between its two products, so it runs neither at a GEMM's rate nor at the memory's. Where
+``stratagem calibrate`` timed SDPA on the GPU (``NodeSpec.attention_curve``), a call runs at the
+measured rate for its head width and causality, interpolated by sequence length over the work its
+tiles do. Uncalibrated, the tile model prices it (:func:`tile_seconds`): the scores padded to
+whole tiles, causal calls computing only the tiles on and below the diagonal, their products at the
+share of the peak the published kernels reach. CPU ranks keep attention among their matmuls,
+measured there at their rate.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from stratagem.advisor.cost.stages import Stage
+from stratagem.advisor.hardware.spec import Cluster
+from stratagem.advisor.profile.model_profile import AttentionCall, ModelProfile
+from stratagem.plan import Plan
+
+# Query and key rows a fused kernel computes its scores in, per tile: FlashAttention-2's kernels tile
+# them 128 × 128 at head widths up to 128 (Dao 2023, "FlashAttention-2", §3.3 and its sm80 kernel
+# traits); a sequence runs padded to whole tiles.
+ATTENTION_TILE = 128
+
+# Tensor-core FLOPs per score element and unit of head width: forward QKᵀ and PV, 2 × 2d; backward
+# the scores again, dP, dV, dQ and dK, 5 × 2d (FlashAttention-2, Algorithms 1 and 2).
+TENSOR_FLOPS = {"fwd": 4, "bwd": 10}
+
+# Share of the dense 16-bit peak FlashAttention-2's kernels (torch's flash backend) reach on the
+# work their tiles do, softmax included, by compute capability: A100 50-73 % (Dao 2023, abstract;
+# the lower end taken: head width 64 and causal masks sit there), H100 35 % (Shah et al. 2024,
+# "FlashAttention-3", abstract). Published figures; `stratagem calibrate` measures the kernel torch
+# picks on the cluster instead.
+ATTENTION_PEAK_SHARE = {(8, 0): 0.5, (9, 0): 0.35}
+
+# The matmul dtypes fused kernels run in uncalibrated (flash attention takes 16 bits only).
+ATTENTION_DTYPES = ("bf16", "fp16")
+
+DIRECTIONS = ("fwd", "bwd")
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionTime:
+    """The fused attention calls of the rank's stage (or of its blocks only) per micro-batch on one
+    TP rank, per direction: their FLOPs as counted (which the GEMMs' rate no longer prices) and
+    their seconds."""
+
+    flops: dict[str, float]
+    seconds: dict[str, float]
+
+
+def fused_attention_time(profile: ModelProfile, plan: Plan, stage: Stage, cluster: Cluster, *,
+                         dtype: str) -> dict[bool, AttentionTime] | None:
+    """:class:`AttentionTime` of the stage's blocks (key ``True``) and of the whole stage
+    (``False``) in ``dtype``'s matmuls: at the calibrated curve's rates where measured, else by the
+    tile model (:func:`tile_seconds`); None where :func:`prices_fused_attention` says neither
+    applies, so attention stays among the GEMMs."""
+    if not prices_fused_attention(cluster, dtype):
+        return None
+    curve = attention_curve(cluster, dtype)
+    rate = (not curve) and ATTENTION_PEAK_SHARE[cluster.device.compute_capability] * cluster.device.peak_flops(dtype)
+    batch_scale = plan.micro_batch_size / profile.batch_size
+    blocks = [(call, count / plan.tp) for block, count in stage.kinds for call in block.fused_attention]  # TP splits heads
+    block_names = {block.name for block in stage.blocks}
+    outside = [(call, 1) for segment in stage.segments if segment.name not in block_names
+               for call in segment.fused_attention]
+
+    def time(calls: list[tuple[AttentionCall, float]]) -> AttentionTime:
+        flops = {d: 0.0 for d in DIRECTIONS}
+        seconds = {d: 0.0 for d in DIRECTIONS}
+        for call, share in calls:
+            for direction in DIRECTIONS:
+                flops[direction] += share * batch_scale * (call.fwd_flops if direction == "fwd" else call.bwd_flops)
+                seconds[direction] += share * batch_scale * (
+                    curve_seconds(call, direction, curve) if curve else tile_seconds(call, direction, rate))
+        return AttentionTime(flops=flops, seconds=seconds)
+
+    return {True: time(blocks), False: time(blocks + outside)}
+
+
+def attention_curve(cluster: Cluster, dtype: str) -> list[tuple[int, bool, int, float, float]]:
+    """The calibrated (head width, causal, sequence, forward FLOP/s, backward FLOP/s) of fused
+    attention in ``dtype`` (``NodeSpec.attention_curve``), sorted; empty where not measured."""
+    return sorted(point[1:] for point in cluster.node.attention_curve if point[0] == dtype)
+
+
+def prices_fused_attention(cluster: Cluster, dtype: str) -> bool:
+    """Whether fused attention in ``dtype`` is priced apart from the GEMMs on ``cluster``: where
+    calibrated with its curve; uncalibrated, on GPUs of a compute capability
+    :data:`ATTENTION_PEAK_SHARE` lists, in 16 bits. A calibration taken before attention was
+    measured keeps it among the GEMMs, at their calibrated rate."""
+    if not cluster.is_accelerator:
+        return False
+    if cluster.node.matmul_curve:
+        return bool(attention_curve(cluster, dtype))
+    return dtype in ATTENTION_DTYPES and cluster.device.compute_capability in ATTENTION_PEAK_SHARE
+
+
+def tile_seconds(call: AttentionCall, direction: str, flops_per_second: float) -> float:
+    """Seconds of ``call`` (at the profiled batch) in ``direction`` by the tile model: the score
+    elements its tiles compute (:func:`computed_elements`), :data:`TENSOR_FLOPS` × the head width
+    each, at ``flops_per_second``."""
+    return computed_elements(call) * TENSOR_FLOPS[direction] * call.head_dim / flops_per_second
+
+
+def computed_elements(call: AttentionCall) -> float:
+    """Score elements ``call``'s tiles compute at the profiled batch: every sequence padded to whole
+    :data:`ATTENTION_TILE` tiles; a causal call only the tiles on and below the diagonal."""
+    heads = call.fwd_flops / (4 * call.seq_q * call.seq_kv * call.head_dim)  # batch × heads: torch's count
+    return heads * _tiles(call.seq_q, call.seq_kv, call.causal) * ATTENTION_TILE ** 2
+
+
+def curve_seconds(call: AttentionCall, direction: str, curve: list[tuple[int, bool, int, float, float]]) -> float:
+    """Seconds of ``call`` in ``direction`` at the calibrated rates (``curve``: sorted (head width,
+    causal, sequence, forward FLOP/s, backward FLOP/s)): those of the measured head width nearest
+    its own (in ratio; its cost in proportion to the width) and its causality, as seconds per score
+    element the tiles compute (so that padding and the diagonal scale as the tiles do) interpolated
+    in ``log`` of the key length each tile loops over, the measured ends' beyond them."""
+    width = min({point[0] for point in curve}, key=lambda w: abs(math.log(w / call.head_dim)))
+    points = [p for p in curve if p[0] == width and p[1] == call.causal] or [p for p in curve if p[0] == width]
+    column, counted = (3, 1.0) if direction == "fwd" else (4, call.bwd_flops / call.fwd_flops)  # the counter's ratio
+    per_element = [(seq, counted * _counted_per_element(seq, width, causal) / p[column])
+                   for p in points for _, causal, seq in [p[:3]]]
+    return computed_elements(call) * _log_interpolated(per_element, call.seq_kv) * call.head_dim / width
+
+
+def _counted_per_element(seq: int, width: int, causal: bool) -> float:
+    """Forward FLOPs torch's counter counts per score element the tiles compute, for one head of
+    ``seq`` query and key rows."""
+    return 4 * seq * seq * width / (_tiles(seq, seq, causal) * ATTENTION_TILE ** 2)
+
+
+def _tiles(seq_q: int, seq_kv: int, causal: bool) -> int:
+    """Tiles of one head's scores a kernel computes: all of them, or for a causal call those on
+    and below the diagonal (query tile ``i`` reaches key tiles ``0 … i``)."""
+    rows, columns = math.ceil(seq_q / ATTENTION_TILE), math.ceil(seq_kv / ATTENTION_TILE)
+    if not causal:
+        return rows * columns
+    square = min(rows, columns)
+    return square * (square + 1) // 2 + max(0, rows - columns) * columns
+
+
+def _log_interpolated(points: list[tuple[int, float]], x: float) -> float:
+    """``points`` (x, y), linear in ``log x`` between them, the ends' beyond."""
+    points = sorted(points)
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x <= x1:
+            return y0 + (y1 - y0) * math.log(x / x0) / math.log(x1 / x0)
+    return points[-1][1]

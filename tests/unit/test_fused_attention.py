@@ -1,0 +1,123 @@
+"""Fused attention priced apart from the GEMMs: what the profile records of each SDPA call, the tile
+model, the calibrated curve, and the benchmark that measures it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from stratagem.advisor.calibrate.attention import attention_rates
+from stratagem.advisor.calibrate.calibration import Calibration
+from stratagem.advisor.cost.attention import (
+    ATTENTION_PEAK_SHARE,
+    computed_elements,
+    curve_seconds,
+    tile_seconds,
+)
+from stratagem.advisor.cost.rank_step import rank_step
+from stratagem.advisor.hardware import NodeSpec, parse_cluster
+from stratagem.advisor.profile.cache import profile_spec
+from stratagem.advisor.profile.model_profile import AttentionCall
+from stratagem.plan import Plan, Workload
+
+
+def _call(seq: int, width: int, *, causal: bool, heads: int = 1) -> AttentionCall:
+    fwd = 4 * heads * seq * seq * width  # as torch's counter counts it
+    return AttentionCall(seq_q=seq, seq_kv=seq, head_dim=width, causal=causal, fwd_flops=fwd, bwd_flops=5 * fwd // 2)
+
+
+def test_the_profile_records_each_fused_call_by_shape_and_causality():
+    gpt2 = profile_spec("gpt2", seq_len=256, batch_size=2)
+    assert gpt2.blocks[0].fused_attention == (_call(256, 64, causal=True, heads=2 * 12),)
+    vit = profile_spec("vit-b-16", batch_size=2).blocks[0].fused_attention
+    assert [(c.seq_q, c.head_dim, c.causal) for c in vit] == [(197, 64, False)]
+
+
+def test_a_call_cuda_runs_on_the_math_path_is_not_fused():
+    """fp32 with grouped key/value heads: no fused CUDA kernel takes it, the scores are written."""
+    fp32 = profile_spec("llama-tiny", precision="fp32")
+    assert fp32.blocks[0].attention_fwd_flops and fp32.blocks[0].fused_attention == ()
+    assert profile_spec("llama-tiny", precision="bf16-mixed").blocks[0].fused_attention
+
+
+def test_tiles_pad_the_sequence_and_a_causal_call_skips_those_above_the_diagonal():
+    assert computed_elements(_call(197, 64, causal=False)) == 256 * 256  # two tiles a side
+    assert computed_elements(_call(1024, 64, causal=False)) == 1024 * 1024
+    assert computed_elements(_call(1024, 64, causal=True)) == 36 * 128 * 128  # 8 · 9 / 2 of 64 tiles
+
+
+def test_uncalibrated_the_tiles_work_at_the_published_share_of_the_peak():
+    call = _call(1024, 64, causal=False)
+    rate = ATTENTION_PEAK_SHARE[(9, 0)] * 989e12
+    assert tile_seconds(call, "fwd", rate) == pytest.approx(call.fwd_flops / rate)
+    assert tile_seconds(call, "bwd", rate) == pytest.approx(call.bwd_flops / rate)
+
+
+def test_the_curve_gives_a_measured_shape_its_measured_rate_and_pads_a_shorter_one():
+    curve = [(64, False, 256, 100e12, 80e12), (64, False, 1024, 200e12, 160e12),
+             (64, True, 1024, 150e12, 120e12)]
+    full, causal = _call(1024, 64, causal=False, heads=8), _call(1024, 64, causal=True, heads=8)
+    assert curve_seconds(full, "fwd", curve) == pytest.approx(full.fwd_flops / 200e12)
+    assert curve_seconds(full, "bwd", curve) == pytest.approx(full.bwd_flops / 160e12)
+    assert curve_seconds(causal, "fwd", curve) == pytest.approx(causal.fwd_flops / 150e12)
+    # 197 rows run as 256 do: the same seconds for fewer counted FLOPs
+    assert curve_seconds(_call(197, 64, causal=False), "fwd", curve) == pytest.approx(4 * 256 * 256 * 64 / 100e12)
+    # a head width not measured: the nearest one's cost per element, in proportion to the width
+    assert curve_seconds(_call(1024, 128, causal=False), "fwd", curve) == pytest.approx(4 * 1024**2 * 128 / 200e12)
+
+
+def _step(cluster, model: str = "gpt2", seq: int = 256):
+    profile = profile_spec(model, seq_len=seq, batch_size=2)
+    return rank_step(profile, cluster=cluster, plan=Plan(micro_batch_size=4),
+                     workload=Workload(global_batch_size=4, seq_len=seq))
+
+
+def _calibrated(cluster, attention: dict) -> Calibration:
+    return Calibration(
+        hardware="h", backend="nccl", world_size=1, matmul={"bf16": ((8192, 700e12),)}, unaligned_matmul={},
+        memory_bandwidth=3e12, links={}, overlap=None, op_seconds=None, op_byte_seconds=None,
+        dtensor_op_seconds=None, tp_linear_seconds=0.0, optimizer_seconds=None, sync_seconds=None,
+        framework_bytes=None, seconds=1.0, created="2026-11-26T00:00:00+00:00", attention=attention)
+
+
+def test_a_pass_prices_fused_attention_at_its_own_rate_and_its_flops_no_longer_as_gemms():
+    cluster = parse_cluster("1xH100-SXM5-80GB")
+    slow = _calibrated(cluster, {"bf16": ((64, True, 256, 100e12, 100e12),)}).apply(cluster)
+    fast = _calibrated(cluster, {"bf16": ((64, True, 256, 200e12, 200e12),)}).apply(cluster)
+    slow_step, fast_step = _step(slow), _step(fast)
+    attention = slow_step.attention[False]
+    assert attention.flops["fwd"] == 4 * 4 * 12 * 256 * 256 * 64 * 12  # 4 samples, 12 heads, 12 blocks
+    assert attention.seconds["fwd"] == pytest.approx(attention.flops["fwd"] / 100e12)
+    for direction in ("fwd", "bwd"):
+        saved = slow_step.pass_seconds(direction) - fast_step.pass_seconds(direction)
+        assert saved == pytest.approx(attention.seconds[direction] / 2)
+
+
+def test_which_ranks_price_fused_attention_apart():
+    h100 = parse_cluster("1xH100-SXM5-80GB")
+    assert _step(h100).attention is not None  # uncalibrated: the tile model
+    assert _step(parse_cluster("2xcpu")).attention is None  # CPU ranks: among the matmuls
+    before = _calibrated(h100, {}).apply(h100)  # a calibration without the curve keeps the GEMMs' rate
+    assert _step(before).attention is None
+    volta = dataclasses.replace(h100.node.device, compute_capability=(7, 0))
+    assert _step(dataclasses.replace(h100, node=dataclasses.replace(h100.node, device=volta))
+                 ).attention is None  # no published share for V100
+
+
+def test_the_curve_travels_from_calibration_to_node_and_back():
+    cluster = parse_cluster("1xH100-SXM5-80GB")
+    calibration = _calibrated(cluster, {"bf16": ((64, True, 256, 100e12, 90e12),)})
+    assert Calibration.from_dict(calibration.to_dict()) == calibration
+    node = calibration.apply(cluster).node
+    assert node.attention_curve == (("bf16", 64, True, 256, 100e12, 90e12),)
+    assert NodeSpec.from_dict(node.to_dict()) == node
+
+
+def test_the_benchmark_times_every_shape_in_both_directions(one_rank):
+    rates = attention_rates(["fp32"], torch.device("cpu"), repeats=1, sequences=(16, 32), widths=(8,), tokens=64)
+    points = rates["fp32"]
+    assert [(width, causal, seq) for width, causal, seq, _, _ in points] == [
+        (8, False, 16), (8, False, 32), (8, True, 16), (8, True, 32)]
+    assert all(fwd > 0 and bwd > 0 for *_, fwd, bwd in points)
