@@ -5,7 +5,8 @@ convolutions and their layout transforms, batch norm, Triton (what compilation f
 optimizer's multi-tensor kernels and everything else, each with its time and kernel count, and
 the largest kernels by name. It prints the median step beside the device time, so the time
 between kernels shows (the profiler's own ranges, such as the optimizer's step, are left out:
-they would count their kernels twice).
+they would count their kernels twice), and on a GPU how much of that the device waited for the
+host to launch the next kernel, against gaps with the next kernel launched already.
 
     python bench/gpu_kernels.py PRESET:MICRO_BATCH[:SEQ_LEN][:compiled|:whole] ...
 
@@ -116,8 +117,33 @@ def run_case(spec: str, device: torch.device, *, steps: int = 5) -> None:
           f"{sum(calls for _, calls in families.values())} kernels, {step_ms - device_ms:.1f} ms between them: "
           + ", ".join(f"{label} {ms:.1f} ({calls})" for label, (ms, calls) in
                       sorted(families.items(), key=lambda item: -item[1][0])), flush=True)
+    if device.type == "cuda":
+        host, queued, span = gap_sources(profile.profiler.kineto_results.events())
+        print(f"  kernels span {span:.1f} ms; gaps between them {host + queued:.1f} ms: {host:.1f} waiting for the "
+              f"host to launch the next kernel, {queued:.1f} with it launched already", flush=True)
     print("  largest: " + "; ".join(f"{key[:64]} {micros / 1e3:.2f} ms ({count})"
                                     for micros, key, count in sorted(kernels, reverse=True)[:TOP]), flush=True)
+
+
+def gap_sources(events: list) -> tuple[float, float, float]:
+    """From a profiled step's events (kineto's, one stream), the milliseconds between consecutive
+    kernels the device spent waiting for the host (the next kernel's launch call ended after its
+    predecessor did), those it spent with the next kernel launched already (the device's own gap),
+    and the span from the first kernel's start to the last's end."""
+    cuda = torch.autograd.DeviceType.CUDA
+    kernels = sorted((e.start_ns(), e.end_ns(), e.correlation_id()) for e in events
+                     if e.device_type() == cuda and e.activity_type() == "kernel")
+    launched = {e.correlation_id(): e.end_ns() for e in events
+                if e.device_type() != cuda and "launch" in e.name().lower()}
+    host = queued = 0
+    for (_, end, _), (start, _, correlation) in zip(kernels, kernels[1:]):
+        gap = start - end
+        if gap <= 0:
+            continue
+        waiting = min(gap, max(0, launched.get(correlation, end) - end))
+        host, queued = host + waiting, queued + gap - waiting
+    span = kernels[-1][1] - kernels[0][0] if kernels else 0
+    return host / 1e6, queued / 1e6, span / 1e6
 
 
 def ncu_case(spec: str, device: torch.device) -> None:
