@@ -5,7 +5,8 @@ two steps (forward, the loss, backward, AdamW on its ``foreach`` path as on GPUs
 ``torch.distributed._tools.mem_tracker.MemTracker``, which follows every tensor's storage. The
 attention kernel and autocast's float32 list are CUDA's, as on the GPU the plan is for
 (:mod:`stratagem.advisor.profile.attention`, :mod:`stratagem.advisor.profile.autocast`: the
-kernel choice only; the bytes are torch's). Printed beside it: the advisor's predicted peak for
+kernel choice only; the bytes are torch's), and ``torch.rms_norm`` keeps what CUDA's fused kernel
+keeps (:class:`CudaRmsNorm`). Printed beside it: the advisor's predicted peak for
 the same plan, without the framework's bytes and the allocator's rounding (no GPU, so neither
 exists here).
 
@@ -22,8 +23,10 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.mem_tracker import MemTracker
+from torch.overrides import TorchFunctionMode
 
 from stratagem.advisor.cost.evaluate import evaluate
 from stratagem.advisor.hardware import parse_cluster
@@ -53,6 +56,49 @@ CASES = (
     Case("llama-small", 8, 512, "bf16-mixed"),
     Case("vit-small", 64, None, "bf16-mixed"),
 )
+
+
+class _FusedRmsNorm(torch.autograd.Function):
+    """CUDA's ``aten._fused_rms_norm`` as autograd keeps it (``stratagem.advisor.profile.fused``):
+    the input and each row's reciprocal RMS in fp32 saved, the normalisation's intermediates not.
+    On CPU tensors, fake ones included, ``torch.rms_norm`` decomposes and saves them."""
+
+    @staticmethod
+    def forward(ctx, input: torch.Tensor, weight: torch.Tensor | None, dims: tuple[int, ...], eps: float):
+        rstd = torch.rsqrt(input.float().pow(2).mean(dims, keepdim=True) + eps)
+        out = (input * rstd).to(input.dtype)
+        ctx.save_for_backward(input, weight, rstd)
+        ctx.dims = dims
+        return out * weight if weight is not None else out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        input, weight, rstd = ctx.saved_tensors
+        normed = input * rstd
+        scaled = grad * weight if weight is not None else grad
+        grad_input = rstd * (scaled - normed * (scaled * normed).mean(ctx.dims, keepdim=True))
+        rows = tuple(range(grad.dim() - len(ctx.dims)))
+        grad_weight = (grad * normed).sum(rows) if weight is not None else None
+        return grad_input.to(input.dtype), grad_weight, None, None
+
+
+def _rms_norm_arguments(input, normalized_shape, weight=None, eps=None) -> tuple:
+    return input, normalized_shape, weight, eps
+
+
+class CudaRmsNorm(TorchFunctionMode):
+    """While active, ``torch.rms_norm`` runs as CUDA's fused kernel does where its input and weight
+    share a dtype (PyTorch PR #153666), so that MemTracker sees what the GPU keeps."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func not in (F.rms_norm, torch.rms_norm):
+            return func(*args, **kwargs)
+        input, shape, weight, eps = _rms_norm_arguments(*args, **kwargs)
+        if weight is not None and weight.dtype != input.dtype:
+            return func(*args, **kwargs)
+        dims = tuple(range(-len(shape) if isinstance(shape, (list, tuple)) else -1, 0))
+        return _FusedRmsNorm.apply(input, weight, dims, torch.finfo(input.dtype).eps if eps is None else eps)
 
 
 def _spec(case: Case, folder: Path) -> str:
@@ -105,7 +151,7 @@ def measured(case: Case) -> float:
         tracker = MemTracker()
         tracker.track_external(model, optimizer)
         autocast = torch.autocast("cpu", dtype=torch_dtype(precision.compute_dtype), enabled=precision.autocast)
-        with tracker, CudaAttention(), CudaAutocast(), unpacked_sequences():
+        with tracker, CudaAttention(), CudaRmsNorm(), CudaAutocast(), unpacked_sequences():
             for index in range(2):
                 with autocast:
                     loss = step()
