@@ -81,6 +81,16 @@ def test_table_shows_plans_memory_reasons_and_fits_the_width(advice, width):
     assert PLANS[0].name.split()[0] in flat and "ckpt=selective" in flat
 
 
+def test_a_compiled_winner_s_breakdown_keeps_every_figure_whole_at_80_columns(advice):
+    """The compile time's note, long, goes under the time table: as a cell it squeezed the
+    figures beside it to "5…" in an 80-column terminal (a Trainer's log)."""
+    compiled = replace(advice.plans[0], plan=replace(PLANS[0], compile=True),
+                       time=replace(advice.plans[0].time, compile_once=7.0))
+    text = console_text(render_table(replace(advice, plans=(compiled, *advice.plans[1:]))), 80)
+    assert "…" not in text and format_seconds(compiled.time.compute) in text
+    assert "compiling its blocks once" in re.sub(r"\s+", " ", text)
+
+
 def test_table_at_120_columns_keeps_plan_names_whole(advice):
     text = console_text(render_table(advice), 120)
     for plan in PLANS:

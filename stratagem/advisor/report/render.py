@@ -114,15 +114,16 @@ def _wrap_name(name: str, width: int) -> str:
 def _breakdown_tables(best: Estimate) -> RenderableType:
     capacity = f"of {format_bytes(best.capacity_bytes)} usable"
     memory = _term_table("Memory per GPU", memory_terms(best), ("total", format_bytes(best.memory.total), capacity))
-    time = _term_table("Time per step", time_terms(best),
-                       ("step", format_seconds(best.time.step_seconds), compile_note(best).strip()))
+    time = _term_table("Time per step", time_terms(best), ("step", format_seconds(best.time.step_seconds), ""),
+                       caption=compile_note(best).strip())  # long: a cell of it would squeeze the figures
     heading = Text.assemble(("Winner: ", "bold"), (best.plan.name, "bold green"))
     host = offload_note(best).removeprefix("; ")
     return Group(Text(""), heading, *([Text(f"Also {host}.")] if host else []), Columns([memory, time], padding=(0, 4)))
 
 
-def _term_table(heading: str, terms: Sequence[Term], total: tuple[str, str, str]) -> Table:
-    """Term, value, share and a bar; a column of details (e.g. comm before overlap) if any."""
+def _term_table(heading: str, terms: Sequence[Term], total: tuple[str, str, str], *, caption: str = "") -> Table:
+    """Term, value, share and a bar; a column of details (e.g. comm before overlap) if any; the
+    total's row with a short note; ``caption`` under the table."""
     table = Table(title=heading, title_justify="left", title_style="bold", box=None, padding=(0, 1),
                   show_header=False)
     for justify in ("left", "right", "right", "left"):
@@ -137,8 +138,9 @@ def _term_table(heading: str, terms: Sequence[Term], total: tuple[str, str, str]
     table.add_section()
     label, value, note = total
     table.add_row(label, value, "", note, style="bold")
-    if details:
-        table.caption, table.caption_justify = OVERLAP_NOTE, "left"
+    captions = [text for text in (caption, OVERLAP_NOTE if details else "") if text]
+    if captions:
+        table.caption, table.caption_justify = "\n".join(captions), "left"
     return table
 
 
