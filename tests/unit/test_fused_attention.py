@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from stratagem.advisor.calibrate.attention import attention_rates
-from stratagem.advisor.calibrate.calibration import Calibration
+from stratagem.advisor.calibrate.calibration import STALE_ATTENTION_NOTE, Calibration
 from stratagem.advisor.cost.attention import (
     ATTENTION_PEAK_SHARE,
     computed_elements,
@@ -100,7 +100,7 @@ def test_which_ranks_price_fused_attention_apart():
     assert _step(h100).attention is not None  # uncalibrated: the tile model
     assert _step(parse_cluster("2xcpu")).attention is None  # CPU ranks: among the matmuls
     before = _calibrated(h100, {}).apply(h100)  # a calibration without the curve keeps the GEMMs' rate
-    assert _step(before).attention is None
+    assert _step(before).attention is None and STALE_ATTENTION_NOTE in before.notes
     volta = dataclasses.replace(h100.node.device, compute_capability=(7, 0))
     assert _step(dataclasses.replace(h100, node=dataclasses.replace(h100.node, device=volta))
                  ).attention is None  # no published share for V100

@@ -73,6 +73,11 @@ def fit_link(op: str, group_size: int, points: list[tuple[int, float]]) -> LinkF
     return LinkFit(latency=intercept / steps, bandwidth=share / slope, points=tuple(points))
 
 
+STALE_ATTENTION_NOTE = ("this calibration has no attention rates (an earlier stratagem took it): fused attention "
+                        "is priced at the GEMMs' calibrated rate; run `stratagem calibrate` again to measure it")
+"""The note a GPU cluster's calibration without fused attention's rates adds (cost.attention)."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Calibration:
     """What ``stratagem calibrate`` measured on one cluster.
@@ -175,7 +180,8 @@ class Calibration:
                                    optimizer_seconds=tuple((name, *costs) for name, costs
                                                            in (self.optimizer_seconds or {}).items()),
                                    sync_seconds=self.sync_seconds, framework_bytes=self.framework_bytes)
-        return dataclasses.replace(cluster, node=node, notes=(*cluster.notes, note))
+        notes = (note, STALE_ATTENTION_NOTE) if cluster.is_accelerator and not self.attention else (note,)
+        return dataclasses.replace(cluster, node=node, notes=(*cluster.notes, *notes))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (group sizes as strings)."""
