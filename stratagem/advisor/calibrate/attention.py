@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from stratagem.advisor.calibrate.benchmarks import BUDGET_SECONDS, SUSTAINED_SECONDS, TORCH_DTYPES, interleaved, timed
+from stratagem.advisor.calibrate.benchmarks import BUDGET_SECONDS, TORCH_DTYPES, interleaved, timed
 from stratagem.advisor.profile.measure import CPU_ATTENTION_FLOPS
 from stratagem.distributed import across_ranks
 
@@ -34,6 +34,10 @@ ATTENTION_TOKENS = 32768
 ATTENTION_WIDTH = 2048
 """Heads × head width of the timed calls."""
 
+ATTENTION_SUSTAINED_SECONDS = 0.05
+"""How long each timed run repeats a shape: a quarter of the matmuls' (sixteen shapes, two runs
+each, keep the benchmark to about ten seconds on a GPU)."""
+
 Point = tuple[int, bool, int, float, float]
 """``(head width, causal, sequence, forward FLOP/s, backward FLOP/s)``."""
 
@@ -43,7 +47,7 @@ def attention_rates(dtypes: Sequence[str], device: torch.device, *, repeats: int
                     tokens: int = ATTENTION_TOKENS) -> dict[str, list[Point]]:
     """Per dtype, the rates of SDPA's forward and of its backward for each sequence length, head
     width and causality: ``tokens`` query rows per call, repeated for about
-    :data:`~stratagem.advisor.calibrate.benchmarks.SUSTAINED_SECONDS` per timed run and timed
+    :data:`ATTENTION_SUSTAINED_SECONDS` per timed run and timed
     :func:`~stratagem.advisor.calibrate.benchmarks.interleaved` (the backward's time: forward
     and backward less the forward). A shape whose single run would take over
     :data:`~stratagem.advisor.calibrate.benchmarks.BUDGET_SECONDS` (the slowest rank's) is skipped."""
@@ -58,7 +62,7 @@ def attention_rates(dtypes: Sequence[str], device: torch.device, *, repeats: int
                     single = across_ranks(timed(both, device, repeats=1))
                     if single > BUDGET_SECONDS:
                         continue  # the same on every rank: ``single`` is the slowest rank's
-                    count = max(1, int(SUSTAINED_SECONDS / single))
+                    count = max(1, int(ATTENTION_SUSTAINED_SECONDS / single))
                     runs += [lambda f=forward, n=count: [f() for _ in range(n)],
                              lambda f=both, n=count: [f() for _ in range(n)]]
                     shapes.append((dtype, width, causal, seq, count, fwd, bwd))

@@ -201,9 +201,10 @@ def _measure_compute(device: torch.device, settings: Settings, dtypes: list[str]
         convs = conv_rates(dtypes, device, batch=settings.conv_batch, repeats=settings.repeats,
                            shapes=settings.conv_shapes)
     attention = {}
-    if settings.attention_sequences:  # CPU ranks price attention among their matmuls (cost.attention)
-        with phase(f"attention ({', '.join(dtypes)})"):
-            attention = attention_rates(dtypes, device, repeats=settings.repeats, sequences=settings.attention_sequences)
+    halves = [dtype for dtype in dtypes if dtype != "fp32"]  # flash attention's; CPU ranks keep it among the matmuls
+    if settings.attention_sequences and halves:
+        with phase(f"attention ({', '.join(halves)})"):
+            attention = attention_rates(halves, device, repeats=settings.repeats, sequences=settings.attention_sequences)
     with phase("memory bandwidth"):
         bandwidth = across_ranks(memory_bandwidth(settings.copy_bytes, device, repeats=settings.repeats),
                                  smallest=True)
