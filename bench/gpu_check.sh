@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# On a machine with NVIDIA GPUs: what the probe sees (NVML), a calibration with NCCL (convolutions
-# included), then verify's predicted-against-measured table on models of real size the cost model
+# On a machine with NVIDIA GPUs: what the probe sees (NVML), a calibration with NCCL (convolutions and
+# attention included), then verify's predicted-against-measured table on models of real size the cost model
 # was never tuned on: GPT-2 large, ViT-L/16, ResNet-101, a Hugging Face GPT-NeoX config of
 # Pythia-410M's shape (hf:), and a Llama of TinyLlama-1.1B's shape through
 # Trainer(strategy="auto-parallel"). On one GPU each verify's top 2 are the compiled plan and the
 # offloaded one. Then the mechanisms: where a ResNet-50 step spends its device time
 # (bench/gpu_phases.py), operators without FLOPs by kind against a copy (bench/reduction_rate.py),
 # the attention core's rate by sequence, head width and causality (bench/attention_rate.py),
-# the compiled transformer steps' kernels by family, with Nsight Compute's bytes (bench/gpu_kernels.py).
+# the compiled transformer steps' kernels by family, the gaps between them split into the host's and the
+# device's, with Nsight Compute's bytes (bench/gpu_kernels.py).
 # Each step has a time limit and the next one runs whatever it ended with: the table's steps
 # about 9 minutes in all (6 when last run), the mechanisms' 6, so that each part fits one call
 # of a lent machine. Run from the repository root:
