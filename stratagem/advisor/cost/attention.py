@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from stratagem.advisor.cost.curves import log_interpolated
 from stratagem.advisor.cost.stages import Stage
 from stratagem.advisor.hardware.spec import Cluster
 from stratagem.advisor.profile.model_profile import AttentionCall, ModelProfile
@@ -125,7 +126,7 @@ def curve_seconds(call: AttentionCall, direction: str, curve: list[tuple[int, bo
     column, counted = (3, 1.0) if direction == "fwd" else (4, call.bwd_flops / call.fwd_flops)  # the counter's ratio
     per_element = [(seq, counted * _counted_per_element(seq, width, causal) / p[column])
                    for p in points for _, causal, seq in [p[:3]]]
-    return computed_elements(call) * _log_interpolated(per_element, call.seq_kv) * call.head_dim / width
+    return computed_elements(call) * log_interpolated(sorted(per_element), call.seq_kv) * call.head_dim / width
 
 
 def _counted_per_element(seq: int, width: int, causal: bool) -> float:
@@ -142,14 +143,3 @@ def _tiles(seq_q: int, seq_kv: int, causal: bool) -> int:
         return rows * columns
     square = min(rows, columns)
     return square * (square + 1) // 2 + max(0, rows - columns) * columns
-
-
-def _log_interpolated(points: list[tuple[int, float]], x: float) -> float:
-    """``points`` (x, y), linear in ``log x`` between them, the ends' beyond."""
-    points = sorted(points)
-    if x <= points[0][0]:
-        return points[0][1]
-    for (x0, y0), (x1, y1) in zip(points, points[1:]):
-        if x <= x1:
-            return y0 + (y1 - y0) * math.log(x / x0) / math.log(x1 / x0)
-    return points[-1][1]

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator
 
 from stratagem.advisor.cost.attention import prices_fused_attention
 from stratagem.advisor.cost.convolutions import ConvGemm, arithmetic_intensity, conv_gemms, forward_flops
+from stratagem.advisor.cost.curves import log_interpolated
 from stratagem.advisor.cost.stages import Stage
 from stratagem.advisor.hardware.spec import Cluster
 from stratagem.advisor.profile.model_profile import ConvLayer, LinearLayer, ModelProfile
@@ -114,7 +115,7 @@ def block_matmul_efficiency(profile: ModelProfile, plan: Plan, stage: Stage, cur
     convolution's streaming its tensors, not its window matrix."""
     if curve:
         convs = conv_curve(cluster, plan.precision) if cluster is not None else []
-        linears = ((count * size, count * size / _interpolated_rate(curve, size ** (1 / 3)) * curve[-1][1])
+        linears = ((count * size, count * size / log_interpolated(curve, size ** (1 / 3)) * curve[-1][1])
                    for count, rows, inner, outer in _linear_gemms(profile, plan, stage)
                    for size in [rows * inner * outer])
         return _weighted((*linears, *_calibrated_convs(profile, plan, stage, curve, convs)))
@@ -159,7 +160,7 @@ def _calibrated_convs(profile: ModelProfile, plan: Plan, stage: Stage, curve: li
         if convs:
             rate = _conv_rate(convs, arithmetic_intensity(conv, scale, element_bytes))
         else:
-            rate = _interpolated_rate(curve, (gemm.m * gemm.n * gemm.k) ** (1 / 3))
+            rate = log_interpolated(curve, (gemm.m * gemm.n * gemm.k) ** (1 / 3))
         yield work, work / rate * curve[-1][1]
 
 
@@ -170,10 +171,7 @@ def _conv_rate(curve: list[tuple[float, float]], intensity: float) -> float:
     Williams et al. 2009)."""
     if intensity <= curve[0][0]:
         return curve[0][1] * intensity / curve[0][0]
-    for (i0, r0), (i1, r1) in zip(curve, curve[1:]):
-        if intensity <= i1:
-            return r0 + (r1 - r0) * math.log(intensity / i0) / math.log(i1 / i0)
-    return curve[-1][1]
+    return log_interpolated(curve, intensity)
 
 
 def _weighted(pairs: Iterable[tuple[float, float]]) -> float:
@@ -230,17 +228,6 @@ def linear_rows(linear: LinearLayer, batch_scale: float, tokens: float) -> float
     """Rows ``linear`` multiplies per micro-batch: the profiled rows scaled by ``batch_scale``
     (micro-batch over profiled batch), or ``tokens`` where the profile recorded none."""
     return linear.rows * batch_scale if linear.rows else tokens
-
-
-def _interpolated_rate(curve: list[tuple[int, float]], n: float) -> float:
-    """The rate of a square matmul of side ``n`` on ``curve`` (sorted (side, FLOP/s)): linear in
-    ``log n`` between measured sides, the end's rate beyond them."""
-    if n <= curve[0][0]:
-        return curve[0][1]
-    for (n0, r0), (n1, r1) in zip(curve, curve[1:]):
-        if n <= n1:
-            return r0 + (r1 - r0) * math.log(n / n0) / math.log(n1 / n0)
-    return curve[-1][1]
 
 
 def _kind(cluster: Cluster) -> str:
