@@ -16,6 +16,7 @@ from stratagem.advisor.cost.attention import (
     curve_seconds,
     tile_seconds,
 )
+from stratagem.advisor.cost.compute import estimate_recompute_seconds
 from stratagem.advisor.cost.rank_step import rank_step
 from stratagem.advisor.hardware import NodeSpec, parse_cluster
 from stratagem.advisor.profile.cache import profile_spec
@@ -93,6 +94,18 @@ def test_a_pass_prices_fused_attention_at_its_own_rate_and_its_flops_no_longer_a
     for direction in ("fwd", "bwd"):
         saved = slow_step.pass_seconds(direction) - fast_step.pass_seconds(direction)
         assert saved == pytest.approx(attention.seconds[direction] / 2)
+
+
+def test_selective_checkpointing_recomputes_fused_attention_at_its_own_rate():
+    """The plugin's ``selective`` policy recomputes SDPA (it keeps the matmuls' outputs):
+    its forward again, at the rate fused attention runs, not the GEMMs'."""
+    cluster = parse_cluster("1xH100-SXM5-80GB")
+    profile = profile_spec("gpt2", seq_len=256, batch_size=2)
+    plan = Plan(micro_batch_size=4, activation_checkpointing="selective", block_container=profile.block_container)
+    steps = [rank_step(profile, cluster=_calibrated(cluster, {"bf16": ((64, True, 256, rate, rate),)}).apply(cluster),
+                       plan=plan, workload=Workload(global_batch_size=4, seq_len=256)) for rate in (100e12, 200e12)]
+    slow, fast = (estimate_recompute_seconds(step) for step in steps)
+    assert slow - fast == pytest.approx(steps[0].attention[True].seconds["fwd"] / 2)
 
 
 def test_which_ranks_price_fused_attention_apart():

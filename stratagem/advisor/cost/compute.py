@@ -65,14 +65,20 @@ def estimate_recompute_seconds(step: RankStep) -> float:
 
 def selective_recompute_seconds(step: RankStep, policy: str) -> float:
     """One micro-batch's recomputation under the selective ``policy``, seconds: the recomputed
-    forward FLOPs of the rank's blocks (divided over TP) at the blocks' matmul rate, and the bytes
-    the recomputed operators without FLOPs move at the cost per byte (parameter-sized ones, such
-    as autocast's weight casts, at any micro-batch size; a compiled block's fused in the share its
-    forward's are: :attr:`RankStep.fused_share`)."""
+    forward FLOPs of the rank's blocks (divided over TP) at the blocks' matmul rate, those of fused
+    attention kernels at the rate their forward runs where it is priced apart (:attr:`RankStep.attention`),
+    and the bytes the recomputed operators without FLOPs move at the cost per byte (parameter-sized
+    ones, such as autocast's weight casts, at any micro-batch size; a compiled block's fused in the
+    share its forward's are: :attr:`RankStep.fused_share`)."""
     flops = step.per_microbatch(policy_field(policy, "recompute_flops"), blocks_only=True)
+    attention = 0.0
+    if step.attention is not None and (fused := step.attention[True]).flops["fwd"]:
+        recomputed = step.per_microbatch(policy_field(policy, "recompute_attention_flops"), blocks_only=True)
+        flops, attention = flops - recomputed, recomputed * fused.seconds["fwd"] / fused.flops["fwd"]
     moved = (step.per_microbatch(policy_field(policy, "recompute_op_bytes"), blocks_only=True) * step.fused_share
              + step.per_tp_rank(policy_field(policy, "recompute_param_op_bytes"), blocks_only=True))
-    return flops / step.block_matmul_efficiency / step.flops_per_second + moved * step.seconds_per_op_byte
+    return (attention + flops / step.block_matmul_efficiency / step.flops_per_second
+            + moved * step.seconds_per_op_byte)
 
 
 def estimate_compile_seconds(step: RankStep) -> float:

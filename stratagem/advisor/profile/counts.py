@@ -20,6 +20,7 @@ class PolicyCounts:
     recompute_ops: int = 0
     recompute_op_bytes: int = 0
     recompute_param_op_bytes: int = 0
+    recompute_attention_flops: int = 0  # of recompute_flops, fused attention's (priced apart on GPUs)
 
     def add_work(self, other: PolicyCounts) -> None:
         """Add ``other``'s recomputed work (not its kept bytes)."""
@@ -27,6 +28,7 @@ class PolicyCounts:
         self.recompute_ops += other.recompute_ops
         self.recompute_op_bytes += other.recompute_op_bytes
         self.recompute_param_op_bytes += other.recompute_param_op_bytes
+        self.recompute_attention_flops += other.recompute_attention_flops
 
 
 @dataclass

@@ -282,7 +282,8 @@ class CostCounter(FlopCounterMode):
         if func_packet is aten.convolution and (conv := conv_layer(args, kwargs, out, name=self._module(seg))):
             counts.convs.append(conv)
         if counted:  # torch's selective checkpointing asks its policy about these alone
-            self.policies.op(seg, str(func_packet), out, flops=flops, ops=1, op_bytes=batch, param_op_bytes=sized)
+            self.policies.op(seg, str(func_packet), out, flops=flops, ops=1, op_bytes=batch, param_op_bytes=sized,
+                             attention_flops=flops if func_packet in ATTENTION_OPS else 0)
 
     def _track_fusion(self, seg: str, func_packet: Any, args: Any, out: Any, *, fusible: bool) -> None:
         """Tell the fusion tracker what an operator reads and writes (``fusible``: it moves

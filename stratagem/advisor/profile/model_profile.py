@@ -37,7 +37,8 @@ meaning (tests/unit/test_profile_cache_checks.py pins the fields to this number)
 
 def policy_field(policy: str, quantity: str) -> str:
     """The :class:`SegmentProfile` field of ``quantity`` (``kept_bytes``, ``recompute_flops``,
-    ``recompute_ops``, ``recompute_op_bytes``, ``recompute_param_op_bytes``) under the selective
+    ``recompute_ops``, ``recompute_op_bytes``, ``recompute_param_op_bytes``,
+    ``recompute_attention_flops``) under the selective
     checkpointing policy ``policy`` (``selective-op`` → ``selective_op_kept_bytes``)."""
     return f"{policy.replace('-', '_')}_{quantity}"
 
@@ -159,17 +160,20 @@ class SegmentProfile:
     compiled_saved_bytes: int = 0  # saved_bytes of a block compiled by torch.compile (0: not measured)
     # A block checkpointed under each selective policy (stratagem.plan.checkpointing; 0 outside
     # the blocks): the bytes it keeps (its input and the kept operators' outputs), and the forward
-    # work its backward runs again: FLOPs, operators, bytes moved (batch-sized, parameter-sized).
+    # work its backward runs again: FLOPs, operators, bytes moved (batch-sized, parameter-sized),
+    # and of its FLOPs those of fused attention kernels.
     selective_kept_bytes: int = 0
     selective_recompute_flops: int = 0
     selective_recompute_ops: int = 0
     selective_recompute_op_bytes: int = 0
     selective_recompute_param_op_bytes: int = 0
+    selective_recompute_attention_flops: int = 0
     selective_op_kept_bytes: int = 0
     selective_op_recompute_flops: int = 0
     selective_op_recompute_ops: int = 0
     selective_op_recompute_op_bytes: int = 0
     selective_op_recompute_param_op_bytes: int = 0
+    selective_op_recompute_attention_flops: int = 0
     # Tensor parallelism's split of the vocabulary (the vocab_embedding and vocab_head styles):
     # of num_params, those of the split input embedding or output head this segment owns (a tied
     # weight counts where it is first used: the embedding).

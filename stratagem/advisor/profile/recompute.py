@@ -40,8 +40,9 @@ class CheckpointPolicies:
         self.counts.setdefault(block, {p: PolicyCounts() for p in SELECTIVE_POLICIES})
 
     def op(self, block: str, name: str, out: object, *, flops: int, ops: int, op_bytes: int,
-           param_op_bytes: int) -> None:
-        """Operator ``name`` (``"aten.mm"``) of ``block``'s forward wrote ``out`` at this cost."""
+           param_op_bytes: int, attention_flops: int = 0) -> None:
+        """Operator ``name`` (``"aten.mm"``) of ``block``'s forward wrote ``out`` at this cost
+        (``attention_flops``: its FLOPs, where it is a fused attention kernel)."""
         states = self._states.get(block)
         if states is None:
             return
@@ -51,7 +52,7 @@ class CheckpointPolicies:
             else:
                 self._pending[block][policy].add_work(PolicyCounts(
                     recompute_flops=flops, recompute_ops=ops, recompute_op_bytes=op_bytes,
-                    recompute_param_op_bytes=param_op_bytes))
+                    recompute_param_op_bytes=param_op_bytes, recompute_attention_flops=attention_flops))
 
     def saved(self, block: str) -> None:
         """Autograd saved a tensor in ``block``'s forward: the recompute runs this far."""
