@@ -63,7 +63,7 @@ def fused_attention_time(profile: ModelProfile, plan: Plan, stage: Stage, cluste
     if not prices_fused_attention(cluster, dtype):
         return None
     curve = attention_curve(cluster, dtype)
-    rate = (not curve) and ATTENTION_PEAK_SHARE[cluster.device.compute_capability] * cluster.device.peak_flops(dtype)
+    rate = 0.0 if curve else ATTENTION_PEAK_SHARE[cluster.device.compute_capability] * cluster.device.peak_flops(dtype)
     batch_scale = plan.micro_batch_size / profile.batch_size
     blocks = [(call, count / plan.tp) for block, count in stage.kinds for call in block.fused_attention]  # TP splits heads
     block_names = {block.name for block in stage.blocks}
@@ -124,9 +124,9 @@ def curve_seconds(call: AttentionCall, direction: str, curve: list[tuple[int, bo
     width = min({point[0] for point in curve}, key=lambda w: abs(math.log(w / call.head_dim)))
     points = [p for p in curve if p[0] == width and p[1] == call.causal] or [p for p in curve if p[0] == width]
     column, counted = (3, 1.0) if direction == "fwd" else (4, call.bwd_flops / call.fwd_flops)  # the counter's ratio
-    per_element = [(seq, counted * _counted_per_element(seq, width, causal) / p[column])
-                   for p in points for _, causal, seq in [p[:3]]]
-    return computed_elements(call) * log_interpolated(sorted(per_element), call.seq_kv) * call.head_dim / width
+    per_element = sorted((seq, counted * _counted_per_element(seq, width, causal) / point[column])
+                         for point in points for _, causal, seq in (point[:3],))
+    return computed_elements(call) * log_interpolated(per_element, call.seq_kv) * call.head_dim / width
 
 
 def _counted_per_element(seq: int, width: int, causal: bool) -> float:

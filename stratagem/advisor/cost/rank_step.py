@@ -143,11 +143,12 @@ class RankStep:
             outside -= stage.flops[direction] - in_blocks.flops[direction]
             attention = stage.seconds[direction]
         unaligned = self.per_microbatch(f"{direction}_unaligned_flops", blocks_only=blocks_only)
-        return attention + ((blocks / self.block_matmul_efficiency + outside
-                 + unaligned * (1 / self.unaligned_matmul_fraction - 1)) / self.flops_per_second
-                + (self.per_microbatch(self.op_field(direction, "op_bytes"), blocks_only=blocks_only)
-                   + self.per_tp_rank(f"{direction}_param_op_bytes", blocks_only=blocks_only)
-                   + self.layout_bytes[direction, blocks_only] * self.batch_scale) * self.seconds_per_op_byte)
+        matmuls = (blocks / self.block_matmul_efficiency + outside
+                   + unaligned * (1 / self.unaligned_matmul_fraction - 1)) / self.flops_per_second
+        moved = (self.per_microbatch(self.op_field(direction, "op_bytes"), blocks_only=blocks_only)
+                 + self.per_tp_rank(f"{direction}_param_op_bytes", blocks_only=blocks_only)
+                 + self.layout_bytes[direction, blocks_only] * self.batch_scale)
+        return attention + matmuls + moved * self.seconds_per_op_byte
 
     def op_field(self, direction: str, kind: str) -> str:
         """The profile's field of ``direction``'s operators (``kind``: ``ops`` or ``op_bytes``) as
