@@ -132,6 +132,7 @@ def measure_plan(model: RealModel, plan: Plan, *, optimizer: str, steps: int, wa
         built = model.build(samples, early)
     step = _pipeline_step if plan.pp > 1 else _data_parallel_step
     run, parameters = step(built, plan, mesh, built.batch.to(device), device)
+    del built  # a pipeline rank keeps its stages alone (the run holds what a data-parallel one needs)
     opt = build_optimizer(parameters, plan, optimizer_class(optimizer), lr=1e-4)
     report("built", seconds=time.perf_counter() - started)
 

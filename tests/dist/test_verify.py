@@ -235,3 +235,17 @@ def test_a_compiled_plan_reports_the_graph_breaks_in_its_blocks() -> None:
                                                               block_container="layers"),
                            seq_len=None, optimizer="adamw", steps=1, timeout=240)
     assert measured.graph_breaks >= 2 and "graph_break" in measured.graph_break
+
+
+def two_wide_layers(batch_size: int = 4):
+    """A factory (``test_verify:two_wide_layers``): two 16 MiB Linears, one per pipeline stage."""
+    return torch.nn.Sequential(torch.nn.Linear(2048, 2048), torch.nn.Linear(2048, 2048)), (torch.randn(batch_size, 2048),)
+
+
+def test_a_pipeline_rank_is_measured_holding_its_own_stage() -> None:
+    """verify builds the whole model on every rank before splitting it; a rank's measured peak is
+    what its stage holds (its Linear, gradient and SGD's momentum: 48 MiB), not the other stage's
+    Linear as well (64 MiB while the runner kept the whole model)."""
+    plan = Plan(pp=2, microbatches=2, micro_batch_size=2, precision="fp32", block_container="")
+    measured = verify_plan("test_verify:two_wide_layers", plan, seq_len=None, optimizer="sgd", steps=1, timeout=240)
+    assert measured.peak_bytes < 56 * 2**20, measured.peak_bytes / 2**20
