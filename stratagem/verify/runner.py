@@ -7,7 +7,9 @@ steps (:data:`MEMORY_STEPS` at least), above the process as it stands with its p
 model is built (:class:`~stratagem.peak_memory.PeakMemory`): on
 CUDA ``max_memory_allocated`` (and ``max_memory_reserved`` beside it); on CPU the anonymous
 resident set, the allocator handing freed tensors back. What the framework takes beyond the
-plan's tensors is in it, as the calibrated cost model's ``framework`` term. Step time is the
+plan's tensors is in it, as the calibrated cost model's ``framework`` term. The whole model is
+built before the plan splits it, and a pipeline rank then keeps its own stages alone: the other
+stages' parameters count only while the model is built. Step time is the
 median over the measured steps (after the warm-up steps and one more) of the time from the first
 forward to the optimizer step's end, devices synchronised, less the time DTensor spent deciding
 how to shard operators on shapes it had not met before
