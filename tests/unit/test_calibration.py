@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from stratagem.advisor.calibrate.calibration import (
+    UNCALIBRATED_NOTE,
     Calibration,
     LinkFit,
     calibrated,
@@ -146,7 +147,9 @@ def test_a_measured_tp_linear_host_time_prices_every_tp_linear_of_every_microbat
 def test_round_trip_and_lookup_by_hardware(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STRATAGEM_CACHE_DIR", str(tmp_path))
     cluster = parse_cluster("8xA100-SXM4-80GB")
-    assert find_calibration(cluster) is None and calibrated(cluster) is cluster
+    assert find_calibration(cluster) is None  # the catalog's figures, and a note that says so
+    assert calibrated(cluster) == dataclasses.replace(cluster, notes=(*cluster.notes, UNCALIBRATED_NOTE))
+    assert calibrated(parse_cluster("2xcpu")) == parse_cluster("2xcpu")  # CPU ranks run at the catalog's rates
     calibration = _calibration(cluster, intra=LinkFit(5e-6, 200e9, ((1, 1e-5), (2, 2e-5))))
     calibration.save(calibration_path(calibration.hardware))
     assert Calibration.load(calibration_path(calibration.hardware)) == calibration

@@ -245,7 +245,16 @@ def find_calibration(cluster: Cluster) -> Calibration | None:
     return calibration if calibration.hardware == hardware_key(cluster) else None
 
 
+UNCALIBRATED_NOTE = ("uncalibrated: rates from the catalog's figures and the cost model's estimates (GEMMs by "
+                     "shape, attention, memory-bound work, host time); `stratagem calibrate` on this cluster "
+                     "measures them")
+"""The note an accelerator cluster with no stored calibration carries (docs/cost-model.md, "Calibration")."""
+
+
 def calibrated(cluster: Cluster) -> Cluster:
-    """``cluster`` with its stored calibration applied, or as it is when there is none."""
+    """``cluster`` with its stored calibration applied, or as it is with :data:`UNCALIBRATED_NOTE`
+    (accelerators) when there is none."""
     calibration = find_calibration(cluster)
-    return cluster if calibration is None else calibration.apply(cluster)
+    if calibration is not None:
+        return calibration.apply(cluster)
+    return dataclasses.replace(cluster, notes=(*cluster.notes, UNCALIBRATED_NOTE)) if cluster.is_accelerator else cluster
