@@ -129,7 +129,8 @@ def _with_root(profile: ModelProfile, *, embed: int, head: int) -> ModelProfile:
 
 def test_gradients_and_activations_meet_only_when_forwards_run_into_gradients():
     """Gradients are None through the forward and come as backward frees activations: the peak
-    holds the larger; with accumulation or pipeline micro-batches it holds both."""
+    holds the larger; with accumulation it holds both, and on a pipeline rank that runs a forward
+    after its first backward."""
     profile = _states_only(1000, num_blocks=2)
     profile = dataclasses.replace(profile, batch_size=1, precision="fp32", blocks=tuple(
         dataclasses.replace(b, saved_bytes=6000) for b in profile.blocks))
@@ -138,8 +139,19 @@ def test_gradients_and_activations_meet_only_when_forwards_run_into_gradients():
     assert (alone.activations, alone.gradients) == (12000, 0)
     accumulating = estimate_memory(profile, workload, Plan(precision="fp32", grad_accum=2))
     assert (accumulating.activations, accumulating.gradients) == (12000, 4000)
-    piped = estimate_memory(profile, workload, Plan(precision="fp32", pp=2, microbatches=2))
-    assert piped.gradients > 0 and piped.activations > 0
+    # Per stage: one block, 500 parameters (2000 bytes of gradients), 6000 bytes a micro-batch.
+    layout = state_layout("fp32", "adamw")
+
+    def rank(schedule: str, microbatches: int, index: int) -> tuple[float, float]:
+        plan = Plan(precision="fp32", pp=2, microbatches=microbatches, pp_schedule=schedule)
+        memory = estimate_rank_memory(profile, plan, layout, rank=index)
+        return memory.activations, memory.gradients
+
+    assert rank("1f1b", 4, 0) == (12000, 2000)  # two in flight when its third forward runs into gradients
+    assert rank("1f1b", 2, 1) == (6000, 2000)  # the last stage: f0 b0 f1 b1
+    # Every forward before the first backward: the gradients come as that micro-batch's activations go,
+    # the others' held through it (3 × 6000 + 2000 < 4 × 6000: the peak is the loss's moment)
+    assert rank("1f1b", 2, 0) == (12000, 0) and rank("gpipe", 4, 0) == (24000, 0)
     kept = estimate_memory(profile, workload, Plan(precision="fp32"), runtime="deepspeed")  # its own buffers
     assert kept.gradients > 0 and kept.activations == 12000
 

@@ -29,13 +29,16 @@ class RankActivations(NamedTuple):
     stage); ``released``: the activations its backward frees first (the head's); ``block``: the
     largest block's, alive while that block's backward runs (as rebuilt under full checkpointing);
     ``rebuilt``: that block's under full checkpointing, which the backward holds to its end (0
-    without it)."""
+    without it); ``others``: what the rank's other in-flight micro-batches hold while its first
+    backward runs, where every forward precedes that backward (0 without a pipeline), None where a
+    forward follows it (:func:`held_through_first_backward`)."""
 
     total: float
     loss_grads: float
     released: float
     block: float
     rebuilt: float
+    others: float | None
 
 
 def estimate_block_activations(block: SegmentProfile, plan: Plan, *, scale: float,
@@ -83,7 +86,24 @@ def rank_activations(view: RankView) -> RankActivations:
     return RankActivations(estimate_activations(view) + _stage_outputs(view),
                            loss_grads=LOSS_GRADIENT_COPIES * view.scale * sum(_logits_gradient(s) for s in view.head),
                            released=view.scale * sum(s.saved_bytes for s in view.head),
-                           block=block, rebuilt=rebuilt)
+                           block=block, rebuilt=rebuilt, others=held_through_first_backward(view))
+
+
+def held_through_first_backward(view: RankView) -> float | None:
+    """Activation bytes the rank's other in-flight micro-batches hold while its first backward
+    runs, where its schedule runs every forward before that backward (GPipe; 1F1B with no more
+    micro-batches than the rank warms up: ``min(pp − rank, m) = m``): each one's blocks' and the
+    stage output torch's stage keeps. 0 without a pipeline. None where a forward follows the first
+    backward (1F1B's steady state, interleaved stages): the gradients then meet every in-flight
+    micro-batch's activations."""
+    plan = view.plan
+    if plan.pp == 1:
+        return 0.0
+    if len(view.virtual) > 1 or view.in_flight[0] < plan.microbatches:
+        return None
+    stage = view.virtual[0]
+    return (view.in_flight[0] - 1) * view.scale * (_per_microbatch(stage, plan, scale=1.0)
+                                                    + stage.segments[-1].output_bytes)
 
 
 def _rebuilt_block(view: RankView) -> float:

@@ -267,18 +267,26 @@ def estimate_memory(profile: ModelProfile, workload: Workload, plan: Plan, *, ru
     profile = profile.computed_by(plan)
     layout = state_layout(plan.precision, workload.optimizer, runtime=runtime)
     ranks = zip(_candidates_states(profile, plan, layout), _candidates_activations(profile, plan))
-    apart = not gradients_meet_activations(plan, layout)
-    states, activations = max(ranks, key=lambda rank: _fullness(*rank, framework, apart))
-    return _with_activations(states, activations, framework, apart)
+    meet = gradients_meet_activations(plan, layout)
+    states, activations = max(ranks, key=lambda rank: _fullness(*rank, framework, meet))
+    return _with_activations(states, activations, framework, meet)
 
 
 def gradients_meet_activations(plan: Plan, layout: StateLayout) -> bool:
-    """Whether a step's peak holds its gradients and its activations together: where the runtime
-    keeps gradient buffers (``layout.frees_gradients`` false), and where a step runs several
-    forwards into the same gradients (accumulation, a pipeline's micro-batches). Otherwise the
-    gradients are None through the forward (``zero_grad(set_to_none=True)``) and come during
-    backward as the activations they come from are freed."""
-    return not layout.frees_gradients or plan.grad_accum > 1 or plan.pp > 1
+    """Whether every rank's peak holds its gradients and its activations together: where the
+    runtime keeps gradient buffers (``layout.frees_gradients`` false), and where a step runs
+    several forwards into the same gradients (accumulation). Otherwise the gradients are None
+    through the forward (``zero_grad(set_to_none=True)``) and come during backward as the
+    activations they come from are freed, unless a pipeline rank runs a forward after its first
+    backward (:func:`_apart`)."""
+    return not layout.frees_gradients or plan.grad_accum > 1
+
+
+def _apart(activations: RankActivations, meet: bool) -> bool:
+    """Whether the rank's gradients come only as its activations go: not where they meet for every
+    rank (``meet``: :func:`gradients_meet_activations`), nor on a pipeline rank that runs a
+    forward after its first backward (``RankActivations.others`` None)."""
+    return not meet and activations.others is not None
 
 
 def framework_bytes(cluster: Cluster) -> float:
@@ -293,7 +301,7 @@ def estimate_rank_memory(profile: ModelProfile, plan: Plan, layout: StateLayout,
     """Peak bytes of pipeline rank ``rank``, term by term (``framework``: :func:`framework_bytes`)."""
     view = rank_view(profile.computed_by(plan), plan, rank)
     return _with_activations(_model_states(view, layout, foreach=runs_foreach(profile)), rank_activations(view),
-                             framework, not gradients_meet_activations(plan, layout))
+                             framework, gradients_meet_activations(plan, layout))
 
 
 def _model_states(view: RankView, layout: StateLayout, *, foreach: bool) -> RankStates:
@@ -313,53 +321,56 @@ def _model_states(view: RankView, layout: StateLayout, *, foreach: bool) -> Rank
                       *estimate_step_bytes(plan, params, layout, foreach=foreach))
 
 
-def _alive_at_peak(states: RankStates, activations: RankActivations, apart: bool) -> tuple[float, float]:
-    """Gradients and activations at the peak. Where they meet (not ``apart``), all of both, with
-    the unsharded gradients and the loss's. Otherwise the fullest of three moments: the loss's
-    backward (every activation and the gradients of the head's output, no parameter gradient
-    yet); the end of the first block's backward (the activations but the head's; the gradients
-    held and the block unit's twice, as the reduce-scatter copies them, while the block's
-    activations are freed); the backward's end (every gradient, and the block full checkpointing
-    rebuilt last, likewise). Either way, the embedding's backward after the blocks' may peak
-    instead: every gradient, and the whole table's gradient of a vocabulary split."""
+def _alive_at_peak(states: RankStates, activations: RankActivations, meet: bool) -> tuple[float, float]:
+    """Gradients and activations at the peak. Where they meet (:func:`_apart` false), all of both,
+    with the unsharded gradients and the loss's. Otherwise the fullest of three moments of the
+    rank's first backward: the loss's backward (every activation and the gradients of the head's
+    output, no parameter gradient yet); the end of the first block's backward (the activations
+    but the head's; the gradients held and the block unit's twice, as the reduce-scatter copies
+    them, while the block's activations are freed); the backward's end (every gradient, and the
+    block full checkpointing rebuilt last, likewise); the rank's other in-flight micro-batches'
+    activations held through all three (``RankActivations.others``). Either way, the embedding's
+    backward after the blocks' may peak instead: every gradient, and the whole table's gradient of
+    a vocabulary split."""
     unit = states.unit_grads
     unsharded = states.held_grads + 2 * unit
-    embedding = (states.states.gradients + unsharded + states.embedding_grads, 0.0)
-    if not apart:
+    embedding = (states.states.gradients + unsharded + states.embedding_grads, activations.others or 0.0)
+    if not _apart(activations, meet):
         return max((states.states.gradients + unsharded, activations.total + activations.loss_grads), embedding, key=sum)
     moments = ((0.0, activations.total + activations.loss_grads),
                (unsharded, activations.total - activations.released - min(activations.block, unit)),
-               (states.states.gradients + unsharded, activations.rebuilt - min(activations.rebuilt, unit)),
+               (states.states.gradients + unsharded,
+                activations.others + activations.rebuilt - min(activations.rebuilt, unit)),
                embedding)
     return max(moments, key=sum)
 
 
-def _peak(states: RankStates, activations: RankActivations, apart: bool) -> tuple[float, float, float, float]:
+def _peak(states: RankStates, activations: RankActivations, meet: bool) -> tuple[float, float, float, float]:
     """``(gradients, optimizer, activations, buffers)`` at the rank's peak: the fuller of the
     backward's (:func:`_alive_at_peak`, with the model states and buffers) and the optimizer
     step's (every gradient, the step's temporaries beside the states, no activation, the buffers
     that outlive the backward)."""
     kept = states.states
-    gradients, alive = _alive_at_peak(states, activations, apart)
+    gradients, alive = _alive_at_peak(states, activations, meet)
     step = (kept.gradients, kept.optimizer + states.step_temporaries, 0.0, states.step_buffers)
     return max((gradients, kept.optimizer, alive, kept.buffers), step, key=sum)
 
 
 def _with_activations(states: RankStates, activations: RankActivations, framework: float,
-                      apart: bool) -> MemoryBreakdown:
+                      meet: bool) -> MemoryBreakdown:
     """:func:`_model_states`' breakdown with the rank's activations and the framework's bytes, as
     alive at the peak (:func:`_peak`)."""
-    gradients, optimizer, alive, buffers = _peak(states, activations, apart)
+    gradients, optimizer, alive, buffers = _peak(states, activations, meet)
     kept = states.states
     return MemoryBreakdown(parameters=kept.parameters, gradients=gradients, optimizer=optimizer,
                            activations=alive, buffers=buffers, framework=framework, host=kept.host)
 
 
-def _fullness(states: RankStates, activations: RankActivations, framework: float, apart: bool) -> tuple[float, float]:
+def _fullness(states: RankStates, activations: RankActivations, framework: float, meet: bool) -> tuple[float, float]:
     """The device and host bytes of :func:`_with_activations`' breakdown, without building it:
     the fuller rank has the larger total, then the larger host share."""
     kept = states.states
-    return device_bytes(kept.parameters, *_peak(states, activations, apart), framework), kept.host
+    return device_bytes(kept.parameters, *_peak(states, activations, meet), framework), kept.host
 
 
 @by_identity_and_plan(ignoring=_NOT_IN_MODEL_STATES)
