@@ -5,7 +5,8 @@ not), beside a large GEMM's, and what the uncalibrated tile model (`stratagem.ad
 predicts for the same call on this device.
 
 On one H100, cuDNN's kernel took 9.4 ms a step for GPT-2 large's attention core and 5.3 ms for
-ViT-L/16's (docs/benchmarks.md, "GPU figures"); the tile model gives 8.8 and 4.2.
+ViT-L/16's (docs/benchmarks.md, "GPU figures"); the tile model gives 8.8 and 4.2
+(``bench/gpu_predictions.py`` prints both).
 
     python bench/attention_rate.py            # on a GPU; on CPU at small sizes, to check the script
 """
@@ -18,6 +19,7 @@ import socket
 import torch
 import torch.distributed as dist
 from timing import median_seconds
+from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
 from stratagem.advisor.calibrate.attention import attention_rates
 from stratagem.advisor.cost.attention import ATTENTION_PEAK_SHARE, tile_seconds
@@ -50,10 +52,11 @@ def main() -> None:
                 f"  ({fwd / gemm:.0%}, {bwd / gemm:.0%})")
         if share:
             peak = share * device_spec.peak_flops(dtype)  # the catalog's dense peak
-            counted = 4 * seq * seq * width
-            call = AttentionCall(seq_q=seq, seq_kv=seq, head_dim=width, causal=causal, fwd_flops=counted,
-                                 bwd_flops=5 * counted // 2)
-            line += (f"   {counted / tile_seconds(call, 'fwd', peak) / 1e12:8.1f}"
+            shape = (1, 1, seq, width)  # one head: the tile model's rate as torch's counter counts it
+            call = AttentionCall(seq_q=seq, seq_kv=seq, head_dim=width, causal=causal,
+                                 fwd_flops=sdpa_flop_count(shape, shape, shape),
+                                 bwd_flops=sdpa_backward_flop_count(shape, shape, shape, shape))
+            line += (f"   {call.fwd_flops / tile_seconds(call, 'fwd', peak) / 1e12:8.1f}"
                      f" {call.bwd_flops / tile_seconds(call, 'bwd', peak) / 1e12:9.1f}")
         print(line, flush=True)
 

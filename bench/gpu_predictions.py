@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 from stratagem.advisor.calibrate.calibration import Calibration
 from stratagem.advisor.cost.evaluate import evaluate
+from stratagem.advisor.cost.rank_step import rank_step
 from stratagem.advisor.hardware import parse_cluster
 from stratagem.advisor.profile.cache import profile_spec
 from stratagem.advisor.search.given_plans import complete_plan, read_plan
@@ -80,6 +81,12 @@ its prediction then gave, 315 ms, is an fp32 step's; bf16 would take about a qua
 its training_step was not recorded either (``bench/trainer_hf.py`` runs one that is). The
 TinyLlama-shaped run of the H100b set is left out: dynamo left 14 of its 22 compiled layers eager."""
 
+ATTENTION_CORES = (("H100b", "gpt2-large", 8, 1024, 9.4e-3), ("H100b", "vit-l-16", 64, None, 5.3e-3),
+                   ("H200", "vit-b-16", 128, None, 4.7e-3))
+"""Device time a step's attention kernels took, forward and backward: ``bench/gpu_kernels.py``'s
+attention family on the H100b runs' compiled steps, ``bench/gpu_phases.py``'s on the H200's eager
+one (docs/benchmarks.md)."""
+
 CLUSTERS = {"H100": "1xH100-SXM-80GB", "H200": "1xH200", "H100b": "1xH100-SXM-80GB"}
 
 CALIBRATIONS = {"H100b": Path(__file__).parent / "calibrations" / "h100-sxm5-80gb-2026-11-26.json"}
@@ -115,6 +122,17 @@ def predict(case: Case, folder: Path, *, calibrated: bool = False) -> tuple[floa
     return estimate.time.step_seconds, estimate.memory.total, estimate.plan.name
 
 
+def attention_seconds(card: str, model: str, batch: int, seq_len: int | None) -> float:
+    """The uncalibrated prediction of one step's fused attention, forward and backward, with the
+    whole batch in one micro-batch (``advisor/cost/attention.py``'s tile model)."""
+    workload = Workload(global_batch_size=batch, seq_len=seq_len)
+    profile, cluster = profile_spec(model, seq_len=seq_len), parse_cluster(CLUSTERS[card])
+    plan = complete_plan(read_plan(json.dumps({"micro_batch_size": batch}), label="A", source="bench"),
+                         profile, cluster, workload)
+    step = rank_step(profile, cluster=cluster, workload=workload, plan=plan)
+    return sum(step.attention[False].seconds.values())
+
+
 def _error(predicted: float, measured: float) -> str:
     return f"{predicted / measured - 1:+6.0%}" if measured == measured else "     -"
 
@@ -137,6 +155,10 @@ def main() -> None:
               f"{format_seconds(seconds):>10} {format_seconds(case.seconds):>9} {_error(seconds, case.seconds)}  "
               f"{format_bytes(peak):>12} {measured_peak:>9} {_error(peak, case.peak_gib * GIB)}{calibrated}")
     print(f"mean |step error| uncalibrated over the {len(errors)} runs: {sum(errors) / len(errors):.1%}")
+    for card, model, batch, seq_len, measured in ATTENTION_CORES:
+        predicted = attention_seconds(card, model, batch, seq_len)
+        print(f"{card:<5} {model:<16} attention core, uncalibrated tile model: {format_seconds(predicted)} "
+              f"against {format_seconds(measured)} measured {_error(predicted, measured)}")
     for card, source in SOURCE.items():
         print(f"{card}: {source}")
     print(f"uncalibrated: catalog figures and the GEMM shape model; calibrated: the card's stored "

@@ -16,9 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from stratagem.advisor.calibrate.benchmarks import BUDGET_SECONDS, TORCH_DTYPES, interleaved, timed
+from stratagem.advisor.calibrate.benchmarks import BUDGET_SECONDS, TORCH_DTYPES, interleaved, sustained
 from stratagem.advisor.profile.measure import CPU_ATTENTION_FLOPS
-from stratagem.distributed import across_ranks
 
 __all__ = ["ATTENTION_SEQUENCES", "ATTENTION_HEAD_WIDTHS", "attention_rates"]
 
@@ -59,12 +58,10 @@ def attention_rates(dtypes: Sequence[str], device: torch.device, *, repeats: int
                 for causal in (False, True):
                     forward, both, (fwd, bwd) = _attention_step(dtype, device, seq=seq, width=width, causal=causal,
                                                                tokens=tokens)
-                    single = across_ranks(timed(both, device, repeats=1))
+                    run_both, count, single = sustained(both, device, seconds=ATTENTION_SUSTAINED_SECONDS)
                     if single > BUDGET_SECONDS:
                         continue  # the same on every rank: ``single`` is the slowest rank's
-                    count = max(1, int(ATTENTION_SUSTAINED_SECONDS / single))
-                    runs += [lambda f=forward, n=count: [f() for _ in range(n)],
-                             lambda f=both, n=count: [f() for _ in range(n)]]
+                    runs += [lambda f=forward, n=count: [f() for _ in range(n)], run_both]
                     shapes.append((dtype, width, causal, seq, count, fwd, bwd))
     seconds = interleaved(runs, device, repeats=repeats) if runs else []
     rates: dict[str, list[Point]] = {}

@@ -90,17 +90,25 @@ class _Benchmark:
     flops: float
 
 
+def sustained(fn: Callable[[], object], device: torch.device, *,
+              seconds: float = SUSTAINED_SECONDS) -> tuple[Callable[[], object], int, float]:
+    """``fn`` run back to back for about ``seconds`` (the same count on every rank), so that every
+    rank computes for the whole run as in training (timed one call at a time, ranks that share
+    cores measure whichever the scheduler ran first, alone): that run, its count of calls, and the
+    slowest rank's seconds for one call (after a warm-up)."""
+    single = across_ranks(timed(fn, device, repeats=1))
+    count = max(1, int(seconds / single))
+    return (lambda: [fn() for _ in range(count)]), count, single
+
+
 def _sustained_matmul(n: int, dtype: str, device: torch.device, *, width: int | None = None) -> tuple[_Benchmark, float]:
-    """``n×n @ n×width`` matmuls (``width`` n unless given) in ``dtype`` (2n²·width FLOPs each)
-    back to back for about :data:`SUSTAINED_SECONDS` (the same count on every rank), so that every
-    rank computes for the whole run as in training (timed one matmul at a time, ranks that share
-    cores measure whichever the scheduler ran first, alone); and the slowest rank's seconds for one."""
+    """``n×n @ n×width`` matmuls (``width`` n unless given) in ``dtype`` (2n²·width FLOPs each),
+    :func:`sustained`; and the slowest rank's seconds for one."""
     width = width or n
     a = torch.randn(n, n, device=device, dtype=TORCH_DTYPES[dtype])
     b = torch.randn(n, width, device=device, dtype=TORCH_DTYPES[dtype])
-    single = across_ranks(timed(lambda: a @ b, device, repeats=1))
-    count = max(1, int(SUSTAINED_SECONDS / single))
-    return _Benchmark(lambda: [a @ b for _ in range(count)], 2 * n * n * width * count), single
+    run, count, single = sustained(lambda: a @ b, device)
+    return _Benchmark(run, 2 * n * n * width * count), single
 
 
 @dataclass(frozen=True, slots=True)

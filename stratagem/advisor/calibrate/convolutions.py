@@ -17,10 +17,9 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from stratagem.advisor.calibrate.benchmarks import BUDGET_SECONDS, SUSTAINED_SECONDS, TORCH_DTYPES, interleaved, timed
+from stratagem.advisor.calibrate.benchmarks import BUDGET_SECONDS, TORCH_DTYPES, interleaved, sustained
 from stratagem.advisor.cost.convolutions import arithmetic_intensity
 from stratagem.advisor.profile.model_profile import ConvLayer
-from stratagem.distributed import across_ranks
 
 __all__ = ["CONV_SHAPES", "QUICK_CONV_SHAPES", "conv_rates"]
 
@@ -47,11 +46,10 @@ def conv_rates(dtypes: Sequence[str], device: torch.device, *, batch: int, repea
     for dtype in dtypes:
         for shape in shapes:
             step, conv = _conv_step(shape, batch, dtype, device)
-            single = across_ranks(timed(step, device, repeats=1))
+            run, count, single = sustained(step, device)
             if single > BUDGET_SECONDS:
                 continue  # the same on every rank: ``single`` is the slowest rank's
-            count = max(1, int(SUSTAINED_SECONDS / single))
-            runs.append(lambda step=step, count=count: [step() for _ in range(count)])
+            runs.append(run)
             flops = 3 * 2 * conv.rows * conv.out_channels * conv.in_channels * conv.window * count
             points.append((dtype, arithmetic_intensity(conv, 1.0, TORCH_DTYPES[dtype].itemsize), flops))
     seconds = interleaved(runs, device, repeats=repeats) if runs else []

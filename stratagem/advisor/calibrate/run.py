@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from stratagem.advisor.calibrate.attention import ATTENTION_SEQUENCES, attention_rates
 from stratagem.advisor.calibrate.benchmarks import (
     collective_seconds,
     compute_rates,
@@ -36,8 +37,8 @@ from stratagem.advisor.calibrate.benchmarks import (
     tp_linear_seconds,
 )
 from stratagem.advisor.calibrate.calibration import COLLECTIVES, Calibration, LinkFit, fit_link, hardware_key
-from stratagem.advisor.calibrate.attention import ATTENTION_SEQUENCES, attention_rates
 from stratagem.advisor.calibrate.convolutions import CONV_SHAPES, QUICK_CONV_SHAPES, conv_rates
+from stratagem.advisor.cost.attention import ATTENTION_DTYPES
 from stratagem.distributed import (
     across_ranks,
     host_store,
@@ -201,7 +202,7 @@ def _measure_compute(device: torch.device, settings: Settings, dtypes: list[str]
         convs = conv_rates(dtypes, device, batch=settings.conv_batch, repeats=settings.repeats,
                            shapes=settings.conv_shapes)
     attention = {}
-    halves = [dtype for dtype in dtypes if dtype != "fp32"]  # flash attention's; CPU ranks keep it among the matmuls
+    halves = [dtype for dtype in dtypes if dtype in ATTENTION_DTYPES]  # CPU ranks keep it among the matmuls
     if settings.attention_sequences and halves:
         with phase(f"attention ({', '.join(halves)})"):
             attention = attention_rates(halves, device, repeats=settings.repeats, sequences=settings.attention_sequences)

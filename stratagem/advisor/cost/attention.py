@@ -38,7 +38,7 @@ TENSOR_FLOPS = {"fwd": 4, "bwd": 10}
 # picks on the cluster instead.
 ATTENTION_PEAK_SHARE = {(8, 0): 0.5, (9, 0): 0.35}
 
-# The matmul dtypes fused kernels run in uncalibrated (flash attention takes 16 bits only).
+# The matmul dtypes fused kernels are priced and calibrated in (flash attention takes 16 bits only).
 ATTENTION_DTYPES = ("bf16", "fp16")
 
 DIRECTIONS = ("fwd", "bwd")
