@@ -32,3 +32,15 @@ def test_optimizer_steps_split_into_a_cost_per_parameter_and_per_tensor(one_rank
     assert set(costs) == {"adamw", "sgd"}
     (adamw_param, adamw_tensor), (sgd_param, sgd_tensor) = costs["adamw"], costs["sgd"]
     assert adamw_param > sgd_param >= 0 and adamw_tensor > sgd_tensor > 0
+
+
+def test_bytes_move_no_faster_than_a_copy_and_the_floor_is_said() -> None:
+    """A busy host can leave the CPU reference step less time than its bytes take at the copy's
+    rate (or none: the difference clamps to 0); the copy's rate stands, with a note. Measured above
+    it, the measurement stands; unmeasured (GPUs), the copy's rate, without a note."""
+    from stratagem.advisor.calibrate.run import COPY_RATE_FLOOR_NOTE, op_byte_seconds_at_least_a_copy
+
+    bandwidth = 50e9
+    assert op_byte_seconds_at_least_a_copy(0.0, bandwidth) == (1 / bandwidth, (COPY_RATE_FLOOR_NOTE,))
+    assert op_byte_seconds_at_least_a_copy(3 / bandwidth, bandwidth) == (3 / bandwidth, ())
+    assert op_byte_seconds_at_least_a_copy(None, bandwidth) == (1 / bandwidth, ())

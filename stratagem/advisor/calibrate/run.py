@@ -65,6 +65,10 @@ LOST_HINT = "HINT: run stratagem calibrate again once every rank can run"
 ONE_PROCESS_NOTE = ("one process: collectives, their overlap with compute and their wait after compute were not "
                     "measured (they need two); the catalog's figures stand for them")
 
+COPY_RATE_FLOOR_NOTE = ("per byte moved: the reference step beyond its matmuls and operators left less time than its "
+                        "bytes take at the measured copy rate (a busy host); the copy rate stands for it")
+"""The note a CPU calibration carries when its per-byte cost is floored at the copy's rate."""
+
 
 @dataclass(frozen=True, slots=True)
 class Settings:
@@ -180,11 +184,12 @@ def calibrate_on_group(*, quick: bool = False, progress: bool = False) -> Calibr
         phase = functools.partial(display.phase, "calibrate")
         measured = {**_measure_compute(device, settings, dtypes, phase), **_measure_links(device, settings, groups, phase)}
     alone = dist.get_world_size() == 1
+    notes = measured.pop("notes")
     return Calibration(
         hardware=hardware_key(cluster), backend=dist.get_backend(), world_size=dist.get_world_size(),
         **measured, seconds=time.perf_counter() - started,
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        notes=(ONE_PROCESS_NOTE,) if alone else ())
+        notes=(*notes, *((ONE_PROCESS_NOTE,) if alone else ())))
 
 
 _Phase = Callable[[str], AbstractContextManager]
@@ -193,7 +198,8 @@ _Phase = Callable[[str], AbstractContextManager]
 
 def _measure_compute(device: torch.device, settings: Settings, dtypes: list[str], phase: _Phase) -> dict[str, Any]:
     """The benchmarks of one rank: framework memory, matmuls and operators, convolutions, fused
-    attention (GPUs), memory bandwidth, optimizer steps, DTensor dispatch; Calibration's fields."""
+    attention (GPUs), memory bandwidth, optimizer steps, DTensor dispatch; Calibration's fields
+    and its notes."""
     with phase("framework memory"):
         framework = across_ranks(framework_bytes(device))  # first: what a fresh process's first steps take
     with phase(f"matmuls and operators ({', '.join(dtypes)})"):
@@ -215,15 +221,27 @@ def _measure_compute(device: torch.device, settings: Settings, dtypes: list[str]
     with phase("DTensor dispatch: optimizer operators, TP Linears"):
         per_dtensor_op = across_ranks(dtensor_op_seconds(device, repeats=settings.repeats))
         per_tp_linear = tp_linear_seconds(device, repeats=settings.repeats)
+    per_byte, byte_notes = op_byte_seconds_at_least_a_copy(compute.op_byte_seconds, bandwidth)
     return dict(
         matmul={dtype: tuple(points) for dtype, points in compute.matmul.items()}, memory_bandwidth=bandwidth,
         conv={dtype: tuple(points) for dtype, points in convs.items()},
         attention={dtype: tuple(points) for dtype, points in attention.items()},
         unaligned_matmul=compute.unaligned, op_seconds=compute.op_seconds,
-        # GPUs: the copy's bandwidth prices the bytes (BYTES_REFERENCE says why not a reference step)
-        op_byte_seconds=compute.op_byte_seconds if compute.op_byte_seconds is not None else 1 / bandwidth,
+        op_byte_seconds=per_byte,
         dtensor_op_seconds=per_dtensor_op, tp_linear_seconds=per_tp_linear, optimizer_seconds=optimizers,
-        framework_bytes=framework)
+        framework_bytes=framework, notes=byte_notes)
+
+
+def op_byte_seconds_at_least_a_copy(measured: float | None, bandwidth: float) -> tuple[float, tuple[str, ...]]:
+    """Seconds per byte operators without FLOPs move, and the notes it needs: ``measured`` by the
+    CPU reference step, but no less than a copy at ``bandwidth`` bytes/s takes (a busy host can
+    leave the step less time beyond its matmuls and operators than its bytes need:
+    :data:`COPY_RATE_FLOOR_NOTE`); the copy's where nothing was measured (GPUs, whose host hides it:
+    :data:`~stratagem.advisor.calibrate.benchmarks.BYTES_REFERENCE`)."""
+    copy = 1 / bandwidth
+    if measured is not None and measured < copy:
+        return copy, (COPY_RATE_FLOOR_NOTE,)
+    return (copy if measured is None else measured), ()
 
 
 def _measure_links(device: torch.device, settings: Settings, groups: list[_Group], phase: _Phase) -> dict[str, Any]:
