@@ -21,6 +21,13 @@ VOCAB_STYLES = ("vocab_embedding", "vocab_head")
 TP_STYLES = (*BLOCK_STYLES, *VOCAB_STYLES)
 
 
+def is_sequence_norm(module: object) -> bool:
+    """Whether ``module`` is a norm the ``sequence_parallel`` style runs on sequence shards: one
+    over each token's features alone, torch's ``LayerNorm`` and ``RMSNorm`` and the classes models
+    name so (Hugging Face's ``LlamaRMSNorm``, ``T5LayerNorm``)."""
+    return type(module).__name__.endswith(("LayerNorm", "RMSNorm"))
+
+
 @functools.lru_cache(maxsize=64)
 def check_tp_layout(layout: Any) -> None:
     """``layout`` is a tuple of ``(pattern, style)`` string pairs with known styles (once per layout:

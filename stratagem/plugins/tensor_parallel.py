@@ -54,10 +54,9 @@ from collections.abc import Callable
 
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
-    PrepareModuleInput,
     PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
@@ -65,6 +64,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from stratagem.plan import VOCAB_STYLES, Plan
+from stratagem.plan.tp_styles import is_sequence_norm
 from stratagem.errors import UsageError
 from stratagem.plugins.blocks import find_blocks
 
@@ -72,12 +72,17 @@ __all__ = ["apply_tensor_parallel", "check_tp_layout_given", "match_tp_layout", 
 
 log = logging.getLogger(__name__)
 
-_NORMS = (nn.LayerNorm, nn.RMSNorm)
+
+
+def _instance_of(kind: type[nn.Module]) -> Callable[[nn.Module], bool]:
+    return lambda module: isinstance(module, kind)
+
+
 # What each style splits, and how a wrong match is named.
-_KINDS: dict[str, tuple[type | tuple[type, ...], str]] = {
-    "colwise": (nn.Linear, "a Linear"), "rowwise": (nn.Linear, "a Linear"),
-    "sequence_parallel": (_NORMS, "a LayerNorm or RMSNorm"),
-    "vocab_embedding": (nn.Embedding, "an Embedding"), "vocab_head": (nn.Linear, "a Linear"),
+_KINDS: dict[str, tuple[Callable[[nn.Module], bool], str]] = {
+    "colwise": (_instance_of(nn.Linear), "a Linear"), "rowwise": (_instance_of(nn.Linear), "a Linear"),
+    "sequence_parallel": (is_sequence_norm, "a LayerNorm or RMSNorm"),
+    "vocab_embedding": (_instance_of(nn.Embedding), "an Embedding"), "vocab_head": (_instance_of(nn.Linear), "a Linear"),
 }
 
 
@@ -140,7 +145,7 @@ def match_tp_layout(module: nn.Module, plan: Plan, *, stage: bool = False) -> di
         regex = _pattern_regex(pattern)
         matched = [name for name in names if regex.fullmatch(name)]
         if stage and style in VOCAB_STYLES:
-            matched = [name for name in matched if isinstance(module.get_submodule(name), _KINDS[style][0])]
+            matched = [name for name in matched if _KINDS[style][0](module.get_submodule(name))]
             if not matched:
                 continue
         if not matched:
@@ -192,7 +197,7 @@ def _check_match(sub: nn.Module, name: str, style: str, plan: Plan) -> None:
                          "outside them only the input embedding and the output head split, by vocabulary\n"
                          "HINT: name modules inside the blocks, or use vocab_embedding / vocab_head")
     kind, wanted = _KINDS[style]
-    if not isinstance(sub, kind):
+    if not kind(sub):
         raise UsageError(f"tp_layout marks {name!r} {style}, which needs {wanted}, but it is a "
                          f"{type(sub).__name__}\nHINT: fix the pattern or the style")
     if style == "vocab_embedding" and (sub.max_norm is not None or sub.sparse):
@@ -249,19 +254,22 @@ def _apply_sequence_parallel_norm(norm: nn.Module, tp_mesh: DeviceMesh) -> None:
 
 
 def _shard_sequence_between_blocks(blocks: list[nn.Module], tp_mesh: DeviceMesh, *, tp: int) -> None:
-    """The first block slices the replicated residual stream into sequence shards; the last one
-    all-gathers them back. The rotary tables (second argument) pass through untouched."""
-    blocks[0].register_forward_pre_hook(_sequence_divides(tp))
-    parallelize_module(blocks[0], tp_mesh, PrepareModuleInput(
-        input_layouts=(Replicate(), None), desired_input_layouts=(Shard(1), None), use_local_output=True))
+    """The first block slices the replicated residual stream (its first positional input) into
+    sequence shards; the last one all-gathers them back. Its other inputs (rotary tables, masks,
+    Hugging Face's keyword arguments) pass through untouched."""
+    blocks[0].register_forward_pre_hook(_slice_sequence(tp_mesh, tp=tp))
     parallelize_module(blocks[-1], tp_mesh, PrepareModuleOutput(
         output_layouts=Shard(1), desired_output_layouts=Replicate(), use_local_output=True))
 
 
-def _sequence_divides(tp: int) -> Callable[[nn.Module, tuple], None]:
-    def check(_: nn.Module, args: tuple) -> None:
+def _slice_sequence(tp_mesh: DeviceMesh, *, tp: int) -> Callable[[nn.Module, tuple], tuple]:
+    """A pre-hook that hands the block its rank's sequence shard of its first input (``Replicate →
+    Shard(1)``: a local slice; backward all-gathers the gradient)."""
+    def hook(_: nn.Module, args: tuple) -> tuple:
         x: Tensor = args[0]
         if x.size(1) % tp:
             raise UsageError(f"sequence parallelism splits the sequence over tp={tp} ranks, but the "
                              f"sequence length is {x.size(1)}\nHINT: use a sequence length divisible by {tp}")
-    return check
+        shard = DTensor.from_local(x, tp_mesh, [Replicate()], run_check=False).redistribute(tp_mesh, [Shard(1)])
+        return (shard.to_local(), *args[1:])
+    return hook

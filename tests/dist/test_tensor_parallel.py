@@ -27,6 +27,7 @@ from spawn import run_on_ranks
 from test_data_parallel import assert_matches_single_process
 from training import Case, global_batches
 
+from stratagem.advisor.profile.profiler import profile_model
 from stratagem.plan import Plan
 from stratagem.errors import UsageError
 from stratagem.models import Preset, Transformer, get_preset
@@ -77,6 +78,30 @@ def _gpt2_tied_257():
 
 GPT2_TIED_257 = _gpt2_tied_257()
 
+
+def _hf_llama_logits() -> torch.nn.Module:
+    """A Hugging Face ``LlamaForCausalLM`` (its own ``LlamaRMSNorm``, rotary tables passed to each
+    layer by keyword) whose forward returns the logits, as the preset's loss reads them."""
+    import transformers
+
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                                      use_cache=False)
+    model = transformers.LlamaForCausalLM(config)
+    model.register_forward_hook(lambda _, __, output: output.logits)
+    return model
+
+
+HF_LLAMA = dataclasses.replace(get_preset("llama-tiny"), name="hf-llama", vocab_size=128, config=None,
+                               build=_hf_llama_logits)
+HF_LAYOUT = (*((f"model.layers.*.self_attn.{p}", s) for p, s in (("q_proj", "colwise"), ("k_proj", "colwise"),
+                                                                  ("v_proj", "colwise"), ("o_proj", "rowwise"))),
+             *((f"model.layers.*.mlp.{p}", s) for p, s in (("gate_proj", "colwise"), ("up_proj", "colwise"),
+                                                            ("down_proj", "rowwise"))),
+             ("model.layers.*.input_layernorm", "sequence_parallel"),
+             ("model.layers.*.post_attention_layernorm", "sequence_parallel"),
+             ("model.embed_tokens", "vocab_embedding"), ("lm_head", "vocab_head"))
+
 TWO_RANKS = {case.name: case for case in [
     Case("tp", Plan(**_TP2)),
     Case("tp_sp", Plan(sequence_parallel=True, **_TP2)),
@@ -84,6 +109,8 @@ TWO_RANKS = {case.name: case for case in [
     Case("tp_sp_vocab", Plan(sequence_parallel=True, **_VOCAB)),
     Case("tp_vocab_tied", Plan(**_GPT2_VOCAB), preset=GPT2_TIED_257),
     Case("tp_sp_vocab_tied", Plan(sequence_parallel=True, **_GPT2_VOCAB), preset=GPT2_TIED_257),
+    Case("tp_sp_vocab_hf", Plan(**{**_TP2, "sequence_parallel": True, "block_container": "model.layers",
+                                   "tp_layout": HF_LAYOUT}), preset=HF_LLAMA),
 ]}
 FOUR_RANKS = {case.name: case for case in [
     Case("tp_fsdp", Plan(dp_shard=2, zero=3, **_TP2)),
@@ -118,6 +145,16 @@ def test_vocabulary_split_matches_single_process(two_ranks, name, rows, tied):
     assert_matches_single_process(TWO_RANKS[name], two_ranks[name], TP_FP32)
     assert two_ranks[name].facts["embedding_rows"] == rows  # rank 0's share of the vocabulary
     assert two_ranks[name].facts["tied"] is tied
+
+
+def test_a_hugging_face_llama_splits_as_the_advisor_lays_it_out_and_matches_single_process(two_ranks):
+    """The layout the profile finds for a Hugging Face Llama (its own norm class on sequence
+    shards, its decoder layers called with keyword arguments), vocabulary split too."""
+    case = TWO_RANKS["tp_sp_vocab_hf"]
+    model = case.model
+    profile = profile_model(model.build(), model.make_batch(2, 16)[0], precision="fp32", kernels="cpu")
+    assert set(profile.tp_layout) == set(HF_LAYOUT)
+    assert_matches_single_process(case, two_ranks["tp_sp_vocab_hf"], TP_FP32)
 
 
 @pytest.mark.parametrize("name", ["tp_fsdp_vocab", "tp_fsdp_vocab_tied"])

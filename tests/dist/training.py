@@ -195,7 +195,7 @@ def _train_plan(case: Case, *, rank: int, world_size: int) -> Run:
                 output = model(*micro_inputs)
                 loss = preset.loss(output, micro_targets) / plan.grad_accum
             facts.setdefault("output_dtype", output.dtype)
-            facts.setdefault("sharded_between_forward_and_backward", _block_is_sharded(model))
+            facts.setdefault("sharded_between_forward_and_backward", _block_is_sharded(model, plan))
             loss.backward()
             step_loss += loss.detach()
         optimizer.step()
@@ -311,11 +311,11 @@ def _embedding_facts(model: nn.Module) -> dict[str, object]:
     return {"embedding_rows": rows, "tied": inner.output.weight is weight}
 
 
-def _block_is_sharded(model: nn.Module) -> bool:
+def _block_is_sharded(model: nn.Module, plan: Plan) -> bool:
     """Whether the first block's parameters are DTensor shards right now (FSDP registers the
     unsharded tensors while parameters are gathered)."""
     inner = model.module if isinstance(model, DistributedDataParallel) else model
-    return isinstance(next(inner.layers[0].parameters()), DTensor)
+    return isinstance(next(inner.get_submodule(plan.block_container or "layers")[0].parameters()), DTensor)
 
 
 def initial_weights(case: Case) -> dict[str, Tensor]:

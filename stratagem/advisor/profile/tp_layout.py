@@ -33,6 +33,7 @@ from torch.utils._pytree import tree_flatten
 from stratagem.advisor.profile.block_inputs import fresh
 from stratagem.advisor.profile.measure import quiet_fake_tensor_log
 from stratagem.advisor.profile.vocab_layout import HF_VOCAB_STYLES
+from stratagem.plan.tp_styles import is_sequence_norm
 
 Layout = tuple[tuple[str, str], ...]
 
@@ -128,8 +129,7 @@ def find_tp_layout(model: nn.Module, container: str | None, recorder: LinearCall
             return (), f"splitting {fqn} two ways fails ({failure})"
     styles = next(iter(kinds.values()))
     block = model.get_submodule(next(iter(kinds)))
-    # Norms run on sequence shards under SP; Hugging Face's are their own classes (LlamaRMSNorm).
-    norms = [name for name, sub in block.named_modules() if name and type(sub).__name__.endswith("Norm")]
+    norms = [name for name, sub in block.named_modules() if name and is_sequence_norm(sub)]
     layout = [(f"{container}.*.{name}", style) for name, style in styles.items()]
     layout += [(f"{container}.*.{name}", "sequence_parallel") for name in norms]
     return tuple(layout), None
