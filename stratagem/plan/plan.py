@@ -282,6 +282,11 @@ class Plan:
         return self.zero >= 2
 
     @property
+    def uses_ddp(self) -> bool:
+        """DDP applies the data parallelism: ``zero`` 0/1 over more than one data-parallel rank."""
+        return self.dp > 1 and not self.uses_fsdp
+
+    @property
     def is_hsdp(self) -> bool:
         """FSDP inside each ``dp_shard`` group, replicated over ``dp_replicate``."""
         return self.uses_fsdp and self.dp_replicate > 1

@@ -125,7 +125,7 @@ def check_applicable(plan: Plan) -> None:
     """Raise :class:`UsageError` for the plan features the plugins cannot apply yet, and for
     checkpointing without blocks."""
     check_tp_layout_given(plan)
-    if plan.tp > 1 and not plan.uses_fsdp and plan.dp > 1:
+    if plan.tp > 1 and plan.uses_ddp:
         # DDP cannot hold DTensor parameters: its initial broadcast fails on "mixed torch.Tensor and
         # DTensor"; torch's private pre_dp_module_transform workaround is untested for nested modules.
         raise UsageError(f"plan {plan.name}: DDP (zero {plan.zero}) does not compose with tensor "

@@ -76,6 +76,12 @@ class RealModel:
     make_batch: Callable[[int], Batch] | None = None
     prepare: Callable[[int], None] | None = None
 
+    @property
+    def builds_module_alone(self) -> bool:
+        """Whether ``build`` makes the module and nothing the step reads (its batch comes from
+        ``make_batch``), so that it can build on ``meta`` and be materialized once split."""
+        return self.make_batch is not None
+
 
 def real_model(spec: str, *, seq_len: int | None) -> RealModel:
     """The model ``spec`` names (a preset, ``pkg.module:factory`` or ``hf:PATH``) as ranks build

@@ -7,9 +7,11 @@ steps (:data:`MEMORY_STEPS` at least), above the process as it stands with its p
 model is built (:class:`~stratagem.peak_memory.PeakMemory`): on
 CUDA ``max_memory_allocated`` (and ``max_memory_reserved`` beside it); on CPU the anonymous
 resident set, the allocator handing freed tensors back. What the framework takes beyond the
-plan's tensors is in it, as the calibrated cost model's ``framework`` term. The whole model is
-built before the plan splits it, and a pipeline rank then keeps its own stages alone: the other
-stages' parameters count only while the model is built. Step time is the
+plan's tensors is in it, as the calibrated cost model's ``framework`` term. A plan that gives each
+rank a part of the model (FSDP, TP, pipeline stages built by removal; not under DDP) builds it on
+``meta`` and materializes the parts (:func:`_build`): no rank holds the whole model. Otherwise the
+whole model is built before the plan splits it, and a pipeline rank then keeps its own stages
+alone: the other stages' parameters count only while the model is built. Step time is the
 median over the measured steps (after the warm-up steps and one more) of the time from the first
 forward to the optimizer step's end, devices synchronised, less the time DTensor spent deciding
 how to shard operators on shapes it had not met before
@@ -36,6 +38,7 @@ from stratagem.advisor.calibrate.benchmarks import optimizer_class
 from stratagem.distributed import across_ranks
 from stratagem.peak_memory import PeakMemory
 from stratagem.plan import Plan
+from stratagem.plan.stages import removal_convention
 from stratagem.plugins import apply_plan, autocast_context, build_mesh, build_optimizer
 from stratagem.plugins.materialize import materialize
 from stratagem.errors import UsageError
@@ -130,8 +133,7 @@ def measure_plan(model: RealModel, plan: Plan, *, optimizer: str, steps: int, wa
         _load_tracing()
     memory = PeakMemory(device)
     started = time.perf_counter()
-    with torch.device(device):
-        built = model.build(samples, early)
+    built = _build(model, plan, samples, early, device)
     step = _pipeline_step if plan.pp > 1 else _data_parallel_step
     run, parameters = step(built, plan, mesh, built.batch.to(device), device)
     del built  # a pipeline rank keeps its stages alone (the run holds what a data-parallel one needs)
@@ -194,10 +196,26 @@ def _load_tracing() -> None:
     pipeline(tiny, mb_args=(torch.zeros(1, 1),), split_spec={"1": SplitPoint.BEGINNING})
 
 
+def _build(model: RealModel, plan: Plan, samples: int, batch: Batch | None, device: torch.device) -> Built:
+    """The model as this rank builds it: on ``meta`` where the plan gives the rank a part of it
+    (FSDP shards, TP slices, pipeline stages built by removal) and nothing wraps it in DDP, for a
+    model that builds apart from its batch (a preset, ``hf:``), each part materialized once the
+    plan is applied, as ``Trainer.init_module(empty_init=True)`` builds for FSDP; else on
+    ``device`` (DDP broadcasts real tensors, tracing runs the model, a factory returns its batch)."""
+    splits = (plan.uses_fsdp or plan.tp > 1 or plan.pp > 1) and not plan.uses_ddp
+    if splits and model.builds_module_alone:
+        with torch.device("meta"):
+            built = model.build(samples, batch)
+        if plan.pp == 1 or removal_convention(built.module, block_container=plan.block_container) is not None:
+            return built
+    with torch.device(device):
+        return model.build(samples, batch)
+
+
 def _data_parallel_step(built: Built, plan: Plan, mesh: Any, batch: Batch,
                         device: torch.device) -> tuple[Callable[[bool], None], nn.Module]:
-    if not plan.uses_fsdp:
-        materialize(built.module, device)  # DDP broadcasts real tensors; FSDP shards meta ones first
+    if plan.uses_ddp:
+        materialize(built.module, device)  # DDP broadcasts real tensors; FSDP and TP split meta ones first
     parallel = apply_plan(built.module, plan, mesh)
     materialize(built.module, device)
 

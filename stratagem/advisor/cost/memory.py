@@ -190,7 +190,7 @@ def estimate_buffers(view: RankView, params: float) -> float:
 def ddp_bucket_bytes(plan: Plan, params: float) -> float:
     """DDP's gradient buckets: a copy of every gradient, in the parameter dtype, for the module's
     life (``gradient_as_bucket_view=False``); none without data parallelism or under FSDP."""
-    return params * get_precision(plan.precision).param_bytes if plan.dp > 1 and not plan.uses_fsdp else 0.0
+    return params * get_precision(plan.precision).param_bytes if plan.uses_ddp else 0.0
 
 
 class RankStates(NamedTuple):

@@ -38,7 +38,7 @@ def target_excludes(target: str, plan: Plan, *, on_gpu: bool = True, traced: boo
     """Why ``target`` cannot run ``plan`` (on GPUs, or on CPU ranks when not ``on_gpu``; for a
     model whose pipeline stages are ``traced``, see ``ModelProfile.pp_traced``), or None when it
     can."""
-    if plan.tp > 1 and not plan.uses_fsdp and plan.dp > 1:
+    if plan.tp > 1 and plan.uses_ddp:
         return "DDP over tensor-parallel weights (DDP takes no DTensor parameters; FSDP/HSDP does)"
     if plan.offload == "optimizer" and target != "deepspeed":
         return OPTIMIZER_OFFLOAD
