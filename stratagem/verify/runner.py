@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -135,7 +136,11 @@ def measure_plan(model: RealModel, plan: Plan, *, optimizer: str, steps: int, wa
     started = time.perf_counter()
     built = _build(model, plan, samples, early, device)
     step = _pipeline_step if plan.pp > 1 else _data_parallel_step
-    run, parameters = step(built, plan, mesh, built.batch.to(device), device)
+    with warnings.catch_warnings():
+        # A meta-built model's shards drawn on a CPU mesh come from each rank's own generator, which
+        # torch warns of on every rank; a measurement does not depend on the weights' values.
+        warnings.filterwarnings("ignore", "DTensor random operators may not have complete support")
+        run, parameters = step(built, plan, mesh, built.batch.to(device), device)
     del built  # a pipeline rank keeps its stages alone (the run holds what a data-parallel one needs)
     opt = build_optimizer(parameters, plan, optimizer_class(optimizer), lr=1e-4)
     report("built", seconds=time.perf_counter() - started)
