@@ -228,10 +228,10 @@ class AutoParallelFabricStrategy(ModelParallelStrategy):
 
     def _apply_plan(self, module: nn.Module, mesh: DeviceMesh) -> nn.Module:
         """ModelParallelStrategy's ``parallelize_fn``: the plan, applied, with meta weights initialised."""
-        if not self.plan.uses_fsdp:
+        if self.plan.uses_ddp:
             materialize(module, self.root_device)  # DDP broadcasts rank 0's values
         applied = apply_plan(module, self.plan, mesh)
-        materialize(module, self.root_device)
+        materialize(module, self.root_device, params_on_host=self.plan.offloads_parameters)
         return applied
 
     @override

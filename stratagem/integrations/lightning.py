@@ -206,7 +206,7 @@ class AutoParallelStrategy(ModelParallelStrategy):
                 raise UsageError(f"the auto-parallel strategy cannot run plan {self._plan.name}: {reason}\n"
                                  "HINT: advise with --target lightning for plans it runs")
         self.precision_plugin = _PlanPrecision(self.plan, self.precision_plugin.precision, self.root_device.type)
-        if not self.plan.uses_fsdp:
+        if self.plan.uses_ddp:
             materialize(module, self.root_device)  # DDP broadcasts rank 0's values
         self.model_to_device()
         mesh = self._device_mesh = build_mesh(self.plan, device_type=self.root_device.type)
@@ -215,7 +215,7 @@ class AutoParallelStrategy(ModelParallelStrategy):
             self.model = module
         else:
             self.model = apply_plan(module, self.plan, mesh)
-        materialize(module, self.root_device)
+        materialize(module, self.root_device, params_on_host=self.plan.offloads_parameters)
         self._applied = (module, self.model)
         log.info("auto-parallel: rank %d applied plan %s", self.global_rank, self.plan.name)
 

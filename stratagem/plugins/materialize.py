@@ -18,15 +18,20 @@ def has_meta_tensors(module: nn.Module) -> bool:
     return any(t.is_meta for t in (*module.parameters(), *module.buffers()))
 
 
-def materialize(module: nn.Module, device: torch.device) -> None:
-    """Allocate ``module``'s meta tensors on ``device`` (``to_empty``) and initialise them: a
+def materialize(module: nn.Module, device: torch.device, *, params_on_host: bool = False) -> None:
+    """Allocate ``module``'s meta tensors on ``device`` (``to_empty``; with ``params_on_host``, the
+    parameters in host memory and the buffers on ``device``: FSDP2's CPU offload keeps the
+    parameter shards there, and refuses them elsewhere) and initialise them: a
     submodule with an ``init_weights()`` that takes no arguments (the torchtitan convention, as the
     reference models have) initialises itself and everything under it; any other submodule
     holding tensors runs its ``reset_parameters()``. Sharded parameters are initialised shard-wise
     (DTensor random ops). A module holding tensors with neither method raises :class:`UsageError`."""
     if not has_meta_tensors(module):
         return
-    module.to_empty(device=device)
+    module.to_empty(device="cpu" if params_on_host else device)
+    if params_on_host:
+        for sub in module.modules():
+            sub._buffers.update({name: b.to(device) for name, b in sub._buffers.items() if b is not None})
     missing: set[str] = set()
     with torch.no_grad():
         _initialise(module, missing)

@@ -222,7 +222,7 @@ def _data_parallel_step(built: Built, plan: Plan, mesh: Any, batch: Batch,
     if plan.uses_ddp:
         materialize(built.module, device)  # DDP broadcasts real tensors; FSDP and TP split meta ones first
     parallel = apply_plan(built.module, plan, mesh)
-    materialize(built.module, device)
+    materialize(built.module, device, params_on_host=plan.offloads_parameters)
 
     # DDP reduces only the last accumulation step's backward, as Lightning's does (FSDP reduces each)
     ddp = isinstance(parallel, DistributedDataParallel)
@@ -247,7 +247,7 @@ def _pipeline_step(built: Built, plan: Plan, mesh: Any, batch: Batch,
     example = tuple(t[:plan.micro_batch_size] for t in batch.args)
     pipe = apply_plan(built.module, plan, mesh, loss_fn=built.loss, example_inputs=example)
     for stage in pipe.modules:
-        materialize(stage, device)
+        materialize(stage, device, params_on_host=plan.offloads_parameters)
     return (lambda last: pipe.step(*batch.args, target=targets)), pipe.modules
 
 

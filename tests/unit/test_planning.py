@@ -98,6 +98,17 @@ def test_materialize_runs_init_weights_of_a_meta_model() -> None:
     assert 0.015 < std < 0.025  # N(0, 0.02)
 
 
+def test_materialize_for_cpu_offload_puts_the_parameters_in_host_memory_and_the_buffers_on_the_device() -> None:
+    """FSDP2's CPU offload refuses parameter shards anywhere but the host; the buffers (BatchNorm's
+    running statistics) are the device's. ``meta`` stands for the GPU this host lacks."""
+    with torch.device("meta"):
+        model = get_preset("resnet-tiny").build()
+    materialize(model, torch.device("meta"), params_on_host=True)
+    assert {p.device.type for p in model.parameters()} == {"cpu"}
+    assert {b.device.type for b in model.buffers()} == {"meta"}
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
 def test_materialize_without_an_initialiser_is_a_usage_error() -> None:
     class Bare(nn.Module):
         def __init__(self) -> None:
