@@ -84,6 +84,25 @@ def test_hugging_face_layers_are_traced_on_their_own_arguments(tmp_path):
     assert all(0 < b.compiled_saved_bytes <= b.saved_bytes for b in profile.blocks)
 
 
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_a_step_that_runs_the_layers_with_their_cache_is_told_each_compiles_apart(use_cache):
+    """A training step that calls a Hugging Face Llama as the config has it (use_cache=True) hands
+    every layer the cache, on whose layer index dynamo specializes (bench/compile_graphs.py: 6 graphs
+    for 6 layers, 1 without it); the profile says so and how to turn it off."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=256)
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(config)
+    ids = torch.randint(0, 256, (2, 16))
+    profile = profile_model(model, {"input_ids": ids, "labels": ids, "use_cache": use_cache}, precision="bf16-mixed")
+    said = [note for note in profile.notes if "key/value cache" in note]
+    if use_cache:
+        assert len(said) == 1 and "3 blocks" in said[0] and "use_cache=False" in said[0], profile.notes
+    else:
+        assert not said
+
+
 class _Counting(nn.Module):
     """A block that keeps a running total in a plain tensor attribute, which AOTAutograd cannot
     trace (it mutates a tensor that is not an input)."""

@@ -15,6 +15,7 @@ followed it: GPT-2 large 26.9 GiB measured, 28.9 predicted from the eager step's
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -38,7 +39,9 @@ def measure_compiled(blocks: dict[str, nn.Module], calls: dict[str, tuple[tuple,
     of the first block of each kind (its signature) on its first call (``calls``, by FQN), for all
     blocks of that kind. A call whose objects the trace cannot take (a Hugging Face cache makes
     tensors inside the block) is traced again without them, and ``record.compiled_note`` says so;
-    where that fails too, the blocks stay at 0 (priced eager) and the note says why."""
+    where that fails too, the blocks stay at 0 (priced eager) and the note says why. Blocks called with a
+    key/value cache get ``record.cache_note`` (:func:`kv_cache_note`)."""
+    record.cache_note = kv_cache_note(calls)
     by_kind: dict[tuple, int] = {}
     for fqn, (args, kwargs) in calls.items():
         kind = block_signature(blocks[fqn])
@@ -59,6 +62,25 @@ def measure_compiled(blocks: dict[str, nn.Module], calls: dict[str, tuple[tuple,
 
 
 _PLAIN = (bool, int, float, str, type(None), torch.dtype, torch.device)
+
+
+def kv_cache_note(calls: dict[str, tuple[tuple, dict]]) -> str:
+    """What the report says when the step calls its blocks with a Hugging Face key/value cache
+    (``use_cache=True``, a Llama config's default, in a ``training_step`` that does not turn it
+    off), else "". Each layer indexes the cache by its own ``layer_idx``, on which dynamo
+    specializes: torch 2.13's dynamo compiled 6 graphs for a 6-layer Llama run with its cache and 1
+    without (``counters["stats"]["unique_graphs"]``, bench/compile_graphs.py)."""
+    cache_utils = sys.modules.get("transformers.cache_utils")
+    if cache_utils is None or not calls:
+        return ""
+    found = {type(x).__name__ for args_kwargs in calls.values() for x in tree_flatten(args_kwargs)[0]
+             if isinstance(x, cache_utils.Cache)}
+    if not found:
+        return ""
+    return (f"the step runs its {len(calls)} blocks with a key/value cache ({', '.join(sorted(found))}: "
+            "use_cache=True, the config's default), which training never reads; under torch.compile each "
+            "block then compiles a graph of its own (the compile time shown counts one per kind of block); "
+            "pass use_cache=False to the model in training")
 
 
 def _traced(block: nn.Module, state: dict[str, torch.Tensor], call: tuple[tuple, dict],

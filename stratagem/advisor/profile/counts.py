@@ -74,3 +74,4 @@ class RunRecord:
     math_attention_calls: int = 0  # SDPA calls run on the math path, as CUDA runs them (profile.attention)
     block_inputs: dict[str, tuple[tuple, dict]] = field(default_factory=dict)  # each block's first call (block_inputs)
     compiled_note: str = ""  # what the blocks' compiled activations were not measured with, or why not (profile.compiled)
+    cache_note: str = ""  # the blocks ran with a key/value cache, which compiles each apart (profile.compiled)

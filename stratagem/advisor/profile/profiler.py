@@ -118,8 +118,7 @@ def _profile_step(
                                    reuse_identical_blocks=reuse_identical_blocks, kernels=kernels)
         if record.math_attention_calls:
             notes.append(MATH_ATTENTION_NOTE)
-        if record.compiled_note:
-            notes.append(record.compiled_note)
+        notes += [note for note in (record.compiled_note, record.cache_note) if note]
         tp_layout, tp_unavailable = find_tp_layout(model, structure.container, calls, state, record.block_inputs)
         vocab = _vocab_layout(model, vocab_calls, (args, kwargs), state, notes) if tp_layout else ()
     heads, kv_heads = attention_heads(model)
