@@ -44,7 +44,9 @@ from stratagem.plugins.pipeline import (
     Pipeline,
     build_schedule,
     check_traced_stage_plan,
+    first_last_group,
     split_stages,
+    tied_parameters,
 )
 from stratagem.plugins.precision import apply_param_dtype, fp32_norm_names
 from stratagem.plugins.tensor_parallel import (
@@ -88,6 +90,8 @@ def apply_plan(module: nn.Module, plan: Plan, mesh: DeviceMesh, *,
         return _apply_per_stage(module, plan, mesh)
     pp_mesh = mesh[str(MeshAxis.PP)]
     pp_rank = pp_mesh.get_local_rank()
+    tied = tied_parameters(module, plan)
+    tied_group, tied_source = first_last_group(mesh) if tied else (None, -1)
     traced = removal_convention(module, block_container=plan.block_container) is None
     stage_plan = replace(plan, block_container=None) if traced else plan  # no per-block FSDP units
     norm_names = fp32_norm_names(module) if traced else None  # tracing replaces the layers, keeps the names
@@ -95,7 +99,7 @@ def apply_plan(module: nn.Module, plan: Plan, mesh: DeviceMesh, *,
                            for stage in split_stages(module, plan, pp_rank=pp_rank, example_inputs=example_inputs))
     return Pipeline(plan=plan, modules=stages, schedule=build_schedule(list(stages), plan, mesh, loss_fn=loss_fn),
                     pp_group=pp_mesh.get_group(), device_type=mesh.device_type, is_first=pp_rank == 0,
-                    is_last=pp_rank == plan.pp - 1)
+                    is_last=pp_rank == plan.pp - 1, tied=tied, tied_group=tied_group, tied_source=tied_source)
 
 
 def _apply_per_stage(module: nn.Module, plan: Plan, mesh: DeviceMesh, *,

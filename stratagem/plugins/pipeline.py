@@ -28,6 +28,9 @@ Schedules (``plan.pp_schedule``): ``gpipe`` → ``ScheduleGPipe``, ``1f1b`` → 
 filling the bubble; not with data parallelism or checkpointing:
 :func:`~stratagem.plan.zero_bubble_refuses`); ``plan.microbatches`` micro-batches per
 step, gradients scaled by the schedule to the mean over micro-batches (``scale_grads``).
+
+A weight tied between the embedding and the head is copied to the first and last stage and the
+copies kept equal (:func:`tied_parameters`, :class:`Pipeline`; docs/design.md, "Pipeline stages").
 """
 
 from __future__ import annotations
@@ -35,13 +38,14 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 from torch.distributed.pipelining import (
     PipelineStage,
     Schedule1F1B,
@@ -60,7 +64,8 @@ from stratagem.plugins.blocks import find_blocks
 from stratagem.plugins.precision import autocast_context
 from stratagem.plan.stages import TRACED_STAGE_LIMITS, RemovalConvention, removal_convention, traced_stages_allow
 
-__all__ = ["Pipeline", "build_schedule", "rank_module", "split_stages", "stage_indices"]
+__all__ = ["Pipeline", "build_schedule", "first_last_group", "rank_module", "split_stages", "stage_indices",
+           "tied_parameters"]
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +100,45 @@ def split_stages(module: nn.Module, plan: Plan, *, pp_rank: int,
     log.info("pipeline: rank %d runs stages %s (blocks %s) built by %s", pp_rank, mine,
              [f"{bounds[s]}-{bounds[s + 1] - 1}" for s in mine], how)
     return stages
+
+
+def tied_parameters(module: nn.Module, plan: Plan) -> tuple[tuple[str, ...], ...]:
+    """The names of each parameter the model shares between places outside its blocks (a tied
+    input embedding and output head: ``("tok_embeddings.weight", "output.weight")``), of which the
+    first and the last stage each hold a copy that :class:`Pipeline` keeps equal, as Megatron-LM
+    does. :class:`UsageError` for a parameter a block shares, which stages would split, for one
+    of traced stages and under CPU offload (the copies' gradients are summed on the device)."""
+    names: dict[int, list[str]] = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    shared = tuple(tuple(group) for group in names.values() if len(group) > 1)
+    if not shared:
+        return ()
+    prefix = f"{plan.block_container}." if plan.block_container else ""
+    in_blocks = next((g for g in shared if not prefix or any(n.startswith(prefix) for n in g)), None)
+    why = (f"{' and '.join(in_blocks)} are one parameter, which the stages would split" if in_blocks else
+           "the stages are traced, which keep no tied copies" if removal_convention(
+               module, block_container=plan.block_container) is None else
+           "offloaded parameters cannot have their copies' gradients summed on the device"
+           if plan.offloads_parameters else None)
+    if why:
+        raise UsageError(f"plan {plan.name} pipelines a model with tied weights ({', '.join(shared[0])}): {why}\n"
+                         "HINT: untie them (e.g. tie_word_embeddings=False) or pick a plan with pp=1")
+    return shared
+
+
+def first_last_group(mesh: DeviceMesh) -> tuple[dist.ProcessGroup | None, int]:
+    """The process group of the first and the last rank of this rank's pipeline (the ranks that
+    differ from it on the ``pp`` axis alone), None on a rank that is neither, and the first's
+    global rank. Every rank creates every such group (``new_group`` is collective)."""
+    pp_dim = mesh.mesh_dim_names.index(str(MeshAxis.PP))
+    lines = mesh.mesh.movedim(pp_dim, -1).reshape(-1, mesh.mesh.size(pp_dim)).tolist()
+    mine, first = None, -1
+    for line in lines:
+        group = dist.new_group([line[0], line[-1]])
+        if dist.get_rank() in (line[0], line[-1]):
+            mine, first = group, line[0]
+    return mine, first
 
 
 def _bounds(stage_blocks: tuple[int, ...]) -> list[int]:
@@ -261,13 +305,31 @@ class Pipeline:
     device_type: str
     is_first: bool
     is_last: bool
+    tied: tuple[tuple[str, ...], ...] = ()  # tied_parameters: names of one parameter the first and last stage copy
+    tied_group: dist.ProcessGroup | None = None  # first_last_group: the first and last stage's ranks
+    tied_source: int = -1  # the first stage's global rank, whose copies the others start from
+    _tied_equal: bool = field(default=False, init=False)
 
     def step(self, *inputs: Tensor, target: Tensor) -> Tensor:
         """Forward and backward of one batch (``plan.microbatches`` × micro-batch size samples),
         gradients accumulated in the stage parameters; the mean loss over micro-batches, on
         every rank (sent from the last stage). The last stage keeps no micro-batch's outputs
-        (torch's schedules otherwise hold them all and concatenate them: twice the batch's logits)."""
-        return self._run(self.schedule.step, inputs, target, return_outputs=False)
+        (torch's schedules otherwise hold them all and concatenate them: twice the batch's logits).
+        The copies of a tied weight on the first and last stage then both add the sum of what
+        this batch gave each, the weight's whole gradient (what earlier steps accumulated, equal on
+        both, is kept apart from the sum)."""
+        earlier = [(p, None if p.grad is None else _local(p.grad).clone()) for p in self._tied_copies()]
+        loss = self._run(self.schedule.step, inputs, target, return_outputs=False)
+        for param, before in earlier:
+            if param.grad is None:
+                continue
+            grad = _local(param.grad)
+            if before is not None:
+                grad.sub_(before)
+            dist.all_reduce(grad, group=self.tied_group)
+            if before is not None:
+                grad.add_(before)
+        return loss
 
     def evaluate(self, *inputs: Tensor, target: Tensor) -> Tensor:
         """Forward only (no gradients): the mean loss over micro-batches, on every rank."""
@@ -279,6 +341,7 @@ class Pipeline:
         micro-batch outputs concatenated on dim 0, e.g. logits), on every rank (sent from the
         last stage)."""
         self._check_batch(inputs)
+        self._equal_tied_copies()
         loss_fn, self.schedule._loss_fn = self.schedule._loss_fn, None  # with a loss, eval needs a target
         try:
             with torch.no_grad(), autocast_context(self.plan, self.device_type):
@@ -311,8 +374,25 @@ class Pipeline:
                              f"{m * self.plan.micro_batch_size} as the plan was costed (e.g. "
                              f"DataLoader(batch_size={m * self.plan.micro_batch_size}, drop_last=True))")
 
+    def _tied_copies(self) -> list[nn.Parameter]:
+        """This rank's copies of the tied weights (none on a rank between the first and last)."""
+        held = {id(p): p for module in self.modules for group in self.tied for name in group
+                if (p := _parameter(unwrap(module), name)) is not None}
+        return list(held.values())
+
+    def _equal_tied_copies(self) -> None:
+        """Before the first forward: the last stage's copies of the tied weights take the first's
+        values (each rank initialised its own, and a stage built on meta initialises the head's
+        as a head)."""
+        if not self._tied_equal:
+            with torch.no_grad():
+                for param in self._tied_copies():
+                    dist.broadcast(_local(param), src=self.tied_source, group=self.tied_group)
+            self._tied_equal = True
+
     def _run(self, run: Callable[..., Any], inputs: tuple[Tensor, ...], target: Tensor, **options: Any) -> Tensor:
         self._check_batch((*inputs, target))
+        self._equal_tied_copies()
         losses: list[Tensor] = []
         args = inputs if self.is_first else ()
         with autocast_context(self.plan, self.device_type):  # *-mixed with DDP: forward and loss
@@ -372,6 +452,22 @@ def _union(mine: nn.Module, other: nn.Module) -> nn.Module:
         else:
             merged._modules[name] = _union(own, child)
     return merged
+
+
+def _parameter(module: nn.Module, name: str) -> nn.Parameter | None:
+    """``module``'s parameter ``name``, None where a module on its path was removed from the stage."""
+    owner, _, leaf = name.rpartition(".")
+    try:
+        sub = module.get_submodule(owner)
+    except AttributeError:
+        return None
+    return sub._parameters.get(leaf) if sub is not None else None
+
+
+def _local(tensor: Tensor) -> Tensor:
+    """A DTensor's local shard (FSDP, TP), a plain tensor itself: what a collective between the
+    copies works on (both copies are sharded alike)."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def unwrap(module: nn.Module) -> nn.Module:

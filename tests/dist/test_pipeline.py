@@ -10,7 +10,8 @@ tests with TP. ``atol=1e-5`` where a weight's true gradient is about zero, so it
 becomes an AdamW update of ~1e-6 (observed): ViT's key bias (softmax ignores a constant added to
 every score; 6.0e-6 after 5 steps) and single elements under pipeline × FSDP or DDP (1.3e-6;
 5.2e-6 with full checkpointing). Stages of the reference Transformer are built by removal; ViT and ResNet stages
-by tracing. Uneven pinned partitions (``stage_blocks``) and the even default are both run.
+by tracing. Uneven pinned partitions (``stage_blocks``) and the even default are both run. GPT-2's
+tied embedding and head train across stages alone, with DDP, FSDP and the vocabulary split by TP.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from functools import partial
 import pytest
 import torch
 from test_data_parallel import FP32, TIED_FP32, assert_matches_single_process
-from test_tensor_parallel import LLAMA_LAYOUT, TP_FP32, VOCAB
+from test_tensor_parallel import GPT2_LAYOUT, GPT2_TIED_257, LLAMA_LAYOUT, TP_FP32, VOCAB
 from training import SEQ_LEN, Case, global_batches, train_single
 
 from stratagem.advisor.cost.activations import estimate_activations
@@ -32,7 +33,7 @@ from stratagem.errors import UsageError
 from stratagem.models import get_preset
 from stratagem.models.transformer import Transformer
 from stratagem.plugins import apply_plan
-from stratagem.plugins.pipeline import split_stages
+from stratagem.plugins.pipeline import split_stages, tied_parameters
 
 
 def _deeper(name: str, layers: int):
@@ -53,6 +54,7 @@ TWO_RANKS = {case.name: case for case in [
     Case("pp2_zero_bubble", Plan(pp_schedule="interleaved-zb", pp_virtual=2, **_PP2)),
     Case("pp2_vit_traced", Plan(**_PP2), preset="vit-tiny"),
     Case("pp2_resnet_traced", Plan(pp_schedule="gpipe", stage_blocks=(3, 1), **_PP2), preset="resnet-tiny"),
+    Case("pp2_tied", Plan(pp_schedule="1f1b", **_PP2), preset="gpt2-tiny"),
 ]}
 FOUR_RANKS = {case.name: case for case in [
     Case("pp4_1f1b", Plan(**{**_PP2, "pp": 4})),
@@ -65,13 +67,17 @@ FOUR_RANKS = {case.name: case for case in [
     Case("pp2_tp2", Plan(tp=2, tp_layout=(*LLAMA_LAYOUT, *VOCAB), **_PP2)),  # the vocabulary split too
     Case("pp2_zero_bubble_tp2", Plan(tp=2, tp_layout=LLAMA_LAYOUT, pp_schedule="interleaved-zb", pp_virtual=2,
                                      **_PP2)),
+    Case("pp2_ddp2_tied", Plan(dp_replicate=2, **_PP2), preset="gpt2-tiny"),
+    Case("pp2_fsdp2_tied", Plan(dp_shard=2, zero=3, **_PP2), preset="gpt2-tiny"),
+    Case("pp2_tp2_vocab_tied", Plan(tp=2, tp_layout=(*GPT2_LAYOUT, *VOCAB), **_PP2), preset=GPT2_TIED_257),
 ]}
+TIED = {"pp2_tied": 2, "pp2_ddp2_tied": 4, "pp2_fsdp2_tied": 4, "pp2_tp2_vocab_tied": 4}  # by world size
 
 
 NEAR_ZERO_GRADIENTS = {"pp2_vit_traced", "pp2_fsdp2", "pp2_zero2_full_ckpt", "pp2_ddp2", "pp2_gpipe_ddp2"}
 
 
-@pytest.mark.parametrize("name", list(TWO_RANKS))
+@pytest.mark.parametrize("name", [name for name in TWO_RANKS if name not in TIED])
 def test_two_rank_pipeline_matches_single_process(two_ranks, name):
     tolerance = TIED_FP32 if name in NEAR_ZERO_GRADIENTS else FP32
     assert_matches_single_process(TWO_RANKS[name], two_ranks[name], tolerance)
@@ -87,6 +93,20 @@ def test_four_rank_pipeline_matches_single_process(four_ranks, name):
 @pytest.mark.parametrize("name", ["pp2_tp2", "pp2_zero_bubble_tp2"])
 def test_pipeline_tp_matches_single_process(four_ranks, name):
     assert_matches_single_process(FOUR_RANKS[name], four_ranks[name], TP_FP32)
+
+
+@pytest.mark.parametrize("name", list(TIED))
+def test_tied_weights_on_the_first_and_last_stage_train_as_one(request, name):
+    """The first stage holds the tied embedding, the last a copy as the head; the copy takes the
+    embedding's values before the first step and both add the sum of their gradients, so the two
+    stay bit-equal and the model trains as in one process (Megatron-LM's scheme)."""
+    cases, runs = (TWO_RANKS, "two_ranks") if TIED[name] == 2 else (FOUR_RANKS, "four_ranks")
+    run = request.getfixturevalue(runs)[name]
+    weights = dict(run.weights)
+    head = weights.pop("output.weight")  # the single process names the tied weight once
+    torch.testing.assert_close(head, weights["tok_embeddings.weight"], rtol=0, atol=0)
+    tolerance = TP_FP32 if "tp2" in name else TIED_FP32
+    assert_matches_single_process(cases[name], replace(run, weights=weights), tolerance)
 
 
 @pytest.mark.parametrize("name", ["pp4_interleaved", "pp2_fsdp2", "pp2_tp2"])
@@ -174,6 +194,22 @@ def test_stages_chain_to_the_whole_model_under_its_own_names(name):
     keys = [set(stage.state_dict()) for stage in (first, last)]
     assert not keys[0] & keys[1] and keys[0] | keys[1] == set(model.state_dict())
     assert not any(getattr(m, "_run_with_interpreter", False) for s in (first, last) for m in s.modules())
+
+
+def test_tied_weights_a_pipeline_can_keep_and_those_it_cannot():
+    """A tied embedding and head (outside the blocks) are copied to the first and last stage; a
+    weight blocks share would be split by the stages, and offloaded copies cannot be summed on the
+    device: both refused before anything changes."""
+    plan = Plan(pp_schedule="1f1b", **_PP2)
+    assert tied_parameters(get_preset("gpt2-tiny").build(), plan) == (("tok_embeddings.weight", "output.weight"),)
+    assert tied_parameters(get_preset("llama-tiny").build(), plan) == ()
+    shared = get_preset("llama-tiny").build()
+    shared.layers[1].attention.wq.weight = shared.layers[0].attention.wq.weight
+    with pytest.raises(UsageError, match="(?s)layers.0.attention.wq.weight and layers.1.attention.wq.weight.*HINT"):
+        tied_parameters(shared, plan)
+    offloaded = Plan(dp_shard=2, zero=3, offload="params", **_PP2)
+    with pytest.raises(UsageError, match="(?s)offloaded.*HINT: untie"):
+        tied_parameters(get_preset("gpt2-tiny").build(), offloaded)
 
 
 def test_traced_stages_refuse_tensor_parallelism():
