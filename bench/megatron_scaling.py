@@ -83,12 +83,12 @@ def paper_flops_per_step(row: Row) -> float:
 
 
 def megatron_gpt(row: Row) -> Transformer:
-    """The row's model on the meta device. Megatron ties the output layer to the embedding; under a
-    pipeline it keeps a copy on the last stage and all-reduces the two gradients, which an untied
-    output layer costs the same as."""
+    """The row's model on the meta device, its output layer tied to the embedding as Megatron's is
+    (under a pipeline the last stage keeps a copy and the two gradients are all-reduced, as
+    stratagem's pipelines do too)."""
     config = TransformerConfig(vocab_size=VOCAB, dim=row.hidden, n_layers=row.layers, n_heads=row.heads,
                                ffn_dim=4 * row.hidden, max_seq_len=SEQ, attention="explicit",
-                               tie_embeddings=row.pp == 1, dropout=0.1)
+                               tie_embeddings=True, dropout=0.1)
     with torch.device("meta"):
         return Transformer(config)
 

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["HF_DECODERS", "TRACED_STAGE_LIMITS", "RemovalConvention", "removal_convention", "traced_stages_allow"]
+__all__ = ["HF_DECODERS", "TIED_OFFLOAD", "TRACED_STAGE_LIMITS", "RemovalConvention", "removal_convention",
+           "tied_weights", "traced_stages_allow"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,41 @@ def removal_convention(module: nn.Module, *, block_container: str | None) -> Rem
     if model_type in HF_DECODERS and block_container == "model.layers" and hasattr(module, "lm_head"):
         return _HF_DECODER
     return None
+
+
+def tied_weights(module: nn.Module, *, block_container: str | None) -> tuple[tuple[tuple[str, ...], ...], str | None]:
+    """The parameters ``module`` ties between what runs before its blocks and what runs after
+    them on stages built by removal (GPT-2's embedding and head: ``("tok_embeddings.weight",
+    "output.weight")``), by their names, of which the first and last stage each hold a copy kept
+    equal (:class:`~stratagem.plugins.pipeline.Pipeline`, as Megatron-LM keeps its embedding's);
+    and why stages cannot keep the model's shared parameters, or None: one shared between blocks,
+    or between a block and anything else, would be split, and so would a tie between traced
+    stages (where tracing puts what lies outside the blocks is the trace's to say)."""
+    convention = removal_convention(module, block_container=block_container)
+    prefix = f"{block_container}." if block_container else ""
+
+    def part(name: str) -> str:
+        if block_container is not None and name.startswith(prefix):
+            return prefix + name[len(prefix):].split(".", 1)[0]  # the block
+        for side in ("embed", "head"):
+            if convention is not None and any(name.startswith(f"{fqn}.") for fqn in getattr(convention, side)):
+                return side
+        return name
+
+    names: dict[int, list[str]] = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    parts = [(tuple(group), {part(n) for n in group}) for group in names.values() if len(group) > 1]
+    tied = tuple(group for group, where in parts if where == {"embed", "head"})
+    split = next((group for group, where in parts if len(where) > 1 and where != {"embed", "head"}), None)
+    if split:
+        return tied, f"{' and '.join(split)} are one shared parameter (tied weights) that stages would split"
+    return tied, None
+
+
+TIED_OFFLOAD = ("CPU offload of a pipeline's tied weights (the first and last stage's copies are summed on "
+                "the device)")
+"""Why a pipeline plan with offloaded parameters cannot train a model with tied weights."""
 
 
 TRACED_STAGE_LIMITS = ("traced pipeline stages take neither tensor parallelism nor per-block activation "

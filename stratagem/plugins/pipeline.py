@@ -62,7 +62,14 @@ from stratagem.plan import MeshAxis, Plan
 from stratagem.errors import UsageError
 from stratagem.plugins.blocks import find_blocks
 from stratagem.plugins.precision import autocast_context
-from stratagem.plan.stages import TRACED_STAGE_LIMITS, RemovalConvention, removal_convention, traced_stages_allow
+from stratagem.plan.stages import (
+    TIED_OFFLOAD,
+    TRACED_STAGE_LIMITS,
+    RemovalConvention,
+    removal_convention,
+    tied_weights,
+    traced_stages_allow,
+)
 
 __all__ = ["Pipeline", "build_schedule", "first_last_group", "rank_module", "split_stages", "stage_indices",
            "tied_parameters"]
@@ -103,26 +110,15 @@ def split_stages(module: nn.Module, plan: Plan, *, pp_rank: int,
 
 
 def tied_parameters(module: nn.Module, plan: Plan) -> tuple[tuple[str, ...], ...]:
-    """The names of each parameter the model shares between places outside its blocks (a tied
-    input embedding and output head: ``("tok_embeddings.weight", "output.weight")``), of which the
-    first and the last stage each hold a copy that :class:`Pipeline` keeps equal, as Megatron-LM
-    does. :class:`UsageError` for a parameter a block shares, which stages would split, for one
-    of traced stages and under CPU offload (the copies' gradients are summed on the device)."""
-    names: dict[int, list[str]] = {}
-    for name, param in module.named_parameters(remove_duplicate=False):
-        names.setdefault(id(param), []).append(name)
-    shared = tuple(tuple(group) for group in names.values() if len(group) > 1)
-    if not shared:
-        return ()
-    prefix = f"{plan.block_container}." if plan.block_container else ""
-    in_blocks = next((g for g in shared if not prefix or any(n.startswith(prefix) for n in g)), None)
-    why = (f"{' and '.join(in_blocks)} are one parameter, which the stages would split" if in_blocks else
-           "the stages are traced, which keep no tied copies" if removal_convention(
-               module, block_container=plan.block_container) is None else
-           "offloaded parameters cannot have their copies' gradients summed on the device"
-           if plan.offloads_parameters else None)
+    """The names of each parameter the model ties (:func:`~stratagem.plan.stages.tied_weights`),
+    of which the first and the last stage each hold a copy that :class:`Pipeline` keeps equal.
+    :class:`UsageError` for ties stages cannot keep, and under CPU offload
+    (:data:`~stratagem.plan.stages.TIED_OFFLOAD`)."""
+    shared, why = tied_weights(module, block_container=plan.block_container)
+    if shared and why is None and plan.offloads_parameters:
+        why = TIED_OFFLOAD
     if why:
-        raise UsageError(f"plan {plan.name} pipelines a model with tied weights ({', '.join(shared[0])}): {why}\n"
+        raise UsageError(f"plan {plan.name} pipelines a model with tied weights: {why}\n"
                          "HINT: untie them (e.g. tie_word_embeddings=False) or pick a plan with pp=1")
     return shared
 

@@ -76,7 +76,8 @@ def test_a_plan_file_from_advise(capsys, tmp_path):
 
 @pytest.mark.parametrize("plan, message", [
     ('{"dp_shard": 4, "zero": 3, "micro_batch_size": 8}', "spans 4 ranks"),  # another world size
-    ('{"pp": 2, "dp_replicate": 4, "microbatches": 2}', "cannot run here: no pipeline"),  # tied weights
+    ('{"pp": 2, "dp_shard": 4, "zero": 3, "offload": "params", "microbatches": 2}',
+     "cannot run here: CPU offload of a pipeline's tied weights"),
     ('{"dp": 8}', "unknown Plan field(s) dp"),
     ("no/such/plan.json", "cannot read the plan file"),
 ])

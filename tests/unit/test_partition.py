@@ -149,3 +149,30 @@ def test_unsplittable_model_gets_no_pipeline_plans_and_a_note():
     assert all(p.pp == 1 for p in plans)
     assert any("No pipeline plans: tied weights" in note
                for note in advise(profile, cluster, Workload(global_batch_size=4)).notes)
+
+
+def test_a_tied_embedding_and_head_pipeline_with_a_copy_on_the_last_stage():
+    """GPT-2 ties its head to its embedding: the first stage holds the table, the last a copy
+    (params, and so gradients and optimizer states), summed after each step by an all-reduce
+    between the two that nothing hides; offloaded parameters cannot take part, so the search
+    leaves pipeline × offload plans out for it."""
+    from stratagem.advisor.cost.pipeline import estimate_tied_gradient_seconds
+    from stratagem.advisor.cost.rank_step import rank_step
+    from stratagem.advisor.profile.cache import profile_spec
+
+    gpt2 = profile_spec("gpt2", seq_len=1024, precision="bf16-mixed", kernels="gpu")
+    assert gpt2.pp_unavailable is None and gpt2.pp_tied_params == 50257 * 768
+    untied = dataclasses.replace(gpt2, pp_tied_params=0)
+    plan = Plan(pp=2, microbatches=4, micro_batch_size=2, precision="bf16-mixed", block_container=gpt2.block_container)
+    (first, last), (first_untied, last_untied) = rank_stages(gpt2, plan), rank_stages(untied, plan)
+    assert first.num_params == first_untied.num_params
+    assert last.num_params - last_untied.num_params == gpt2.pp_tied_params
+    assert rank_stages(gpt2, dataclasses.replace(plan, pp=1, microbatches=1, grad_accum=4))[0].num_params == gpt2.num_params
+
+    cluster, workload = parse_cluster("2xH100-SXM-80GB"), Workload(global_batch_size=8, seq_len=1024)
+    seconds = [estimate_tied_gradient_seconds(rank_step(profile, cluster=cluster, workload=workload, plan=p))
+               for profile, p in ((gpt2, plan), (untied, plan), (gpt2, dataclasses.replace(plan, pp=1, microbatches=1, grad_accum=4)))]
+    assert seconds[0] > 0 and seconds[1] == seconds[2] == 0
+
+    plans = [e.plan for e in advise(gpt2, cluster, workload, top=10_000).plans]
+    assert any(p.pp > 1 for p in plans) and not any(p.pp > 1 and p.offloads_parameters for p in plans)

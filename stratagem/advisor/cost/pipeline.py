@@ -1,11 +1,12 @@
-"""Pipeline terms of a step: the bubble (fill and drain) and the point-to-point messages between
-stages, as torch.distributed.pipelining's schedules run them (docs/cost-model.md, "Pipeline")."""
+"""Pipeline terms of a step: the bubble (fill and drain), the point-to-point messages between
+stages, as torch.distributed.pipelining's schedules run them, and the sum of a tied weight's two
+copies' gradients (docs/cost-model.md, "Pipeline")."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from stratagem.advisor.cost.collectives import estimate_p2p_seconds
+from stratagem.advisor.cost.collectives import estimate_all_reduce_seconds, estimate_p2p_seconds
 from stratagem.advisor.cost.communication import collective_wait_seconds
 from stratagem.advisor.cost.host import microbatch_dispatch_seconds
 from stratagem.advisor.cost.rank_step import RankStep
@@ -88,6 +89,21 @@ def estimate_pp_comm_seconds(step: RankStep) -> float:
     if plan.pp == 1:
         return 0.0
     return 2 * step.num_microbatches * plan.pp_virtual * _pp_message_seconds(step)
+
+
+def estimate_tied_gradient_seconds(step: RankStep) -> float:
+    """Summing the gradients of the tied weights' two copies (``pp_tied_params``: the first stage's
+    embedding, the last's head) after each schedule step, seconds: an all-reduce between those two
+    ranks of the copy's gradient in the parameter dtype (split by a vocabulary layout over TP, one
+    shard of it under FSDP), after the last backward, so nothing hides it
+    (:class:`~stratagem.plugins.pipeline.Pipeline`; Megatron-LM's embedding all-reduce)."""
+    plan, tied = step.plan, step.profile.pp_tied_params
+    if plan.pp == 1 or not tied:
+        return 0.0
+    elements = tied / (plan.tp if "vocab_head" in plan.vocab_tp_styles else 1) / (plan.dp_shard if plan.uses_fsdp else 1)
+    seconds = estimate_all_reduce_seconds(elements * step.precision.param_bytes, group_size=2,
+                                          **step.link(MeshAxis.PP, "all_reduce"))
+    return plan.grad_accum * (seconds + collective_wait_seconds(step, 2))
 
 
 def estimate_pp_comm_exposed_seconds(step: RankStep, *, total: float, compute: float) -> float:

@@ -45,7 +45,7 @@ def rank_view(profile: ModelProfile, plan: Plan, rank: int = 0) -> RankView:
     stage = rank_stages(profile, plan)[rank]
     return RankView(plan=plan, rank=rank, stage=stage, virtual=virtual_stages(profile, plan, rank=rank),
                     in_flight=in_flight_per_stage(plan, rank=rank),
-                    head=tuple(s for s in stage.segments if s is profile.head),
+                    head=tuple(s for s in stage.segments if s.name == profile.head.name),
                     scale=plan.micro_batch_size / profile.batch_size,
                     one_fsdp_unit=plan.block_container is None or (plan.pp > 1 and profile.pp_traced))
 

@@ -164,7 +164,7 @@ def _parts(profile: ModelProfile, stage_blocks: tuple[int, ...]) -> tuple[Stage,
     for index, count in enumerate(stage_blocks):
         blocks = profile.blocks[start:start + count]
         segments = ((profile.embed,) if index == 0 else ()) + blocks + \
-            ((profile.head,) if index == len(stage_blocks) - 1 else ())
+            ((_head(profile, with_embed=index == 0),) if index == len(stage_blocks) - 1 else ())
         parts.append(_stage(profile, segments, blocks))
         start += count
     return tuple(parts)
@@ -180,9 +180,22 @@ def _ranks(profile: ModelProfile, pp: int, stage_blocks: tuple[int, ...]) -> tup
     for rank in range(pp):
         stages = range(rank, len(stage_blocks), pp)
         blocks = tuple(b for s in stages for b in profile.blocks[bounds[s]:bounds[s + 1]])
-        segments = ((profile.embed,) if rank == 0 else ()) + blocks + ((profile.head,) if last in stages else ())
+        segments = ((profile.embed,) if rank == 0 else ()) + blocks + \
+            ((_head(profile, with_embed=rank == 0),) if last in stages else ())
         ranks.append(_stage(profile, segments, blocks))
     return tuple(ranks)
+
+
+def _head(profile: ModelProfile, *, with_embed: bool) -> SegmentProfile:
+    """The head as a stage holds it: a stage without the embedding also holds its own copy of the
+    weights the model ties between them (``pp_tied_params``, the vocabulary's table: one tensor,
+    split as the head is by a vocabulary layout), which the profile counts once, in the embedding."""
+    tied = profile.pp_tied_params
+    if with_embed or not tied:
+        return profile.head
+    head = profile.head
+    return dataclasses.replace(head, num_params=head.num_params + tied, vocab_params=head.vocab_params + tied,
+                               num_tensors=head.num_tensors + 1)
 
 
 def _stage(profile: ModelProfile, segments: tuple[SegmentProfile, ...], blocks: tuple[SegmentProfile, ...]) -> Stage:
@@ -199,5 +212,6 @@ def _stage(profile: ModelProfile, segments: tuple[SegmentProfile, ...], blocks: 
         block_sums={f: sum(getattr(b, f) for b in blocks) for f in _SUMMED},
         largest_block_params=max((b.num_params for b in blocks), default=0),
         max_block_output_bytes=max((b.output_bytes for b in blocks), default=0),
-        vocab_shares=vocabulary_shares(*(s if s in segments else None for s in (profile.embed, profile.head))),
+        vocab_shares=vocabulary_shares(*(next((s for s in segments if s.name == part.name), None)
+                                         for part in (profile.embed, profile.head))),
     )

@@ -29,6 +29,7 @@ from stratagem.advisor.cost.pipeline import (
     estimate_bubble_seconds,
     estimate_pp_comm_exposed_seconds,
     estimate_pp_comm_seconds,
+    estimate_tied_gradient_seconds,
 )
 from stratagem.advisor.cost.rank_step import rank_step
 from stratagem.advisor.cost.rates import estimate_peak_flops
@@ -45,7 +46,7 @@ def estimate_time(profile: ModelProfile, *, cluster: Cluster, workload: Workload
     compute, recompute = estimate_compute_seconds(step), estimate_recompute_seconds(step)
     tp_comm = estimate_tp_comm_seconds(step)
     grads, gathers = estimate_grad_sync_seconds(step), estimate_param_gather_seconds(step)
-    pp_comm = estimate_pp_comm_seconds(step)
+    pp_comm, tied = estimate_pp_comm_seconds(step), estimate_tied_gradient_seconds(step)
     optimizer = estimate_optimizer_seconds(step)
     dp_comm = estimate_dp_comm_exposed_seconds(step, grads=grads, gathers=gathers, compute=compute,
                                                recompute=recompute)
@@ -54,7 +55,7 @@ def estimate_time(profile: ModelProfile, *, cluster: Cluster, workload: Workload
         recompute=recompute,
         dp_comm=dp_comm.exposed,
         tp_comm=tp_comm,  # on the critical path: nothing overlaps it
-        pp_comm=estimate_pp_comm_exposed_seconds(step, total=pp_comm, compute=compute + recompute),
+        pp_comm=estimate_pp_comm_exposed_seconds(step, total=pp_comm, compute=compute + recompute) + tied,
         bubble=estimate_bubble_seconds(step, ideal=compute + recompute + tp_comm + in_line_host_seconds(step),
                                        reductions=dp_comm.in_backward),
         optimizer=optimizer,
@@ -62,7 +63,7 @@ def estimate_time(profile: ModelProfile, *, cluster: Cluster, workload: Workload
         dispatch=estimate_dispatch_seconds(step, device_busy=compute + recompute + tp_comm + optimizer),
         dp_comm_total=grads + gathers,
         tp_comm_total=tp_comm,
-        pp_comm_total=pp_comm,
+        pp_comm_total=pp_comm + tied,
         compile_once=estimate_compile_seconds(step),
     )
 

@@ -29,7 +29,7 @@ def kernels_for(*, accelerator: bool) -> str:
     return "gpu" if accelerator else "cpu"
 
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 """Version of the layout ``ModelProfile.to_dict`` writes and ``from_dict`` reads. Bump it whenever
 a field of ModelProfile, SegmentProfile, LinearLayer, ConvLayer or AttentionCall is added, removed, renamed or changes
 meaning (tests/unit/test_profile_cache_checks.py pins the fields to this number)."""
@@ -234,6 +234,7 @@ class ModelProfile:
     tp_unavailable: str | None = None  # why there is no TP layout
     pp_unavailable: str | None = None  # why the blocks cannot become pipeline stages
     pp_traced: bool = False  # its pipeline stages are traced graphs (stratagem.plan.stages), not built by removal
+    pp_tied_params: int = 0  # elements of the tied weights the first and last stage each copy (structure.pp_tied_params)
     notes: tuple[str, ...] = ()
     profile_seconds: float = 0.0
     # The same step with parameters in the compute dtype and no autocast: how FSDP2's mixed
@@ -309,6 +310,7 @@ class ModelProfile:
             "tp_unavailable": self.tp_unavailable,
             "pp_unavailable": self.pp_unavailable,
             "pp_traced": self.pp_traced,
+            "pp_tied_params": self.pp_tied_params,
             "embed": self.embed.to_dict(),
             "blocks": [b.to_dict() for b in self.blocks],
             "head": self.head.to_dict(),

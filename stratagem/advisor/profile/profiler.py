@@ -30,7 +30,13 @@ from stratagem.advisor.profile.measure import EMBED, HEAD, quiet_fake_tensor_log
 from stratagem.advisor.profile.step import Step, run_fake_step
 from stratagem.plan.precision import Precision, get_precision, in_compute_dtype, torch_dtype
 from stratagem.advisor.profile.model_profile import KERNELS, AttentionCall, ModelProfile, SegmentProfile, policy_field
-from stratagem.advisor.profile.structure import attention_heads, find_blocks, linear_layers, pp_unavailable
+from stratagem.advisor.profile.structure import (
+    attention_heads,
+    find_blocks,
+    linear_layers,
+    pp_tied_params,
+    pp_unavailable,
+)
 from stratagem.advisor.profile.tp_layout import LinearCallRecorder, find_tp_layout
 from stratagem.advisor.profile.vocab_layout import VocabCallRecorder, find_vocab_layout, vocab_segment_fields
 from stratagem.errors import UsageError
@@ -127,6 +133,7 @@ def _profile_step(
         seq_len=seq_len, block_container=structure.container, num_heads=heads, num_kv_heads=kv_heads,
         tp_layout=tp_layout + vocab, tp_unavailable=tp_unavailable, pp_unavailable=pp_unavailable(model, structure),
         pp_traced=removal_convention(model, block_container=structure.container) is None,
+        pp_tied_params=pp_tied_params(model, structure) if structure.container is not None else 0,
         notes=tuple(notes), profile_seconds=time.perf_counter() - started,
         **_assemble(model, structure.blocks, record, prec, notes, calls, (vocab, vocab_calls)),
     )

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from stratagem.advisor.profile.model_profile import LinearLayer
+from stratagem.plan.stages import tied_weights
 
 # Attribute names under which attention modules commonly keep their head counts (reference
 # presets, nn.MultiheadAttention, Hugging Face, nanoGPT-style code).
@@ -52,21 +53,18 @@ def find_blocks(model: nn.Module) -> ModelStructure:
 
 def pp_unavailable(model: nn.Module, structure: ModelStructure) -> str | None:
     """Why the blocks cannot become pipeline stages, or None: there are no blocks, or a
-    parameter is shared between places that may land on different stages (tied embedding and
-    output weights), which stages holding separate copies would let drift apart."""
+    parameter is shared in a way stages cannot keep (:func:`~stratagem.plan.stages.tied_weights`:
+    a tied embedding and head are copied to the first and last stage)."""
     if structure.container is None:
         return "no repeated blocks to split into stages"
-    prefixes = tuple(f"{b}." for b in structure.blocks)
-    places: dict[int, set[str]] = {}
-    names: dict[int, list[str]] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        place = next((p for p in prefixes if name.startswith(p)), name)
-        places.setdefault(id(param), set()).add(place)
-        names.setdefault(id(param), []).append(name)
-    shared = next((names[key] for key, where in places.items() if len(where) > 1), None)
-    if shared:
-        return f"{' and '.join(shared)} are one shared parameter (tied weights) that stages would split"
-    return None
+    return tied_weights(model, block_container=structure.container)[1]
+
+
+def pp_tied_params(model: nn.Module, structure: ModelStructure) -> int:
+    """Elements of the weights the first and last pipeline stage each hold a copy of (a tied
+    embedding and head: :func:`~stratagem.plan.stages.tied_weights`), once each; 0 without."""
+    tied, _ = tied_weights(model, block_container=structure.container)
+    return sum(model.get_parameter(group[0]).numel() for group in tied)
 
 
 def linear_layers(block: nn.Module, rows: dict[str, int] | None = None) -> tuple[LinearLayer, ...]:
