@@ -72,7 +72,9 @@ def deepspeed_notes(plan: Plan) -> list[str]:
     notes = []
     if plan.pp > 1:
         notes.append(f"Build the model as deepspeed.pipe.PipelineModule(layers, num_stages={plan.pp}); each step "
-                     f"runs {plan.microbatches} micro-batches of {plan.micro_batch_size} (train_batch).")
+                     f"runs {plan.microbatches} micro-batches of {plan.micro_batch_size} (train_batch). An embedding "
+                     "and a head that share their weight go in as two deepspeed.pipe.TiedLayerSpec of one key, "
+                     "which DeepSpeed keeps equal across the stages.")
     if plan.recomputes_blocks:
         notes.append("Checkpoint every block with deepspeed.checkpointing.checkpoint "
                      "(PipelineModule(activation_checkpoint_interval=1) in a pipeline).")

@@ -208,7 +208,7 @@ def test_tied_weights_a_pipeline_can_keep_and_those_it_cannot():
     with pytest.raises(UsageError, match="(?s)layers.0.attention.wq.weight and layers.1.attention.wq.weight.*HINT"):
         tied_parameters(shared, plan)
     offloaded = Plan(dp_shard=2, zero=3, offload="params", **_PP2)
-    with pytest.raises(UsageError, match="(?s)offloaded.*HINT: untie"):
+    with pytest.raises(UsageError, match="(?s)CPU offload of a pipeline.s tied weights.*HINT: untie"):
         tied_parameters(get_preset("gpt2-tiny").build(), offloaded)
 
 
