@@ -164,6 +164,13 @@ def _removal_stage(module: nn.Module, plan: Plan, convention: RemovalConvention,
     if convention.hf_output:
         shell.register_forward_pre_hook(_without_cache, with_kwargs=True)
         shell.register_forward_hook(_logits)
+        if getattr(shell.config, "tie_word_embeddings", False):
+            # A stage holds one of the tied pair (the Pipeline keeps the copies equal); its own
+            # tie_weights(), which initialising a meta-built stage runs, would look for the other
+            # (by the mapping transformers 5 computed when it built the model, and by the config).
+            shell.config = copy.copy(shell.config)
+            shell.config.tie_word_embeddings = False
+            shell.all_tied_weights_keys = {}
     return shell
 
 

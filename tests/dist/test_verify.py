@@ -249,3 +249,14 @@ def test_a_pipeline_rank_is_measured_holding_its_own_stage() -> None:
     plan = Plan(pp=2, microbatches=2, micro_batch_size=2, precision="fp32", block_container="")
     measured = verify_plan("test_verify:two_wide_layers", plan, seq_len=None, optimizer="sgd", steps=1, timeout=240)
     assert measured.peak_bytes < 56 * 2**20, measured.peak_bytes / 2**20
+
+
+def test_a_tied_hugging_face_decoder_is_verified_as_a_pipeline_built_on_meta(tmp_path: Path) -> None:
+    """A Qwen2 that ties its head to its embedding, as a pipeline: each stage is built on
+    meta and initialised on its own (transformers' own initialisation, which ties weights, must
+    not look for the half of the pair the stage does not hold); the Pipeline keeps the copies equal."""
+    config = {**_TINY_LLAMA, "model_type": "qwen2", "tie_word_embeddings": True}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    plan = Plan(pp=2, microbatches=2, micro_batch_size=2, precision="fp32", block_container="model.layers")
+    measured = verify_plan(f"hf:{tmp_path}", plan, seq_len=16, optimizer="adamw", steps=1, timeout=240)
+    assert measured.step_seconds > 0 and measured.peak_bytes > 0
