@@ -228,7 +228,7 @@ class AutoParallelFabricStrategy(ModelParallelStrategy):
 
     def _apply_plan(self, module: nn.Module, mesh: DeviceMesh) -> nn.Module:
         """ModelParallelStrategy's ``parallelize_fn``: the plan, applied, with meta weights initialised."""
-        if self.plan.uses_ddp:
+        if not self.plan.uses_fsdp:
             materialize(module, self.root_device)  # DDP broadcasts rank 0's values
         applied = apply_plan(module, self.plan, mesh)
         materialize(module, self.root_device, params_on_host=self.plan.offloads_parameters)

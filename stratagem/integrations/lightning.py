@@ -206,7 +206,7 @@ class AutoParallelStrategy(ModelParallelStrategy):
                 raise UsageError(f"the auto-parallel strategy cannot run plan {self._plan.name}: {reason}\n"
                                  "HINT: advise with --target lightning for plans it runs")
         self.precision_plugin = _PlanPrecision(self.plan, self.precision_plugin.precision, self.root_device.type)
-        if self.plan.uses_ddp:
+        if not self.plan.uses_fsdp:
             materialize(module, self.root_device)  # DDP broadcasts rank 0's values
         self.model_to_device()
         mesh = self._device_mesh = build_mesh(self.plan, device_type=self.root_device.type)
