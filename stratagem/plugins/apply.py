@@ -45,8 +45,10 @@ from stratagem.plugins.pipeline import (
     build_schedule,
     check_traced_stage_plan,
     first_last_group,
+    rebuild_generated_code,
     split_stages,
     tied_parameters,
+    unwrap,
 )
 from stratagem.plugins.precision import apply_param_dtype, fp32_norm_names
 from stratagem.plugins.tensor_parallel import (
@@ -97,6 +99,9 @@ def apply_plan(module: nn.Module, plan: Plan, mesh: DeviceMesh, *,
     norm_names = fp32_norm_names(module) if traced else None  # tracing replaces the layers, keeps the names
     stages = nn.ModuleList(_apply_per_stage(stage, stage_plan, mesh, norm_names=norm_names)
                            for stage in split_stages(module, plan, pp_rank=pp_rank, example_inputs=example_inputs))
+    if traced:
+        for stage in stages:
+            rebuild_generated_code(unwrap(stage))
     return Pipeline(plan=plan, modules=stages, schedule=build_schedule(list(stages), plan, mesh, loss_fn=loss_fn),
                     pp_group=pp_mesh.get_group(), device_type=mesh.device_type, is_first=pp_rank == 0,
                     is_last=pp_rank == plan.pp - 1, tied=tied, tied_group=tied_group, tied_source=tied_source)

@@ -10,7 +10,7 @@ tests with TP. ``atol=1e-5`` where a weight's true gradient is about zero, so it
 becomes an AdamW update of ~1e-6 (observed): ViT's key bias (softmax ignores a constant added to
 every score; 6.0e-6 after 5 steps) and single elements under pipeline × FSDP or DDP (1.3e-6;
 5.2e-6 with full checkpointing). Stages of the reference Transformer are built by removal; ViT and ResNet stages
-by tracing. Uneven pinned partitions (``stage_blocks``) and the even default are both run. GPT-2's
+by tracing, alone and under DDP and FSDP. Uneven pinned partitions (``stage_blocks``) and the even default are both run. GPT-2's
 tied embedding and head train across stages alone, with DDP, FSDP and the vocabulary split by TP.
 """
 
@@ -68,13 +68,16 @@ FOUR_RANKS = {case.name: case for case in [
     Case("pp2_zero_bubble_tp2", Plan(tp=2, tp_layout=LLAMA_LAYOUT, pp_schedule="interleaved-zb", pp_virtual=2,
                                      **_PP2)),
     Case("pp2_ddp2_tied", Plan(dp_replicate=2, **_PP2), preset="gpt2-tiny"),
+    Case("pp2_fsdp2_vit_traced", Plan(dp_shard=2, zero=3, **_PP2), preset="vit-tiny"),
+    Case("pp2_ddp2_vit_traced", Plan(dp_replicate=2, **_PP2), preset="vit-tiny"),
     Case("pp2_fsdp2_tied", Plan(dp_shard=2, zero=3, **_PP2), preset="gpt2-tiny"),
     Case("pp2_tp2_vocab_tied", Plan(tp=2, tp_layout=(*GPT2_LAYOUT, *VOCAB), **_PP2), preset=GPT2_TIED_257),
 ]}
 TIED = {"pp2_tied": 2, "pp2_ddp2_tied": 4, "pp2_fsdp2_tied": 4, "pp2_tp2_vocab_tied": 4}  # by world size
 
 
-NEAR_ZERO_GRADIENTS = {"pp2_vit_traced", "pp2_fsdp2", "pp2_zero2_full_ckpt", "pp2_ddp2", "pp2_gpipe_ddp2"}
+NEAR_ZERO_GRADIENTS = {"pp2_vit_traced", "pp2_fsdp2", "pp2_zero2_full_ckpt", "pp2_ddp2", "pp2_gpipe_ddp2",
+                       "pp2_fsdp2_vit_traced", "pp2_ddp2_vit_traced"}
 
 
 @pytest.mark.parametrize("name", [name for name in TWO_RANKS if name not in TIED])
@@ -84,7 +87,7 @@ def test_two_rank_pipeline_matches_single_process(two_ranks, name):
 
 
 @pytest.mark.parametrize("name", ["pp4_1f1b", "pp4_interleaved", "pp2_ddp2", "pp2_gpipe_ddp2", "pp2_fsdp2",
-                                  "pp2_zero2_full_ckpt"])
+                                  "pp2_zero2_full_ckpt", "pp2_fsdp2_vit_traced", "pp2_ddp2_vit_traced"])
 def test_four_rank_pipeline_matches_single_process(four_ranks, name):
     tolerance = TIED_FP32 if name in NEAR_ZERO_GRADIENTS else FP32
     assert_matches_single_process(FOUR_RANKS[name], four_ranks[name], tolerance)
@@ -132,6 +135,17 @@ def test_forward_only_schedule_gives_the_trained_model_s_loss(two_ranks, name):
         expected = torch.stack([case.model.loss(model(t), y) for t, y in
                                 zip(tokens.split(case.plan.micro_batch_size), targets.split(case.plan.micro_batch_size))])
     assert two_ranks[name].facts["eval_loss"] == pytest.approx([expected.mean().item()] * 2, rel=1e-5)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_a_pipeline_rank_holds_no_parameter_but_its_stages(request, world):
+    """Once the plan is applied (the caller has dropped the model), no other parameter is alive on
+    any rank: tracing's graph modules of the whole model are collected (reference cycles), and a
+    traced stage's generated code no longer holds the parameters FSDP replaced by shards."""
+    runs = request.getfixturevalue("two_ranks" if world == 2 else "four_ranks")
+    cases = TWO_RANKS if world == 2 else FOUR_RANKS
+    stale = {name: runs[name].facts["stale_parameters"] for name in cases if any(runs[name].facts["stale_parameters"])}
+    assert not stale
 
 
 def test_pipeline_dp_wraps_each_stage(four_ranks):

@@ -18,6 +18,7 @@ those of data-parallel rank 0 (every pipeline stage's).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -215,12 +216,16 @@ def _train_pipeline(case: Case, *, rank: int, world_size: int) -> Run:
     mine = slice(dp_rank(plan, rank) * size, (dp_rank(plan, rank) + 1) * size)
     local = [(tuple(t[mine] for t in inputs), targets[mine]) for inputs, targets in global_batches(case)]
     example = tuple(t[:plan.micro_batch_size] for t in local[0][0])
-    pipe = apply_plan(preset.build(), plan, build_mesh(plan, device_type="cpu"), loss_fn=preset.loss,
-                      example_inputs=example)
+    model = preset.build()
+    built = [weakref.ref(p) for p in model.parameters()]
+    pipe = apply_plan(model, plan, build_mesh(plan, device_type="cpu"), loss_fn=preset.loss, example_inputs=example)
+    del model  # no gc.collect(): what a caller that drops the model is left with
+    held = {id(p) for p in pipe.parameters()}
+    stale = sum((p := ref()) is not None and id(p) not in held for ref in built)
     cls, options = OPTIMIZERS[case.optimizer]
     optimizer = build_optimizer(pipe.modules, plan, cls, **options)
     facts: dict[str, object] = {"wrapper": [type(m).__name__ for m in pipe.modules],
-                                "optimizer": type(optimizer).__name__}
+                                "optimizer": type(optimizer).__name__, "stale_parameters": _gather_objects(stale)}
     losses = []
     for step, (inputs, targets) in enumerate(local):
         with SavedBytes(pipe.parameters()) as saved:
