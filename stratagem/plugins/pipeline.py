@@ -27,7 +27,9 @@ Schedules (``plan.pp_schedule``): ``gpipe`` → ``ScheduleGPipe``, ``1f1b`` → 
 ``ScheduleInterleavedZeroBubble`` (weight-gradient passes apart from input-gradient passes,
 filling the bubble; not with data parallelism or checkpointing:
 :func:`~stratagem.plan.zero_bubble_refuses`); ``plan.microbatches`` micro-batches per
-step, gradients scaled by the schedule to the mean over micro-batches (``scale_grads``).
+step, each micro-batch's loss divided by their number, so that the gradients are the mean over
+micro-batches; not the schedule's ``scale_grads``, which divides every gradient the parameters
+hold, so that a second step accumulated into the same gradients divided the first's again.
 
 A weight tied between the embedding and the head is copied to the first and last stage and the
 copies kept equal (:func:`tied_parameters`, :class:`Pipeline`; docs/design.md, "Pipeline stages").
@@ -278,7 +280,8 @@ def build_schedule(stage_modules: list[nn.Module], plan: Plan, mesh: DeviceMesh,
               for m, index in zip(stage_modules, stage_indices(plan, pp_rank))]
     cls = _SCHEDULES[plan.pp_schedule]
     first = stages if plan.is_interleaved else stages[0]
-    return cls(first, plan.microbatches, loss_fn=loss_fn, scale_grads=True)
+    return cls(first, plan.microbatches, loss_fn=lambda output, target: loss_fn(output, target) / plan.microbatches,
+               scale_grads=False)
 
 
 def _shield_buffers_from_first_forward(module: nn.Module) -> None:
@@ -332,20 +335,18 @@ class Pipeline:
         gradients accumulated in the stage parameters; the mean loss over micro-batches, on
         every rank (sent from the last stage). The last stage keeps no micro-batch's outputs
         (torch's schedules otherwise hold them all and concatenate them: twice the batch's logits).
-        The copies of a tied weight on the first and last stage then both add the sum of what
-        this batch gave each, the weight's whole gradient (what earlier steps accumulated, equal on
-        both, is kept apart from the sum)."""
-        earlier = [(p, None if p.grad is None else _local(p.grad).clone()) for p in self._tied_copies()]
+        The copies of a tied weight on the first and last stage then both hold the sum of their
+        gradients, the weight's whole gradient: the last stage's copy starts the step without one
+        (what earlier accumulation steps left, equal on both, stays in the first's), and the two
+        are all-reduced after it."""
+        copies = self._tied_copies()
+        if dist.get_rank() != self.tied_source:
+            for param in copies:
+                param.grad = None
         loss = self._run(self.schedule.step, inputs, target, return_outputs=False)
-        for param, before in earlier:
-            if param.grad is None:
-                continue
-            grad = _local(param.grad)
-            if before is not None:
-                grad.sub_(before)
-            dist.all_reduce(grad, group=self.tied_group)
-            if before is not None:
-                grad.add_(before)
+        for param in copies:
+            if param.grad is not None:
+                dist.all_reduce(_local(param.grad), group=self.tied_group)
         return loss
 
     def evaluate(self, *inputs: Tensor, target: Tensor) -> Tensor:
@@ -414,7 +415,8 @@ class Pipeline:
         args = inputs if self.is_first else ()
         with autocast_context(self.plan, self.device_type):  # *-mixed with DDP: forward and loss
             run(*args, target=target if self.is_last else None, losses=losses if self.is_last else None, **options)
-        loss = torch.stack([x.detach().float() for x in losses]).mean() if self.is_last else \
+        # each micro-batch's loss comes divided by their number (build_schedule): the sum is the mean
+        loss = torch.stack([x.detach().float() for x in losses]).sum() if self.is_last else \
             torch.zeros((), device=self.device_type)  # NCCL broadcasts device tensors only
         dist.broadcast(loss, group_src=self.plan.pp - 1, group=self.pp_group)
         return loss

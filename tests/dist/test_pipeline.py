@@ -4,7 +4,7 @@ on real gloo processes (one spawn per world size, shared with the other dist tes
 ``conftest.py``), with activation checkpointing on the stages of one.
 
 The single process runs the same micro-batches one after another, each loss divided by the
-number of micro-batches, which is what the schedules' ``scale_grads`` does to the gradients.
+number of micro-batches, as the Pipeline divides each micro-batch's loss.
 Tolerance: fp32 as the data-parallel tests (``rtol=1e-5, atol=1e-6``), as the tensor-parallel
 tests with TP. ``atol=1e-5`` where a weight's true gradient is about zero, so its rounding noise
 becomes an AdamW update of ~1e-6 (observed): ViT's key bias (softmax ignores a constant added to
@@ -21,6 +21,7 @@ from functools import partial
 
 import pytest
 import torch
+from spawn import run_on_ranks
 from test_data_parallel import FP32, TIED_FP32, assert_matches_single_process
 from test_tensor_parallel import GPT2_LAYOUT, GPT2_TIED_257, LLAMA_LAYOUT, TP_FP32, VOCAB
 from training import SEQ_LEN, Case, global_batches, train_single
@@ -230,3 +231,45 @@ def test_traced_stages_refuse_tensor_parallelism():
     plan = Plan(tp=2, tp_layout=(("layers.*.attention.wq", "colwise"),), **_PP2)
     with pytest.raises(UsageError, match="(?s)traced.*tensor parallelism.*HINT"):  # before the mesh is read
         apply_plan(get_preset("vit-tiny").build(), plan, None, loss_fn=torch.nn.functional.mse_loss)
+
+
+def _accumulated_tied_gradients(rank: int, world_size: int, batches: list) -> list:
+    """Two steps of a GPT-2 pipeline into the same gradients (accumulation): every rank's copies of
+    the tied embedding's gradient (rank 0's embedding, rank 1's head), and its first block's
+    query weight's gradient where it holds that block."""
+    import torch.distributed as dist
+
+    from stratagem.plugins import build_mesh
+
+    preset = get_preset("gpt2-tiny")
+    plan = Plan(pp_schedule="1f1b", **_PP2)
+    torch.manual_seed(0)
+    pipe = apply_plan(preset.build(), plan, build_mesh(plan, device_type="cpu"), loss_fn=preset.loss)
+    for tokens, targets in batches:
+        pipe.step(tokens, target=targets)
+    grads = [p.grad.clone() for p in pipe._tied_copies()]
+    grads.append(pipe.modules[0].layers[0].attention.wq.weight.grad.clone() if rank == 0 else None)
+    gathered = [None] * world_size
+    dist.all_gather_object(gathered, grads)
+    return gathered
+
+
+def test_tied_copies_sum_what_each_accumulated_step_gave():
+    """Two steps into the same gradients: both copies hold the sum over both steps of the
+    embedding's and the head's gradients, as one process accumulates the tied weight's (the first
+    step's sum is not counted twice by the second step's all-reduce), and every gradient is the sum
+    of the two steps' means (torch's ``scale_grads`` divided the first step's again)."""
+    preset = get_preset("gpt2-tiny")
+    torch.manual_seed(1)
+    batches = [preset.make_batch(_PP2["micro_batch_size"] * _PP2["microbatches"], SEQ_LEN) for _ in range(2)]
+    batches = [(tokens, targets) for (tokens,), targets in batches]
+    copies = run_on_ranks(_accumulated_tied_gradients, batches, world_size=2)
+    torch.manual_seed(0)
+    model = preset.build()
+    for tokens, targets in batches:  # the schedule's mean over micro-batches, summed over the two steps
+        for t, y in zip(tokens.split(_PP2["micro_batch_size"]), targets.split(_PP2["micro_batch_size"])):
+            (preset.loss(model(t), y) / _PP2["microbatches"]).backward()
+    (first, block), (last, _) = copies
+    torch.testing.assert_close(first, model.tok_embeddings.weight.grad, **FP32)
+    torch.testing.assert_close(last, first, rtol=0, atol=0)
+    torch.testing.assert_close(block, model.layers[0].attention.wq.weight.grad, **FP32)
