@@ -298,17 +298,26 @@ class AutoParallelStrategy(ModelParallelStrategy):
     def _pipeline_training_step(self, pipeline: Pipeline, args: tuple) -> Tensor:
         """The schedule runs backward with forward, inside ``training_step``; Lightning zeroes
         gradients after ``training_step`` and before ``backward``. So the gradients are set
-        aside here and put back in :meth:`backward` (and cleared first when this batch opens a
-        gradient-accumulation window, where Lightning would have zeroed them)."""
+        aside here and put back in :meth:`backward`. Within a gradient-accumulation window the
+        batch's gradients are divided by the window's size and added to those set aside before
+        (none when the batch opens it), as Lightning's other strategies average a window by
+        dividing each batch's loss, which a schedule that has already run backward never sees."""
         trainer = self.lightning_module.trainer if self.lightning_module is not None else None
         accumulate = trainer.accumulate_grad_batches if trainer is not None else 1
         params = [p for p in pipeline.parameters() if p.requires_grad]
-        if len(args) < 2 or args[1] % accumulate == 0:
-            for param in params:
-                param.grad = None
-        loss = self._pipeline_step(pipeline.step, "train_loss", args)
-        self._set_aside = [(param, param.grad) for param in params]
+        opens = len(args) < 2 or args[1] % accumulate == 0
+        earlier = [None if opens else param.grad for param in params]
         for param in params:
+            param.grad = None
+        loss = self._pipeline_step(pipeline.step, "train_loss", args)
+        self._set_aside = []
+        for param, before in zip(params, earlier):
+            grad = param.grad
+            if grad is not None and accumulate > 1:
+                grad.div_(accumulate)
+            if before is not None:
+                grad = before if grad is None else grad.add_(before)
+            self._set_aside.append((param, grad))
             param.grad = None
         return loss
 

@@ -120,36 +120,39 @@ def dataset(dp: int) -> TensorDataset:
     return TensorDataset(tokens, targets)
 
 
-def rank_batches(dp: int) -> list[list[list[int]]]:
-    """Per step, the samples each data-parallel rank reads. Every epoch is one step
-    (``limit_train_batches=1``), so a checkpoint after any step ends an epoch and resumes exactly
-    (Lightning restarts a plain DataLoader's epoch from its start). Lightning's DistributedSampler
-    shuffles with seed ``0 + epoch`` and gives rank ``r`` every ``dp``-th index from ``r``."""
+def rank_batches(dp: int, accumulate: int = 1) -> list[list[list[list[int]]]]:
+    """Per step, per batch of its accumulation window, the samples each data-parallel rank reads.
+    Every epoch is one step (``limit_train_batches`` the window), so a checkpoint after any step
+    ends an epoch and resumes exactly (Lightning restarts a plain DataLoader's epoch from its
+    start). Lightning's DistributedSampler shuffles with seed ``0 + epoch`` and gives rank ``r``
+    every ``dp``-th index from ``r``."""
     steps = []
     for epoch in range(STEPS):
         order = torch.randperm(STEPS * dp * BATCH, generator=torch.Generator().manual_seed(epoch)).tolist()
-        steps.append([order[r::dp][:BATCH] for r in range(dp)])
+        steps.append([[order[r::dp][k * BATCH:(k + 1) * BATCH] for r in range(dp)] for k in range(accumulate)])
     return steps
 
 
-def train_single(dp: int) -> tuple[list[float], dict[str, torch.Tensor]]:
+def train_single(dp: int, accumulate: int = 1) -> tuple[list[float], dict[str, torch.Tensor]]:
     """The reference: one process runs each step's rank batches one after another and
-    accumulates their gradients (each loss divided by dp), as in ``training.py``."""
+    accumulates their gradients (each loss divided by dp and by the accumulation window), as in
+    ``training.py``; the loss of each batch, averaged over ranks."""
     module = TinyLlama()
     module.configure_model()
     optimizer = module.configure_optimizers()
     losses = []
     data = dataset(dp)
-    for step in rank_batches(dp):
+    for step in rank_batches(dp, accumulate):
         optimizer.zero_grad()
-        step_loss = 0.0
-        for indices in step:
-            tokens, targets = data[indices]
-            loss = module.preset.loss(module(tokens), targets) / dp
-            loss.backward()
-            step_loss += loss.item()
+        for batch in step:
+            batch_loss = 0.0
+            for indices in batch:
+                tokens, targets = data[indices]
+                loss = module.preset.loss(module(tokens), targets) / dp
+                (loss / accumulate).backward()
+                batch_loss += loss.item()
+            losses.append(batch_loss)
         optimizer.step()
-        losses.append(step_loss)
     return losses, {k: v.detach() for k, v in module.state_dict().items()}
 
 
@@ -165,9 +168,10 @@ def run_script(out: Path, *options: str, plan: Plan | None = None) -> tuple[dict
     return json.loads((out / "results.json").read_text()), done.stdout
 
 
-def assert_matches_single_process(losses: list[float], out: Path, dp: int = 2, tolerance: dict = FP32) -> None:
-    """``losses`` (all STEPS of them) and the weights ``out`` holds match one process."""
-    expected_losses, weights = train_single(dp)
+def assert_matches_single_process(losses: list[float], out: Path, dp: int = 2, tolerance: dict = FP32,
+                                  accumulate: int = 1) -> None:
+    """``losses`` (all STEPS × ``accumulate`` of them) and the weights ``out`` holds match one process."""
+    expected_losses, weights = train_single(dp, accumulate)
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected_losses), **tolerance)
     trained = torch.load(out / "weights.pt", weights_only=True)
     assert trained.keys() == weights.keys()
@@ -205,6 +209,16 @@ def test_pipeline_plans_match_single_process(tmp_path: Path) -> None:
     assert "splits each batch into 2 micro-batches on dim 0, but got shapes [(3, 16)]" in results["predict"]
     results, _ = run_script(tmp_path / "tp", "--devices", "4", plan=PP_TP)
     assert_matches_single_process(results["losses"], tmp_path / "tp", dp=1, tolerance=TP_FP32)
+
+
+def test_a_pipeline_accumulating_gradients_over_batches_matches_single_process(tmp_path: Path) -> None:
+    """accumulate_grad_batches=2 under interleaved 1F1B: the schedule runs backward inside
+    training_step, so the strategy averages the window's batches itself, as Lightning's other
+    strategies do by dividing each batch's loss (and each schedule step adds to the gradients the
+    window's earlier batches left, undivided)."""
+    results, _ = run_script(tmp_path, "--accumulate", "2", plan=INTERLEAVED)
+    assert len(results["losses"]) == 2 * STEPS
+    assert_matches_single_process(results["losses"], tmp_path, dp=1, tolerance=PIPE_FP32, accumulate=2)
 
 
 def assert_predicts_trained_model(out: Path, dp: int) -> None:
@@ -315,7 +329,8 @@ def _trainer(args: argparse.Namespace, plan: Plan | None, record: _Record) -> pl
         plan=plan, verbose=False, save_distributed_checkpoint=not args.full_checkpoint)
     precision = {"fp32": "32-true"}.get(plan.precision, plan.precision) if plan else "32-true"
     return pl.Trainer(accelerator="cpu", devices=args.devices, num_nodes=args.num_nodes, strategy=strategy,
-                      max_steps=args.steps, limit_train_batches=1, max_epochs=-1, precision=precision,
+                      max_steps=args.steps, limit_train_batches=args.accumulate, accumulate_grad_batches=args.accumulate,
+                      max_epochs=-1, precision=precision,
                       callbacks=[record], logger=plan is None, default_root_dir=args.out, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False)
 
@@ -339,6 +354,7 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--num-nodes", type=int, default=1)
     parser.add_argument("--steps", type=int, default=STEPS)
+    parser.add_argument("--accumulate", type=int, default=1, help="batches per optimizer step (one epoch)")
     parser.add_argument("--save", type=Path, help="save a checkpoint here when training ends")
     parser.add_argument("--resume", type=Path, help="trainer.fit(ckpt_path=...)")
     parser.add_argument("--full-checkpoint", action="store_true")
