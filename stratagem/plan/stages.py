@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from torch import nn
 
 __all__ = ["HF_DECODERS", "TIED_OFFLOAD", "TRACED_STAGE_LIMITS", "RemovalConvention", "removal_convention",
-           "tied_weights", "traced_stages_allow"]
+           "tied_copies_allow", "tied_weights", "traced_stages_allow"]
 
 
 @dataclass(frozen=True)
@@ -93,6 +93,12 @@ def tied_weights(module: nn.Module, *, block_container: str | None) -> tuple[tup
 TIED_OFFLOAD = ("CPU offload of a pipeline's tied weights (the first and last stage's copies are summed on "
                 "the device)")
 """Why a pipeline plan with offloaded parameters cannot train a model with tied weights."""
+
+
+def tied_copies_allow(*, pp: int, offload: str) -> bool:
+    """Whether a plan's ``pp`` and ``offload`` let the first and last stage keep tied copies
+    (see :data:`TIED_OFFLOAD`)."""
+    return pp == 1 or offload != "params"
 
 
 TRACED_STAGE_LIMITS = ("traced pipeline stages take neither tensor parallelism nor per-block activation "

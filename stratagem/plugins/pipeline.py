@@ -70,6 +70,7 @@ from stratagem.plan.stages import (
     TRACED_STAGE_LIMITS,
     RemovalConvention,
     removal_convention,
+    tied_copies_allow,
     tied_weights,
     traced_stages_allow,
 )
@@ -118,7 +119,7 @@ def tied_parameters(module: nn.Module, plan: Plan) -> tuple[tuple[str, ...], ...
     :class:`UsageError` for ties stages cannot keep, and under CPU offload
     (:data:`~stratagem.plan.stages.TIED_OFFLOAD`)."""
     shared, why = tied_weights(module, block_container=plan.block_container)
-    if shared and why is None and plan.offloads_parameters:
+    if shared and why is None and not tied_copies_allow(pp=plan.pp, offload=plan.offload):
         why = TIED_OFFLOAD
     if why:
         raise UsageError(f"plan {plan.name} pipelines a model with tied weights: {why}\n"
@@ -245,8 +246,8 @@ def rebuild_generated_code(stage: nn.Module) -> None:
     """Rebuild the generated-code GraphModule each traced submodule keeps (its ``graph_module``,
     whose class's ``forward`` it runs on itself) from the submodule as the plan left it. That
     GraphModule holds its own references to the parameters it was built with, which FSDP then
-    replaces with shards: the stage's whole unsharded parameters stayed alive beside them (6.2 MiB
-    of vit-small's first stage; docs/design.md, "Pipeline stages")."""
+    replaces with shards: the stage's whole unsharded parameters stayed alive beside them
+    (docs/design.md, "Pipeline stages")."""
     for submodule in stage.modules():
         if submodule.__dict__.get("graph_module") is not None:
             submodule.__dict__["graph_module"] = torch.fx.GraphModule(submodule, submodule.graph)
@@ -474,13 +475,11 @@ def _union(mine: nn.Module, other: nn.Module) -> nn.Module:
 
 
 def _parameter(module: nn.Module, name: str) -> nn.Parameter | None:
-    """``module``'s parameter ``name``, None where a module on its path was removed from the stage."""
-    owner, _, leaf = name.rpartition(".")
+    """``module``'s parameter ``name``, None where the stage removed its module (None or an Identity)."""
     try:
-        sub = module.get_submodule(owner)
+        return module.get_parameter(name)
     except AttributeError:
         return None
-    return sub._parameters.get(leaf) if sub is not None else None
 
 
 def _local(tensor: Tensor) -> Tensor:

@@ -247,8 +247,9 @@ def _accumulated_tied_gradients(rank: int, world_size: int, batches: list) -> li
     pipe = apply_plan(preset.build(), plan, build_mesh(plan, device_type="cpu"), loss_fn=preset.loss)
     for tokens, targets in batches:
         pipe.step(tokens, target=targets)
-    grads = [p.grad.clone() for p in pipe._tied_copies()]
-    grads.append(pipe.modules[0].layers[0].attention.wq.weight.grad.clone() if rank == 0 else None)
+    stage = pipe.modules[0]
+    copy = stage.tok_embeddings.weight if rank == 0 else stage.output.weight
+    grads = [copy.grad.clone(), stage.layers[0].attention.wq.weight.grad.clone() if rank == 0 else None]
     gathered = [None] * world_size
     dist.all_gather_object(gathered, grads)
     return gathered

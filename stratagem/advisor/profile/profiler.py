@@ -133,7 +133,7 @@ def _profile_step(
         seq_len=seq_len, block_container=structure.container, num_heads=heads, num_kv_heads=kv_heads,
         tp_layout=tp_layout + vocab, tp_unavailable=tp_unavailable, pp_unavailable=pp_unavailable(model, structure),
         pp_traced=removal_convention(model, block_container=structure.container) is None,
-        pp_tied_params=pp_tied_params(model, structure) if structure.container is not None else 0,
+        pp_tied_params=pp_tied_params(model, structure),
         notes=tuple(notes), profile_seconds=time.perf_counter() - started,
         **_assemble(model, structure.blocks, record, prec, notes, calls, (vocab, vocab_calls)),
     )

@@ -62,7 +62,10 @@ def pp_unavailable(model: nn.Module, structure: ModelStructure) -> str | None:
 
 def pp_tied_params(model: nn.Module, structure: ModelStructure) -> int:
     """Elements of the weights the first and last pipeline stage each hold a copy of (a tied
-    embedding and head: :func:`~stratagem.plan.stages.tied_weights`), once each; 0 without."""
+    embedding and head: :func:`~stratagem.plan.stages.tied_weights`), once each; 0 without, or
+    without blocks to split."""
+    if structure.container is None:
+        return 0
     tied, _ = tied_weights(model, block_container=structure.container)
     return sum(model.get_parameter(group[0]).numel() for group in tied)
 

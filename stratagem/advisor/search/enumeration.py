@@ -20,7 +20,7 @@ from stratagem.advisor.profile.model_profile import ModelProfile
 from stratagem.advisor.search.partition import balanced_stage_blocks
 from stratagem.advisor.search.targets import divisors, pp_degrees, target_excludes, tp_degrees
 from stratagem.plan import CHECKPOINTING, INTERLEAVED_SCHEDULES, Plan, Workload, admitted_offloads, zero_bubble_refuses
-from stratagem.plan.stages import TIED_OFFLOAD, TRACED_STAGE_LIMITS, traced_stages_allow
+from stratagem.plan.stages import TIED_OFFLOAD, TRACED_STAGE_LIMITS, tied_copies_allow, traced_stages_allow
 
 VIRTUAL_STAGES = (2, 4)
 
@@ -151,7 +151,7 @@ def _layout_groups(profile: ModelProfile, cluster: Cluster, workload: Workload, 
                         excluded[TRACED_STAGE_LIMITS] += 1
                         continue
                     for offload in _offloads(layout, cluster):
-                        if offload == "params" and layout.pp > 1 and profile.pp_tied_params:
+                        if profile.pp_tied_params and not tied_copies_allow(pp=layout.pp, offload=offload):
                             excluded[TIED_OFFLOAD] += 1
                             continue
                         yield (shared, {"activation_checkpointing": ckpt, "compile": compiled, "offload": offload}), batchings

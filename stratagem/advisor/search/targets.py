@@ -11,7 +11,7 @@ import math
 from typing import TYPE_CHECKING
 
 from stratagem.plan import Plan
-from stratagem.plan.stages import TIED_OFFLOAD, TRACED_STAGE_LIMITS, traced_stages_allow
+from stratagem.plan.stages import TIED_OFFLOAD, TRACED_STAGE_LIMITS, tied_copies_allow, traced_stages_allow
 from stratagem.advisor.profile.model_profile import ModelProfile
 from stratagem.errors import UsageError
 
@@ -103,7 +103,7 @@ def model_excludes(profile: ModelProfile, cluster: Cluster, plan: Plan) -> str |
                              f"{cluster.devices_per_node} are {', '.join(map(str, degrees))}")
     if plan.pp > 1 and profile.pp_unavailable:
         return f"no pipeline: {profile.pp_unavailable}"
-    if plan.pp > 1 and plan.offloads_parameters and profile.pp_tied_params:
+    if profile.pp_tied_params and not tied_copies_allow(pp=plan.pp, offload=plan.offload):
         return TIED_OFFLOAD
     if plan.pp > 1 and profile.pp_traced and not traced_stages_allow(
             tp=plan.tp, activation_checkpointing=plan.activation_checkpointing, compile=plan.compile):
