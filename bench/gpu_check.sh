@@ -4,13 +4,13 @@
 # was never tuned on: GPT-2 large, ViT-L/16, ResNet-101, a Hugging Face GPT-NeoX config of
 # Pythia-410M's shape (hf:), and a Llama of TinyLlama-1.1B's shape through
 # Trainer(strategy="auto-parallel"). On one GPU each verify's top 2 are the compiled plan and the
-# offloaded one. Then the mechanisms: where a ResNet-50 step spends its device time
-# (bench/gpu_phases.py), operators without FLOPs by kind against a copy (bench/reduction_rate.py),
-# the attention core's rate by sequence, head width and causality (bench/attention_rate.py),
-# the compiled transformer steps' kernels by family, the gaps between them split into the host's and the
-# device's, with Nsight Compute's bytes (bench/gpu_kernels.py).
+# offloaded one. Then the mechanisms, most telling first: operators without FLOPs by kind against a
+# copy (bench/reduction_rate.py), the compiled transformer steps' kernels by family, the gaps between
+# them split into the host's and the device's, with Nsight Compute's bytes (bench/gpu_kernels.py),
+# the attention core's rate by sequence, head width and causality (bench/attention_rate.py), and
+# where a ResNet-50 step spends its device time (bench/gpu_phases.py).
 # Each step has a time limit and the next one runs whatever it ended with: the table's steps
-# about 9 minutes in all (6 when last run), the mechanisms' 6, so that each part fits one call
+# about 10 minutes in all (6 when last run), the mechanisms' 6, so that each part fits one call
 # of a lent machine. Run from the repository root:
 #   bash bench/gpu_check.sh [OUT_DIR] [table|mechanisms|all]   (default out/gpu-check, all;
 #                                                               PYTHON picks the interpreter)
@@ -34,25 +34,26 @@ run() {
 
 table() {
     run 30 "$py" -m stratagem hardware
-    run 60 "$py" -m stratagem calibrate
+    run 90 "$py" -m stratagem calibrate
     cp "$STRATAGEM_CACHE_DIR"/calibration/*.json "$out"/ 2>/dev/null
     run 110 "$py" -m stratagem verify --model gpt2-large --global-batch-size 8 --seq-len 1024 --top 2
     run 90 "$py" -m stratagem verify --model hf:bench/configs/pythia-410m --global-batch-size 8 --seq-len 1024 --top 2
     run 60 "$py" -m stratagem verify --model vit-l-16 --global-batch-size 64 --top 1
     run 90 "$py" -m stratagem verify --model resnet-101 --global-batch-size 128 --top 1
-    run 120 "$py" bench/trainer_hf.py --accelerator gpu --shape llama-1b --batch 4 --seq-len 1024  # compiles each of its 22 layers
+    run 150 "$py" bench/trainer_hf.py --accelerator gpu --shape llama-1b --batch 4 --seq-len 1024  # compiles each of its 22 layers
 }
 
 mechanisms() {
-    run 50 "$py" bench/gpu_phases.py resnet-50:256
-    # operators without FLOPs by kind against a copy; the compiled steps' time by kernel family, then
-    # each family's bytes as Nsight Compute counts them
+    # most telling first, so that a lease ending early cuts the least: operators without FLOPs by
+    # kind against a copy; the compiled steps' time by kernel family, then each family's bytes as
+    # Nsight Compute counts them; attention by shape; where a ResNet-50 step spends its device time
     run 40 "$py" bench/reduction_rate.py
-    run 40 "$py" bench/attention_rate.py
     run 110 "$py" bench/gpu_kernels.py gpt2-large:8:1024:compiled vit-l-16:64::compiled resnet-50:256::whole
     run 150 bash -c "ncu --nvtx --nvtx-include measured/ --metrics gpu__time_duration.sum,dram__bytes.sum --csv \
         --page raw $py bench/gpu_kernels.py --ncu gpt2-large:8:1024:compiled > $out/kernels-ncu.csv"
     "$py" bench/gpu_kernels.py --summarize "$out/kernels-ncu.csv"
+    run 40 "$py" bench/attention_rate.py
+    run 50 "$py" bench/gpu_phases.py resnet-50:256
 }
 
 {
