@@ -132,7 +132,7 @@ def gap_sources(events: list) -> tuple[float, float, float]:
     and the span from the first kernel's start to the last's end."""
     cuda = torch.autograd.DeviceType.CUDA
     kernels = sorted((e.start_ns(), e.end_ns(), e.correlation_id()) for e in events
-                     if e.device_type() == cuda and e.activity_type() == "kernel")
+                     if e.device_type() == cuda and not e.name().startswith(("Memcpy", "Memset")))
     launched = {e.correlation_id(): e.end_ns() for e in events
                 if e.device_type() != cuda and "launch" in e.name().lower()}
     host = queued = 0

@@ -33,6 +33,8 @@ SOURCE = {
     "H200": "one H200, torch 2.11, CUDA 13, bench/gpu_check.sh (2026-11-26)",
     "H100b": "one H100 80GB HBM3, torch 2.11, CUDA 13, bench/gpu_check.sh at fcd334a, models never tuned on "
              "(2026-11-26)",
+    "H100c": "one H100 80GB HBM3, torch 2.11, CUDA 13, bench/gpu_check.sh at 9e3b6fa, calibration with attention "
+             "(2026-11-27)",
 }
 
 
@@ -73,13 +75,22 @@ CASES = (
          0.872, 11.5),
     Case("H100b", "vit-l-16", 64, None, {"micro_batch_size": 64, "compile": True}, 0.0738, 14.1),
     Case("H100b", "resnet-101", 128, None, {"micro_batch_size": 128, "compile": True}, 0.0751, 9.5),
+    Case("H100c", "gpt2-large", 8, 1024, {"micro_batch_size": 8, "compile": True}, 0.154, 26.9),
+    Case("H100c", "gpt2-large", 8, 1024, {"micro_batch_size": 8, "zero": 3, "offload": "params", "compile": True},
+         1.40, 16.0),
+    Case("H100c", PYTHIA, 8, 1024, {"micro_batch_size": 8, "compile": True}, 0.0720, 17.0),
+    Case("H100c", PYTHIA, 8, 1024, {"micro_batch_size": 8, "zero": 3, "offload": "params", "compile": True},
+         0.753, 11.5),
+    Case("H100c", "vit-l-16", 64, None, {"micro_batch_size": 64, "compile": True}, 0.0710, 14.1),
 )
 """Measured runs (step time, peak memory; nan where the run did not record it). Where a run's
 step times ranged (GPT-2 and ViT offloaded on the H200: 249-352 and 220-235 ms), the middle. The
 Qwen2's run recorded no precision: fp32 is inferred (the Trainer's default, and the step time
 its prediction then gave, 315 ms, is an fp32 step's; bf16 would take about a quarter of it);
 its training_step was not recorded either (``bench/trainer_hf.py`` runs one that is). The
-TinyLlama-shaped run of the H100b set is left out: dynamo left 14 of its 22 compiled layers eager."""
+TinyLlama-shaped runs are left out: they ran through ``bench/trainer_hf.py``, which prints its own
+prediction (and on the H100b set dynamo left 14 of its 22 compiled layers eager). The H100c set's
+ResNet-101 did not finish compiling within its limit."""
 
 ATTENTION_CORES = (("H100b", "gpt2-large", 8, 1024, 9.4e-3), ("H100b", "vit-l-16", 64, None, 5.3e-3),
                    ("H200", "vit-b-16", 128, None, 4.7e-3))
@@ -87,9 +98,10 @@ ATTENTION_CORES = (("H100b", "gpt2-large", 8, 1024, 9.4e-3), ("H100b", "vit-l-16
 attention family on the H100b runs' compiled steps, ``bench/gpu_phases.py``'s on the H200's eager
 one (docs/benchmarks.md)."""
 
-CLUSTERS = {"H100": "1xH100-SXM-80GB", "H200": "1xH200", "H100b": "1xH100-SXM-80GB"}
+CLUSTERS = {"H100": "1xH100-SXM-80GB", "H200": "1xH200", "H100b": "1xH100-SXM-80GB", "H100c": "1xH100-SXM-80GB"}
 
-CALIBRATIONS = {"H100b": Path(__file__).parent / "calibrations" / "h100-sxm5-80gb-2026-11-26.json"}
+CALIBRATIONS = {"H100b": Path(__file__).parent / "calibrations" / "h100-sxm5-80gb-2026-11-26.json",
+                "H100c": Path(__file__).parent / "calibrations" / "h100-sxm5-80gb-2026-11-27.json"}
 """The calibration file the card's machine wrote before its runs (``bench/gpu_check.sh``)."""
 
 HF_CONFIGS = {"qwen2-0.5b-shape": {
