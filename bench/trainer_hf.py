@@ -7,7 +7,8 @@ cross-entropy in ``training_step`` makes the fp32 logits and their gradients the
 (``--shape llama-1b``) a Llama of TinyLlama-1.1B's shape (hidden 2048, 22 layers, 32 heads, 4 KV
 heads, vocabulary 32,000). Tokens are random. The step time is the median of the steps after ``--warmup``, each timed between
 ``on_train_batch_start`` and ``on_train_batch_end`` with the device synchronized; the peak is
-CUDA's max allocated (on CPU: not measured).
+CUDA's max allocated after the warm-up steps, the warm-up's (compilation included) beside it (on
+CPU: not measured). A compiled plan also prints dynamo's graphs and graph breaks in the process.
 
     python bench/trainer_hf.py --accelerator gpu [--shape llama-1b] [--batch 4] [--seq-len 1024] [--steps 8]
     python bench/trainer_hf.py --tiny                      # a small config, two CPU ranks: a smoke run
@@ -41,7 +42,7 @@ TINY = {**QWEN2_0_5B, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_
 class CausalLM(pl.LightningModule):
     """``AutoModelForCausalLM`` from ``config``, trained on next-token cross-entropy."""
 
-    def __init__(self, config: dict, batch: int, seq_len: int) -> None:
+    def __init__(self, config: dict, batch: int, seq_len: int, warmup: int = 0) -> None:
         super().__init__()
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -51,6 +52,8 @@ class CausalLM(pl.LightningModule):
         self.example_input_array = torch.randint(0, self.vocab, (batch, seq_len))
         self.times: list[float] = []
         self._started = 0.0
+        self.warmup = warmup
+        self.warmup_peak: int | None = None  # CUDA's max allocated over the warm-up steps
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=tokens).logits
@@ -65,6 +68,9 @@ class CausalLM(pl.LightningModule):
 
     def on_train_batch_start(self, batch: object, batch_idx: int) -> None:
         sync()
+        if batch_idx == self.warmup and torch.cuda.is_available():  # the steady steps' peak apart
+            self.warmup_peak = torch.cuda.max_memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
         self._started = time.perf_counter()
 
     def on_train_batch_end(self, outputs: object, batch: object, batch_idx: int) -> None:
@@ -85,7 +91,7 @@ def main() -> None:
     args = parser.parse_args()
     devices = args.devices or (1 if args.accelerator == "gpu" else 2)
     seq_len = 32 if args.tiny else args.seq_len
-    module = CausalLM(TINY if args.tiny else SHAPES[args.shape], args.batch, seq_len)
+    module = CausalLM(TINY if args.tiny else SHAPES[args.shape], args.batch, seq_len, args.warmup)
     tokens = torch.randint(0, module.vocab, (args.steps * args.batch * devices, seq_len))
     trainer = pl.Trainer(accelerator=args.accelerator, devices=devices, strategy="auto-parallel",
                          precision="bf16-mixed" if args.accelerator == "gpu" else "32-true",
@@ -101,9 +107,15 @@ def main() -> None:
           + (f", predicted {format_seconds(best.time.step_seconds)} ({best.time.step_seconds / measured - 1:+.0%})"
              if best is not None else ""))
     if peak is not None and best is not None:
-        print(f"peak allocated {format_bytes(peak)}, predicted {format_bytes(best.memory.total)} "
-              f"({best.memory.total / peak - 1:+.0%})")
+        first = f", {format_bytes(module.warmup_peak)} over the warm-up steps" if module.warmup_peak else ""
+        print(f"peak allocated {format_bytes(peak)} after the warm-up{first}, predicted "
+              f"{format_bytes(best.memory.total)} ({best.memory.total / peak - 1:+.0%})")
+    if trainer.strategy.plan.compile:
+        from torch._dynamo.utils import counters
 
+        breaks = counters["graph_break"]
+        print(f"torch.compile: {counters['stats']['unique_graphs']} graphs, {sum(breaks.values())} graph breaks"
+              + (f" (first: {next(iter(breaks))})" if breaks else ""))
 
 if __name__ == "__main__":
     main()
