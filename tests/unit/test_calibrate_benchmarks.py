@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import time
+import weakref
 
 import torch
 
-from stratagem.advisor.calibrate.benchmarks import interleaved, optimizer_seconds
+from stratagem.advisor.calibrate.benchmarks import interleaved, optimizer_seconds, repeated
 
 
 def test_interleaved_rounds_keep_ratios_on_a_drifting_host(one_rank):
@@ -23,6 +24,21 @@ def test_interleaved_rounds_keep_ratios_on_a_drifting_host(one_rank):
     short, long = interleaved([work("short", 0.004), work("long", 0.008)], torch.device("cpu"), repeats=5)
     assert calls == ["short", "long"] * 6  # a warm-up round, then five
     assert 1.6 < long / short < 2.6
+
+
+def test_a_repeated_run_drops_each_output_before_the_next_call() -> None:
+    """A timed run repeats a benchmark thousands of times: holding every output would take tens of
+    GB of a GPU, so at most the call in flight keeps one."""
+    outputs: list[weakref.ref] = []
+
+    def matmul() -> torch.Tensor:
+        assert all(ref() is None for ref in outputs)
+        out = torch.ones(8, 8) @ torch.ones(8, 8)
+        outputs.append(weakref.ref(out))
+        return out
+
+    repeated(matmul, 5)()
+    assert len(outputs) == 5 and all(ref() is None for ref in outputs)
 
 
 def test_optimizer_steps_split_into_a_cost_per_parameter_and_per_tensor(one_rank):

@@ -16,13 +16,16 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from stratagem.advisor.calibrate.benchmarks import BUDGET_SECONDS, TORCH_DTYPES, interleaved, sustained
+from stratagem.advisor.calibrate.benchmarks import BUDGET_SECONDS, TORCH_DTYPES, interleaved, repeated, sustained
 from stratagem.advisor.profile.measure import CPU_ATTENTION_FLOPS
 
 __all__ = ["ATTENTION_SEQUENCES", "ATTENTION_HEAD_WIDTHS", "attention_rates"]
 
-ATTENTION_SEQUENCES = (128, 512, 2048, 8192)
-"""Sequence lengths timed: one attention tile to a long context, a factor of four apart."""
+ATTENTION_SEQUENCES = (128, 256, 512, 1024, 2048, 8192)
+"""Sequence lengths timed: one attention tile to a long context. A factor of two apart up to 2,048,
+where the rate bends: on an H100 it more than doubles from 128 to 512 tokens, and interpolated
+from points a factor of four apart the curve priced ViT-L/16's 197 tokens at 1.7-2 times what its
+kernels took (docs/benchmarks.md, "GPU figures")."""
 
 ATTENTION_HEAD_WIDTHS = (64, 128)
 """Head widths timed: GPT-2's, BERT's and ViT's 64; Llama's, Mistral's and Qwen's 128."""
@@ -35,7 +38,7 @@ ATTENTION_WIDTH = 2048
 
 ATTENTION_SUSTAINED_SECONDS = 0.05
 """How long each timed run repeats a shape: a quarter of the matmuls' (sixteen shapes, two runs
-each, keep the benchmark to about ten seconds on a GPU)."""
+each, took 12 s on an H100; the twenty-four now, about 18)."""
 
 Point = tuple[int, bool, int, float, float]
 """``(head width, causal, sequence, forward FLOP/s, backward FLOP/s)``."""
@@ -61,7 +64,7 @@ def attention_rates(dtypes: Sequence[str], device: torch.device, *, repeats: int
                     run_both, count, single = sustained(both, device, seconds=ATTENTION_SUSTAINED_SECONDS)
                     if single > BUDGET_SECONDS:
                         continue  # the same on every rank: ``single`` is the slowest rank's
-                    runs += [lambda f=forward, n=count: [f() for _ in range(n)], run_both]
+                    runs += [repeated(forward, count), run_both]
                     shapes.append((dtype, width, causal, seq, count, fwd, bwd))
     seconds = interleaved(runs, device, repeats=repeats) if runs else []
     rates: dict[str, list[Point]] = {}

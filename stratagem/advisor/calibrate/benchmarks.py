@@ -27,7 +27,7 @@ from stratagem.advisor.profile.model_profile import ModelProfile
 
 __all__ = ["TORCH_DTYPES", "ComputeRates", "collective_seconds", "compute_rates", "dtensor_op_seconds", "framework_bytes",
            "interleaved", "memory_bandwidth", "op_byte_seconds", "op_seconds", "optimizer_class", "optimizer_seconds",
-           "overlap_fraction", "sync_seconds", "timed", "tp_linear_seconds"]
+           "overlap_fraction", "repeated", "sync_seconds", "timed", "tp_linear_seconds"]
 
 BUDGET_SECONDS = 1.0
 """Time one measurement may take after its warm-up (the calibration aims at a minute per node)."""
@@ -98,7 +98,19 @@ def sustained(fn: Callable[[], object], device: torch.device, *,
     slowest rank's seconds for one call (after a warm-up)."""
     single = across_ranks(timed(fn, device, repeats=1))
     count = max(1, int(seconds / single))
-    return (lambda: [fn() for _ in range(count)]), count, single
+    return repeated(fn, count), count, single
+
+
+def repeated(fn: Callable[[], object], count: int) -> Callable[[], None]:
+    """``fn`` called ``count`` times, each result dropped as the next call starts (a run that kept
+    them in a list held some 4,000 outputs of 8 MiB at once for an H100's n = 2048 matmuls: more
+    memory than many GPUs have)."""
+
+    def run() -> None:
+        for _ in range(count):
+            fn()
+
+    return run
 
 
 def _sustained_matmul(n: int, dtype: str, device: torch.device, *, width: int | None = None) -> tuple[_Benchmark, float]:
