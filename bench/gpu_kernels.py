@@ -6,7 +6,8 @@ optimizer's multi-tensor kernels and everything else, each with its time and ker
 the largest kernels by name. It prints the median step beside the device time, so the time
 between kernels shows (the profiler's own ranges, such as the optimizer's step, are left out:
 they would count their kernels twice), and on a GPU how much of that the device waited for the
-host to launch the next kernel, against gaps with the next kernel launched already.
+host to launch the next kernel, against gaps with the next kernel launched already, in each phase
+of the step (forward with the loss, backward, the optimizer's step, the rest).
 
     python bench/gpu_kernels.py PRESET:MICRO_BATCH[:SEQ_LEN][:compiled|:whole] ...
 
@@ -118,32 +119,61 @@ def run_case(spec: str, device: torch.device, *, steps: int = 5) -> None:
           + ", ".join(f"{label} {ms:.1f} ({calls})" for label, (ms, calls) in
                       sorted(families.items(), key=lambda item: -item[1][0])), flush=True)
     if device.type == "cuda":
-        host, queued, span = gap_sources(profile.profiler.kineto_results.events())
+        gaps, span = gap_sources(profile.profiler.kineto_results.events())
+        host, queued = sum(g[0] for g in gaps.values()), sum(g[1] for g in gaps.values())
         print(f"  kernels span {span:.1f} ms; gaps between them {host + queued:.1f} ms: {host:.1f} waiting for the "
-              f"host to launch the next kernel, {queued:.1f} with it launched already", flush=True)
+              f"host to launch the next kernel, {queued:.1f} with it launched already; by phase (waiting / "
+              "launched already, ms, kernels): "
+              + ", ".join(f"{label} {h:.1f} / {q:.1f} ({n})" for label, (h, q, n) in gaps.items()), flush=True)
     print("  largest: " + "; ".join(f"{key[:64]} {micros / 1e3:.2f} ms ({count})"
                                     for micros, key, count in sorted(kernels, reverse=True)[:TOP]), flush=True)
 
 
-def gap_sources(events: list) -> tuple[float, float, float]:
-    """From a profiled step's events (kineto's, one stream), the milliseconds between consecutive
-    kernels the device spent waiting for the host (the next kernel's launch call ended after its
-    predecessor did), those it spent with the next kernel launched already (the device's own gap),
-    and the span from the first kernel's start to the last's end."""
+PHASES = ("forward", "backward", "optimizer", "other")
+
+
+def gap_sources(events: list) -> tuple[dict[str, tuple[float, float, int]], float]:
+    """From a profiled step's events (kineto's, one stream): per phase of the step, the
+    milliseconds between consecutive kernels the device spent waiting for the host (the next
+    kernel's launch call ended after its predecessor did), those it spent with the next kernel
+    launched already (the device's own gap), and the kernels; and the span from the first kernel's
+    start to the last's end. A kernel's phase is its launch's: on autograd's device thread the
+    backward, inside the ``Optimizer.step`` range the optimizer, on the main thread before the
+    backward's first launch the forward (the loss included), else other (``zero_grad``, what
+    follows the optimizer)."""
     cuda = torch.autograd.DeviceType.CUDA
     kernels = sorted((e.start_ns(), e.end_ns(), e.correlation_id()) for e in events
                      if e.device_type() == cuda and not e.name().startswith(("Memcpy", "Memset")))
-    launched = {e.correlation_id(): e.end_ns() for e in events
-                if e.device_type() != cuda and "launch" in e.name().lower()}
-    host = queued = 0
+    launches = {e.correlation_id(): e for e in events if e.device_type() != cuda and "launch" in e.name().lower()}
+    ranges = [(e.start_ns(), e.end_ns()) for e in events
+              if e.device_type() != cuda and e.name().startswith("Optimizer.step")]
+    first = min(launches.values(), key=lambda e: e.start_ns(), default=None)
+    main = first.start_thread_id() if first is not None else None
+    backward_from = min((e.start_ns() for e in launches.values() if e.start_thread_id() != main), default=None)
+
+    def phase(correlation: int) -> str:
+        launch = launches.get(correlation)
+        if launch is None:
+            return "other"
+        if launch.start_thread_id() != main:
+            return "backward"
+        if any(start <= launch.start_ns() <= end for start, end in ranges):
+            return "optimizer"
+        return "forward" if backward_from is None or launch.start_ns() < backward_from else "other"
+
+    gaps = {label: [0.0, 0.0, 0] for label in PHASES}
     for (_, end, _), (start, _, correlation) in zip(kernels, kernels[1:]):
+        totals = gaps[phase(correlation)]
+        totals[2] += 1
         gap = start - end
         if gap <= 0:
             continue
-        waiting = min(gap, max(0, launched.get(correlation, end) - end))
-        host, queued = host + waiting, queued + gap - waiting
+        launched = launches[correlation].end_ns() if correlation in launches else end
+        waiting = min(gap, max(0, launched - end))
+        totals[0] += waiting / 1e6
+        totals[1] += (gap - waiting) / 1e6
     span = kernels[-1][1] - kernels[0][0] if kernels else 0
-    return host / 1e6, queued / 1e6, span / 1e6
+    return {label: (host, queued, count) for label, (host, queued, count) in gaps.items()}, span / 1e6
 
 
 def ncu_case(spec: str, device: torch.device) -> None:
