@@ -58,7 +58,7 @@ from stratagem.integrations.planning import (
 )
 from stratagem.integrations.steps import fabric_step
 from stratagem.plugins import apply_plan, build_mesh, build_optimizer
-from stratagem.plugins.materialize import has_meta_tensors, materialize
+from stratagem.plugins.materialize import has_meta_tensors, initialises_after_sharding, materialize
 from stratagem.plugins.state_dict import (
     load_checkpoint,
     model_state_dict,
@@ -130,8 +130,10 @@ class AutoParallelFabricStrategy(ModelParallelStrategy):
     rebuilds the optimizer around :func:`stratagem.plugins.build_optimizer` (same class and
     defaults, one parameter group, no LR scheduler), also when it is set up with
     ``setup_optimizers`` after the model. A model built under ``fabric.init_module(empty_init=True)``
-    lives on ``meta`` until the plan is applied and is then initialised by its ``init_weights()``
-    or its layers' ``reset_parameters()``. Pipeline plans (``pp > 1``) are not run yet.
+    is initialised by its ``init_weights()`` or its layers' ``reset_parameters()``: after the plan
+    shards it where FSDP runs on GPUs, whole before otherwise
+    (:func:`~stratagem.plugins.materialize.initialises_after_sharding`). Pipeline plans (``pp > 1``)
+    are not run yet.
 
     The process group lives until the process exits; it is then released the way gloo survives.
     When a rank dies, the others raise :class:`~stratagem.errors.PeerLost` naming it, within seconds.
@@ -228,8 +230,8 @@ class AutoParallelFabricStrategy(ModelParallelStrategy):
 
     def _apply_plan(self, module: nn.Module, mesh: DeviceMesh) -> nn.Module:
         """ModelParallelStrategy's ``parallelize_fn``: the plan, applied, with meta weights initialised."""
-        if not self.plan.uses_fsdp:
-            materialize(module, self.root_device)  # DDP broadcasts rank 0's values
+        if not initialises_after_sharding(self.plan, self.root_device):
+            materialize(module, self.root_device)  # whole, before sharding or DDP's broadcast
         applied = apply_plan(module, self.plan, mesh)
         materialize(module, self.root_device, params_on_host=self.plan.offloads_parameters)
         return applied

@@ -58,7 +58,7 @@ from stratagem.integrations.planning import (
 )
 from stratagem.integrations.steps import forward_inputs, lightning_step
 from stratagem.plugins import apply_plan, build_mesh, build_optimizer
-from stratagem.plugins.materialize import has_meta_tensors, materialize
+from stratagem.plugins.materialize import has_meta_tensors, initialises_after_sharding, materialize
 from stratagem.plugins.pipeline import Pipeline, rank_module
 from stratagem.plugins.state_dict import (
     load_checkpoint,
@@ -109,8 +109,9 @@ class AutoParallelStrategy(ModelParallelStrategy):
     The Trainer's ``precision`` must be the plan's (``32-true``, ``bf16-mixed``, ``bf16-true``).
     ZeRO-1 rebuilds the optimizer around :func:`stratagem.plugins.build_optimizer`: one
     optimizer, one parameter group, no LR scheduler. FSDP plans need ``training_step`` to call
-    ``self(...)``. A model built under ``trainer.init_module(empty_init=True)`` is initialised
-    after sharding by its ``init_weights()`` or its layers' ``reset_parameters()``.
+    ``self(...)``. A model built under ``trainer.init_module(empty_init=True)`` is initialised by
+    its ``init_weights()`` or its layers' ``reset_parameters()``: after sharding where FSDP runs on
+    GPUs, whole before it otherwise (:func:`~stratagem.plugins.materialize.initialises_after_sharding`).
     Pipeline plans (``pp > 1``) put this rank's stages in place of the child holding the blocks
     (``block_container``'s first part). The module must define ``loss_fn(output, target)``,
     batches must be ``(inputs..., target)`` splitting into ``microbatches`` equal parts, and the
@@ -206,8 +207,8 @@ class AutoParallelStrategy(ModelParallelStrategy):
                 raise UsageError(f"the auto-parallel strategy cannot run plan {self._plan.name}: {reason}\n"
                                  "HINT: advise with --target lightning for plans it runs")
         self.precision_plugin = _PlanPrecision(self.plan, self.precision_plugin.precision, self.root_device.type)
-        if not self.plan.uses_fsdp:
-            materialize(module, self.root_device)  # DDP broadcasts rank 0's values
+        if not initialises_after_sharding(self.plan, self.root_device):
+            materialize(module, self.root_device)  # whole, before sharding or DDP's broadcast
         self.model_to_device()
         mesh = self._device_mesh = build_mesh(self.plan, device_type=self.root_device.type)
         if self.plan.pp > 1:

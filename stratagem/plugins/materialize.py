@@ -9,13 +9,25 @@ import torch
 from torch import nn
 
 from stratagem.errors import UsageError
+from stratagem.plan import Plan
 
-__all__ = ["has_meta_tensors", "materialize"]
+__all__ = ["has_meta_tensors", "initialises_after_sharding", "materialize"]
 
 
 def has_meta_tensors(module: nn.Module) -> bool:
     """Whether any parameter or buffer of ``module`` lives on ``meta``."""
     return any(t.is_meta for t in (*module.parameters(), *module.buffers()))
+
+
+def initialises_after_sharding(plan: Plan, device: torch.device) -> bool:
+    """Whether a module built on ``meta`` gets its values after ``apply_plan`` has sharded it (each
+    rank initialising its own shards) rather than whole before. Only FSDP shards on an accelerator:
+    there DTensor's random operators give each shard its own part of one random stream (torch's
+    offset-based tracker), so the shards hold what the whole tensor would. On CPU meshes every rank
+    draws from its own generator, and each shard of a weight got the same values (llama-tiny's
+    ``wq`` under dp_shard=2: its two halves equal); DDP broadcasts rank 0's whole values, and TP
+    on a CPU mesh would repeat heads likewise. The others initialise the whole module first."""
+    return plan.uses_fsdp and device.type != "cpu"
 
 
 def materialize(module: nn.Module, device: torch.device, *, params_on_host: bool = False) -> None:

@@ -205,7 +205,9 @@ def _build(model: RealModel, plan: Plan, samples: int, batch: Batch | None, devi
     """The model as this rank builds it: on ``meta`` where the plan gives the rank a part of it
     (FSDP shards, TP slices, pipeline stages built by removal) and nothing wraps it in DDP, for a
     model that builds apart from its batch (a preset, ``hf:``), each part materialized once the
-    plan is applied, as ``Trainer.init_module(empty_init=True)`` builds for FSDP; else on
+    plan is applied, as ``Trainer.init_module(empty_init=True)`` builds for FSDP on GPUs (on CPU
+    ranks the strategies initialise the whole model first, for its values: a measurement needs none
+    of them, and builds on meta there too); else on
     ``device`` (DDP broadcasts real tensors, tracing runs the model, a factory returns its batch)."""
     splits = (plan.uses_fsdp or plan.tp > 1 or plan.pp > 1) and not plan.uses_ddp
     if splits and model.builds_module_alone:

@@ -26,7 +26,8 @@ from lightning.fabric import Fabric
 from test_data_parallel import FP32, assert_matches_single_process
 from test_tensor_parallel import TP_FP32, TWO_RANKS
 from torch.utils.data import DataLoader, TensorDataset
-from training import OPTIMIZERS, SEED, SEQ_LEN, STEPS, Case, Run, global_batches, initial_weights
+from training import (OPTIMIZERS, SEED, SEQ_LEN, STEPS, Case, Run, assert_no_weight_repeats_its_half, global_batches,
+                      initial_weights)
 
 from stratagem.plan import Plan
 from stratagem.integrations.fabric import AutoParallelFabricStrategy
@@ -98,6 +99,7 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Launch:
         "chosen": job(None),
         "chosen_with_loss": job(None, loss_fn=True),
         "meta": job(META_BF16, empty_init=True),
+        "meta_start": job(ZERO3, empty_init=True, steps=0),
     })
 
 
@@ -150,6 +152,15 @@ def test_meta_initialised_model_trains_in_bf16(two_ranks: Launch) -> None:
     assert all(map(math.isfinite, meta.losses))
     assert meta.weights.keys() == initial_weights(META_BF16).keys()
     assert all(torch.isfinite(w).all() and w.abs().sum() > 0 for w in meta.weights.values())
+
+
+@pytest.mark.timeout(600)
+def test_a_meta_built_model_on_cpu_ranks_gets_a_whole_models_values(two_ranks: Launch) -> None:
+    """Initialised after FSDP sharded it on a CPU mesh, each rank's shard of a weight got the same
+    values (every rank draws DTensor's random values from its own generator: the halves of every
+    weight equal under dp_shard=2); the strategy initialises such a model whole first."""
+    weights = two_ranks.runs["meta_start"].weights
+    assert_no_weight_repeats_its_half(weights)
 
 
 def train(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:

@@ -25,6 +25,7 @@ from spawn import free_port
 from test_tensor_parallel import LLAMA_LAYOUT, TP_FP32, VOCAB
 from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader, TensorDataset
+from training import assert_no_weight_repeats_its_half
 
 from stratagem.plan import Plan
 from stratagem.errors import UsageError
@@ -310,6 +311,15 @@ def test_meta_initialised_model_trains_in_bf16(tmp_path: Path) -> None:
     reference.configure_model()
     assert weights.keys() == reference.state_dict().keys()
     assert all(torch.isfinite(w).all() and w.abs().sum() > 0 for w in weights.values())
+
+
+def test_a_meta_built_model_on_cpu_ranks_gets_a_whole_models_values(tmp_path: Path) -> None:
+    """On a CPU mesh every rank draws DTensor's random values from its own generator: initialised
+    after FSDP sharded it, each rank's shard of a weight got the same values (the halves of every
+    weight equal under dp_shard=2). The strategy initialises such a model whole before sharding."""
+    run_script(tmp_path, "--empty-init", "--steps", "0", plan=ZERO3)
+    weights = torch.load(tmp_path / "weights.pt", weights_only=True)
+    assert_no_weight_repeats_its_half(weights)
 
 
 class _Record(pl.Callback):

@@ -323,6 +323,14 @@ def _block_is_sharded(model: nn.Module, plan: Plan) -> bool:
     return isinstance(next(inner.get_submodule(plan.block_container or "layers")[0].parameters()), DTensor)
 
 
+def assert_no_weight_repeats_its_half(weights: dict[str, Tensor]) -> None:
+    """No weight of ``weights`` (full tensors) has two equal halves along dim 0: what initialising a
+    model after FSDP sharded it over two CPU ranks gave (each rank drew its shard's values from its
+    own generator, the same ones)."""
+    split = {name: w for name, w in weights.items() if w.dim() == 2 and w.shape[0] % 2 == 0}
+    assert split and not [name for name, w in split.items() if torch.equal(*w.chunk(2))]
+
+
 def initial_weights(case: Case) -> dict[str, Tensor]:
     """The weights every run of ``case`` starts from."""
     torch.manual_seed(SEED)
