@@ -106,6 +106,20 @@ def test_models_without_a_tp_layout_get_no_tensor_parallel_plans():
     assert advice.plans[0].throughput_unit == "samples/s"
 
 
+def test_compiled_plans_of_blocks_at_several_input_sizes_get_a_note(gpt2):
+    """ResNet's bottlenecks share one forward at four stages' sizes: compiled one by one, dynamo
+    recompiles it with dynamic shapes, which the compiled plans' prediction does not price."""
+    resnet = profile_spec("resnet-50")
+    cluster = parse_cluster("1xH100-SXM-80GB")
+    advice = advise(resnet, cluster, Workload(global_batch_size=64), top=5)
+    assert any(e.plan.compile for e in advice.plans)
+    noted = [n for n in advice.notes if "dynamic shapes" in n]
+    assert len(noted) == 1 and "16 Bottleneck blocks take inputs of" in noted[0]
+    eager = advise(resnet, cluster, Workload(global_batch_size=64), top=5, constraints={"compile": False})
+    uniform = advise(gpt2, cluster, Workload(global_batch_size=8, seq_len=1024), top=5)
+    assert not [n for n in (*eager.notes, *uniform.notes) if "dynamic shapes" in n]
+
+
 def test_near_ties_go_to_the_simpler_plan(gpt2):
     cluster = parse_cluster("8xA100")
     workload = Workload(global_batch_size=64, seq_len=1024)
