@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING
 from stratagem.advisor.search.targets import TARGETS  # light: the planning modules import no torch
 from stratagem.cli.common import (
     EXIT_NOTHING_FITS,
+    add_compile_argument,
     add_model_arguments,
     check_writable,
+    compile_constraints,
     file_name,
     model_workload,
     positive_int,
@@ -58,9 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         + ", ".join(f"{name} for {runtime}" for runtime, name in EMIT_FILES.items()))
     parser.add_argument("--no-calibration", dest="calibration", action="store_false",
                         help="use catalog figures even when `stratagem calibrate` measured this cluster")
-    parser.add_argument("--no-compile", dest="compile", action="store_false",
-                        help="leave out plans that torch.compile their blocks (a model that does not compile, or "
-                        "a run that cannot wait for it)")
+    add_compile_argument(parser)
     parser.add_argument("--verify", type=positive_int, metavar="K", default=None,
                         help="then run the K best plans for a few steps on this host and compare "
                         "(the cluster must be this host: 'local' or 'Nxcpu'; see `stratagem verify`)")
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         cluster = calibrated(cluster)
     profile, workload = model_workload(args, cluster)
     target = search_target(emit=args.emit, target=args.target)
-    constraints = {} if args.compile else {"compile": False}
+    constraints = compile_constraints(args)
     advice = advise(profile, cluster, workload, top=args.top, target=target, objective=args.objective,
                     constraints=constraints)
     if target != "any":  # what the target's restriction costs

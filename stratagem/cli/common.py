@@ -20,6 +20,18 @@ if TYPE_CHECKING:
     from stratagem.advisor.profile.model_profile import ModelProfile
     from stratagem.plan import Workload
 
+def add_compile_argument(parser: argparse.ArgumentParser) -> None:
+    """``--no-compile``, which ``advise`` and ``verify`` share (:func:`compile_constraints`)."""
+    parser.add_argument("--no-compile", dest="compile", action="store_false",
+                        help="leave out plans that torch.compile their blocks (a model that does not compile, or "
+                        "a run that cannot wait for it)")
+
+
+def compile_constraints(args: argparse.Namespace) -> dict[str, bool]:
+    """The search constraints ``--no-compile`` stands for."""
+    return {} if args.compile else {"compile": False}
+
+
 EXIT_NOTHING_FITS = 1
 """Exit status of ``advise`` and ``verify`` when no plan fits (2 is a usage error)."""
 

@@ -14,8 +14,10 @@ from stratagem.cli.common import (
     REPEATS,
     STEPS,
     WARMUP_STEPS,
+    add_compile_argument,
     add_model_arguments,
     check_writable,
+    compile_constraints,
     model_workload,
     file_name,
     positive_int,
@@ -63,6 +65,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="write the measured winner's plan here (JSON)")
     parser.add_argument("--no-calibration", dest="calibration", action="store_false",
                         help="use catalog figures even when `stratagem calibrate` measured this host")
+    add_compile_argument(parser)
     parser.set_defaults(handler=run)
 
 
@@ -118,7 +121,8 @@ def _advise_and_verify(cluster: Cluster, args: argparse.Namespace, *, report: bo
                            + f", {args.precision}"):
             profile, workload = model_workload(args, cluster)
         with display.phase("search", f"plans for {cluster.spec}, global batch {workload.global_batch_size}") as phase:
-            advice = advise(profile, cluster, workload, top=args.top, target=args.target, objective=args.objective)
+            advice = advise(profile, cluster, workload, top=args.top, target=args.target, objective=args.objective,
+                            constraints=compile_constraints(args))
             phase.done(f"{advice.num_evaluated} plans costed, {len(advice.plans)} to run")
         if advice.best is None:
             from stratagem.advisor.report.render import render_table

@@ -19,7 +19,7 @@ from stratagem.advisor.profile.fusion import FusionTracker
 from stratagem.advisor.report.render import render_markdown
 from stratagem.advisor.search.advice import advise
 from stratagem.advisor.search.enumeration import COMPILE_ON_CPU
-from stratagem.cli import main
+from stratagem.cli import build_parser, main
 from stratagem.plan import Workload
 
 FORWARD = ("block", False)
@@ -111,3 +111,10 @@ def test_advise_no_compile_leaves_compiled_plans_out(capsys):
     assert any(plan["plan"]["compile"] for plan in json.loads(capsys.readouterr().out)["plans"])
     assert main([*args, "--no-compile"]) == 0
     assert not any(plan["plan"]["compile"] for plan in json.loads(capsys.readouterr().out)["plans"])
+
+
+def test_verify_takes_no_compile_as_advise_does():
+    """``verify --no-compile`` searches as ``advise --no-compile`` does: a GPU's compiled plan
+    whose compilation outruns the run (a ResNet's blocks at several sizes) can be left out."""
+    args = build_parser().parse_args(["verify", "--model", "resnet-101", "--no-compile"])
+    assert args.compile is False and build_parser().parse_args(["verify", "--model", "resnet-101"]).compile
