@@ -69,7 +69,8 @@ def selective_recompute_seconds(step: RankStep, policy: str) -> float:
     attention kernels at the rate their forward runs where it is priced apart (:attr:`RankStep.attention`),
     and the bytes the recomputed operators without FLOPs move at the cost per byte (parameter-sized
     ones, such as autocast's weight casts, at any micro-batch size; a compiled block's fused in the
-    share its forward's are: :attr:`RankStep.fused_share`)."""
+    share its forward's are: :attr:`RankStep.fused_share`), with the device's gap after each
+    recomputed kernel (fused in the share :attr:`RankStep.fused_ops_share`)."""
     flops = step.per_microbatch(policy_field(policy, "recompute_flops"), blocks_only=True)
     attention = 0.0
     if step.attention is not None and (fused := step.attention[True]).flops["fwd"]:
@@ -77,8 +78,9 @@ def selective_recompute_seconds(step: RankStep, policy: str) -> float:
         flops, attention = flops - recomputed, recomputed * fused.seconds["fwd"] / fused.flops["fwd"]
     moved = (step.per_microbatch(policy_field(policy, "recompute_op_bytes"), blocks_only=True) * step.fused_share
              + step.per_tp_rank(policy_field(policy, "recompute_param_op_bytes"), blocks_only=True))
+    launched = step.stage.block_sums[policy_field(policy, "recompute_ops")] * step.fused_ops_share
     return (attention + flops / step.block_matmul_efficiency / step.flops_per_second
-            + moved * step.seconds_per_op_byte)
+            + moved * step.seconds_per_op_byte + launched * step.kernel_gap_seconds)
 
 
 def estimate_compile_seconds(step: RankStep) -> float:

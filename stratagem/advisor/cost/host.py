@@ -55,7 +55,7 @@ def microbatch_dispatch_seconds(step: RankStep) -> float:
         ops += step.stage.block_sums[step.op_field("fwd", "ops")]
     elif plan.checkpoints_selectively:
         recomputed = step.stage.block_sums[policy_field(plan.activation_checkpointing, "recompute_ops")]
-        ops += recomputed * _fused_ops_share(step)
+        ops += recomputed * step.fused_ops_share
     tp_linears = sum(n * num_tp_linears(plan, b) for b, n in step.stage.kinds) + num_vocab_splits(step) \
         if plan.tp > 1 else 0
     return _op_seconds(step)[0] * ops + tp_linears * _tp_linear_seconds(step)
@@ -66,12 +66,6 @@ def num_vocab_splits(step: RankStep) -> int:
     each costs the host what a TP Linear does (its lookup or projection, gradient and layout
     changes on DTensors; :data:`DTENSOR_OPS_PER_TP_LINEAR`)."""
     return len(step.plan.vocab_tp_styles & step.stage.vocab_shares.keys())
-
-
-def _fused_ops_share(step: RankStep) -> float:
-    """The share of the blocks' forward operators a compiled block launches as kernels (1 eager)."""
-    eager = step.stage.block_sums["fwd_ops"]
-    return step.stage.block_sums["fwd_fused_ops"] / eager if step.plan.compile and eager else 1.0
 
 
 def _tp_linear_seconds(step: RankStep) -> float:

@@ -12,6 +12,7 @@ from stratagem.advisor.cost.rates import (
     achievable_fraction,
     block_matmul_efficiency,
     estimate_peak_flops,
+    kernel_gap_seconds,
     matmul_curve,
     matmul_dtype,
     seconds_per_op_byte,
@@ -35,7 +36,8 @@ class RankStep:
     ``block_matmul_efficiency`` the share of it the blocks' matmuls reach at their sizes,
     ``unaligned_matmul_fraction`` the share GEMMs with unaligned matrices reach,
     ``seconds_per_op_byte`` what each byte operators without FLOPs move costs
-    (:mod:`~stratagem.advisor.cost.rates`); ``layout_bytes`` what the layout transforms around
+    (:mod:`~stratagem.advisor.cost.rates`), ``kernel_gap_seconds`` the device's gap after each
+    kernel launched; ``layout_bytes`` what the layout transforms around
     NCHW convolutions move per ``(direction, blocks only)`` at the profiled batch
     (:mod:`~stratagem.advisor.cost.convolutions`); ``attention`` the fused attention kernels' FLOPs
     and seconds per micro-batch by ``blocks only``, where priced apart from the GEMMs
@@ -52,6 +54,7 @@ class RankStep:
     block_matmul_efficiency: float
     unaligned_matmul_fraction: float
     seconds_per_op_byte: float
+    kernel_gap_seconds: float
     layout_bytes: dict[tuple[str, bool], float]
     attention: dict[bool, AttentionTime] | None = None
 
@@ -132,7 +135,9 @@ class RankStep:
         (those of parameter-sized outputs, autocast's weight casts, at any micro-batch size), fused
         where the plan compiles its blocks (:meth:`op_field`), and those of the layout transforms
         around NCHW convolutions (:attr:`layout_bytes`); fused attention at its own seconds
-        (:attr:`attention`), where priced apart."""
+        (:attr:`attention`), where priced apart; and the device's gap after each kernel the pass
+        launches (:attr:`kernel_gap_seconds`; every TP rank launches them all, fused where the
+        plan compiles)."""
         flops = f"{direction}_flops"
         blocks = self.per_microbatch(flops, blocks_only=True)
         outside = 0.0 if blocks_only else self.per_microbatch(flops) - blocks
@@ -148,12 +153,20 @@ class RankStep:
         moved = (self.per_microbatch(self.op_field(direction, "op_bytes"), blocks_only=blocks_only)
                  + self.per_tp_rank(f"{direction}_param_op_bytes", blocks_only=blocks_only)
                  + self.layout_bytes[direction, blocks_only] * self.batch_scale)
-        return attention + matmuls + moved * self.seconds_per_op_byte
+        launched = (self.stage.block_sums if blocks_only else self.stage.sums)[self.op_field(direction, "ops")]
+        return attention + matmuls + moved * self.seconds_per_op_byte + launched * self.kernel_gap_seconds
 
     def op_field(self, direction: str, kind: str) -> str:
         """The profile's field of ``direction``'s operators (``kind``: ``ops`` or ``op_bytes``) as
         the plan runs them: fused where it compiles its blocks (``fwd_fused_ops``), eager else."""
         return f"{direction}_fused_{kind}" if self.plan.compile else f"{direction}_{kind}"
+
+    @property
+    def fused_ops_share(self) -> float:
+        """The share of the blocks' forward operators a compiled block launches as kernels (1 for
+        plans that do not compile)."""
+        eager = self.stage.block_sums["fwd_ops"]
+        return self.stage.block_sums["fwd_fused_ops"] / eager if self.plan.compile and eager else 1.0
 
     @property
     def fused_share(self) -> float:
@@ -186,7 +199,7 @@ def rank_step(profile: ModelProfile, *, cluster: Cluster, workload: Workload,
                     attention=_busiest_attention(profile, plan, cluster),
                     block_matmul_efficiency=_busiest_matmul_efficiency(profile, plan, cluster),
                     unaligned_matmul_fraction=unaligned_matmul_fraction(cluster, plan.precision),
-                    seconds_per_op_byte=seconds_per_op_byte(cluster),
+                    seconds_per_op_byte=seconds_per_op_byte(cluster), kernel_gap_seconds=kernel_gap_seconds(cluster),
                     layout_bytes=stage_layout_bytes(stage, plan, cluster))
 
 
