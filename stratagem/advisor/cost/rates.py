@@ -43,9 +43,10 @@ MEMORY_BANDWIDTH_EFFICIENCY = 0.7
 # Device seconds between two kernels of one stream with the second launched already (the GPU's own
 # gap from one kernel's end to the next one's start). GPU: measured on one H100 by
 # bench/gpu_kernels.py under torch's profiler, compiled steps: 4.5 ms over 2,998 kernels (GPT-2
-# large), 3.2 ms over 2,051 (ViT-L/16), 1.5-1.6 µs each (docs/benchmarks.md, "GPU figures"); CPU
-# ranks run each operator as the host calls it (the host's time is the dispatch term's).
-KERNEL_GAP_SECONDS = {"gpu": 1.5e-6, "cpu": 0.0}
+# large), 3.2 ms over 2,051 (ViT-L/16), 1.5-1.6 µs each (docs/benchmarks.md, "GPU figures"). CPU
+# ranks run each operator as the host calls it (the host's time is the dispatch term's); a TPU
+# runs the step as one compiled XLA program, not a kernel per operator.
+KERNEL_GAP_SECONDS = 1.5e-6
 
 
 def estimate_peak_flops(cluster: Cluster, *, precision: str) -> float:
@@ -238,9 +239,9 @@ def linear_rows(linear: LinearLayer, batch_scale: float, tokens: float) -> float
 
 
 def kernel_gap_seconds(cluster: Cluster) -> float:
-    """Device seconds each kernel launched adds between itself and the next on ``cluster``'s
-    devices: :data:`KERNEL_GAP_SECONDS` (not calibrated)."""
-    return KERNEL_GAP_SECONDS[_kind(cluster)]
+    """Device seconds each kernel launched adds between itself and the next: on GPUs
+    :data:`KERNEL_GAP_SECONDS` (not calibrated), elsewhere none."""
+    return KERNEL_GAP_SECONDS if cluster.device.is_gpu else 0.0
 
 
 def _kind(cluster: Cluster) -> str:
