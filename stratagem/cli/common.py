@@ -20,18 +20,6 @@ if TYPE_CHECKING:
     from stratagem.advisor.profile.model_profile import ModelProfile
     from stratagem.plan import Workload
 
-def add_compile_argument(parser: argparse.ArgumentParser) -> None:
-    """``--no-compile``, which ``advise`` and ``verify`` share (:func:`compile_constraints`)."""
-    parser.add_argument("--no-compile", dest="compile", action="store_false",
-                        help="leave out plans that torch.compile their blocks (a model that does not compile, or "
-                        "a run that cannot wait for it)")
-
-
-def compile_constraints(args: argparse.Namespace) -> dict[str, bool]:
-    """The search constraints ``--no-compile`` stands for."""
-    return {} if args.compile else {"compile": False}
-
-
 EXIT_NOTHING_FITS = 1
 """Exit status of ``advise`` and ``verify`` when no plan fits (2 is a usage error)."""
 
@@ -57,6 +45,18 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, plan_defaults: bool 
                         help="the optimizer whose states count in memory (default: adamw)")
     parser.add_argument("--no-cache", dest="cache", action="store_false",
                         help="profile the model again instead of reading a cached profile")
+
+
+def add_compile_argument(parser: argparse.ArgumentParser) -> None:
+    """``--no-compile``, which ``advise`` and ``verify`` share (:func:`compile_constraints`)."""
+    parser.add_argument("--no-compile", dest="compile", action="store_false",
+                        help="leave out plans that torch.compile their blocks (a model that does not compile, or "
+                        "a run that cannot wait for it)")
+
+
+def compile_constraints(args: argparse.Namespace) -> dict[str, bool]:
+    """The search constraints ``--no-compile`` stands for."""
+    return {} if args.compile else {"compile": False}
 
 
 def model_workload(args: argparse.Namespace, cluster: Cluster) -> tuple[ModelProfile, Workload]:
