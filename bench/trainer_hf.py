@@ -117,5 +117,6 @@ def main() -> None:
         print(f"torch.compile: {counters['stats']['unique_graphs']} graphs, {sum(breaks.values())} graph breaks"
               + (f" (first: {next(iter(breaks))})" if breaks else ""))
 
+
 if __name__ == "__main__":
     main()
