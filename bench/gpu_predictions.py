@@ -14,14 +14,19 @@ from __future__ import annotations
 import json
 import tempfile
 import time
+from functools import cache
 from pathlib import Path
 from typing import NamedTuple
+
+import torch
 
 from stratagem.advisor.calibrate.calibration import Calibration
 from stratagem.advisor.cost.evaluate import evaluate
 from stratagem.advisor.cost.rank_step import rank_step
 from stratagem.advisor.hardware import parse_cluster
 from stratagem.advisor.profile.cache import profile_spec
+from stratagem.advisor.profile.model_profile import ModelProfile
+from stratagem.advisor.profile.profiler import profile_model
 from stratagem.advisor.search.given_plans import complete_plan, read_plan
 from stratagem.plan import Workload
 from stratagem.units import format_bytes, format_seconds
@@ -82,15 +87,17 @@ CASES = (
     Case("H100c", PYTHIA, 8, 1024, {"micro_batch_size": 8, "zero": 3, "offload": "params", "compile": True},
          0.753, 11.5),
     Case("H100c", "vit-l-16", 64, None, {"micro_batch_size": 64, "compile": True}, 0.0710, 14.1),
+    Case("H100c", "trainer:llama-1b", 4, 1024, {"micro_batch_size": 4, "compile": True}, 0.0993, 25.0),
 )
 """Measured runs (step time, peak memory; nan where the run did not record it). Where a run's
 step times ranged (GPT-2 and ViT offloaded on the H200: 249-352 and 220-235 ms), the middle. The
 Qwen2's run recorded no precision: fp32 is inferred (the Trainer's default, and the step time
 its prediction then gave, 315 ms, is an fp32 step's; bf16 would take about a quarter of it);
 its training_step was not recorded either (``bench/trainer_hf.py`` runs one that is). The
-TinyLlama-shaped runs are left out: they ran through ``bench/trainer_hf.py``, which prints its own
-prediction (and on the H100b set dynamo left 14 of its 22 compiled layers eager). The H100c set's
-ResNet-101 did not finish compiling within its limit."""
+TinyLlama-shaped run of the H100c set ran through ``bench/trainer_hf.py`` (``trainer:SHAPE``: its
+``training_step`` profiled, the model called with its key/value cache, as the Lightning strategy
+profiles it); the H100b set's is left out (dynamo left 14 of its 22 compiled layers eager). The
+H100c set's ResNet-101 did not finish compiling within its limit."""
 
 ATTENTION_CORES = (("H100b", "gpt2-large", 8, 1024, 9.4e-3), ("H100b", "vit-l-16", 64, None, 5.3e-3),
                    ("H200", "vit-b-16", 128, None, 4.7e-3))
@@ -121,6 +128,19 @@ def model_spec(name: str, folder: Path) -> str:
     return f"hf:{path}"
 
 
+@cache
+def trainer_profile(shape: str, batch: int, seq_len: int, precision: str) -> ModelProfile:
+    """The profile of ``bench/trainer_hf.py``'s ``CausalLM`` of ``shape`` (built on meta) through its
+    ``training_step`` on a batch of random tokens, as the Lightning strategy takes it."""
+    from trainer_hf import SHAPES, CausalLM  # bench/trainer_hf.py, beside this script
+
+    with torch.device("meta"):
+        module = CausalLM(SHAPES[shape], batch, seq_len)
+    tokens = torch.randint(0, module.vocab, (batch, seq_len))
+    return profile_model(module, ((tokens,),), step_fn=lambda m, b: m.training_step(b, 0), precision=precision,
+                         batch_size=batch, seq_len=seq_len)
+
+
 def predict(case: Case, folder: Path, *, calibrated: bool = False) -> tuple[float, float, str]:
     """Predicted step seconds, peak bytes and the plan's name: from catalog figures, or with the
     card's calibration applied (``calibrated``)."""
@@ -128,7 +148,10 @@ def predict(case: Case, folder: Path, *, calibrated: bool = False) -> tuple[floa
     if calibrated:
         cluster = Calibration.load(CALIBRATIONS[case.card]).apply(cluster)
     workload = Workload(global_batch_size=case.batch, seq_len=case.seq_len, precision=case.precision)
-    profile = profile_spec(model_spec(case.model, folder), seq_len=case.seq_len, precision=case.precision)
+    trainer = case.model.startswith("trainer:")
+    profile = (trainer_profile(case.model.removeprefix("trainer:"), case.batch, case.seq_len, case.precision)
+               if trainer else profile_spec(model_spec(case.model, folder), seq_len=case.seq_len,
+                                            precision=case.precision))
     given = read_plan(json.dumps(case.plan), label="A", source="bench")
     estimate = evaluate(profile, cluster, workload, complete_plan(given, profile, cluster, workload))
     return estimate.time.step_seconds, estimate.memory.total, estimate.plan.name

@@ -70,7 +70,7 @@ _PLAIN = (bool, int, float, str, type(None), torch.dtype, torch.device)
 
 UNTRACED_CALL = ("{fqn} is called with {objects}, which the trace on fake tensors cannot take; traced without "
                  "it, a Hugging Face Llama's layers were predicted to keep 3.7 GiB less than eager ones, where on "
-                 "one H100 their compiled step kept what the eager one is predicted to (25.0 GiB measured, 24.9 "
+                 "one H100 their compiled step kept what the eager one is predicted to (25.0 GiB measured, 24.8 "
                  "predicted eager)")
 """Why blocks called with objects the trace cannot take are priced with their eager bytes."""
 
