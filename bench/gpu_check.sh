@@ -5,8 +5,9 @@
 # Pythia-410M's shape (hf:), and a Llama of TinyLlama-1.1B's shape through
 # Trainer(strategy="auto-parallel"). On one GPU each verify's top 2 are the compiled plan and the
 # offloaded one. Then the mechanisms, most telling first: operators without FLOPs by kind against a
-# copy (bench/reduction_rate.py), the compiled transformer steps' kernels by family, the gaps between
-# them split into the host's and the device's, with Nsight Compute's bytes (bench/gpu_kernels.py),
+# copy (bench/reduction_rate.py), the compiled transformer steps' kernels by family (GPT-2 large,
+# the Pythia-shaped hf: config, ViT-L/16), the gaps between them split into the host's and the
+# device's by phase, with Nsight Compute's bytes of GPT-2 large's Triton kernels (bench/gpu_kernels.py),
 # the attention core's rate by sequence, head width and causality (bench/attention_rate.py), and
 # where a ResNet-50 step spends its device time (bench/gpu_phases.py).
 # Each step has a time limit and the next one runs whatever it ended with: the table's steps
@@ -50,7 +51,7 @@ mechanisms() {
     # kind against a copy; the compiled steps' time by kernel family, then each family's bytes as
     # Nsight Compute counts them; attention by shape; where a ResNet-50 step spends its device time
     run 40 "$py" bench/reduction_rate.py
-    run 110 "$py" bench/gpu_kernels.py gpt2-large:8:1024:compiled vit-l-16:64::compiled resnet-50:256::whole
+    run 110 "$py" bench/gpu_kernels.py gpt2-large:8:1024:compiled hf:bench/configs/pythia-410m:8:1024:compiled vit-l-16:64::compiled
     # the fused (Triton) kernels alone: replaying all 3,000 of the step's outran 150 s
     run 150 bash -c "ncu --nvtx --nvtx-include measured/ --kernel-name regex:triton \
         --metrics gpu__time_duration.sum,dram__bytes.sum --csv \

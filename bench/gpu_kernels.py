@@ -9,10 +9,11 @@ they would count their kernels twice), and on a GPU how much of that the device 
 host to launch the next kernel, against gaps with the next kernel launched already, in each phase
 of the step (forward with the loss, backward, the optimizer's step, the rest).
 
-    python bench/gpu_kernels.py PRESET:MICRO_BATCH[:SEQ_LEN][:compiled|:whole] ...
+    python bench/gpu_kernels.py MODEL:MICRO_BATCH[:SEQ_LEN][:compiled|:whole] ...
 
-e.g. ``gpt2-large:8:1024:compiled vit-l-16:64::compiled resnet-101:128::compiled resnet-50:256::whole``. On CPU it runs
-too (tiny presets, eager), for checking the script; the figures that matter are a GPU's.
+MODEL a preset or ``hf:PATH`` (a Hugging Face config, random weights), e.g. ``gpt2-large:8:1024:compiled
+vit-l-16:64::compiled hf:bench/configs/pythia-410m:8:1024:compiled resnet-50:256::whole``. On CPU it
+runs too (tiny models, eager), for checking the script; the figures that matter are a GPU's.
 
 With Nsight Compute, the bytes each family moves to and from device memory, and at what rate
 (one step, each kernel replayed; minutes for a step of a few thousand kernels):
@@ -34,9 +35,9 @@ from collections.abc import Callable
 import torch
 
 from stratagem.advisor.profile.structure import find_blocks
-from stratagem.models import get_preset
 from stratagem.plan import Plan
 from stratagem.plugins import apply_compile
+from stratagem.verify.models import real_model
 from timing import sync  # bench/timing.py
 
 FAMILIES = (  # the first family whose marks a kernel's name holds (lower case) takes it
@@ -57,16 +58,17 @@ def family(kernel: str) -> str:
 
 
 def build_step(spec: str, device: torch.device) -> tuple[Callable[[], None], float]:
-    """One training step of ``spec`` (``PRESET:MICRO_BATCH[:SEQ_LEN][:compiled|:whole]``) and the seconds
-    its first run took (compilation included), after two more warm-up steps."""
-    name, micro, seq, mode = (spec.split(":") + ["", "", ""])[:4]
-    preset = get_preset(name)
+    """One training step of ``spec`` (``MODEL:MICRO_BATCH[:SEQ_LEN][:compiled|:whole]``, the model a
+    preset or ``hf:PATH``, built as ``verify`` builds it) and the seconds its first run took
+    (compilation included), after two more warm-up steps."""
+    prefix = "hf:" if spec.startswith("hf:") else ""
+    name, micro, seq, mode = (spec.removeprefix(prefix).split(":") + ["", "", ""])[:4]
+    model_spec = real_model(prefix + name, seq_len=int(seq) if seq else None)
     torch.manual_seed(0)
-    inputs, targets = (preset.make_batch(int(micro), int(seq) if seq else None) if preset.input_kind == "tokens"
-                       else preset.make_batch(int(micro)))
-    inputs, targets = tuple(t.to(device) for t in inputs), targets.to(device)
+    batch = model_spec.make_batch(int(micro)).to(device)
     with torch.device(device):
-        model = preset.build()
+        built = model_spec.build(int(micro), batch)
+    model = built.module
     if mode == "compiled":
         apply_compile(model, Plan(compile=True, block_container=find_blocks(model).container))
     elif mode == "whole":
@@ -75,7 +77,7 @@ def build_step(spec: str, device: torch.device) -> tuple[Callable[[], None], flo
 
     def step() -> None:
         with torch.autocast(device.type, dtype=torch.bfloat16):
-            loss = preset.loss(model(*inputs), targets)
+            loss = built.loss(model(*batch.args, **batch.kwargs), batch.targets)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
