@@ -3,7 +3,9 @@
 
 Each stage of a two-stage plan at two micro-batches runs in this one process: the first stage
 runs both forwards before its first backward (f0 f1 b0 b1; the second micro-batch's output
-gradient stands for what the next stage sends), the last one f0 b0 f1 b1 with the loss. AdamW
+gradient stands for what the next stage sends), the last one f0 b0 f1 b1 with the loss, each
+stage's output kept until its backward ends (torch's ``PipelineStage`` keeps it in its forward
+cache, the last stage's logits too, which the loss alone would free after its forward). AdamW
 steps after each, once before the measured step so its states exist; torch's profiler follows
 every allocation of the measured step. No process group, no DDP: what the stage's own forward,
 backward and gradients hold, which the rank's other terms (DDP's buckets, the framework's) sit on.
@@ -58,9 +60,11 @@ def measured(model: str, seq_len: int | None, plan: Plan, rank: int) -> float:
     else:
         hidden = [stage_input.detach() for stage_input in _first_stage_outputs(model, seq_len, plan, inputs, micro)]
 
-        def passes() -> None:  # f0 b0 f1 b1
+        def passes() -> None:  # f0 b0 f1 b1, each output held through its backward as torch's stage holds it
             for m, h in zip(micro, hidden):
-                (preset.loss(stage(h.requires_grad_()), targets[m]) / plan.microbatches).backward()
+                output = stage(h.requires_grad_())
+                (preset.loss(output, targets[m]) / plan.microbatches).backward()
+                del output
 
     def step() -> None:
         passes()
