@@ -11,7 +11,7 @@
 # the attention core's rate by sequence, head width and causality (bench/attention_rate.py), and
 # where a ResNet-50 step spends its device time (bench/gpu_phases.py).
 # Each step has a time limit and the next one runs whatever it ended with: the table's steps
-# about 10 minutes in all (6 when last run), the mechanisms' 6, so that each part fits one call
+# limits about 10 minutes in all (7 when last run, 2026-11-27), the mechanisms' 6, so that each part fits one call
 # of a lent machine. Run from the repository root:
 #   bash bench/gpu_check.sh [OUT_DIR] [table|mechanisms|all]   (default out/gpu-check, all;
 #                                                               PYTHON picks the interpreter)
