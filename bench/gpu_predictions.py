@@ -56,6 +56,18 @@ class Case(NamedTuple):
 
 PYTHIA = "hf:bench/configs/pythia-410m"
 
+GPU_CHECK = (("gpt2-large", 8, 1024, {}), ("gpt2-large", 8, 1024, {"zero": 3, "offload": "params"}),
+             (PYTHIA, 8, 1024, {}), (PYTHIA, 8, 1024, {"zero": 3, "offload": "params"}), ("vit-l-16", 64, None, {}))
+"""The runs ``bench/gpu_check.sh`` makes of the models it verifies with two plans each, compiled
+(model, batch, sequence, plan beyond the micro-batch and compilation)."""
+
+
+def gpu_check_runs(card: str, *measured: tuple[float, float]) -> tuple[Case, ...]:
+    """:data:`GPU_CHECK`'s runs on ``card`` with what each measured: (step seconds, peak GiB)."""
+    return tuple(Case(card, model, batch, seq_len, {"micro_batch_size": batch, **plan, "compile": True}, *run)
+                 for (model, batch, seq_len, plan), run in zip(GPU_CHECK, measured, strict=True))
+
+
 CASES = (
     Case("H100", "gpt2-medium", 8, 1024, {"micro_batch_size": 8}, 0.0939, 16.9),
     Case("H100", "gpt2-medium", 8, 1024, {"micro_batch_size": 8, "compile": True}, 0.0846, float("nan")),
@@ -72,21 +84,9 @@ CASES = (
     Case("H200", "gpt2", 16, 1024, {"micro_batch_size": 16, "zero": 3, "offload": "params"}, 0.300, 13.8),
     Case("H200", "vit-b-16", 128, None, {"micro_batch_size": 128}, 0.0508, 10.3),
     Case("H200", "vit-b-16", 128, None, {"micro_batch_size": 128, "zero": 3, "offload": "params"}, 0.2275, 7.4),
-    Case("H100b", "gpt2-large", 8, 1024, {"micro_batch_size": 8, "compile": True}, 0.152, 26.9),
-    Case("H100b", "gpt2-large", 8, 1024, {"micro_batch_size": 8, "zero": 3, "offload": "params", "compile": True},
-         1.41, 16.0),
-    Case("H100b", PYTHIA, 8, 1024, {"micro_batch_size": 8, "compile": True}, 0.0671, 17.0),
-    Case("H100b", PYTHIA, 8, 1024, {"micro_batch_size": 8, "zero": 3, "offload": "params", "compile": True},
-         0.872, 11.5),
-    Case("H100b", "vit-l-16", 64, None, {"micro_batch_size": 64, "compile": True}, 0.0738, 14.1),
+    *gpu_check_runs("H100b", (0.152, 26.9), (1.41, 16.0), (0.0671, 17.0), (0.872, 11.5), (0.0738, 14.1)),
     Case("H100b", "resnet-101", 128, None, {"micro_batch_size": 128, "compile": True}, 0.0751, 9.5),
-    Case("H100c", "gpt2-large", 8, 1024, {"micro_batch_size": 8, "compile": True}, 0.154, 26.9),
-    Case("H100c", "gpt2-large", 8, 1024, {"micro_batch_size": 8, "zero": 3, "offload": "params", "compile": True},
-         1.40, 16.0),
-    Case("H100c", PYTHIA, 8, 1024, {"micro_batch_size": 8, "compile": True}, 0.0720, 17.0),
-    Case("H100c", PYTHIA, 8, 1024, {"micro_batch_size": 8, "zero": 3, "offload": "params", "compile": True},
-         0.753, 11.5),
-    Case("H100c", "vit-l-16", 64, None, {"micro_batch_size": 64, "compile": True}, 0.0710, 14.1),
+    *gpu_check_runs("H100c", (0.154, 26.9), (1.40, 16.0), (0.0720, 17.0), (0.753, 11.5), (0.0710, 14.1)),
     Case("H100c", "trainer:llama-1b", 4, 1024, {"micro_batch_size": 4, "compile": True}, 0.0993, 25.0),
 )
 """Measured runs (step time, peak memory; nan where the run did not record it). Where a run's
@@ -100,10 +100,11 @@ profiles it); the H100b set's is left out (dynamo left 14 of its 22 compiled lay
 H100c set's ResNet-101 did not finish compiling within its limit."""
 
 ATTENTION_CORES = (("H100b", "gpt2-large", 8, 1024, 9.4e-3), ("H100b", "vit-l-16", 64, None, 5.3e-3),
-                   ("H200", "vit-b-16", 128, None, 4.7e-3))
+                   ("H200", "vit-b-16", 128, None, 4.7e-3), ("H100c", "gpt2-large", 8, 1024, 9.4e-3),
+                   ("H100c", "vit-l-16", 64, None, 6.3e-3))
 """Device time a step's attention kernels took, forward and backward: ``bench/gpu_kernels.py``'s
-attention family on the H100b runs' compiled steps, ``bench/gpu_phases.py``'s on the H200's eager
-one (docs/benchmarks.md)."""
+attention family on the H100 runs' compiled steps (H100c: GPT-2 large's first profiled run,
+ViT-L's only one), ``bench/gpu_phases.py``'s on the H200's eager one (docs/benchmarks.md)."""
 
 CLUSTERS = {"H100": "1xH100-SXM-80GB", "H200": "1xH200", "H100b": "1xH100-SXM-80GB", "H100c": "1xH100-SXM-80GB"}
 
@@ -157,15 +158,18 @@ def predict(case: Case, folder: Path, *, calibrated: bool = False) -> tuple[floa
     return estimate.time.step_seconds, estimate.memory.total, estimate.plan.name
 
 
-def attention_seconds(card: str, model: str, batch: int, seq_len: int | None) -> float:
-    """The uncalibrated prediction of one step's fused attention, forward and backward, with the
-    whole batch in one micro-batch (``advisor/cost/attention.py``'s tile model)."""
+def attention_seconds(card: str, model: str, batch: int, seq_len: int | None, *, calibrated: bool = False) -> float:
+    """The prediction of one step's fused attention, forward and backward, with the whole batch in
+    one micro-batch (``advisor/cost/attention.py``): uncalibrated by the tile model, calibrated at
+    the card's measured rates (0 where its calibration keeps attention among the GEMMs)."""
     workload = Workload(global_batch_size=batch, seq_len=seq_len)
     profile, cluster = profile_spec(model, seq_len=seq_len), parse_cluster(CLUSTERS[card])
+    if calibrated:
+        cluster = Calibration.load(CALIBRATIONS[card]).apply(cluster)
     plan = complete_plan(read_plan(json.dumps({"micro_batch_size": batch}), label="A", source="bench"),
                          profile, cluster, workload)
     step = rank_step(profile, cluster=cluster, workload=workload, plan=plan)
-    return sum(step.attention[False].seconds.values())
+    return sum(step.attention[False].seconds.values()) if step.attention else 0.0
 
 
 def _error(predicted: float, measured: float) -> str:
@@ -192,8 +196,11 @@ def main() -> None:
     print(f"mean |step error| uncalibrated over the {len(errors)} runs: {sum(errors) / len(errors):.1%}")
     for card, model, batch, seq_len, measured in ATTENTION_CORES:
         predicted = attention_seconds(card, model, batch, seq_len)
-        print(f"{card:<5} {model:<16} attention core, uncalibrated tile model: {format_seconds(predicted)} "
-              f"against {format_seconds(measured)} measured {_error(predicted, measured)}")
+        line = (f"{card:<5} {model:<16} attention core {format_seconds(measured)} measured; uncalibrated tile "
+                f"model {format_seconds(predicted)} {_error(predicted, measured).strip()}")
+        if card in CALIBRATIONS and (curve := attention_seconds(card, model, batch, seq_len, calibrated=True)):
+            line += f"; calibrated curve {format_seconds(curve)} {_error(curve, measured).strip()}"
+        print(line)
     for card, source in SOURCE.items():
         print(f"{card}: {source}")
     print(f"uncalibrated: catalog figures and the GEMM shape model; calibrated: the card's stored "

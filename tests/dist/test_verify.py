@@ -253,8 +253,9 @@ def test_a_pipeline_rank_is_measured_holding_its_own_stage() -> None:
 
 def test_a_tied_hugging_face_decoder_is_verified_as_a_pipeline_built_on_meta(tmp_path: Path) -> None:
     """A Qwen2 that ties its head to its embedding, as a pipeline: each stage is built on
-    meta and initialised on its own (transformers' own initialisation, which ties weights, must
-    not look for the half of the pair the stage does not hold); the Pipeline keeps the copies equal."""
+    meta and initialised on its own, and transformers' own initialisation, which ties weights, must
+    not look for the half of the pair the stage does not hold (it did, and the run failed; that the
+    Pipeline keeps the copies equal, test_pipeline.py checks)."""
     config = {**_TINY_LLAMA, "model_type": "qwen2", "tie_word_embeddings": True}
     (tmp_path / "config.json").write_text(json.dumps(config))
     plan = Plan(pp=2, microbatches=2, micro_batch_size=2, precision="fp32", block_container="model.layers")

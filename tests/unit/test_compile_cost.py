@@ -20,6 +20,7 @@ from stratagem.advisor.report.render import render_markdown
 from stratagem.advisor.search.advice import advise
 from stratagem.advisor.search.enumeration import COMPILE_ON_CPU
 from stratagem.cli import build_parser, main
+from stratagem.cli.common import compile_constraints
 from stratagem.plan import Workload
 
 FORWARD = ("block", False)
@@ -113,8 +114,11 @@ def test_advise_no_compile_leaves_compiled_plans_out(capsys):
     assert not any(plan["plan"]["compile"] for plan in json.loads(capsys.readouterr().out)["plans"])
 
 
-def test_verify_takes_no_compile_as_advise_does():
-    """``verify --no-compile`` searches as ``advise --no-compile`` does: a GPU's compiled plan
-    whose compilation outruns the run (a ResNet's blocks at several sizes) can be left out."""
-    args = build_parser().parse_args(["verify", "--model", "resnet-101", "--no-compile"])
-    assert args.compile is False and build_parser().parse_args(["verify", "--model", "resnet-101"]).compile
+@pytest.mark.parametrize("command", ["advise", "verify"])
+def test_verify_takes_no_compile_as_advise_does(command):
+    """``verify --no-compile`` searches as ``advise --no-compile`` does (the constraint both hand
+    the search): a GPU's compiled plan whose compilation outruns the run (a ResNet's blocks at
+    several sizes) can be left out; without the flag, nothing is constrained."""
+    parse = build_parser().parse_args
+    assert compile_constraints(parse([command, "--model", "resnet-101", "--no-compile"])) == {"compile": False}
+    assert compile_constraints(parse([command, "--model", "resnet-101"])) == {}

@@ -24,8 +24,8 @@ __all__ = ["ATTENTION_SEQUENCES", "ATTENTION_HEAD_WIDTHS", "attention_rates"]
 ATTENTION_SEQUENCES = (128, 256, 512, 1024, 2048, 8192)
 """Sequence lengths timed: one attention tile to a long context. A factor of two apart up to 2,048,
 where the rate bends: on an H100 it more than doubles from 128 to 512 tokens, and interpolated
-from points a factor of four apart the curve priced ViT-L/16's 197 tokens at 1.7-2 times what its
-kernels took (docs/benchmarks.md, "GPU figures")."""
+from points a factor of four apart the curve priced ViT-L/16's 197 tokens at 10.8 ms where its
+kernels took 6.3 (bench/gpu_predictions.py's last lines)."""
 
 ATTENTION_HEAD_WIDTHS = (64, 128)
 """Head widths timed: GPT-2's, BERT's and ViT's 64; Llama's, Mistral's and Qwen's 128."""

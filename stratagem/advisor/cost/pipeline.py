@@ -100,7 +100,8 @@ def estimate_tied_gradient_seconds(step: RankStep) -> float:
     plan, tied = step.plan, step.profile.pp_tied_params
     if plan.pp == 1 or not tied:
         return 0.0
-    elements = tied / (plan.tp if "vocab_head" in plan.vocab_tp_styles else 1) / (plan.dp_shard if plan.shards_gradients else 1)
+    split = plan.tp if "vocab_head" in plan.vocab_tp_styles else 1
+    elements = tied / split / (plan.dp_shard if plan.shards_gradients else 1)
     seconds = estimate_all_reduce_seconds(elements * step.precision.param_bytes, group_size=2,
                                           **step.link(MeshAxis.PP, "all_reduce"))
     return plan.grad_accum * (seconds + collective_wait_seconds(step, 2))
