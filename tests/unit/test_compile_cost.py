@@ -6,16 +6,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from stratagem.advisor.cost.compute import COMPILE_SECONDS_PER_BLOCK_KIND
 from stratagem.advisor.cost.evaluate import evaluate
 from stratagem.advisor.hardware import parse_cluster
 from stratagem.advisor.profile.cache import profile_spec
-from stratagem.advisor.profile.fusion import FusionTracker
+from stratagem.advisor.profile.profiler import profile_model
+from stratagem.advisor.profile.fusion import COLUMN_KERNELS, FusionTracker
 from stratagem.advisor.report.render import render_markdown
 from stratagem.advisor.search.advice import advise
 from stratagem.advisor.search.enumeration import COMPILE_ON_CPU
@@ -68,6 +72,67 @@ def test_independent_chains_are_separate_kernels():
     tracker.op(FORWARD, fusible=True, reads=[new(8)], writes=[new(8)])
     tracker.op(FORWARD, fusible=True, reads=[new(8)], writes=[new(8)])
     assert tracker.fused() == {FORWARD: (32, 2)}
+
+
+def test_a_sum_over_the_tokens_reads_again_in_kernels_of_its_own():
+    new = _Storages()
+    x, h, g, w, out, bias_grad = new(100), new(100), new(100), new(40), new(10), new(4)
+    kept, leaving = FusionTracker(), FusionTracker()
+    for tracker in (kept, leaving):
+        tracker.op(BACKWARD, fusible=True, reads=[x], writes=[h])
+        tracker.op(BACKWARD, fusible=True, reads=[h], writes=[g])
+        tracker.op(BACKWARD, fusible=False, reads=[g, w], writes=[out])  # a GEMM reads g: it leaves
+    kept.op(BACKWARD, fusible=True, reads=[h], writes=[bias_grad], sums=[bias_grad])
+    leaving.op(BACKWARD, fusible=True, reads=[g], writes=[bias_grad], sums=[bias_grad])
+    # x in, g and the sum out; the sum's kernels recompute h from x, or read g where it is written anyway
+    assert kept.fused()[BACKWARD] == (100 + 100 + 4 + 100, 1 + 1 + COLUMN_KERNELS)
+    assert leaving.fused()[BACKWARD] == (100 + 100 + 4 + 100, 1 + 1 + COLUMN_KERNELS)
+
+
+class _Layer(nn.Module):
+    def __init__(self, bias: bool) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(32, 64, bias=bias), nn.Linear(64, 32, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(F.gelu(self.up(x)))
+
+
+class _Stack(nn.Module):
+    def __init__(self, layer: Callable[[], nn.Module]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layer() for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_a_bias_gradient_is_a_sum_over_the_tokens_in_kernels_of_its_own():
+    x = torch.randn(4, 16, 32)
+    biased, plain = (profile_model(_Stack(lambda: _Layer(bias)), (x,), precision="fp32").blocks[0] for bias in (True, False))
+    assert biased.bwd_fused_ops - plain.bwd_fused_ops == COLUMN_KERNELS
+    # GELU's gradient, [4, 16, 64] in fp32, is read again (the GEMM that takes it writes it anyway)
+    assert biased.bwd_fused_op_bytes - plain.bwd_fused_op_bytes == 4 * 16 * 64 * 4 + 64 * 4
+
+
+class _Normed(nn.Module):
+    def __init__(self, norm: bool) -> None:
+        super().__init__()
+        self.norm, self.proj = nn.RMSNorm(32) if norm else nn.Identity(), nn.Linear(32, 32, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.proj(self.norm(x))
+
+
+def test_compiled_an_rms_norm_fuses_with_the_cast_before_the_gemm():
+    """Eager, ``torch.rms_norm`` is one kernel of its own on a GPU (profile/fused.py); compiled, its
+    operators join the kernel that casts the GEMM's input to bf16: no kernel more than without it."""
+    x = torch.randn(4, 16, 32)
+    normed, plain = (profile_model(_Stack(lambda: _Normed(norm)), (x,)).blocks[0] for norm in (True, False))
+    assert normed.fwd_ops > plain.fwd_ops and normed.fwd_fused_ops == plain.fwd_fused_ops
+    assert normed.fwd_fused_op_bytes - plain.fwd_fused_op_bytes < normed.fwd_op_bytes - plain.fwd_op_bytes
 
 
 @pytest.fixture(scope="module")

@@ -6,10 +6,14 @@ Between two GEMMs, a chain of element-wise operators, reductions and copies beco
 that reads what the chain takes from outside it once and writes only what leaves it; the
 intermediates stay in registers. What leaves a fused group: a tensor a GEMM (or another FLOP
 operator) reads, one saved for backward, one the other direction or another segment reads, and
-one nothing reads (a gradient, an output). Each group is one kernel launch. The compiler's
-choices that this leaves out: a reduction that cannot take its consumers into its kernel (two
-kernels where one is counted), and the partitioner recomputing in backward what the eager step
-saved (the same bytes saved are counted).
+one nothing reads (a gradient, an output). Each group is one kernel launch.
+
+A sum over the leading dimensions (a bias's gradient, a norm's weight and bias gradients: ``[C]``
+from ``[b, s, C]``) iterates over other elements than the chain's row-wise work, and inductor
+gives it kernels of its own: partial sums over slices of the rows, then their sum. They read what
+the sum needs from memory, computing again from the chain's inputs what stayed in registers
+(``bench/inductor_kernels.py`` prints what inductor writes for a GPU). Left out: the
+partitioner recomputing in backward what the eager step saved (the same bytes saved are counted).
 """
 
 from __future__ import annotations
@@ -18,6 +22,11 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from torch.multiprocessing.reductions import StorageWeakRef
+
+COLUMN_KERNELS = 2
+"""Kernels a sum over the leading dimensions launches: partial sums over slices of the rows, then
+their sum (inductor's split reduction, ``ir.Reduction.num_splits``, as its generated code for GPT-2
+and ViT blocks shows: ``bench/inductor_kernels.py``)."""
 
 Group = tuple[str, bool]
 """Where an operator runs: its segment and whether in backward."""
@@ -28,6 +37,12 @@ class _Op:
     group: Group
     reads: list[tuple[StorageWeakRef, int]]
     writes: list[tuple[StorageWeakRef, int]]
+    sums: list[tuple[StorageWeakRef, int]]  # those of ``writes`` that sum over the leading dimensions
+
+    @property
+    def only_sums(self) -> bool:
+        """Whether all it writes are such sums: then it is no part of a fused chain's kernel."""
+        return bool(self.sums) and len(self.sums) == len(self.writes)
 
 
 @dataclass
@@ -42,14 +57,16 @@ class FusionTracker:
     _unfused: dict[Group, int] = field(default_factory=lambda: defaultdict(int))  # operators that stay kernels
 
     def op(self, group: Group, *, fusible: bool, reads: list[tuple[StorageWeakRef, int]],
-           writes: list[tuple[StorageWeakRef, int]]) -> None:
-        """One operator of ``group``: the storages it reads and writes, with their bytes."""
+           writes: list[tuple[StorageWeakRef, int]], sums: list[tuple[StorageWeakRef, int]] = ()) -> None:
+        """One operator of ``group``: the storages it reads and writes, with their bytes; ``sums``:
+        those of ``writes`` that sum an input over its leading dimensions (a bias's or a norm's
+        weight gradient)."""
         for ref, _ in reads:
             self._readers[ref].add((group, fusible))
         for ref, _ in writes:
             self._producer[ref] = (group, fusible)
         if fusible:
-            self._ops.append(_Op(group, reads, writes))
+            self._ops.append(_Op(group, reads, writes, list(sums)))
         else:
             self._unfused[group] += 1
 
@@ -59,29 +76,68 @@ class FusionTracker:
 
     def fused(self) -> dict[Group, tuple[int, int]]:
         """Per group: the bytes its fused operators move, and the kernels it launches fused (the
-        fused groups, and each operator that does not fuse: GEMMs, attention, weight casts)."""
-        moved: dict[Group, int] = defaultdict(int)
-        counted: dict[Group, set[StorageWeakRef]] = defaultdict(set)
+        fused groups, each operator that does not fuse: GEMMs, attention, weight casts, and the
+        kernels of each sum over the leading dimensions: :meth:`_reread`)."""
         parent: dict[int, int] = {}
         writer: dict[StorageWeakRef, int] = {}
         for index, op in enumerate(self._ops):
             parent[index] = index
-            for ref, size in op.reads:
-                inside = self._producer.get(ref) == (op.group, True)
-                if inside and ref in writer:
-                    _union(parent, index, writer[ref])
-                elif ref not in counted[op.group]:
-                    counted[op.group].add(ref)
-                    moved[op.group] += size
+            if not op.only_sums:
+                for ref, _ in op.reads:
+                    if self._inside(ref, op, writer):
+                        _union(parent, index, writer[ref])
+            for ref, _ in op.writes:
+                writer[ref] = index
+        moved: dict[int, int] = defaultdict(int)  # per fused kernel, by its root operator
+        counted: dict[int, set[StorageWeakRef]] = defaultdict(set)
+        writes_out: set[int] = set()
+        writer.clear()
+        for index, op in enumerate(self._ops):
+            root = _root(parent, index)
+            for ref, size in op.reads if not op.only_sums else ():
+                if not self._inside(ref, op, writer) and ref not in counted[root]:
+                    counted[root].add(ref)
+                    moved[root] += size
             for ref, size in op.writes:
                 writer[ref] = index
-                if self._leaves(ref, op.group):
-                    moved[op.group] += size
-        kernels: dict[Group, int] = defaultdict(int, self._unfused)
+                if (ref, size) not in op.sums and self._leaves(ref, op.group):
+                    moved[root] += size
+                    writes_out.add(root)
+        totals: dict[Group, list[int]] = defaultdict(lambda: [0, 0])
+        for group, count in self._unfused.items():
+            totals[group][1] += count
         for index, op in enumerate(self._ops):
-            if _root(parent, index) == index:
-                kernels[op.group] += 1
-        return {group: (moved[group], kernels[group]) for group in {*kernels, *moved}}
+            if index in writes_out:  # a chain whose results only sums recompute is no kernel
+                totals[op.group][0] += moved[index]
+                totals[op.group][1] += 1
+            if op.sums:
+                totals[op.group][0] += self._reread(op, writer)
+                totals[op.group][1] += COLUMN_KERNELS
+        return {group: (moved_bytes, kernels) for group, (moved_bytes, kernels) in totals.items()}
+
+    def _inside(self, ref: StorageWeakRef, op: _Op, writer: dict[StorageWeakRef, int]) -> bool:
+        """Whether ``op`` reads ``ref`` from its own fused kernel: a fused operator of its group
+        wrote it last, and not a sum over the leading dimensions (those run apart)."""
+        return (self._producer.get(ref) == (op.group, True) and ref in writer
+                and not self._ops[writer[ref]].only_sums)
+
+    def _reread(self, op: _Op, writer: dict[StorageWeakRef, int]) -> int:
+        """Bytes the kernels of ``op``'s sums over the leading dimensions move: what they read from
+        memory (through the intermediates of the group that stay in registers, what those were
+        computed from: the compiler recomputes them) and what they write (the sums, a parameter's
+        size)."""
+        seen: set[StorageWeakRef] = set()
+        total, stack = 0, list(op.reads)
+        while stack:
+            ref, size = stack.pop()
+            if ref in seen:
+                continue
+            seen.add(ref)
+            if self._producer.get(ref) == (op.group, True) and ref in writer and not self._leaves(ref, op.group):
+                stack.extend(self._ops[writer[ref]].reads)
+            else:
+                total += size
+        return total + sum(size for _, size in op.sums)
 
     def _leaves(self, ref: StorageWeakRef, group: Group) -> bool:
         """Whether a storage a fused operator of ``group`` writes must reach memory."""

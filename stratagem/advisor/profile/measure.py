@@ -149,6 +149,16 @@ def _written(func_packet: Any, out: Any, args: Any) -> list[torch.Tensor]:
     return outputs
 
 
+def _sums_leading_dims(args: Any, out: torch.Tensor) -> bool:
+    """Whether ``out`` sums an input over its leading dimensions: ``[C]`` (or ``[1, 1, C]``) from
+    ``[b, s, C]``, as a bias's or a norm's weight gradient does."""
+    shape = list(out.shape)
+    while shape and shape[0] == 1:
+        shape.pop(0)
+    return bool(shape) and any(isinstance(x, torch.Tensor) and x.dim() > 1 and x.numel() > out.numel()
+                               and list(x.shape[-len(shape):]) == shape for x in tree_flatten(args)[0])
+
+
 def _largest(tensors: list[torch.Tensor], *, but: set[tuple[int, ...]]) -> int:
     """Bytes of the largest of ``tensors`` whose shape is not in ``but``."""
     return max((tensor_bytes(t) for t in tensors if tuple(t.shape) not in but), default=0)
@@ -210,20 +220,17 @@ class CostCounter(FlopCounterMode):
 
     def count_kernels(self, *, ops: int, op_bytes: int, param_op_bytes: int = 0) -> None:
         """Count ``ops`` operators moving ``op_bytes`` (and ``param_op_bytes`` of parameter-sized
-        tensors) in the running segment and direction: a fused kernel's."""
+        tensors) in the running segment and direction: an eager fused kernel's. Compiled, its
+        decomposition's operators fuse with their neighbours (:meth:`_count_flops`)."""
         counts = self._record.segments[self.segment()]
         if self.mod_tracker.is_bw:
             counts.bwd_ops += ops
             counts.bwd_op_bytes += op_bytes
             counts.bwd_param_op_bytes += param_op_bytes
-            counts.bwd_fused_ops += ops  # a fused kernel already: it stays one kernel when compiled
-            counts.bwd_fused_op_bytes += op_bytes
         else:
             counts.fwd_ops += ops
             counts.fwd_op_bytes += op_bytes
             counts.fwd_param_op_bytes += param_op_bytes
-            counts.fwd_fused_ops += ops
-            counts.fwd_fused_op_bytes += op_bytes
             self.policies.op(self.segment(), "fused kernel", None, flops=0, ops=ops, op_bytes=op_bytes,
                              param_op_bytes=param_op_bytes)
 
@@ -238,6 +245,12 @@ class CostCounter(FlopCounterMode):
         seg = self.segment()
         if not self.suppressed:
             self._count(seg, func_packet, out, args, kwargs)
+        elif func_packet not in _UNCOUNTED_OPS and func_packet not in self.flop_registry:
+            # inside an eager fused kernel (fused.FusedKernels): compiled, its operators fuse
+            written = _written(func_packet, out, args)
+            batch, sized = self._bytes_moved(func_packet, args, out, written)
+            if batch or sized:
+                self._track_fusion(seg, func_packet, args, out, fusible=not sized)
         self._track_provenance(func_packet, out, args, seg)
         return out
 
@@ -292,8 +305,10 @@ class CostCounter(FlopCounterMode):
             return [(StorageWeakRef(t.untyped_storage()), tensor_bytes(t)) for t in tree_flatten(tensors)[0]
                     if isinstance(t, torch.Tensor)]
 
-        self.fusion.op((seg, self.mod_tracker.is_bw), fusible=fusible, reads=refs(args),
-                       writes=refs(_written(func_packet, out, args)))
+        written = _written(func_packet, out, args)
+        sums = [t for t in written if _sums_leading_dims(args, t)] if fusible else []
+        self.fusion.op((seg, self.mod_tracker.is_bw), fusible=fusible, reads=refs(args), writes=refs(written),
+                       sums=refs(sums))
 
     def _bytes_moved(self, func_packet: Any, args: Any, out: Any, written: list[torch.Tensor]) -> tuple[int, int]:
         """Bytes an operator without FLOPs reads and writes (``written``: :func:`_written`; none

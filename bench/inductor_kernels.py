@@ -1,0 +1,200 @@
+"""The fusion model (``advisor/profile/fusion.py``) against the Triton kernels inductor writes for
+a GPU, on a host without one: per transformer block and direction, the bytes the operators without
+FLOPs move and the kernels they launch, as the profile counts them and as inductor's generated code
+launches them (its own estimate of each kernel's bytes, ``kernel_num_gb``).
+
+Inductor runs as for one H100 (132 SMs, sm90): its device queries answer as that card would, a
+CPU-device graph is lowered by the Triton backend (``cpu_backend="triton"``) and each kernel's
+source is kept instead of compiled, so nothing runs on a device. CPU autocast and CPU attention
+stand in for CUDA's: the same ops but for the attention kernel's name. Needs Triton beside torch,
+in a venv of its own (the project's does not install it):
+
+    python3 -m venv /tmp/triton-venv && /tmp/triton-venv/bin/pip install torch==2.13.0 triton==3.5.0
+    PYTHONPATH=. /tmp/triton-venv/bin/python bench/inductor_kernels.py [preset:seq_len ...]
+
+Each block is compiled at two batch sizes, which splits its bytes into those that grow with the
+batch (per sample) and those that do not (the weights' casts).
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import re
+import sys
+import time
+import types
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+
+from stratagem.advisor.profile.cache import PROFILE_BATCH, profile_spec
+from stratagem.models.presets import get_preset
+
+CASES = ("gpt2-large:1024", "vit-l-16:-", "llama-2-7b:1024")
+BATCHES = (PROFILE_BATCH, 4 * PROFILE_BATCH)
+H100 = dict(multi_processor_count=132, major=9, minor=0, regs_per_multiprocessor=65536,
+            max_threads_per_multi_processor=2048, max_threads_per_block=1024, warp_size=32)
+
+
+class Launch(NamedTuple):
+    backward: bool
+    kernel: str  # triton_{poi,red,per}_... or extern_kernels.<op>
+    num_bytes: float
+
+
+class Split(NamedTuple):
+    """A block direction's bytes: per sample and fixed, and its kernels."""
+
+    per_sample: float
+    fixed: float
+    kernels: int
+
+
+def _as_h100() -> None:
+    """Make inductor lower and generate Triton code as for one H100, keeping the sources."""
+    import torch._inductor.config as config
+    import torch.utils._triton as triton_utils
+    from torch._inductor import async_compile
+    from torch._inductor.codegen import triton as triton_codegen
+    from torch._inductor.runtime import hints
+
+    config.compile_threads = 1
+    config.benchmark_kernel = True  # puts kernel_num_gb into each kernel's metadata
+    config.cpu_backend = "triton"
+    config.fx_graph_cache = False
+    props = hints.DeviceProperties(type="cuda", index=0, cc=90, **{k: v for k, v in H100.items() if k != "minor"})
+    hints.DeviceProperties.create = classmethod(lambda cls, device: props)
+    triton_utils.triton_hash_with_backend = triton_codegen.triton_hash_with_backend = lambda: "0" * 64
+    triton_utils.triton_backend = lambda: None
+
+    def keep_source(self, kernel_name: str, source_code: str, device_str: str = "cuda"):
+        found = re.search(r"'kernel_num_gb': ([0-9.e+-]+)", source_code)
+        numels = re.findall(r"^    (?:[xyz]|r\d_)numel = (\d+)$", source_code, flags=re.M)
+        SOURCES[kernel_name] = (float(found.group(1)) * 1e9 if found else 0.0, math.prod(map(int, numels)))
+        return types.SimpleNamespace(run=lambda *args, **kwargs: None)
+
+    async_compile.AsyncCompile.triton = keep_source
+    async_compile.AsyncCompile.wait = lambda self, scope: None
+
+
+SOURCES: dict[str, tuple[float, int]] = {}  # kernel name -> (bytes, inductor's estimate; elements it was written for)
+MODULES: list[tuple[bool, str]] = []  # (backward, the compiled module's file)
+
+
+def _backend() -> Callable:
+    """An aot_autograd backend lowering forward and backward with inductor (its decompositions and
+    partitioner), recording the modules it writes and running the graphs eagerly."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch._aot_autograd.utils import make_boxed_func
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.decomposition import select_decomp_table
+    from torch._inductor.graph import GraphLowering
+
+    def lower(backward: bool) -> Callable:
+        def compiler(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+            to_module = GraphLowering.compile_to_module
+
+            def recorded(self):
+                module = to_module(self)
+                MODULES.append((backward, module.__file__))
+                return module
+
+            GraphLowering.compile_to_module = recorded
+            try:
+                compile_fx_inner(gm, example_inputs, is_backward=backward)
+            finally:
+                GraphLowering.compile_to_module = to_module
+            return make_boxed_func(gm.forward)
+        return compiler
+
+    return aot_autograd(fw_compiler=lower(False), bw_compiler=lower(True),
+                        partition_fn=min_cut_rematerialization_partition, decompositions=select_decomp_table())
+
+
+def _launches() -> list[Launch]:
+    """Every kernel the recorded modules' ``call`` launches, in order. Launches of one source share
+    its estimate, made for the first one's sizes: each is scaled to the elements it is launched for."""
+    launches = []
+    for backward, path in MODULES:
+        text = open(path).read()
+        for line in text[text.rindex("def call("):].splitlines():
+            line = line.strip()
+            if found := re.match(r"(triton_\w+)\.run\((.*), stream=", line):
+                num_bytes, numel = SOURCES[found.group(1)]
+                sizes = re.findall(r"(?:^|, )(\d+)(?=,|$)", found.group(2))
+                launches.append(Launch(backward, found.group(1), num_bytes * math.prod(map(int, sizes)) / numel))
+            elif found := re.match(r"extern_kernels\.(\w+)\(", line):
+                launches.append(Launch(backward, f"extern_kernels.{found.group(1)}", 0.0))
+    return launches
+
+
+def inductor_block(name: str, batch: int, seq_len: int | None) -> list[Launch]:
+    """The launches of one compiled block of preset ``name``, forward and backward, under bf16 autocast."""
+    from torch._subclasses import FakeTensorMode
+
+    MODULES.clear()
+    preset = get_preset(name)
+    with torch.device("meta"):
+        model = preset.build()
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        for module in model.modules():
+            for key, param in list(module.named_parameters(recurse=False)):
+                setattr(module, key, torch.nn.Parameter(torch.empty(param.shape, dtype=param.dtype)))
+            for key, buffer in list(module.named_buffers(recurse=False)):
+                module._buffers[key] = torch.zeros(buffer.shape, dtype=buffer.dtype)
+        backend = _backend()  # one for all blocks: they share one compiled graph
+        for block in (m for m in model.modules() if type(m).__name__ == "Block"):
+            block.compile(backend=backend)
+        torch._dynamo.reset()
+        inputs, targets = preset.make_batch(batch, seq_len)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = preset.loss(model(*inputs), targets)
+        loss.backward()
+    return _launches()
+
+
+def _split(totals: dict[int, tuple[float, int]]) -> Split:
+    (small, (a, kernels)), (large, (b, _)) = sorted(totals.items())
+    per_sample = (b - a) / (large - small)
+    return Split(per_sample, a - per_sample * small, kernels)
+
+
+def main() -> None:
+    cases = sys.argv[1:] or CASES
+    profiles = {}
+    for case in cases:  # before inductor's device is faked: the profile runs as it always does
+        name, seq = case.split(":")
+        profiles[case] = profile_spec(name, seq_len=None if seq == "-" else int(seq), precision="bf16-mixed")
+    _as_h100()
+    print("per block, MB per sample + MB fixed (weights' casts) in kernels; the fusion model, then inductor's"
+          " Triton kernels for an H100 (GEMMs and attention apart)")
+    for case in cases:
+        name, seq = case.split(":")
+        started = time.perf_counter()
+        block = profiles[case].blocks[0]
+        runs = {batch: inductor_block(name, batch, None if seq == "-" else int(seq)) for batch in BATCHES}
+        for backward, direction in ((False, "fwd"), (True, "bwd")):
+            fused = getattr(block, f"{direction}_fused_op_bytes") / PROFILE_BATCH
+            fixed = getattr(block, f"{direction}_param_op_bytes")
+            triton = {batch: (sum(x.num_bytes for x in launches if x.backward == backward and x.kernel.startswith("triton")),
+                              sum(x.backward == backward and x.kernel.startswith("triton") for x in launches))
+                      for batch, launches in runs.items()}
+            measured = _split(triton)
+            kinds = collections.Counter()
+            for launch in runs[BATCHES[-1]]:
+                if launch.backward == backward and launch.kernel.startswith("triton"):
+                    kinds[launch.kernel.split("_")[1]] += launch.num_bytes
+            total = sum(kinds.values()) or 1
+            print(f"{case:16} {direction}: model {fused / 1e6:7.1f} + {fixed / 1e6:6.1f} | inductor "
+                  f"{measured.per_sample / 1e6:7.1f} + {measured.fixed / 1e6:6.1f} in {measured.kernels} Triton kernels "
+                  f"({', '.join(f'{kind} {share / total:.0%}' for kind, share in sorted(kinds.items()))} of the bytes at "
+                  f"batch {BATCHES[-1]}); per sample {fused / measured.per_sample - 1:+.0%}")
+        print(f"{'':16} ({time.perf_counter() - started:.0f} s)")
+    print("poi: element-wise kernels; red: reductions looping over their rows; per: reductions held in registers")
+
+
+if __name__ == "__main__":
+    main()
