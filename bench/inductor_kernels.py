@@ -9,8 +9,9 @@ source is kept instead of compiled, so nothing runs on a device. CPU autocast an
 stand in for CUDA's: the same ops but for the attention kernel's name. Needs Triton beside torch,
 in a venv of its own (the project's does not install it):
 
-    python3 -m venv /tmp/triton-venv && /tmp/triton-venv/bin/pip install torch==2.13.0 triton==3.5.0
-    PYTHONPATH=. /tmp/triton-venv/bin/python bench/inductor_kernels.py [preset:seq_len ...]
+    python3 -m venv /tmp/triton-venv && /tmp/triton-venv/bin/pip install torch==2.13.0 triton==3.5.0 \\
+        transformers==5.24.0  # for hf: configs
+    PYTHONPATH=. /tmp/triton-venv/bin/python bench/inductor_kernels.py [MODEL:SEQ_LEN ...]  # MODEL: a preset or hf:PATH
 
 Each block is compiled at two batch sizes, which splits its bytes into those that grow with the
 batch (per sample) and those that do not (the weights' casts).
@@ -30,9 +31,10 @@ from typing import NamedTuple
 import torch
 
 from stratagem.advisor.profile.cache import PROFILE_BATCH, profile_spec
-from stratagem.models.presets import get_preset
+from stratagem.advisor.profile.structure import find_blocks
+from stratagem.verify.models import real_model
 
-CASES = ("gpt2-large:1024", "vit-l-16:-", "llama-2-7b:1024")
+CASES = ("gpt2-large:1024", "vit-l-16:-", "llama-2-7b:1024", "hf:bench/configs/pythia-410m:1024")
 BATCHES = (PROFILE_BATCH, 4 * PROFILE_BATCH)
 H100 = dict(multi_processor_count=132, major=9, minor=0, regs_per_multiprocessor=65536,
             max_threads_per_multi_processor=2048, max_threads_per_block=1024, warp_size=32)
@@ -131,14 +133,17 @@ def _launches() -> list[Launch]:
     return launches
 
 
-def inductor_block(name: str, batch: int, seq_len: int | None) -> list[Launch]:
-    """The launches of one compiled block of preset ``name``, forward and backward, under bf16 autocast."""
+def inductor_block(spec: str, batch: int, seq_len: int | None) -> list[Launch]:
+    """The launches of one compiled block of ``spec`` (a preset or ``hf:PATH``, as ``verify`` builds
+    it, on meta then fake tensors), forward and backward, under bf16 autocast."""
     from torch._subclasses import FakeTensorMode
 
     MODULES.clear()
-    preset = get_preset(name)
+    source = real_model(spec, seq_len=seq_len)
+    data = source.make_batch(batch)
     with torch.device("meta"):
-        model = preset.build()
+        built = source.build(batch, data)
+    model = built.module
     with FakeTensorMode(allow_non_fake_inputs=True):
         for module in model.modules():
             for key, param in list(module.named_parameters(recurse=False)):
@@ -146,12 +151,11 @@ def inductor_block(name: str, batch: int, seq_len: int | None) -> list[Launch]:
             for key, buffer in list(module.named_buffers(recurse=False)):
                 module._buffers[key] = torch.zeros(buffer.shape, dtype=buffer.dtype)
         backend = _backend()  # one for all blocks: they share one compiled graph
-        for block in (m for m in model.modules() if type(m).__name__ == "Block"):
-            block.compile(backend=backend)
+        for name in find_blocks(model).blocks:
+            model.get_submodule(name).compile(backend=backend)
         torch._dynamo.reset()
-        inputs, targets = preset.make_batch(batch, seq_len)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = preset.loss(model(*inputs), targets)
+            loss = built.loss(model(*data.args, **data.kwargs), data.targets)
         loss.backward()
     return _launches()
 
@@ -166,13 +170,13 @@ def main() -> None:
     cases = sys.argv[1:] or CASES
     profiles = {}
     for case in cases:  # before inductor's device is faked: the profile runs as it always does
-        name, seq = case.split(":")
+        name, seq = case.rsplit(":", 1)
         profiles[case] = profile_spec(name, seq_len=None if seq == "-" else int(seq), precision="bf16-mixed")
     _as_h100()
     print("per block, MB per sample + MB fixed (weights' casts) in kernels; the fusion model, then inductor's"
           " Triton kernels for an H100 (GEMMs and attention apart)")
     for case in cases:
-        name, seq = case.split(":")
+        name, seq = case.rsplit(":", 1)
         started = time.perf_counter()
         block = profiles[case].blocks[0]
         runs = {batch: inductor_block(name, batch, None if seq == "-" else int(seq)) for batch in BATCHES}
