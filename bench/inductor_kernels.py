@@ -6,7 +6,12 @@ launches them (its own estimate of each kernel's bytes, ``kernel_num_gb``).
 Inductor runs as for one H100 (132 SMs, sm90): its device queries answer as that card would, a
 CPU-device graph is lowered by the Triton backend (``cpu_backend="triton"``) and each kernel's
 source is kept instead of compiled, so nothing runs on a device. CPU autocast and CPU attention
-stand in for CUDA's: the same ops but for the attention kernel's name. Needs Triton beside torch,
+stand in for CUDA's: the same ops but for the attention kernel's name. Lowering for a CPU device
+takes a few branches a CUDA one does not: ``cat`` always writes its result out (CUDA fuses a
+pointwise ``cat`` into its readers), and loop reordering and mixed-order reductions are off. A
+scratch re-lowering of the captured graphs for a faked CUDA device (2026-11-27) gave the same
+kernels for GPT-2 large's block and 66.1 MB per sample for the Pythia-shaped forward where this
+prints 73.4 (its rotary embedding's ``cat``). Needs Triton beside torch,
 in a venv of its own (the project's does not install it):
 
     python3 -m venv /tmp/triton-venv && /tmp/triton-venv/bin/pip install torch==2.13.0 triton==3.5.0 \\
