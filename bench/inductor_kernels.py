@@ -3,18 +3,16 @@ a GPU, on a host without one: per transformer block and direction, the bytes the
 FLOPs move and the kernels they launch, as the profile counts them and as inductor's generated code
 launches them (its own estimate of each kernel's bytes, ``kernel_num_gb``).
 
-Inductor runs as for one H100 (132 SMs, sm90): its device queries answer as that card would, a
-CPU-device graph is lowered by the Triton backend (``cpu_backend="triton"``) and each kernel's
-source is kept instead of compiled, so nothing runs on a device. CPU autocast and CPU attention
-stand in for CUDA's: the same ops but for the attention kernel's name. Lowering for a CPU device
-takes a few branches a CUDA one does not: ``cat`` always writes its result out (CUDA fuses a
-pointwise ``cat`` into its readers), and loop reordering and mixed-order reductions are off. A
-scratch re-lowering of the captured graphs for a faked CUDA device (2026-11-27) gave the same
-kernels for GPT-2 large's block and 66.1 MB per sample for the Pythia-shaped forward where this
-prints 73.4 (its rotary embedding's ``cat``). Needs Triton beside torch,
-in a venv of its own (the project's does not install it):
+Each block is compiled on CPU fake tensors under CPU autocast, its forward and backward graphs are
+kept as AOTAutograd hands them to inductor, then lowered for a CUDA device that answers inductor's
+queries as one H100 would (132 SMs, sm90); each kernel's source is kept instead of compiled, so
+nothing runs on a device. The graphs are the CPU's: the same operators as CUDA's but for the
+attention kernel. Where lowering for the faked CUDA device fails, the graph is lowered for the CPU
+device with the Triton backend instead, and the line says so: that lowering always writes a ``cat``
+out, and leaves loop reordering and mixed-order reductions off. Needs Triton beside torch, in a venv
+of its own (the project's does not install it):
 
-    python3 -m venv /tmp/triton-venv && /tmp/triton-venv/bin/pip install torch==2.13.0 triton==3.5.0 \\
+    python3 -m venv /tmp/triton-venv && /tmp/triton-venv/bin/pip install torch==2.13.0 triton==3.5.0 \
         transformers==5.24.0  # for hf: configs
     PYTHONPATH=. /tmp/triton-venv/bin/python bench/inductor_kernels.py [MODEL:SEQ_LEN ...]  # MODEL: a preset or hf:PATH
 
@@ -25,6 +23,7 @@ batch (per sample) and those that do not (the weights' casts).
 from __future__ import annotations
 
 import collections
+import copy
 import math
 import re
 import sys
@@ -59,9 +58,12 @@ class Split(NamedTuple):
     kernels: int
 
 
-def _as_h100() -> None:
-    """Make inductor lower and generate Triton code as for one H100, keeping the sources."""
+def _fake_h100() -> None:
+    """Make inductor lower and generate Triton code for ``cuda:0`` as for one H100, on a CPU-only
+    torch, keeping each kernel's source (:data:`SOURCES`) instead of compiling it."""
+    import torch._dynamo.device_interface as device_interface
     import torch._inductor.config as config
+    import torch._inductor.scheduler as scheduler
     import torch.utils._triton as triton_utils
     from torch._inductor import async_compile
     from torch._inductor.codegen import triton as triton_codegen
@@ -69,10 +71,27 @@ def _as_h100() -> None:
 
     config.compile_threads = 1
     config.benchmark_kernel = True  # puts kernel_num_gb into each kernel's metadata
-    config.cpu_backend = "triton"
+    config.cpu_backend = "triton"  # for graphs lowered for the CPU device instead
     config.fx_graph_cache = False
-    props = hints.DeviceProperties(type="cuda", index=0, cc=90, **{k: v for k, v in H100.items() if k != "minor"})
-    hints.DeviceProperties.create = classmethod(lambda cls, device: props)
+    card = types.SimpleNamespace(name="NVIDIA H100 80GB HBM3", total_memory=80 * 2**30, L2_cache_size=50 * 2**20,
+                                 gcnArchName="", **H100)
+    hints.DeviceProperties.create = classmethod(lambda cls, device: hints.DeviceProperties(
+        type="cuda", index=0, cc=90, **{k: v for k, v in H100.items() if k != "minor"}))
+    answers = dict(is_available=lambda: True, device_count=lambda: 1, current_device=lambda: 0,
+                   get_device_properties=lambda device=None: card, get_device_capability=lambda device=None: (9, 0),
+                   get_rng_state=lambda *args, **kwargs: torch.zeros(16, dtype=torch.uint8),
+                   set_rng_state=lambda *args, **kwargs: None, _exchange_device=lambda index: 0,
+                   _maybe_exchange_device=lambda index: 0)
+    for name, answer in answers.items():
+        setattr(torch.cuda, name, answer)
+    cuda = device_interface.CudaInterface
+    for name in ("is_available", "device_count", "current_device", "get_device_properties"):
+        setattr(cuda, name, staticmethod(answers[name]))
+    cuda.get_compute_capability = staticmethod(lambda device=None: 90)
+    cuda.Worker.get_device_properties = staticmethod(answers["get_device_properties"])
+    cuda.Worker.current_device = staticmethod(answers["current_device"])
+    torch._C._cuda_getCurrentRawStream = lambda index=0: 0  # imported by the modules inductor writes
+    triton_utils.has_triton = scheduler.has_triton = lambda: True
     triton_utils.triton_hash_with_backend = triton_codegen.triton_hash_with_backend = lambda: "0" * 64
     triton_utils.triton_backend = lambda: None
 
@@ -87,82 +106,126 @@ def _as_h100() -> None:
 
 
 SOURCES: dict[str, tuple[float, int]] = {}  # kernel name -> (bytes, inductor's estimate; elements it was written for)
-MODULES: list[tuple[bool, str]] = []  # (backward, the compiled module's file)
 
 
-def _backend() -> Callable:
-    """An aot_autograd backend lowering forward and backward with inductor (its decompositions and
-    partitioner), recording the modules it writes and running the graphs eagerly."""
+class Graph(NamedTuple):
+    backward: bool
+    module: torch.fx.GraphModule
+    inputs: list
+
+
+def capture(spec: str, batch: int, seq_len: int | None) -> list[Graph]:
+    """The forward and backward graphs AOTAutograd hands inductor for one compiled block of ``spec``
+    (a preset or ``hf:PATH``, built as ``verify`` builds it, on meta then fake tensors), bf16 autocast."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch._aot_autograd.utils import make_boxed_func
     from torch._functorch.partitioners import min_cut_rematerialization_partition
-    from torch._inductor.compile_fx import compile_fx_inner
     from torch._inductor.decomposition import select_decomp_table
-    from torch._inductor.graph import GraphLowering
+    from torch._subclasses import FakeTensorMode
 
-    def lower(backward: bool) -> Callable:
+    graphs: list[Graph] = []
+
+    def keep(backward: bool) -> Callable:
         def compiler(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
-            to_module = GraphLowering.compile_to_module
-
-            def recorded(self):
-                module = to_module(self)
-                MODULES.append((backward, module.__file__))
-                return module
-
-            GraphLowering.compile_to_module = recorded
-            try:
-                compile_fx_inner(gm, example_inputs, is_backward=backward)
-            finally:
-                GraphLowering.compile_to_module = to_module
+            graphs.append(Graph(backward, copy.deepcopy(gm), list(example_inputs)))
             return make_boxed_func(gm.forward)
         return compiler
 
-    return aot_autograd(fw_compiler=lower(False), bw_compiler=lower(True),
-                        partition_fn=min_cut_rematerialization_partition, decompositions=select_decomp_table())
-
-
-def _launches() -> list[Launch]:
-    """Every kernel the recorded modules' ``call`` launches, in order. Launches of one source share
-    its estimate, made for the first one's sizes: each is scaled to the elements it is launched for."""
-    launches = []
-    for backward, path in MODULES:
-        text = open(path).read()
-        for line in text[text.rindex("def call("):].splitlines():
-            line = line.strip()
-            if found := re.match(r"(triton_\w+)\.run\((.*), stream=", line):
-                num_bytes, numel = SOURCES[found.group(1)]
-                sizes = re.findall(r"(?:^|, )(\d+)(?=,|$)", found.group(2))
-                launches.append(Launch(backward, found.group(1), num_bytes * math.prod(map(int, sizes)) / numel))
-            elif found := re.match(r"extern_kernels\.(\w+)\(", line):
-                launches.append(Launch(backward, f"extern_kernels.{found.group(1)}", 0.0))
-    return launches
-
-
-def inductor_block(spec: str, batch: int, seq_len: int | None) -> list[Launch]:
-    """The launches of one compiled block of ``spec`` (a preset or ``hf:PATH``, as ``verify`` builds
-    it, on meta then fake tensors), forward and backward, under bf16 autocast."""
-    from torch._subclasses import FakeTensorMode
-
-    MODULES.clear()
     source = real_model(spec, seq_len=seq_len)
     data = source.make_batch(batch)
     with torch.device("meta"):
         built = source.build(batch, data)
     model = built.module
+    backend = aot_autograd(fw_compiler=keep(False), bw_compiler=keep(True),
+                           partition_fn=min_cut_rematerialization_partition, decompositions=select_decomp_table())
     with FakeTensorMode(allow_non_fake_inputs=True):
         for module in model.modules():
             for key, param in list(module.named_parameters(recurse=False)):
                 setattr(module, key, torch.nn.Parameter(torch.empty(param.shape, dtype=param.dtype)))
             for key, buffer in list(module.named_buffers(recurse=False)):
                 module._buffers[key] = torch.zeros(buffer.shape, dtype=buffer.dtype)
-        backend = _backend()  # one for all blocks: they share one compiled graph
-        for name in find_blocks(model).blocks:
+        for name in find_blocks(model).blocks:  # one backend for all: the blocks share one graph
             model.get_submodule(name).compile(backend=backend)
         torch._dynamo.reset()
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss = built.loss(model(*data.args, **data.kwargs), data.targets)
         loss.backward()
-    return _launches()
+    return graphs
+
+
+def _for_cuda(graph: Graph) -> Graph:
+    """``graph`` with its inputs, the devices its operators name and its values' metadata on ``cuda:0``."""
+    from torch._subclasses import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    cuda, module = torch.device("cuda", 0), copy.deepcopy(graph.module)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode:
+        inputs = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=cuda) if isinstance(x, torch.Tensor)
+                  else x for x in graph.inputs]
+    for node in module.graph.nodes:
+        if isinstance(node.kwargs.get("device"), (torch.device, str)):
+            node.kwargs = {**node.kwargs, "device": cuda}
+    module.recompile()
+    FakeTensorProp(module, mode).propagate_dont_convert_inputs(*inputs)
+    return Graph(graph.backward, module, inputs)
+
+
+def lower(graph: Graph) -> tuple[list[Launch], str | None]:
+    """The kernels inductor launches for ``graph`` lowered for the faked H100, and None; where that
+    fails, those it launches lowered for the CPU device, and why the CUDA lowering failed."""
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.graph import GraphLowering
+
+    modules: list[str] = []
+    to_module = GraphLowering.compile_to_module
+
+    def recorded(self):
+        module = to_module(self)
+        modules.append(module.__file__)
+        return module
+
+    GraphLowering.compile_to_module = recorded
+    try:
+        try:
+            cuda = _for_cuda(graph)
+            compile_fx_inner(cuda.module, cuda.inputs, is_backward=graph.backward)
+            failed = None
+        except Exception as error:  # noqa: BLE001 - reported on the line, then the CPU device's lowering
+            modules.clear()
+            failed = f"{type(error).__name__}: {str(error).splitlines()[0][:80]}"
+            compile_fx_inner(copy.deepcopy(graph.module), graph.inputs, is_backward=graph.backward)
+    finally:
+        GraphLowering.compile_to_module = to_module
+    return [launch for path in modules for launch in _launches(path, graph.backward)], failed
+
+
+def _launches(path: str, backward: bool) -> list[Launch]:
+    """Every kernel the module at ``path`` launches in its ``call``, in order. Launches of one source
+    share its estimate, made for the first one's sizes: each is scaled to the elements it is launched for."""
+    launches = []
+    text = open(path).read()
+    for line in text[text.rindex("def call("):].splitlines():
+        line = line.strip()
+        if found := re.match(r"(triton_\w+)\.run\((.*), stream=", line):
+            num_bytes, numel = SOURCES[found.group(1)]
+            sizes = re.findall(r"(?:^|, )(\d+)(?=,|$)", found.group(2))
+            launches.append(Launch(backward, found.group(1), num_bytes * math.prod(map(int, sizes)) / numel))
+        elif found := re.match(r"extern_kernels\.(\w+)\(", line):
+            launches.append(Launch(backward, f"extern_kernels.{found.group(1)}", 0.0))
+    return launches
+
+
+def inductor_block(spec: str, batch: int, seq_len: int | None) -> tuple[list[Launch], list[str]]:
+    """The launches of one compiled block of ``spec``, forward and backward (:func:`capture`,
+    :func:`lower`), and for each graph lowered for the CPU device instead, why."""
+    launches, fallbacks = [], []
+    for graph in capture(spec, batch, seq_len):
+        kernels, failed = lower(graph)
+        launches += kernels
+        if failed:
+            fallbacks.append(f"{'backward' if graph.backward else 'forward'} lowered for the CPU device ({failed})")
+    return launches, fallbacks
 
 
 def _split(totals: dict[int, tuple[float, int]]) -> Split:
@@ -177,14 +240,17 @@ def main() -> None:
     for case in cases:  # before inductor's device is faked: the profile runs as it always does
         name, seq = case.rsplit(":", 1)
         profiles[case] = profile_spec(name, seq_len=None if seq == "-" else int(seq), precision="bf16-mixed")
-    _as_h100()
+    _fake_h100()
     print("per block, MB per sample + MB fixed (weights' casts) in kernels; the fusion model, then inductor's"
           " Triton kernels for an H100 (GEMMs and attention apart)")
     for case in cases:
         name, seq = case.rsplit(":", 1)
         started = time.perf_counter()
         block = profiles[case].blocks[0]
-        runs = {batch: inductor_block(name, batch, None if seq == "-" else int(seq)) for batch in BATCHES}
+        runs, fallbacks = {}, set()
+        for batch in BATCHES:
+            runs[batch], failed = inductor_block(name, batch, None if seq == "-" else int(seq))
+            fallbacks.update(failed)
         for backward, direction in ((False, "fwd"), (True, "bwd")):
             fused = getattr(block, f"{direction}_fused_op_bytes") / PROFILE_BATCH
             fixed = getattr(block, f"{direction}_param_op_bytes")
@@ -201,6 +267,8 @@ def main() -> None:
                   f"{measured.per_sample / 1e6:7.1f} + {measured.fixed / 1e6:6.1f} in {measured.kernels} Triton kernels "
                   f"({', '.join(f'{kind} {share / total:.0%}' for kind, share in sorted(kinds.items()))} of the bytes at "
                   f"batch {BATCHES[-1]}); per sample {fused / measured.per_sample - 1:+.0%}")
+        for fallback in sorted(fallbacks):
+            print(f"{'':16} {fallback}")
         print(f"{'':16} ({time.perf_counter() - started:.0f} s)")
     print("poi: element-wise kernels; red: reductions looping over their rows; per: reductions held in registers")
 
