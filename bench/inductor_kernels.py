@@ -30,9 +30,12 @@ import sys
 import time
 import types
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import NamedTuple
 
 import torch
+from torch._guards import detect_fake_mode
+from torch.utils import _pytree as pytree
 
 from stratagem.advisor.profile.cache import PROFILE_BATCH, profile_spec
 from stratagem.advisor.profile.structure import find_blocks
@@ -64,6 +67,7 @@ def _fake_h100() -> None:
     import torch._dynamo.device_interface as device_interface
     import torch._inductor.config as config
     import torch._inductor.scheduler as scheduler
+    from torch._inductor.fx_passes import reinplace
     import torch.utils._triton as triton_utils
     from torch._inductor import async_compile
     from torch._inductor.codegen import triton as triton_codegen
@@ -92,6 +96,10 @@ def _fake_h100() -> None:
     cuda.Worker.current_device = staticmethod(answers["current_device"])
     torch._C._cuda_getCurrentRawStream = lambda index=0: 0  # imported by the modules inductor writes
     triton_utils.has_triton = scheduler.has_triton = lambda: True
+    # the pass that makes scatters in place checks each one by copying between fake tensors, which
+    # takes a CUDA device guard: the same check without the copy (the function stays the same
+    # object: the pass finds its nodes by it)
+    reinplace._inplace_generalized_scatter.__code__ = _scatter_checked_by_shape.__code__
     triton_utils.triton_hash_with_backend = triton_codegen.triton_hash_with_backend = lambda: "0" * 64
     triton_utils.triton_backend = lambda: None
 
@@ -103,6 +111,19 @@ def _fake_h100() -> None:
 
     async_compile.AsyncCompile.triton = keep_source
     async_compile.AsyncCompile.wait = lambda self, scope: None
+
+
+def _scatter_checked_by_shape(inp, src, view_ops):
+    """``reinplace._inplace_generalized_scatter`` without copying ``src`` into the view: a shape check."""
+    tmp = inp
+    for view in view_ops:
+        args, kwargs = pytree.tree_map(lambda node: node.meta["val"] if isinstance(node, torch.fx.Node) else node,
+                                       (view.args, view.kwargs))
+        fake_mode = detect_fake_mode(args)
+        with fake_mode.shape_env.ignore_fresh_unbacked_symbols() if fake_mode and fake_mode.shape_env else nullcontext():
+            tmp = view.target(tmp, *args, **kwargs)
+    torch.broadcast_shapes(src.shape, tmp.shape)
+    return inp
 
 
 SOURCES: dict[str, tuple[float, int]] = {}  # kernel name -> (bytes, inductor's estimate; elements it was written for)

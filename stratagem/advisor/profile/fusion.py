@@ -19,6 +19,7 @@ partitioner recomputing in backward what the eager step saved (the same bytes sa
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -55,12 +56,23 @@ class FusionTracker:
     _readers: dict[StorageWeakRef, set[tuple[Group, bool]]] = field(default_factory=lambda: defaultdict(set))
     _saved: set[StorageWeakRef] = field(default_factory=set)
     _unfused: dict[Group, int] = field(default_factory=lambda: defaultdict(int))  # operators that stay kernels
+    _casts: dict[tuple, list[tuple[StorageWeakRef, int]]] = field(default_factory=dict)  # what each cast wrote
+    _same: dict[StorageWeakRef, StorageWeakRef] = field(default_factory=dict)  # a repeated cast's result: the first's
 
     def op(self, group: Group, *, fusible: bool, reads: list[tuple[StorageWeakRef, int]],
-           writes: list[tuple[StorageWeakRef, int]], sums: list[tuple[StorageWeakRef, int]] = ()) -> None:
+           writes: list[tuple[StorageWeakRef, int]], sums: list[tuple[StorageWeakRef, int]] = (),
+           cast: Hashable | None = None) -> None:
         """One operator of ``group``: the storages it reads and writes, with their bytes; ``sums``:
         those of ``writes`` that sum an input over its leading dimensions (a bias's or a norm's
-        weight gradient)."""
+        weight gradient); ``cast``: what a cast makes (dtype, shape), for a cast of what another
+        cast of its group already made (autocast casts an activation for each operator that takes
+        it; a compiler once), which is that cast's result and no operator."""
+        reads = [(self._same.get(ref, ref), size) for ref, size in reads]
+        if fusible and cast is not None:
+            made = self._casts.setdefault((group, cast, tuple(ref for ref, _ in reads)), writes)
+            if made is not writes:
+                self._same.update((ref, earlier) for (ref, _), (earlier, _) in zip(writes, made))
+                return
         for ref, _ in reads:
             self._readers[ref].add((group, fusible))
         for ref, _ in writes:
@@ -72,7 +84,7 @@ class FusionTracker:
 
     def saved(self, ref: StorageWeakRef) -> None:
         """A storage saved for backward: its producer's group must write it out."""
-        self._saved.add(ref)
+        self._saved.add(self._same.get(ref, ref))
 
     def fused(self) -> dict[Group, tuple[int, int]]:
         """Per group: the bytes its fused operators move, and the kernels it launches fused (the

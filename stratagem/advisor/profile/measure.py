@@ -307,8 +307,9 @@ class CostCounter(FlopCounterMode):
 
         written = _written(func_packet, out, args)
         sums = [t for t in written if _sums_leading_dims(args, t)] if fusible else []
+        cast = (out.dtype, tuple(out.shape)) if func_packet in _CAST_OPS and isinstance(out, torch.Tensor) else None
         self.fusion.op((seg, self.mod_tracker.is_bw), fusible=fusible, reads=refs(args), writes=refs(written),
-                       sums=refs(sums))
+                       sums=refs(sums), cast=cast)
 
     def _bytes_moved(self, func_packet: Any, args: Any, out: Any, written: list[torch.Tensor]) -> tuple[int, int]:
         """Bytes an operator without FLOPs reads and writes (``written``: :func:`_written`; none
