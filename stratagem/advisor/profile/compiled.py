@@ -16,7 +16,8 @@ followed it: GPT-2 large 26.9 GiB measured, 28.9 predicted from the eager step's
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import nn
@@ -28,6 +29,7 @@ from stratagem.advisor.profile.attention import CudaAttention
 from stratagem.advisor.profile.autocast import CudaAutocast
 from stratagem.advisor.profile.block_inputs import fresh
 from stratagem.advisor.profile.block_reuse import block_signature
+from stratagem.advisor.profile.compiled_kernels import Fused, graph_kernels
 
 if TYPE_CHECKING:
     from stratagem.advisor.profile.counts import RunRecord
@@ -43,7 +45,7 @@ def measure_compiled(blocks: dict[str, nn.Module], calls: dict[str, tuple[tuple,
     compiled keeps with them is what the plan runs (:data:`UNTRACED_CALL`). Blocks called with a
     key/value cache get ``record.cache_note`` (:func:`kv_cache_note`)."""
     record.cache_note = kv_cache_note(calls)
-    by_kind: dict[tuple, int] = {}
+    by_kind: dict[tuple, CompiledBlock] = {}
     for fqn, (args, kwargs) in calls.items():
         kind = block_signature(blocks[fqn])
         if kind in by_kind or fqn in record.measured_as:
@@ -51,8 +53,8 @@ def measure_compiled(blocks: dict[str, nn.Module], calls: dict[str, tuple[tuple,
         prefix = f"{fqn}."
         block_state = {name[len(prefix):]: tensor for name, tensor in state.items() if name.startswith(prefix)}
         try:
-            by_kind[kind] = compiled_saved_bytes(blocks[fqn], block_state, *fresh(args, kwargs),
-                                                 autocast_dtype=autocast_dtype)
+            by_kind[kind] = compiled_block(blocks[fqn], block_state, *fresh(args, kwargs),
+                                           autocast_dtype=autocast_dtype)
         except Exception as err:  # noqa: BLE001  (any model's error: reported, priced as eager)
             objects = sorted({type(x).__name__ for x in tree_flatten((args, kwargs))[0]
                               if not isinstance(x, (torch.Tensor, *_PLAIN))})
@@ -62,8 +64,8 @@ def measure_compiled(blocks: dict[str, nn.Module], calls: dict[str, tuple[tuple,
             record.compiled_note = f"compiled plans keep the eager step's activations: {why}"
             return
     for fqn, module in blocks.items():
-        if fqn not in record.measured_as:  # a block the step never called saves nothing either way
-            record.segments[fqn].compiled_saved_bytes = by_kind.get(block_signature(module), 0)
+        if fqn not in record.measured_as and (measured := by_kind.get(block_signature(module))):
+            record.segments[fqn].compiled = measured  # a block the step never called: nothing either way
 
 
 _PLAIN = (bool, int, float, str, type(None), torch.dtype, torch.device)
@@ -94,11 +96,21 @@ def kv_cache_note(calls: dict[str, tuple[tuple, dict]]) -> str:
             "pass use_cache=False to the model in training")
 
 
-def compiled_saved_bytes(block: nn.Module, state: dict[str, torch.Tensor], args: tuple, kwargs: dict, *,
-                         autocast_dtype: torch.dtype | None) -> int:
-    """Bytes ``block`` keeps for backward compiled (each storage once, its parameters not): its
-    forward and backward on ``args``/``kwargs`` traced by AOTAutograd with inductor's
-    decompositions and partitioner, under the GPU profile's autocast and attention kernel
+class CompiledBlock(NamedTuple):
+    """What a block does compiled: the bytes it keeps for backward, and the bytes and kernels of
+    its operators without FLOPs in forward and backward (:mod:`.compiled_kernels`)."""
+
+    saved_bytes: int
+    forward: Fused
+    backward: Fused
+
+
+def compiled_block(block: nn.Module, state: dict[str, torch.Tensor], args: tuple, kwargs: dict, *,
+                   autocast_dtype: torch.dtype | None) -> CompiledBlock:
+    """:class:`CompiledBlock` of ``block``: the bytes it keeps for backward (each storage once, its
+    parameters not) and the kernels of the graphs inductor would lower: its forward and backward on
+    ``args``/``kwargs`` traced by AOTAutograd with inductor's decompositions and partitioner, under
+    the GPU profile's autocast and attention kernel
     (:mod:`~stratagem.advisor.profile.autocast`, :mod:`~stratagem.advisor.profile.attention`).
     ``state`` holds the block's fake parameters and buffers by their names in it (buffers are
     inputs too: BatchNorm updates its running statistics in place); must run inside the
@@ -121,12 +133,24 @@ def compiled_saved_bytes(block: nn.Module, state: dict[str, torch.Tensor], args:
         with torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None):
             return torch.func.functional_call(block, dict(zip(names, tensors)), call_args, call_kwargs)
 
-    traced = aot_function(forward, fw_compiler=nop, bw_compiler=nop, decompositions=select_decomp_table(),
-                          partition_fn=min_cut_rematerialization_partition)
     params = [state[name] for name in names]
+    gradient_shapes = {(tuple(p.shape), p.dtype) for p in params if p.requires_grad}
+    kernels: dict[bool, Fused] = {}
+
+    def counted(backward: bool) -> Callable:
+        def compiler(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+            kernels[backward] = graph_kernels(gm.graph, backward=backward, params=len(params),
+                                              gradient_shapes=gradient_shapes)
+            return nop(gm, example_inputs)
+        return compiler
+
+    traced = aot_function(forward, fw_compiler=counted(False), bw_compiler=counted(True),
+                          decompositions=select_decomp_table(), partition_fn=min_cut_rematerialization_partition)
     inputs = [leaves[i].detach().requires_grad_(leaves[i].requires_grad) for i in where]
     with CudaAttention(), CudaAutocast():
-        traced(params, inputs)  # traced and partitioned once; the second call runs the partitioned forward
+        outputs = [out for out in tree_flatten(traced(params, inputs))[0]  # traced and partitioned
+                   if isinstance(out, torch.Tensor) and out.requires_grad]
+        torch.autograd.backward(outputs, [torch.ones_like(out) for out in outputs])  # backward's graph counted
     derived = _ParamDerived(params)  # the parameters and what is computed from them alone (autocast's copies)
     saved: dict[StorageWeakRef, torch.Tensor] = {}
 
@@ -139,7 +163,8 @@ def compiled_saved_bytes(block: nn.Module, state: dict[str, torch.Tensor], args:
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), CudaAttention(), CudaAutocast(), \
             derived:
         traced(params, [tensor.detach().requires_grad_(tensor.requires_grad) for tensor in inputs])
-    return sum(tensor.untyped_storage().nbytes() for tensor in saved.values())
+    return CompiledBlock(sum(tensor.untyped_storage().nbytes() for tensor in saved.values()),
+                         kernels[False], kernels.get(True, Fused(0, 0)))
 
 
 class _ParamDerived(TorchDispatchMode):

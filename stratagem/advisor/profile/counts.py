@@ -5,8 +5,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from stratagem.advisor.profile.model_profile import ConvLayer
+
+if TYPE_CHECKING:
+    from stratagem.advisor.profile.compiled import CompiledBlock
 
 
 @dataclass
@@ -56,7 +60,7 @@ class SegmentCounts:
     bwd_fused_op_bytes: int = 0
     fwd_fused_ops: int = 0  # kernels launched fused: the fused groups, and every other operator
     bwd_fused_ops: int = 0
-    compiled_saved_bytes: int = 0  # saved_bytes of the block compiled (profile.compiled); 0: not measured
+    compiled: CompiledBlock | None = None  # the block compiled (profile.compiled); None: not measured
     policies: dict[str, PolicyCounts] = field(default_factory=dict)  # a block's, per selective policy
     convs: list[ConvLayer] = field(default_factory=list)  # the convolutions its forward ran, in order
     # its fused attention kernels' FLOPs by (seq_q, seq_kv, head_dim, causal): [forward, backward]

@@ -22,23 +22,38 @@ from collections import defaultdict
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
-from torch.multiprocessing.reductions import StorageWeakRef
+import torch
 
 COLUMN_KERNELS = 2
 """Kernels a sum over the leading dimensions launches: partial sums over slices of the rows, then
 their sum (inductor's split reduction, ``ir.Reduction.num_splits``, as its generated code for GPT-2
 and ViT blocks shows: ``bench/inductor_kernels.py``)."""
 
+def sums_leading_dims(inputs: list, out: torch.Tensor) -> bool:
+    """Whether ``out`` sums one of ``inputs`` over its leading dimensions: ``[C]`` (or ``[1, 1, C]``)
+    from ``[b, s, C]``, as a bias's or a norm's weight gradient does."""
+    shape = list(out.shape)
+    while shape and shape[0] == 1:
+        shape.pop(0)
+    return bool(shape) and any(isinstance(x, torch.Tensor) and x.dim() > 1 and x.numel() > out.numel()
+                               and list(x.shape[-len(shape):]) == shape for x in inputs)
+
+
 Group = tuple[str, bool]
 """Where an operator runs: its segment and whether in backward."""
+
+Ref = Hashable
+"""A storage an operator reads or writes (a ``StorageWeakRef``, or a graph's value)."""
 
 
 @dataclass
 class _Op:
     group: Group
-    reads: list[tuple[StorageWeakRef, int]]
-    writes: list[tuple[StorageWeakRef, int]]
-    sums: list[tuple[StorageWeakRef, int]]  # those of ``writes`` that sum over the leading dimensions
+    reads: list[tuple[Ref, int]]
+    writes: list[tuple[Ref, int]]
+    sums: list[tuple[Ref, int]]  # those of ``writes`` that sum over the leading dimensions
+    bit: int  # this operator's bit among every operator the tracker saw
+    after: int  # the bits of every operator it depends on, its own included
 
     @property
     def only_sums(self) -> bool:
@@ -52,16 +67,18 @@ class FusionTracker:
     the fused operators per segment and direction (:meth:`fused`)."""
 
     _ops: list[_Op] = field(default_factory=list)
-    _producer: dict[StorageWeakRef, tuple[Group, bool]] = field(default_factory=dict)  # (group, fusible)
-    _readers: dict[StorageWeakRef, set[tuple[Group, bool]]] = field(default_factory=lambda: defaultdict(set))
-    _saved: set[StorageWeakRef] = field(default_factory=set)
-    _unfused: dict[Group, int] = field(default_factory=lambda: defaultdict(int))  # operators that stay kernels
-    _casts: dict[tuple, list[tuple[StorageWeakRef, int]]] = field(default_factory=dict)  # what each cast wrote
-    _same: dict[StorageWeakRef, StorageWeakRef] = field(default_factory=dict)  # a repeated cast's result: the first's
+    _writer: dict[Ref, int | None] = field(default_factory=dict)  # the fused operator that wrote it last (None: another)
+    _group_of: dict[Ref, Group] = field(default_factory=dict)  # the group of the operator that wrote it last
+    _after: dict[Ref, int] = field(default_factory=dict)  # what it depends on: its writer's ``after``
+    _readers: dict[Ref, set[tuple[Group, int | None]]] = field(default_factory=lambda: defaultdict(set))
+    _saved: set[Ref] = field(default_factory=set)
+    _unfused: dict[Group, list[tuple[int, int]]] = field(default_factory=lambda: defaultdict(list))  # (bit, after)
+    _casts: dict[tuple, list[tuple[Ref, int]]] = field(default_factory=dict)  # what each cast wrote
+    _same: dict[Ref, Ref] = field(default_factory=dict)  # a repeated cast's result: the first's
+    _seen: int = 0  # operators so far: the next one's bit
 
-    def op(self, group: Group, *, fusible: bool, reads: list[tuple[StorageWeakRef, int]],
-           writes: list[tuple[StorageWeakRef, int]], sums: list[tuple[StorageWeakRef, int]] = (),
-           cast: Hashable | None = None) -> None:
+    def op(self, group: Group, *, fusible: bool, reads: list[tuple[Ref, int]], writes: list[tuple[Ref, int]],
+           sums: list[tuple[Ref, int]] = (), cast: Hashable | None = None) -> None:
         """One operator of ``group``: the storages it reads and writes, with their bytes; ``sums``:
         those of ``writes`` that sum an input over its leading dimensions (a bias's or a norm's
         weight gradient); ``cast``: what a cast makes (dtype, shape), for a cast of what another
@@ -73,89 +90,113 @@ class FusionTracker:
             if made is not writes:
                 self._same.update((ref, earlier) for (ref, _), (earlier, _) in zip(writes, made))
                 return
+        bit = 1 << self._seen
+        self._seen += 1
+        after = bit
         for ref, _ in reads:
-            self._readers[ref].add((group, fusible))
+            after |= self._after.get(ref, 0)
+        index = len(self._ops) if fusible else None
+        for ref, _ in reads:
+            self._readers[ref].add((group, index))
         for ref, _ in writes:
-            self._producer[ref] = (group, fusible)
+            self._writer[ref], self._group_of[ref], self._after[ref] = index, group, after
         if fusible:
-            self._ops.append(_Op(group, reads, writes, list(sums)))
+            self._ops.append(_Op(group, reads, writes, list(sums), bit, after))
         else:
-            self._unfused[group] += 1
+            self._unfused[group].append((bit, after))
 
-    def saved(self, ref: StorageWeakRef) -> None:
+    def saved(self, ref: Ref) -> None:
         """A storage saved for backward: its producer's group must write it out."""
         self._saved.add(self._same.get(ref, ref))
 
     def fused(self) -> dict[Group, tuple[int, int]]:
         """Per group: the bytes its fused operators move, and the kernels it launches fused (the
         fused groups, each operator that does not fuse: GEMMs, attention, weight casts, and the
-        kernels of each sum over the leading dimensions: :meth:`_reread`)."""
+        kernels of each sum over the leading dimensions: :meth:`_sums`).
+
+        An operator joins the kernel of an operator whose result it reads (of its group) unless
+        that would make the kernel run both before and after an unfused one: where it depends on a
+        GEMM that depends on that kernel (the residual stream after the feed-forward's GEMMs)."""
         parent: dict[int, int] = {}
-        writer: dict[StorageWeakRef, int] = {}
+        members: dict[int, int] = {}  # per kernel (by its root): its operators' bits
+        needs: dict[int, int] = {}  # per kernel: what its operators depend on
+        writer: dict[Ref, int] = {}
         for index, op in enumerate(self._ops):
-            parent[index] = index
-            if not op.only_sums:
-                for ref, _ in op.reads:
-                    if self._inside(ref, op, writer):
-                        _union(parent, index, writer[ref])
+            parent[index], members[index], needs[index] = index, op.bit, op.after
+            for ref, _ in op.reads if not op.only_sums else ():
+                if ref in writer and self._ops[writer[ref]].group == op.group and not self._ops[writer[ref]].only_sums:
+                    a, b = _root(parent, writer[ref]), _root(parent, index)
+                    if a != b and not self._cycle(op.group, (members[a], needs[a]), (members[b], needs[b])):
+                        parent[a] = b
+                        members[b] |= members[a]
+                        needs[b] |= needs[a]
             for ref, _ in op.writes:
                 writer[ref] = index
-        moved: dict[int, int] = defaultdict(int)  # per fused kernel, by its root operator
-        counted: dict[int, set[StorageWeakRef]] = defaultdict(set)
+        moved: dict[int, int] = defaultdict(int)  # per kernel, by its root
+        counted: dict[int, set[Ref]] = defaultdict(set)
         writes_out: set[int] = set()
         writer.clear()
         for index, op in enumerate(self._ops):
             root = _root(parent, index)
             for ref, size in op.reads if not op.only_sums else ():
-                if not self._inside(ref, op, writer) and ref not in counted[root]:
+                inside = ref in writer and _root(parent, writer[ref]) == root and not self._ops[writer[ref]].only_sums
+                if not inside and ref not in counted[root]:
                     counted[root].add(ref)
                     moved[root] += size
             for ref, size in op.writes:
                 writer[ref] = index
-                if (ref, size) not in op.sums and self._leaves(ref, op.group):
+                if (ref, size) not in op.sums and self._leaves(ref, parent):
                     moved[root] += size
                     writes_out.add(root)
         totals: dict[Group, list[int]] = defaultdict(lambda: [0, 0])
-        for group, count in self._unfused.items():
-            totals[group][1] += count
+        for group, unfused in self._unfused.items():
+            totals[group][1] += len(unfused)
         for index, op in enumerate(self._ops):
             if index in writes_out:  # a chain whose results only sums recompute is no kernel
                 totals[op.group][0] += moved[index]
                 totals[op.group][1] += 1
             if op.sums:
-                totals[op.group][0] += self._reread(op, writer)
+                totals[op.group][0] += self._sums(op, parent)
                 totals[op.group][1] += COLUMN_KERNELS
         return {group: (moved_bytes, kernels) for group, (moved_bytes, kernels) in totals.items()}
 
-    def _inside(self, ref: StorageWeakRef, op: _Op, writer: dict[StorageWeakRef, int]) -> bool:
-        """Whether ``op`` reads ``ref`` from its own fused kernel: a fused operator of its group
-        wrote it last, and not a sum over the leading dimensions (those run apart)."""
-        return (self._producer.get(ref) == (op.group, True) and ref in writer
-                and not self._ops[writer[ref]].only_sums)
+    def _cycle(self, group: Group, one: tuple[int, int], other: tuple[int, int]) -> bool:
+        """Whether two kernels (their operators' bits, what those depend on) would, as one, depend
+        on an unfused operator of ``group`` that depends on them."""
+        ops, needs = one[0] | other[0], one[1] | other[1]
+        return any(after & ops and needs & bit for bit, after in self._unfused.get(group, ()))
 
-    def _reread(self, op: _Op, writer: dict[StorageWeakRef, int]) -> int:
+    def _sums(self, op: _Op, parent: dict[int, int]) -> int:
         """Bytes the kernels of ``op``'s sums over the leading dimensions move: what they read from
         memory (through the intermediates of the group that stay in registers, what those were
-        computed from: the compiler recomputes them) and what they write (the sums, a parameter's
-        size)."""
-        seen: set[StorageWeakRef] = set()
+        computed from: the compiler computes them again) and what they write (the sums, a
+        parameter's size). Inductor's mixed-order reduction on GPUs folds some of them into the
+        kernel of a norm's backward instead (docs/cost-model.md, compiled blocks); not counted."""
+        seen: set[Ref] = set()
         total, stack = 0, list(op.reads)
         while stack:
             ref, size = stack.pop()
             if ref in seen:
                 continue
             seen.add(ref)
-            if self._producer.get(ref) == (op.group, True) and ref in writer and not self._leaves(ref, op.group):
-                stack.extend(self._ops[writer[ref]].reads)
+            if (index := self._writer.get(ref)) is not None and self._ops[index].group == op.group \
+                    and not self._leaves(ref, parent):
+                stack.extend(self._ops[index].reads)
             else:
                 total += size
         return total + sum(size for _, size in op.sums)
 
-    def _leaves(self, ref: StorageWeakRef, group: Group) -> bool:
-        """Whether a storage a fused operator of ``group`` writes must reach memory."""
-        readers = self._readers.get(ref)
-        return (ref in self._saved or not readers
-                or any(reader != (group, True) for reader in readers))
+    def _leaves(self, ref: Ref, parent: dict[int, int]) -> bool:
+        """Whether a storage a fused operator writes must reach memory: saved, read by nothing, or
+        read by what is not in its kernel (another group, an unfused operator, a fused operator of
+        another kernel but a sum over the leading dimensions: :meth:`_sums`)."""
+        readers, index = self._readers.get(ref), self._writer.get(ref)
+        if ref in self._saved or not readers or index is None:
+            return True
+        root, group = _root(parent, index), self._group_of[ref]
+        return any(reader_group != group or reader is None
+                   or _root(parent, reader) != root and not self._ops[reader].only_sums  # those compute it again
+                   for reader_group, reader in readers)
 
 
 def _root(parent: dict[int, int], index: int) -> int:

@@ -54,7 +54,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 from stratagem.advisor.profile.block_reuse import tensor_bytes
 from stratagem.advisor.profile.convolutions import conv_layer
 from stratagem.advisor.profile.counts import RunRecord
-from stratagem.advisor.profile.fusion import FusionTracker
+from stratagem.advisor.profile.fusion import FusionTracker, sums_leading_dims
 from stratagem.advisor.profile.recompute import CheckpointPolicies
 
 aten = torch.ops.aten
@@ -147,16 +147,6 @@ def _written(func_packet: Any, out: Any, args: Any) -> list[torch.Tensor]:
         inputs = {StorageWeakRef(t.untyped_storage()) for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)}
         outputs = [t for t in outputs if StorageWeakRef(t.untyped_storage()) not in inputs]
     return outputs
-
-
-def _sums_leading_dims(args: Any, out: torch.Tensor) -> bool:
-    """Whether ``out`` sums an input over its leading dimensions: ``[C]`` (or ``[1, 1, C]``) from
-    ``[b, s, C]``, as a bias's or a norm's weight gradient does."""
-    shape = list(out.shape)
-    while shape and shape[0] == 1:
-        shape.pop(0)
-    return bool(shape) and any(isinstance(x, torch.Tensor) and x.dim() > 1 and x.numel() > out.numel()
-                               and list(x.shape[-len(shape):]) == shape for x in tree_flatten(args)[0])
 
 
 def _largest(tensors: list[torch.Tensor], *, but: set[tuple[int, ...]]) -> int:
@@ -306,7 +296,7 @@ class CostCounter(FlopCounterMode):
                     if isinstance(t, torch.Tensor)]
 
         written = _written(func_packet, out, args)
-        sums = [t for t in written if _sums_leading_dims(args, t)] if fusible else []
+        sums = [t for t in written if sums_leading_dims(tree_flatten(args)[0], t)] if fusible else []
         cast = (out.dtype, tuple(out.shape)) if func_packet in _CAST_OPS and isinstance(out, torch.Tensor) else None
         self.fusion.op((seg, self.mod_tracker.is_bw), fusible=fusible, reads=refs(args), writes=refs(written),
                        sums=refs(sums), cast=cast)

@@ -298,7 +298,7 @@ def _assemble(model: nn.Module, blocks: tuple[str, ...], record: RunRecord, prec
             bwd_largest_output_bytes=counts.bwd_largest_output_bytes,
             fwd_fused_op_bytes=counts.fwd_fused_op_bytes, bwd_fused_op_bytes=counts.bwd_fused_op_bytes,
             fwd_fused_ops=counts.fwd_fused_ops, bwd_fused_ops=counts.bwd_fused_ops,
-            compiled_saved_bytes=counts.compiled_saved_bytes,
+            compiled_saved_bytes=counts.compiled.saved_bytes if counts.compiled else 0,
             convs=tuple(counts.convs), fused_attention=_attention_calls(counts), **_policy_fields(counts), **extra,
         )
 

@@ -128,10 +128,17 @@ def run_fake_step(
 
 
 def _add_fused(record: RunRecord, fusion: FusionTracker) -> None:
-    """Each segment's bytes and kernels fused (:mod:`~stratagem.advisor.profile.fusion`), beside what
-    ``count_kernels`` put there already (kernels fused before compilation)."""
+    """Each segment's bytes and kernels fused: a compiled block's as counted on the graphs inductor
+    lowers (:mod:`~stratagem.advisor.profile.compiled_kernels`), else on the eager step's operators
+    (:mod:`~stratagem.advisor.profile.fusion`: where the compiled trace failed, and outside the blocks)."""
+    for counts in record.segments.values():
+        if counts.compiled:
+            counts.fwd_fused_op_bytes, counts.fwd_fused_ops = counts.compiled.forward
+            counts.bwd_fused_op_bytes, counts.bwd_fused_ops = counts.compiled.backward
     for (seg, is_bw), (moved, groups) in fusion.fused().items():
         counts = record.segments[seg]
+        if counts.compiled:
+            continue
         if is_bw:
             counts.bwd_fused_op_bytes += moved
             counts.bwd_fused_ops += groups
