@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -29,7 +29,8 @@ from stratagem.advisor.profile.attention import CudaAttention
 from stratagem.advisor.profile.autocast import CudaAutocast
 from stratagem.advisor.profile.block_inputs import fresh
 from stratagem.advisor.profile.block_reuse import block_signature
-from stratagem.advisor.profile.compiled_kernels import Fused, graph_kernels
+from stratagem.advisor.profile.compiled_kernels import graph_kernels
+from stratagem.advisor.profile.counts import CompiledBlock, Fused
 
 if TYPE_CHECKING:
     from stratagem.advisor.profile.counts import RunRecord
@@ -94,15 +95,6 @@ def kv_cache_note(calls: dict[str, tuple[tuple, dict]]) -> str:
             "use_cache=True, the config's default), which training never reads; under torch.compile each "
             "block then compiles a graph of its own (the compile time shown counts one per kind of block); "
             "pass use_cache=False to the model in training")
-
-
-class CompiledBlock(NamedTuple):
-    """What a block does compiled: the bytes it keeps for backward, and the bytes and kernels of
-    its operators without FLOPs in forward and backward (:mod:`.compiled_kernels`)."""
-
-    saved_bytes: int
-    forward: Fused
-    backward: Fused
 
 
 def compiled_block(block: nn.Module, state: dict[str, torch.Tensor], args: tuple, kwargs: dict, *,

@@ -13,26 +13,18 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Hashable
-from typing import NamedTuple
 
 import torch
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
+from stratagem.advisor.profile.counts import Fused
 from stratagem.advisor.profile.fusion import FusionTracker, sums_leading_dims
 from stratagem.advisor.profile.measure import CPU_ATTENTION_FLOPS
 
 aten = torch.ops.aten
 _VIEWS = {aten._unsafe_view.default, operator.getitem}  # alias their input as inductor lowers them
 _EXTERN = {*flop_registry, *CPU_ATTENTION_FLOPS}  # kernels of their own: GEMMs, convolutions, attention
-
-
-class Fused(NamedTuple):
-    """A compiled block's operators without FLOPs in one direction: bytes moved, kernels launched
-    (extern ones included), as :meth:`FusionTracker.fused` counts them."""
-
-    num_bytes: int
-    kernels: int
 
 
 def graph_kernels(graph: torch.fx.Graph, *, backward: bool, params: int,

@@ -5,12 +5,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import NamedTuple
 
 from stratagem.advisor.profile.model_profile import ConvLayer
-
-if TYPE_CHECKING:
-    from stratagem.advisor.profile.compiled import CompiledBlock
 
 
 @dataclass
@@ -33,6 +30,23 @@ class PolicyCounts:
         self.recompute_op_bytes += other.recompute_op_bytes
         self.recompute_param_op_bytes += other.recompute_param_op_bytes
         self.recompute_attention_flops += other.recompute_attention_flops
+
+
+class Fused(NamedTuple):
+    """A compiled block's operators without FLOPs in one direction: bytes moved, kernels launched
+    (its GEMMs' and attention's included), as ``FusionTracker.fused`` counts them."""
+
+    num_bytes: int
+    kernels: int
+
+
+class CompiledBlock(NamedTuple):
+    """What a block does compiled: the bytes it keeps for backward, and the bytes and kernels of
+    its operators without FLOPs in forward and backward (profile/compiled.py, compiled_kernels.py)."""
+
+    saved_bytes: int
+    forward: Fused
+    backward: Fused
 
 
 @dataclass

@@ -4,16 +4,24 @@ dropout and the residual add, LayerNorm).
 
 Between two GEMMs, a chain of element-wise operators, reductions and copies becomes one kernel
 that reads what the chain takes from outside it once and writes only what leaves it; the
-intermediates stay in registers. What leaves a fused group: a tensor a GEMM (or another FLOP
-operator) reads, one saved for backward, one the other direction or another segment reads, and
-one nothing reads (a gradient, an output). Each group is one kernel launch.
+intermediates stay in registers. What leaves a kernel: a tensor a GEMM (or another FLOP operator)
+reads, one saved for backward, one the other direction, another segment or another kernel reads,
+and one nothing reads (a gradient, an output). An operator joins the kernel of what it reads
+unless that kernel would then run both before and after a GEMM: the residual stream after a
+block's feed-forward GEMMs is a kernel of its own, which reads the stream written before them.
+A cast of what another cast of the kernel already made is that cast's result (autocast casts an
+activation once for each operator that takes it; a compiler once). Each kernel is one launch.
 
 A sum over the leading dimensions (a bias's gradient, a norm's weight and bias gradients: ``[C]``
 from ``[b, s, C]``) iterates over other elements than the chain's row-wise work, and inductor
 gives it kernels of its own: partial sums over slices of the rows, then their sum. They read what
-the sum needs from memory, computing again from the chain's inputs what stayed in registers
-(``bench/inductor_kernels.py`` prints what inductor writes for a GPU). Left out: the
-partitioner recomputing in backward what the eager step saved (the same bytes saved are counted).
+the sum needs from memory, computing again from the chain's inputs what stayed in registers;
+sums that read a tensor in common share their first kernel (``bench/inductor_kernels.py`` prints
+what inductor writes for a GPU).
+
+The tracker takes operators from the eager step on fake tensors (profile/measure.py) or, for a
+compiled block, from the graphs inductor lowers (profile/compiled_kernels.py), where the
+partitioner's choices (what backward computes again) are made already.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ import torch
 COLUMN_KERNELS = 2
 """Kernels a sum over the leading dimensions launches: partial sums over slices of the rows, then
 their sum (inductor's split reduction, ``ir.Reduction.num_splits``, as its generated code for GPT-2
-and ViT blocks shows: ``bench/inductor_kernels.py``)."""
+and ViT blocks shows: ``bench/inductor_kernels.py``); sums that share a first kernel add one each."""
 
 def sums_leading_dims(inputs: list, out: torch.Tensor) -> bool:
     """Whether ``out`` sums one of ``inputs`` over its leading dimensions: ``[C]`` (or ``[1, 1, C]``)
@@ -155,9 +163,9 @@ class FusionTracker:
             if index in writes_out:  # a chain whose results only sums recompute is no kernel
                 totals[op.group][0] += moved[index]
                 totals[op.group][1] += 1
-            if op.sums:
-                totals[op.group][0] += self._sums(op, parent)
-                totals[op.group][1] += COLUMN_KERNELS
+        for group, (moved_bytes, kernels) in self._sums(parent).items():
+            totals[group][0] += moved_bytes
+            totals[group][1] += kernels
         return {group: (moved_bytes, kernels) for group, (moved_bytes, kernels) in totals.items()}
 
     def _cycle(self, group: Group, one: tuple[int, int], other: tuple[int, int]) -> bool:
@@ -166,14 +174,39 @@ class FusionTracker:
         ops, needs = one[0] | other[0], one[1] | other[1]
         return any(after & ops and needs & bit for bit, after in self._unfused.get(group, ()))
 
-    def _sums(self, op: _Op, parent: dict[int, int]) -> int:
-        """Bytes the kernels of ``op``'s sums over the leading dimensions move: what they read from
-        memory (through the intermediates of the group that stay in registers, what those were
-        computed from: the compiler computes them again) and what they write (the sums, a
-        parameter's size). Inductor's mixed-order reduction on GPUs folds some of them into the
-        kernel of a norm's backward instead (docs/cost-model.md, compiled blocks); not counted."""
+    def _sums(self, parent: dict[int, int]) -> dict[Group, tuple[int, int]]:
+        """Per group, the bytes and kernels of its sums over the leading dimensions. Each reads what
+        it needs from memory (through the group's intermediates that stay in registers, what those
+        were computed from: the compiler computes them again) and writes its sum (a parameter's
+        size). Sums that read a tensor in common share their first kernel, which reads it once
+        (inductor fuses them horizontally: a LayerNorm's weight and bias gradients, both
+        LayerNorms' of a block), and each has a kernel of its own that adds its partial sums."""
+        cluster: dict[int, int] = {}
+        needs: dict[int, dict[Ref, int]] = {}
+        first_reader: dict[tuple[Group, Ref], int] = {}
+        for index, op in enumerate(self._ops):
+            if not op.sums:
+                continue
+            cluster[index], needs[index] = index, self._summed(op, parent)
+            for ref in needs[index]:
+                other = first_reader.setdefault((op.group, ref), index)
+                if _root(cluster, other) != _root(cluster, index):
+                    cluster[_root(cluster, index)] = _root(cluster, other)
+        read: dict[int, dict[Ref, int]] = defaultdict(dict)
+        totals: dict[Group, list[int]] = defaultdict(lambda: [0, 0])
+        for index in cluster:
+            op = self._ops[index]
+            read[_root(cluster, index)].update(needs[index])
+            totals[op.group][0] += sum(size for _, size in op.sums)
+            totals[op.group][1] += COLUMN_KERNELS - 1 + (_root(cluster, index) == index)
+        for root, refs in read.items():
+            totals[self._ops[root].group][0] += sum(refs.values())
+        return {group: (moved, kernels) for group, (moved, kernels) in totals.items()}
+
+    def _summed(self, op: _Op, parent: dict[int, int]) -> dict[Ref, int]:
+        """What the kernel of ``op``'s sums reads from memory (:meth:`_sums`), with its bytes."""
         seen: set[Ref] = set()
-        total, stack = 0, list(op.reads)
+        found, stack = {}, list(op.reads)
         while stack:
             ref, size = stack.pop()
             if ref in seen:
@@ -183,8 +216,8 @@ class FusionTracker:
                     and not self._leaves(ref, parent):
                 stack.extend(self._ops[index].reads)
             else:
-                total += size
-        return total + sum(size for _, size in op.sums)
+                found[ref] = size
+        return found
 
     def _leaves(self, ref: Ref, parent: dict[int, int]) -> bool:
         """Whether a storage a fused operator writes must reach memory: saved, read by nothing, or
