@@ -89,6 +89,41 @@ def test_a_sum_over_the_tokens_reads_again_in_kernels_of_its_own():
     assert leaving.fused()[BACKWARD] == (100 + 100 + 4 + 100, 1 + 1 + COLUMN_KERNELS)
 
 
+def test_what_is_read_after_a_gemm_it_feeds_is_written_before_it():
+    """The residual stream: x + f(x) where f runs a GEMM on a chain of x. One kernel cannot run both
+    before the GEMM (the chain) and after it (the add): the chain writes x's sum, the add reads it."""
+    new = _Storages()
+    x, h, w, y, out = new(100), new(100), new(40), new(100), new(100)
+    tracker = FusionTracker()
+    tracker.op(FORWARD, fusible=True, reads=[x], writes=[h])  # x + 1, say
+    tracker.op(FORWARD, fusible=False, reads=[h, w], writes=[y])  # the GEMM
+    tracker.op(FORWARD, fusible=True, reads=[h, y], writes=[out])  # h + GEMM(h)
+    # x in and h out (first kernel); h and y in, out out (second); and the GEMM
+    assert tracker.fused() == {FORWARD: (100 + 100 + 100 + 100 + 100, 3)}
+
+
+def test_a_cast_of_what_was_cast_already_is_that_cast():
+    new = _Storages()
+    x, first, second, w = new(100), new(50), new(50), new(40)
+    tracker = FusionTracker()
+    tracker.op(FORWARD, fusible=True, reads=[x], writes=[first], cast=("bf16", (10,)))
+    tracker.op(FORWARD, fusible=False, reads=[first, w], writes=[new(10)])
+    tracker.op(FORWARD, fusible=True, reads=[x], writes=[second], cast=("bf16", (10,)))  # autocast's second cast
+    tracker.op(FORWARD, fusible=False, reads=[second, w], writes=[new(10)])
+    assert tracker.fused() == {FORWARD: (100 + 50, 3)}  # one cast kernel and two GEMMs
+
+
+def test_sums_reading_a_tensor_in_common_share_their_first_kernel():
+    new = _Storages()
+    g, x = new(100), new(100)
+    tracker = FusionTracker()
+    weight_grad, bias_grad = new(4), new(4)
+    tracker.op(BACKWARD, fusible=True, reads=[g, x], writes=[weight_grad], sums=[weight_grad])
+    tracker.op(BACKWARD, fusible=True, reads=[g], writes=[bias_grad], sums=[bias_grad])
+    # g and x read once by the shared kernel, the two sums written; one shared kernel, one each to finish
+    assert tracker.fused() == {BACKWARD: (100 + 100 + 4 + 4, 1 + 2 * (COLUMN_KERNELS - 1))}
+
+
 class _Layer(nn.Module):
     def __init__(self, bias: bool) -> None:
         super().__init__()
