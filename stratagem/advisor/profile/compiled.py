@@ -38,9 +38,9 @@ if TYPE_CHECKING:
 
 def measure_compiled(blocks: dict[str, nn.Module], calls: dict[str, tuple[tuple, dict]],
                      state: dict[str, torch.Tensor], record: RunRecord, *, autocast_dtype: torch.dtype | None) -> None:
-    """Set ``compiled_saved_bytes`` of every block ``record`` measured: :func:`compiled_saved_bytes`
-    of the first block of each kind (its signature) on its first call (``calls``, by FQN), for all
-    blocks of that kind. Where the trace fails, the blocks stay at 0 (priced eager) and
+    """Set ``compiled`` of every block ``record`` measured: :func:`compiled_block` of the first
+    block of each kind (its signature) on its first call (``calls``, by FQN), for all blocks of
+    that kind. Where the trace fails, the blocks stay unmeasured (priced eager) and
     ``record.compiled_note`` says why: a call with objects the trace cannot take (a Hugging Face
     cache, which makes tensors inside the block) is not traced without them, since what the block
     compiled keeps with them is what the plan runs (:data:`UNTRACED_CALL`). Blocks called with a

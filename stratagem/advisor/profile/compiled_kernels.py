@@ -1,6 +1,6 @@
 """The bytes and kernels of a compiled block's operators without FLOPs, counted on the graphs
 inductor lowers: the forward and backward AOTAutograd hands it after its decompositions and its
-partitioner (:func:`~stratagem.advisor.profile.compiled.compiled_saved_bytes` traces them).
+partitioner (:func:`~stratagem.advisor.profile.compiled.compiled_block` traces them).
 
 Counted on those graphs rather than on the eager step, the count follows what the compiler runs:
 the partitioner's choice of what the forward writes for backward and what backward computes
