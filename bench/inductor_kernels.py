@@ -6,8 +6,12 @@ launches them (its own estimate of each kernel's bytes, ``kernel_num_gb``).
 Each block is compiled on CPU fake tensors under CPU autocast, its forward and backward graphs are
 kept as AOTAutograd hands them to inductor, then lowered for a CUDA device that answers inductor's
 queries as one H100 would (132 SMs, sm90); each kernel's source is kept instead of compiled, so
-nothing runs on a device. The graphs are the CPU's: the same operators as CUDA's but for the
-attention kernel. Where lowering for the faked CUDA device fails, the graph is lowered for the CPU
+nothing runs on a device. The graphs are the CPU's: CPU autocast, whose float32 list is shorter
+than CUDA's (profile/autocast.py), and the CPU's attention kernel. Captured under the profile's
+emulation of CUDA's list and kernel instead (a scratch change, not kept), Llama 2 7B's kernels
+moved by about a fifth each way, more forward and less backward, while the profile's own trace,
+which runs that emulation under ``aot_function`` rather than dynamo, stays within 5 % of this
+capture: which of the two is nearer what CUDA compiles is not settled. Where lowering for the faked CUDA device fails, the graph is lowered for the CPU
 device with the Triton backend instead, and the line says so: that lowering always writes a ``cat``
 out, and leaves loop reordering and mixed-order reductions off. Needs Triton beside torch, in a venv
 of its own (the project's does not install it):
