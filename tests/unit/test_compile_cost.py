@@ -102,6 +102,16 @@ def test_what_is_read_after_a_gemm_it_feeds_is_written_before_it():
     assert tracker.fused() == {FORWARD: (100 + 100 + 100 + 100 + 100, 3)}
 
 
+def test_what_an_in_place_operator_writes_again_is_written_once():
+    new = _Storages()
+    x, mask = new(100), new(50)
+    tracker = FusionTracker()
+    tracker.op(FORWARD, fusible=True, reads=[x], writes=[mask])  # dropout's mask drawn
+    tracker.op(FORWARD, fusible=True, reads=[mask], writes=[mask])  # and scaled in place
+    tracker.saved(mask[0])
+    assert tracker.fused() == {FORWARD: (100 + 50, 1)}
+
+
 def test_a_cast_of_what_was_cast_already_is_that_cast():
     new = _Storages()
     x, first, second, w = new(100), new(50), new(50), new(40)

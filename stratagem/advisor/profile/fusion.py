@@ -141,7 +141,8 @@ class FusionTracker:
             for ref, _ in op.writes:
                 writer[ref] = index
         moved: dict[int, int] = defaultdict(int)  # per kernel, by its root
-        counted: dict[int, set[Ref]] = defaultdict(set)
+        counted: dict[int, set[Ref]] = defaultdict(set)  # read by the kernel
+        stored: dict[int, set[Ref]] = defaultdict(set)  # written by the kernel
         writes_out: set[int] = set()
         writer.clear()
         for index, op in enumerate(self._ops):
@@ -153,7 +154,8 @@ class FusionTracker:
                     moved[root] += size
             for ref, size in op.writes:
                 writer[ref] = index
-                if (ref, size) not in op.sums and self._leaves(ref, parent):
+                if (ref, size) not in op.sums and self._leaves(ref, parent) and ref not in stored[root]:
+                    stored[root].add(ref)  # written once: an in-place operator writes it again in registers
                     moved[root] += size
                     writes_out.add(root)
         totals: dict[Group, list[int]] = defaultdict(lambda: [0, 0])
