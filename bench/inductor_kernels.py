@@ -21,7 +21,9 @@ of its own (the project's does not install it):
     PYTHONPATH=. /tmp/triton-venv/bin/python bench/inductor_kernels.py [MODEL:SEQ_LEN ...]  # MODEL: a preset or hf:PATH
 
 Each block is compiled at two batch sizes, which splits its bytes into those that grow with the
-batch (per sample) and those that do not (the weights' casts).
+batch (per sample) and those that do not (the weights' casts). Written against torch 2.13.0 and
+Triton 3.5.0: it answers several of inductor's device queries and replaces one function of its
+reinplace pass (:func:`_fake_h100`), which other versions may name differently.
 """
 
 from __future__ import annotations
