@@ -7,18 +7,17 @@ Each block is compiled on CPU fake tensors under CPU autocast, its forward and b
 kept as AOTAutograd hands them to inductor, then lowered for a CUDA device that answers inductor's
 queries as one H100 would (132 SMs, sm90); each kernel's source is kept instead of compiled, so
 nothing runs on a device. The graphs are the CPU's: CPU autocast, whose float32 list is shorter
-than CUDA's (profile/autocast.py), and the CPU's attention kernel. Captured under the profile's
-emulation of CUDA's list and kernel instead (a scratch change, not kept), Llama 2 7B's kernels
-moved by about a fifth each way, more forward and less backward, while the profile's own trace,
-which runs that emulation under ``aot_function`` rather than dynamo, stays within 5 % of this
-capture: which of the two is nearer what CUDA compiles is not settled. Where lowering for the faked CUDA device fails, the graph is lowered for the CPU
+than CUDA's (profile/autocast.py), and the CPU's attention kernel. ``--cuda-emulation`` captures
+under the profile's emulation of CUDA's list and kernel instead, as the profile's own trace runs
+(under ``aot_function`` rather than dynamo): which of the two captures is nearer what CUDA compiles
+is not settled (docs/cost-model.md, compiled blocks). Where lowering for the faked CUDA device fails, the graph is lowered for the CPU
 device with the Triton backend instead, and the line says so: that lowering always writes a ``cat``
 out, and leaves loop reordering and mixed-order reductions off. Needs Triton beside torch, in a venv
 of its own (the project's does not install it):
 
     python3 -m venv /tmp/triton-venv && /tmp/triton-venv/bin/pip install torch==2.13.0 triton==3.5.0 \
         transformers==5.24.0  # for hf: configs
-    PYTHONPATH=. /tmp/triton-venv/bin/python bench/inductor_kernels.py [MODEL:SEQ_LEN ...]  # MODEL: a preset or hf:PATH
+    PYTHONPATH=. /tmp/triton-venv/bin/python bench/inductor_kernels.py [--cuda-emulation] [MODEL:SEQ_LEN ...]
 
 Each block is compiled at two batch sizes, which splits its bytes into those that grow with the
 batch (per sample) and those that do not (the weights' casts). Written against torch 2.13.0 and
@@ -29,6 +28,7 @@ reinplace pass (:func:`_fake_h100`), which other versions may name differently.
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import math
 import re
@@ -43,6 +43,8 @@ import torch
 from torch._guards import detect_fake_mode
 from torch.utils import _pytree as pytree
 
+from stratagem.advisor.profile.attention import CudaAttention
+from stratagem.advisor.profile.autocast import CudaAutocast
 from stratagem.advisor.profile.cache import PROFILE_BATCH, profile_spec
 from stratagem.advisor.profile.structure import find_blocks
 from stratagem.verify.models import real_model
@@ -143,7 +145,8 @@ class Graph(NamedTuple):
 
 def capture(spec: str, batch: int, seq_len: int | None) -> list[Graph]:
     """The forward and backward graphs AOTAutograd hands inductor for one compiled block of ``spec``
-    (a preset or ``hf:PATH``, built as ``verify`` builds it, on meta then fake tensors), bf16 autocast."""
+    (a preset or ``hf:PATH``, built as ``verify`` builds it, on meta then fake tensors), bf16 autocast
+    (with the profile's emulation of CUDA's where :data:`CUDA_EMULATION` is set)."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch._aot_autograd.utils import make_boxed_func
     from torch._functorch.partitioners import min_cut_rematerialization_partition
@@ -174,7 +177,10 @@ def capture(spec: str, batch: int, seq_len: int | None) -> list[Graph]:
         for name in find_blocks(model).blocks:  # one backend for all: the blocks share one graph
             model.get_submodule(name).compile(backend=backend)
         torch._dynamo.reset()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        emulation = (CudaAttention(), CudaAutocast()) if CUDA_EMULATION else ()
+        with torch.autocast("cpu", dtype=torch.bfloat16), contextlib.ExitStack() as modes:
+            for mode in emulation:
+                modes.enter_context(mode)
             loss = built.loss(model(*data.args, **data.kwargs), data.targets)
         loss.backward()
     return graphs
@@ -261,8 +267,12 @@ def _split(totals: dict[int, tuple[float, int]]) -> Split:
     return Split(per_sample, a - per_sample * small, kernels)
 
 
+CUDA_EMULATION = "--cuda-emulation" in sys.argv
+"""Capture under the profile's emulation of CUDA's autocast list and attention kernel."""
+
+
 def main() -> None:
-    cases = sys.argv[1:] or CASES
+    cases = [arg for arg in sys.argv[1:] if not arg.startswith("--")] or CASES
     profiles = {}
     for case in cases:  # before inductor's device is faked: the profile runs as it always does
         name, seq = case.rsplit(":", 1)

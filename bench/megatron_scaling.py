@@ -161,6 +161,18 @@ def main() -> None:
         print(f"{label}: mean |error| {sum(known) / len(known):.1%}, worst {max(known):.1%} over {len(known)} rows"
               + (f"; {len(errors) - len(known)} fit nowhere" if len(known) < len(errors) else ""))
     print(f"target: mean ≤ 10 %, no row over 20 %; {time.perf_counter() - started:.0f} s")
+    print(block_traffic(TABLE_1[0]))
+
+
+def block_traffic(row: Row) -> str:
+    """What one block of ``row``'s model moves without FLOPs at 2 × 2,048 tokens, eager and compiled
+    (the fused count: docs/cost-model.md, compiled blocks), with the kernels each launches."""
+    tokens = torch.zeros(2, SEQ, dtype=torch.long, device="meta")
+    block = profile_model(megatron_gpt(row), (tokens,), precision="fp16-mixed").blocks[0]
+    return (f"{row.params}B, one block at 2 × {SEQ} tokens: forward {block.fwd_op_bytes / 1e9:.1f} GB in "
+            f"{block.fwd_ops} operators eager, {block.fwd_fused_op_bytes / 1e9:.1f} GB in {block.fwd_fused_ops} "
+            f"kernels compiled; backward {block.bwd_op_bytes / 1e9:.1f} GB in {block.bwd_ops}, "
+            f"{block.bwd_fused_op_bytes / 1e9:.1f} GB in {block.bwd_fused_ops}")
 
 
 if __name__ == "__main__":

@@ -165,15 +165,17 @@ class RankStep:
     def fused_ops_share(self) -> float:
         """The share of the blocks' forward operators a compiled block launches as kernels (1 for
         plans that do not compile)."""
-        eager = self.stage.block_sums["fwd_ops"]
-        return self.stage.block_sums["fwd_fused_ops"] / eager if self.plan.compile and eager else 1.0
+        return self._fused_share("ops")
 
     @property
     def fused_share(self) -> float:
         """The share of the blocks' forward bytes moved without FLOPs that fusing leaves (1 for
         plans that do not compile): what a compiled recomputation moves of an eager one's."""
-        eager = self.stage.block_sums["fwd_op_bytes"]
-        return self.stage.block_sums["fwd_fused_op_bytes"] / eager if self.plan.compile and eager else 1.0
+        return self._fused_share("op_bytes")
+
+    def _fused_share(self, kind: str) -> float:
+        eager = self.stage.block_sums[f"fwd_{kind}"]
+        return self.stage.block_sums[f"fwd_fused_{kind}"] / eager if self.plan.compile and eager else 1.0
 
 
 def rank_step(profile: ModelProfile, *, cluster: Cluster, workload: Workload,

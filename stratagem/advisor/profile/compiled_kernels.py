@@ -18,9 +18,10 @@ import torch
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
+from stratagem.advisor.profile.block_reuse import tensor_bytes
 from stratagem.advisor.profile.counts import Fused
 from stratagem.advisor.profile.fusion import FusionTracker, sums_leading_dims
-from stratagem.advisor.profile.measure import CPU_ATTENTION_FLOPS
+from stratagem.advisor.profile.measure import CPU_ATTENTION_FLOPS, writes_a_gradient
 
 aten = torch.ops.aten
 _VIEWS = {aten._unsafe_view.default, operator.getitem}  # alias their input as inductor lowers them
@@ -55,17 +56,16 @@ def graph_kernels(graph: torch.fx.Graph, *, backward: bool, params: int,
         if _is_view(node):
             alias[node] = alias.get(inputs[0], inputs[0])
             continue
-        values = [v for v in tree_flatten(node.meta.get("val"))[0] if isinstance(v, torch.Tensor)]
+        values, operands = _tensors(node), [t for arg in inputs for t in _tensors(arg)]
         if not values:
             continue
-        if backward and _parameter_sized(values, inputs, gradient_shapes):
+        if backward and writes_a_gradient(values[0], operands, gradient_shapes):
             separate += 1
             continue
         fusible = getattr(node.target, "overloadpacket", None) not in _EXTERN
-        reads = [(alias.get(arg, arg), _bytes(arg)) for arg in inputs if _bytes(arg)]
+        reads = [(alias.get(arg, arg), size) for arg in inputs if (size := tensor_bytes(_tensors(arg)))]
         refs = [(node, index) for index in range(len(values))] if isinstance(node.meta["val"], (tuple, list)) else [node]
-        writes = [(ref, _tensor_bytes(value)) for ref, value in zip(refs, values)]
-        operands = [v for arg in inputs for v in tree_flatten(arg.meta.get("val"))[0] if isinstance(v, torch.Tensor)]
+        writes = [(ref, tensor_bytes(value)) for ref, value in zip(refs, values)]
         tracker.op(group, fusible=fusible, reads=reads, writes=writes,
                    sums=[write for write, value in zip(writes, values) if fusible and sums_leading_dims(operands, value)])
     num_bytes, kernels = tracker.fused().get(group, (0, 0))
@@ -74,23 +74,9 @@ def graph_kernels(graph: torch.fx.Graph, *, backward: bool, params: int,
 
 def _is_view(node: torch.fx.Node) -> bool:
     """Whether the operator returns a view of its input (no kernel, no bytes)."""
-    target = node.target
-    return target in _VIEWS or bool(getattr(target, "is_view", False))
+    return node.target in _VIEWS or bool(getattr(node.target, "is_view", False))
 
 
-def _tensor_bytes(value: torch.Tensor) -> int:
-    return value.numel() * value.element_size()
-
-
-def _bytes(node: torch.fx.Node) -> int:
-    """Bytes of the tensors ``node`` holds (its value's), 0 for what holds none."""
-    return sum(_tensor_bytes(v) for v in tree_flatten(node.meta.get("val"))[0] if isinstance(v, torch.Tensor))
-
-
-def _parameter_sized(values: list[torch.Tensor], inputs: list[torch.fx.Node],
-                     gradient_shapes: set[tuple[tuple[int, ...], torch.dtype]]) -> bool:
-    """Whether a backward operator writes a parameter's gradient from tensors of its shape alone (a
-    cast of it, tied parameters' gradients summed): as many bytes at any batch size."""
-    out = values[0]
-    shapes = [v.shape for arg in inputs for v in tree_flatten(arg.meta.get("val"))[0] if isinstance(v, torch.Tensor)]
-    return (tuple(out.shape), out.dtype) in gradient_shapes and all(shape == out.shape for shape in shapes)
+def _tensors(node: torch.fx.Node) -> list[torch.Tensor]:
+    """The tensors of ``node``'s value (its fake result, or results)."""
+    return [value for value in tree_flatten(node.meta.get("val"))[0] if isinstance(value, torch.Tensor)]

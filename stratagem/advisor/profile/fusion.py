@@ -239,7 +239,3 @@ def _root(parent: dict[int, int], index: int) -> int:
         parent[index] = parent[parent[index]]
         index = parent[index]
     return index
-
-
-def _union(parent: dict[int, int], a: int, b: int) -> None:
-    parent[_root(parent, a)] = _root(parent, b)

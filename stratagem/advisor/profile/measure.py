@@ -149,6 +149,14 @@ def _written(func_packet: Any, out: Any, args: Any) -> list[torch.Tensor]:
     return outputs
 
 
+def writes_a_gradient(out: torch.Tensor, inputs: list[torch.Tensor],
+                      gradient_shapes: set[tuple[tuple[int, ...], torch.dtype]]) -> bool:
+    """Whether a backward operator writes a trainable parameter's gradient (its shape and dtype)
+    from tensors of that shape alone: a gradient cast back to its parameter's dtype, tied
+    parameters' gradients summed. It moves as many bytes at any batch size."""
+    return (tuple(out.shape), out.dtype) in gradient_shapes and all(t.shape == out.shape for t in inputs)
+
+
 def _largest(tensors: list[torch.Tensor], *, but: set[tuple[int, ...]]) -> int:
     """Bytes of the largest of ``tensors`` whose shape is not in ``but``."""
     return max((tensor_bytes(t) for t in tensors if tuple(t.shape) not in but), default=0)
@@ -326,8 +334,7 @@ class CostCounter(FlopCounterMode):
             return False
         tensors = [t for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)]
         if self.mod_tracker.is_bw:
-            return ((tuple(out.shape), out.dtype) in self._gradient_shapes
-                    and all(t.shape == out.shape for t in tensors))
+            return writes_a_gradient(out, tensors, self._gradient_shapes)
         return func_packet in _CAST_OPS and any(StorageWeakRef(t.untyped_storage()) in self._state_names
                                                 for t in tensors)
 
