@@ -16,6 +16,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from stratagem.advisor.cost.compute import COMPILE_SECONDS_PER_BLOCK_KIND
 from stratagem.advisor.cost.evaluate import evaluate
+from stratagem.advisor.cost.rank_step import rank_step
 from stratagem.advisor.hardware import parse_cluster
 from stratagem.advisor.profile.cache import profile_spec
 from stratagem.advisor.profile.profiler import profile_model
@@ -219,6 +220,25 @@ def test_gpus_get_compiled_plans_that_are_faster_and_pay_compilation_once(gpt2):
     best = next(e for e in advice.plans if e.plan.compile)
     assert "compiling its blocks once, before the first step" in render_markdown(
         dataclasses.replace(advice, plans=(best, *advice.plans)))
+
+
+def test_a_compiled_plan_runs_the_embedding_and_head_eager(gpt2):
+    # the compile plugin compiles blocks only: the head's cross-entropy on 50,257-wide logits moves
+    # what it moves eager (the fused count of those operators is never run)
+    cluster, workload = parse_cluster("1xH100-SXM-80GB"), Workload(global_batch_size=8, seq_len=1024)
+    plan = dataclasses.replace(advise(gpt2, cluster, workload, top=1).plans[0].plan, compile=True)
+    compiled = rank_step(gpt2, cluster=cluster, workload=workload, plan=plan)
+    eager = rank_step(gpt2, cluster=cluster, workload=workload, plan=dataclasses.replace(plan, compile=False))
+    head = gpt2.head
+    assert head.fwd_fused_op_bytes < head.fwd_op_bytes  # what the old pricing took
+    for direction in ("fwd", "bwd"):
+        for total in (compiled.run_bytes, compiled.launched, eager.run_bytes, eager.launched):
+            assert total(direction) > total(direction, blocks_only=True)
+        assert compiled.run_bytes(direction) - compiled.run_bytes(direction, blocks_only=True) == pytest.approx(
+            eager.run_bytes(direction) - eager.run_bytes(direction, blocks_only=True))
+        assert compiled.launched(direction) - compiled.launched(direction, blocks_only=True) == (
+            eager.launched(direction) - eager.launched(direction, blocks_only=True))
+        assert compiled.run_bytes(direction, blocks_only=True) < eager.run_bytes(direction, blocks_only=True)
 
 
 def test_cpu_ranks_get_no_compiled_plans_and_are_told_why():

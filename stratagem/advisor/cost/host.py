@@ -49,10 +49,10 @@ def microbatch_dispatch_seconds(step: RankStep) -> float:
     divide them), or a compiled block's kernels, at the node's seconds per operator, and each TP
     Linear's DTensor overhead (:func:`_tp_linear_seconds`), the embedding and head split by
     vocabulary counted as TP Linears (:func:`num_vocab_splits`)."""
-    sums, plan = step.stage.sums, step.plan
-    ops = sums[step.op_field("fwd", "ops")] + sums[step.op_field("bwd", "ops")]
+    plan = step.plan
+    ops = step.launched("fwd") + step.launched("bwd")
     if plan.recomputes_blocks:
-        ops += step.stage.block_sums[step.op_field("fwd", "ops")]
+        ops += step.launched("fwd", blocks_only=True)
     elif plan.checkpoints_selectively:
         recomputed = step.stage.block_sums[policy_field(plan.activation_checkpointing, "recompute_ops")]
         ops += recomputed * step.fused_ops_share

@@ -3,6 +3,7 @@ and handed to every time term."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from stratagem.advisor.cost.attention import AttentionTime, fused_attention_time
@@ -132,12 +133,11 @@ class RankStep:
         of the rate, the embedding's and head's (the vocabulary projection's split as the layout
         says) at all of it, unaligned GEMMs at
         :attr:`unaligned_matmul_fraction` of either; plus the bytes operators without FLOPs move
-        (those of parameter-sized outputs, autocast's weight casts, at any micro-batch size), fused
-        where the plan compiles its blocks (:meth:`op_field`), and those of the layout transforms
+        (those of parameter-sized outputs, autocast's weight casts, at any micro-batch size), the
+        blocks' fused where the plan compiles them (:meth:`run_bytes`), and those of the layout transforms
         around NCHW convolutions (:attr:`layout_bytes`); fused attention at its own seconds
         (:attr:`attention`), where priced apart; and the device's gap after each kernel the pass
-        launches (:attr:`kernel_gap_seconds`; every TP rank launches them all, fused where the
-        plan compiles)."""
+        launches (:attr:`kernel_gap_seconds`; every TP rank launches them all: :meth:`launched`)."""
         flops = f"{direction}_flops"
         blocks = self.per_microbatch(flops, blocks_only=True)
         outside = 0.0 if blocks_only else self.per_microbatch(flops) - blocks
@@ -150,16 +150,33 @@ class RankStep:
         unaligned = self.per_microbatch(f"{direction}_unaligned_flops", blocks_only=blocks_only)
         matmuls = (blocks / self.block_matmul_efficiency + outside
                    + unaligned * (1 / self.unaligned_matmul_fraction - 1)) / self.flops_per_second
-        moved = (self.per_microbatch(self.op_field(direction, "op_bytes"), blocks_only=blocks_only)
+        moved = (self.run_bytes(direction, blocks_only=blocks_only)
                  + self.per_tp_rank(f"{direction}_param_op_bytes", blocks_only=blocks_only)
                  + self.layout_bytes[direction, blocks_only] * self.batch_scale)
-        launched = (self.stage.block_sums if blocks_only else self.stage.sums)[self.op_field(direction, "ops")]
+        launched = self.launched(direction, blocks_only=blocks_only)
         return attention + matmuls + moved * self.seconds_per_op_byte + launched * self.kernel_gap_seconds
 
-    def op_field(self, direction: str, kind: str) -> str:
-        """The profile's field of ``direction``'s operators (``kind``: ``ops`` or ``op_bytes``) as
-        the plan runs them: fused where it compiles its blocks (``fwd_fused_ops``), eager else."""
-        return f"{direction}_fused_{kind}" if self.plan.compile else f"{direction}_{kind}"
+    def run_bytes(self, direction: str, *, blocks_only: bool = False) -> float:
+        """Bytes ``direction``'s operators without FLOPs move in one micro-batch on one TP rank, as
+        the plan runs them (:meth:`_as_run`)."""
+        return self._as_run(direction, "op_bytes", lambda field, blocks: self.per_microbatch(field, blocks_only=blocks),
+                            blocks_only=blocks_only)
+
+    def launched(self, direction: str, *, blocks_only: bool = False) -> float:
+        """Operators (kernels) ``direction`` launches per micro-batch on each rank, as the plan runs
+        them (:meth:`_as_run`; every TP rank launches them all)."""
+        return self._as_run(direction, "ops", lambda field, blocks: (self.stage.block_sums if blocks
+                                                                     else self.stage.sums)[field],
+                            blocks_only=blocks_only)
+
+    def _as_run(self, direction: str, kind: str, total: Callable[[str, bool], float], *, blocks_only: bool) -> float:
+        """A stage's sum of ``direction``'s operators' ``kind`` (``ops`` or ``op_bytes``; ``total``
+        reads a field over the blocks or the whole stage) as the plan runs them: the blocks' fused
+        where it compiles them (``fwd_fused_ops``), the embedding's and head's eager (the compile
+        plugin compiles blocks only: :mod:`stratagem.plugins.compile`)."""
+        eager = f"{direction}_{kind}"
+        blocks = total(f"{direction}_fused_{kind}" if self.plan.compile else eager, True)
+        return blocks if blocks_only else blocks + total(eager, False) - total(eager, True)
 
     @property
     def fused_ops_share(self) -> float:
