@@ -1,7 +1,8 @@
 """The fusion model (``advisor/profile/fusion.py``) against the Triton kernels inductor writes for
 a GPU, on a host without one: per transformer block and direction, the bytes the operators without
 FLOPs move and the kernels they launch, as the profile counts them and as inductor's generated code
-launches them (its own estimate of each kernel's bytes, ``kernel_num_gb``).
+launches them (each kernel's bytes as inductor estimates them, ``kernel_num_gb``, with the
+corrections of :func:`_kernel_bytes`).
 
 Each block is compiled on CPU fake tensors under CPU autocast, its forward and backward graphs are
 kept as AOTAutograd hands them to inductor, then lowered for a CUDA device that answers inductor's
@@ -39,6 +40,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from typing import NamedTuple
 
+import sympy
 import torch
 from torch._guards import detect_fake_mode
 from torch.utils import _pytree as pytree
@@ -78,6 +80,7 @@ def _fake_h100() -> None:
     from torch._inductor.fx_passes import reinplace
     import torch.utils._triton as triton_utils
     from torch._inductor import async_compile
+    from torch._inductor.codegen import simd
     from torch._inductor.codegen import triton as triton_codegen
     from torch._inductor.runtime import hints
 
@@ -119,6 +122,71 @@ def _fake_h100() -> None:
 
     async_compile.AsyncCompile.triton = keep_source
     async_compile.AsyncCompile.wait = lambda self, scope: None
+    simd.SIMDKernel.estimate_kernel_num_bytes = _kernel_bytes
+
+
+def _kernel_bytes(kernel) -> int:
+    """The bytes a kernel's loads and stores cover (``kernel_num_gb`` = this / 1e9), in place of
+    inductor's estimate. Inductor's counts a buffer larger than the kernel's loop (one it slices)
+    once per distinct index it is read at, each the loop's size: a partial rotary embedding reads
+    the quarter of each head it rotates, the rest, and halves of the quarter, from the Q/K/V GEMM's
+    output, and was counted at 2.5 times its bytes (Pythia's). Here such a buffer counts the
+    elements its accesses cover (:func:`_footprint`); any other the whole buffer, as inductor's.
+    And inductor counts a buffer the kernel writes in place as read and written; here it is read
+    only where the kernel's code loads it (the kernel that assembles Pythia's Q/K/V gradient
+    writes into the GEMM output's buffer without reading it)."""
+    from torch._inductor.utils import IndentedBuffer, get_dtype_size, sympy_product
+    from torch._inductor.virtualized import V
+
+    hint = V.graph.sizevars.optimization_hint
+    loop = hint(sympy_product(kernel.numels.values()))
+    accesses = kernel.features.buf_accesses()
+    code = "".join(buffer.getvalue() for buffer in vars(kernel).values() if isinstance(buffer, IndentedBuffer))
+    # the first arguments: buffers written in place, read as well where the kernel loads them
+    in_place = [f"tl.load({buffer.inner_name} " in code
+                for buffer in {id(b): b for b in kernel.args.inplace_buffers.values()}.values()]
+    total = 0
+    for position, name in enumerate(kernel.args.python_argdefs()[1]):
+        if name not in accesses:
+            continue
+        numel = hint(V.graph.get_numel(name))
+        covered = numel if numel <= loop else _footprint(accesses[name], numel, len(accesses[name]) * loop)
+        read_too = position < len(in_place) and in_place[position]
+        total += covered * get_dtype_size(V.graph.get_dtype(name)) * (1 + read_too)
+    return total
+
+
+def _footprint(deps: list, numel: int, otherwise: int) -> int:
+    """Elements of a buffer of ``numel`` that ``deps`` (a kernel's accesses of it) cover: each an
+    affine index over its loop's ranges, a strided view of the buffer, of which what falls outside
+    it is a masked access (a ``cat``'s other part: ``x[i - 8]`` where ``i >= 8``); ``otherwise``
+    where an index is not affine."""
+    from torch._inductor.dependencies import MemoryDep
+    from torch.utils._python_dispatch import _disable_current_modes
+    from torch.utils._sympy.functions import Identity
+
+    views = []
+    for dep in deps:
+        if not isinstance(dep, MemoryDep):
+            return otherwise
+        index = dep.index
+        while index.has(Identity):  # inductor's wrapper, for grouping: nested at times
+            index = index.replace(Identity, lambda inner: inner)
+        index = sympy.expand(index)
+        offset = index.subs({var: 0 for var in dep.var_names})
+        strides = [index.coeff(var) for var in dep.var_names]
+        if not all(term.is_Integer for term in map(sympy.sympify, (offset, *strides, *dep.size))) \
+                or min(strides, default=0) < 0 \
+                or sympy.expand(index - offset - sum(s * v for s, v in zip(strides, dep.var_names))) != 0:
+            return otherwise
+        views.append(([int(n) for n in dep.size], [int(s) for s in strides], int(offset)))
+    low = min(0, *(offset for _, _, offset in views))
+    high = max(numel, *(offset + sum(s * (n - 1) for n, s in zip(sizes, strides)) + 1 for sizes, strides, offset in views))
+    with _disable_current_modes():
+        covered = torch.zeros(high - low, dtype=torch.bool)
+        for sizes, strides, offset in views:
+            covered.as_strided(sizes, strides, offset - low).fill_(True)
+        return int(covered[-low:numel - low].sum())
 
 
 def _scatter_checked_by_shape(inp, src, view_ops):

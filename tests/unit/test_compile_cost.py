@@ -20,7 +20,7 @@ from stratagem.advisor.cost.rank_step import rank_step
 from stratagem.advisor.hardware import parse_cluster
 from stratagem.advisor.profile.cache import profile_spec
 from stratagem.advisor.profile.profiler import profile_model
-from stratagem.advisor.profile.fusion import COLUMN_KERNELS, FusionTracker
+from stratagem.advisor.profile.fusion import COLUMN_KERNELS, FusionTracker, Read, region_of
 from stratagem.advisor.report.render import render_markdown
 from stratagem.advisor.search.advice import advise
 from stratagem.advisor.search.enumeration import COMPILE_ON_CPU
@@ -111,6 +111,25 @@ def test_what_an_in_place_operator_writes_again_is_written_once():
     tracker.op(FORWARD, fusible=True, reads=[mask], writes=[mask])  # and scaled in place
     tracker.saved(mask[0])
     assert tracker.fused() == {FORWARD: (100 + 50, 1)}
+
+
+def test_a_kernel_reads_the_slices_of_a_storage_it_reads_as_what_they_cover():
+    # a partial rotary embedding: the quarter of each head it rotates, the halves of that quarter
+    # it swaps, and the rest of the head, all slices of the Q/K/V GEMM's output
+    qkv, new = torch.empty(2, 8, 3, 64), _Storages()  # [tokens, heads, q/k/v, head width], fp32
+    q = qkv[:, :, 0]
+    rotated, rest = q[..., :16], q[..., 16:]
+    ref = StorageWeakRef(qkv.untyped_storage())
+
+    def read(t: torch.Tensor) -> Read:
+        return Read(ref, t.numel() * t.element_size(), region_of(t))
+
+    out, tracker = new(q.numel() * 4), FusionTracker()
+    tracker.op(FORWARD, fusible=True, reads=[read(rotated)], writes=[h := new(rotated.numel() * 4)])
+    tracker.op(FORWARD, fusible=True, reads=[read(rotated[..., 8:]), read(rotated[..., :8]), h], writes=[g := new(1)])
+    tracker.op(FORWARD, fusible=True, reads=[g, read(rest)], writes=[out])
+    tracker.op(FORWARD, fusible=False, reads=[out], writes=[new(10)])
+    assert tracker.fused()[FORWARD] == (2 * q.numel() * 4, 2)  # all of q read once, q written; and the GEMM
 
 
 def test_a_cast_of_what_was_cast_already_is_that_cast():

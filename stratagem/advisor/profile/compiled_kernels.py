@@ -20,7 +20,7 @@ from torch.utils.flop_counter import flop_registry
 
 from stratagem.advisor.profile.block_reuse import tensor_bytes
 from stratagem.advisor.profile.counts import Fused
-from stratagem.advisor.profile.fusion import FusionTracker, sums_leading_dims
+from stratagem.advisor.profile.fusion import FusionTracker, Read, region_of, sums_leading_dims
 from stratagem.advisor.profile.measure import CPU_ATTENTION_FLOPS, writes_a_gradient
 
 aten = torch.ops.aten
@@ -63,7 +63,8 @@ def graph_kernels(graph: torch.fx.Graph, *, backward: bool, params: int,
             separate += 1
             continue
         fusible = getattr(node.target, "overloadpacket", None) not in _EXTERN
-        reads = [(alias.get(arg, arg), size) for arg in inputs if (size := tensor_bytes(_tensors(arg)))]
+        reads = [Read(alias.get(arg, arg), tensor_bytes(tensors), region_of(tensors[0]) if len(tensors) == 1 else None)
+                 for arg in inputs if (tensors := _tensors(arg)) and tensor_bytes(tensors)]
         refs = [(node, index) for index in range(len(values))] if isinstance(node.meta["val"], (tuple, list)) else [node]
         writes = [(ref, tensor_bytes(value)) for ref, value in zip(refs, values)]
         tracker.op(group, fusible=fusible, reads=reads, writes=writes,

@@ -29,8 +29,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 COLUMN_KERNELS = 2
 """Kernels a sum over the leading dimensions launches: partial sums over slices of the rows, then
@@ -54,10 +56,34 @@ Ref = Hashable
 """A storage an operator reads or writes (a ``StorageWeakRef``, or a graph's value)."""
 
 
+class Region(NamedTuple):
+    """Where a tensor lies in its storage, in elements: what a view of it reads."""
+
+    offset: int
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    element_size: int
+    storage_bytes: int
+
+
+def region_of(t: torch.Tensor) -> Region:
+    """The :class:`Region` of ``t`` (a real, fake or meta tensor)."""
+    return Region(t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.element_size(), t.untyped_storage().nbytes())
+
+
+class Read(NamedTuple):
+    """A storage an operator reads, the bytes of the tensor it reads there, and where that tensor
+    lies (None: unknown; the whole read counts)."""
+
+    ref: Ref
+    num_bytes: int
+    region: Region | None = None
+
+
 @dataclass
 class _Op:
     group: Group
-    reads: list[tuple[Ref, int]]
+    reads: list[Read]
     writes: list[tuple[Ref, int]]
     sums: list[tuple[Ref, int]]  # those of ``writes`` that sum over the leading dimensions
     bit: int  # this operator's bit among every operator the tracker saw
@@ -85,27 +111,28 @@ class FusionTracker:
     _same: dict[Ref, Ref] = field(default_factory=dict)  # a repeated cast's result: the first's
     _seen: int = 0  # operators so far: the next one's bit
 
-    def op(self, group: Group, *, fusible: bool, reads: list[tuple[Ref, int]], writes: list[tuple[Ref, int]],
+    def op(self, group: Group, *, fusible: bool, reads: list[tuple], writes: list[tuple[Ref, int]],
            sums: list[tuple[Ref, int]] = (), cast: Hashable | None = None) -> None:
-        """One operator of ``group``: the storages it reads and writes, with their bytes; ``sums``:
+        """One operator of ``group``: the storages it reads (a :class:`Read`, or a storage and its
+        bytes) and writes, with their bytes; ``sums``:
         those of ``writes`` that sum an input over its leading dimensions (a bias's or a norm's
         weight gradient); ``cast``: what a cast makes (dtype, shape), for a cast of what another
         cast of its group already made (autocast casts an activation for each operator that takes
         it; a compiler once), which is that cast's result and no operator."""
-        reads = [(self._same.get(ref, ref), size) for ref, size in reads]
+        reads = [Read(self._same.get(ref, ref), *rest) for ref, *rest in reads]
         if fusible and cast is not None:
-            made = self._casts.setdefault((group, cast, tuple(ref for ref, _ in reads)), writes)
+            made = self._casts.setdefault((group, cast, tuple(read.ref for read in reads)), writes)
             if made is not writes:
                 self._same.update((ref, earlier) for (ref, _), (earlier, _) in zip(writes, made))
                 return
         bit = 1 << self._seen
         self._seen += 1
         after = bit
-        for ref, _ in reads:
-            after |= self._after.get(ref, 0)
+        for read in reads:
+            after |= self._after.get(read.ref, 0)
         index = len(self._ops) if fusible else None
-        for ref, _ in reads:
-            self._readers[ref].add((group, index))
+        for read in reads:
+            self._readers[read.ref].add((group, index))
         for ref, _ in writes:
             self._writer[ref], self._group_of[ref], self._after[ref] = index, group, after
         if fusible:
@@ -131,7 +158,7 @@ class FusionTracker:
         writer: dict[Ref, int] = {}
         for index, op in enumerate(self._ops):
             parent[index], members[index], needs[index] = index, op.bit, op.after
-            for ref, _ in op.reads if not op.only_sums else ():
+            for ref, *_ in op.reads if not op.only_sums else ():
                 if ref in writer and self._ops[writer[ref]].group == op.group and not self._ops[writer[ref]].only_sums:
                     a, b = _root(parent, writer[ref]), _root(parent, index)
                     if a != b and not self._cycle(op.group, (members[a], needs[a]), (members[b], needs[b])):
@@ -141,23 +168,25 @@ class FusionTracker:
             for ref, _ in op.writes:
                 writer[ref] = index
         moved: dict[int, int] = defaultdict(int)  # per kernel, by its root
-        counted: dict[int, set[Ref]] = defaultdict(set)  # read by the kernel
+        read: dict[int, dict[Ref, list[Read]]] = defaultdict(lambda: defaultdict(list))  # from memory, per kernel
         stored: dict[int, set[Ref]] = defaultdict(set)  # written by the kernel
         writes_out: set[int] = set()
         writer.clear()
         for index, op in enumerate(self._ops):
             root = _root(parent, index)
-            for ref, size in op.reads if not op.only_sums else ():
+            for one in op.reads if not op.only_sums else ():
+                ref = one.ref
                 inside = ref in writer and _root(parent, writer[ref]) == root and not self._ops[writer[ref]].only_sums
-                if not inside and ref not in counted[root]:
-                    counted[root].add(ref)
-                    moved[root] += size
+                if not inside:
+                    read[root][ref].append(one)
             for ref, size in op.writes:
                 writer[ref] = index
                 if (ref, size) not in op.sums and self._leaves(ref, parent) and ref not in stored[root]:
                     stored[root].add(ref)  # written once: an in-place operator writes it again in registers
                     moved[root] += size
                     writes_out.add(root)
+        for root, by_storage in read.items():
+            moved[root] += sum(map(_covered, by_storage.values()))
         totals: dict[Group, list[int]] = defaultdict(lambda: [0, 0])
         for group, unfused in self._unfused.items():
             totals[group][1] += len(unfused)
@@ -210,7 +239,7 @@ class FusionTracker:
         seen: set[Ref] = set()
         found, stack = {}, list(op.reads)
         while stack:
-            ref, size = stack.pop()
+            ref, size, _ = stack.pop()
             if ref in seen:
                 continue
             seen.add(ref)
@@ -232,6 +261,23 @@ class FusionTracker:
         return any(reader_group != group or reader is None
                    or _root(parent, reader) != root and not self._ops[reader].only_sums  # those compute it again
                    for reader_group, reader in readers)
+
+
+def _covered(reads: list[Read]) -> int:
+    """Bytes a kernel reads of one storage it reads as ``reads``: what their tensors cover together
+    (slices of one storage each add their own part, a tensor read again adds nothing: a rotary
+    embedding's quarter of each head and the rest, the halves it rotates); the largest read where
+    one's region is unknown."""
+    regions = {read.region for read in reads}
+    if len(regions) == 1 or None in regions:
+        return max(read.num_bytes for read in reads)
+    with _disable_current_modes():  # a real mask, whatever fake or counting mode the profile runs under
+        covered = torch.zeros(next(iter(regions)).storage_bytes, dtype=torch.bool)
+        for region in regions:  # as bytes: each element its element_size of them
+            size = region.element_size
+            covered.as_strided((*region.shape, size), (*(stride * size for stride in region.stride), 1),
+                               region.offset * size).fill_(True)
+        return int(covered.sum())
 
 
 def _root(parent: dict[int, int], index: int) -> int:

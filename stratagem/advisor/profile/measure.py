@@ -54,7 +54,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 from stratagem.advisor.profile.block_reuse import tensor_bytes
 from stratagem.advisor.profile.convolutions import conv_layer
 from stratagem.advisor.profile.counts import RunRecord
-from stratagem.advisor.profile.fusion import FusionTracker, sums_leading_dims
+from stratagem.advisor.profile.fusion import FusionTracker, Read, region_of, sums_leading_dims
 from stratagem.advisor.profile.recompute import CheckpointPolicies
 
 aten = torch.ops.aten
@@ -299,14 +299,17 @@ class CostCounter(FlopCounterMode):
     def _track_fusion(self, seg: str, func_packet: Any, args: Any, out: Any, *, fusible: bool) -> None:
         """Tell the fusion tracker what an operator reads and writes (``fusible``: it moves
         batch-sized bytes without FLOPs, so a compiler may fuse it with its neighbours)."""
-        def refs(tensors: Any) -> list[tuple[StorageWeakRef, int]]:
-            return [(StorageWeakRef(t.untyped_storage()), tensor_bytes(t)) for t in tree_flatten(tensors)[0]
-                    if isinstance(t, torch.Tensor)]
+        def tensors(tree: Any) -> list[torch.Tensor]:
+            return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
+
+        def refs(tree: Any) -> list[tuple[StorageWeakRef, int]]:
+            return [(StorageWeakRef(t.untyped_storage()), tensor_bytes(t)) for t in tensors(tree)]
 
         written = _written(func_packet, out, args)
         sums = [t for t in written if sums_leading_dims(tree_flatten(args)[0], t)] if fusible else []
         cast = (out.dtype, tuple(out.shape)) if func_packet in _CAST_OPS and isinstance(out, torch.Tensor) else None
-        self.fusion.op((seg, self.mod_tracker.is_bw), fusible=fusible, reads=refs(args), writes=refs(written),
+        reads = [Read(ref, size, region_of(t)) for (ref, size), t in zip(refs(args), tensors(args), strict=True)]
+        self.fusion.op((seg, self.mod_tracker.is_bw), fusible=fusible, reads=reads, writes=refs(written),
                        sums=refs(sums), cast=cast)
 
     def _bytes_moved(self, func_packet: Any, args: Any, out: Any, written: list[torch.Tensor]) -> tuple[int, int]:
