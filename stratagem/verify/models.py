@@ -32,7 +32,13 @@ from torch import Tensor, nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from stratagem.advisor.profile.sources import build_hf_config, factory_arguments, load_factory, read_hf_config
+from stratagem.advisor.profile.sources import (
+    build_causal_lm,
+    build_hf_config,
+    factory_arguments,
+    load_factory,
+    read_hf_config,
+)
 from stratagem.errors import UsageError
 
 __all__ = ["Batch", "Built", "RealModel", "fallback_loss", "real_model"]
@@ -198,10 +204,6 @@ def fallback_loss(output: Any) -> Tensor:
 
 
 def _hf_model(path: str, *, seq_len: int | None) -> RealModel:
-    try:
-        import transformers
-    except ImportError:
-        raise UsageError("hf: models need transformers\nHINT: pip install 'stratagem[hf]'") from None
     config_path, data = read_hf_config(path)
     config = build_hf_config(data, str(config_path))
     text = config.get_text_config(decoder=True)
@@ -219,7 +221,7 @@ def _hf_model(path: str, *, seq_len: int | None) -> RealModel:
             build_module()
 
     def build_module() -> nn.Module:
-        return transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+        return build_causal_lm(config, dtype=torch.float32)[0]
 
     def build(_: int, batch: Batch | None) -> Built:
         assert batch is not None  # make_batch made it

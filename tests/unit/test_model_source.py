@@ -59,3 +59,16 @@ def test_hugging_face_config_builds_the_causal_lm_on_meta(tmp_path):
     assert (profile.num_heads, profile.num_kv_heads) == (4, 2)
     assert profile.head.fwd_flops >= 2 * 2 * 32 * 64 * 100  # the LM head, and the loss after it
     assert profile.head.saved_bytes > 0
+
+
+def test_a_model_type_without_sdpa_is_built_with_eager_attention_and_says_so(tmp_path):
+    pytest.importorskip("transformers")
+    bloom = {"model_type": "bloom", "hidden_size": 64, "n_layer": 2, "n_head": 4, "vocab_size": 100}
+    (tmp_path / "config.json").write_text(json.dumps(bloom))
+    source = load_model(f"hf:{tmp_path}", batch_size=2, seq_len=32)
+    assert source.module.config._attn_implementation == "eager"  # BLOOM's ALiBi has no SDPA path
+    assert any("BloomForCausalLM has no SDPA attention" in note for note in source.notes)
+    profile = profile_spec(f"hf:{tmp_path}", batch_size=2, seq_len=32)
+    assert any("runs eager" in note for note in profile.notes)
+    # the scores and their product with the values: two batched GEMMs of 2·s²·d per head and sample
+    assert profile.blocks[0].attention_fwd_flops == 2 * (2 * 2 * 32 * 32 * 64)

@@ -71,6 +71,17 @@ def test_an_hf_config_trains_with_random_tokens_and_the_model_s_own_loss(tmp_pat
     assert torch.allclose(built.loss(output.logits, ids), output.loss)  # a pipeline's last stage: logits
 
 
+def test_an_hf_model_type_without_sdpa_trains_with_eager_attention(tmp_path: Path) -> None:
+    bloom = {"model_type": "bloom", "hidden_size": 32, "n_layer": 1, "n_head": 2, "vocab_size": 64}
+    (tmp_path / "config.json").write_text(json.dumps(bloom))
+    model = real_model(f"hf:{tmp_path}", seq_len=8)
+    batch = model.make_batch(2)
+    built = model.build(2, batch)
+    assert built.module.config._attn_implementation == "eager"
+    output = built.module(*batch.args, labels=batch.targets, use_cache=False)
+    assert torch.isfinite(built.loss(output, batch.targets))
+
+
 def test_measure_plan_reports_the_build_and_every_step(one_rank) -> None:
     events = []
     measured = measure_plan(real_model("model_factories:mlp", seq_len=None), Plan(micro_batch_size=2, precision="fp32"),

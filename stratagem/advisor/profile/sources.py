@@ -19,7 +19,7 @@ Whatever goes wrong in it, other than ``KeyboardInterrupt``, becomes a :class:`U
 from __future__ import annotations
 
 import difflib
-import importlib
+import importlib.util
 import inspect
 import json
 from collections.abc import Callable, Mapping
@@ -377,6 +377,8 @@ def read_hf_config(path: str) -> tuple[Path, dict[str, Any]]:
 def build_hf_config(data: Mapping[str, Any], where: str) -> PretrainedConfig:
     """The transformers config of a checked ``data`` (:func:`check_hf_config` runs first), its
     resolved sizes (defaults included) checked too; whatever transformers raises becomes a UsageError."""
+    if importlib.util.find_spec("transformers") is None:
+        raise UsageError("hf: models need transformers\nHINT: pip install 'stratagem[hf]'")
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     check_hf_config(data, where)
@@ -393,18 +395,29 @@ def build_hf_config(data: Mapping[str, Any], where: str) -> PretrainedConfig:
     return config
 
 
+def build_causal_lm(config: Any, **kwargs: Any) -> tuple[nn.Module, str | None]:
+    """``AutoModelForCausalLM.from_config(config, **kwargs)`` with its attention on SDPA, as CUDA
+    runs it fused, where the model type implements it; else on transformers' eager attention
+    (explicit softmax: BLOOM's ALiBi), with a note that says so (None otherwise)."""
+    import transformers
+
+    causal_lm = transformers.AutoModelForCausalLM
+    model_class = causal_lm._model_mapping.get(type(config), None)
+    if model_class is None or getattr(model_class, "_supports_sdpa", True):
+        return causal_lm.from_config(config, attn_implementation="sdpa", **kwargs), None
+    note = (f"{model_class.__name__} has no SDPA attention in transformers: its attention runs eager "
+            "(the scores written out, an explicit softmax), and is profiled so")
+    return causal_lm.from_config(config, attn_implementation="eager", **kwargs), note
+
+
 def _from_hf_config(path: str, *, batch_size: int, seq_len: int | None) -> ModelSource:
-    try:
-        import transformers
-    except ImportError:
-        raise UsageError("hf: models need transformers\nHINT: pip install 'stratagem[hf]'") from None
     config_path, data = read_hf_config(path)
     config = build_hf_config(data, str(config_path))
     positions = getattr(config.get_text_config(decoder=True), "max_position_embeddings", None)
     seq_len = seq_len or min(positions if isinstance(positions, int) and positions > 0 else 2048, 4096)
     try:
         with torch.device("meta"):
-            module = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+            module, note = build_causal_lm(config)
             ids = torch.zeros(batch_size, seq_len, dtype=torch.long)
     except Exception as err:
         raise UsageError(f"transformers cannot build the causal language model of {config_path}: {_describe(err)}\n"
@@ -414,4 +427,5 @@ def _from_hf_config(path: str, *, batch_size: int, seq_len: int | None) -> Model
     name = named if isinstance(named, str) and named else str(config_path.parent if config_path.name == "config.json"
                                                                else config_path)
     return ModelSource(name=f"hf:{name}", module=module,
-                       example_inputs={"input_ids": ids, "labels": ids, "use_cache": False}, loss_fn=None)
+                       example_inputs={"input_ids": ids, "labels": ids, "use_cache": False}, loss_fn=None,
+                       notes=(note,) if note else ())
