@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # On a machine with NVIDIA GPUs: what the probe sees (NVML), a calibration with NCCL (convolutions and
 # attention included), then verify's predicted-against-measured table on models of real size the cost model
-# was never tuned on: GPT-2 large, ViT-L/16, ResNet-101 (eager), a Hugging Face GPT-NeoX config of
-# Pythia-410M's shape (hf:), and a Llama of TinyLlama-1.1B's shape through
-# Trainer(strategy="auto-parallel"). On one GPU each verify's top 2 are the compiled plan and the
-# offloaded one. Then the mechanisms, most telling first: operators without FLOPs by kind against a
+# was never tuned on (the cases of 2026-11-26 and 27, GPT-2 large, ViT-L/16, ResNet-101, the Pythia-shaped
+# GPT-NeoX and the TinyLlama-shaped Llama, have been since: bench/gpu_predictions.py keeps what they
+# measured): Hugging Face configs (hf:, bench/configs/) of OPT-1.3B's shape and BLOOM-560M's (its attention
+# eager: transformers has no SDPA path for ALiBi), ResNet-50 at 128 images (eager), and a Qwen2 of
+# Qwen2.5-1.5B's shape through Trainer(strategy="auto-parallel"). On one GPU each verify's top 2 are the
+# compiled plan and the offloaded one. Then the mechanisms, most telling first: operators without FLOPs by kind against a
 # copy (bench/reduction_rate.py), the compiled transformer steps' kernels by family (GPT-2 large,
 # the Pythia-shaped hf: config, ViT-L/16), the gaps between them split into the host's and the
 # device's by phase, with Nsight Compute's bytes of GPT-2 large's Triton kernels (bench/gpu_kernels.py),
 # the attention core's rate by sequence, head width and causality (bench/attention_rate.py), and
 # where a ResNet-50 step spends its device time (bench/gpu_phases.py).
 # Each step has a time limit and the next one runs whatever it ended with: the table's steps
-# limits about 10 minutes in all (7 when last run, 2026-11-27), the mechanisms' 6, so that each part fits one call
+# limits about 9 minutes in all (the cases of 2026-11-27 took 7), the mechanisms' 6, so that each part fits one call
 # of a lent machine. Run from the repository root:
 #   bash bench/gpu_check.sh [OUT_DIR] [table|mechanisms|all]   (default out/gpu-check, all;
 #                                                               PYTHON picks the interpreter)
@@ -37,13 +39,14 @@ table() {
     run 30 "$py" -m stratagem hardware
     run 90 "$py" -m stratagem calibrate
     cp "$STRATAGEM_CACHE_DIR"/calibration/*.json "$out"/ 2>/dev/null
-    run 110 "$py" -m stratagem verify --model gpt2-large --global-batch-size 8 --seq-len 1024 --top 2
-    run 90 "$py" -m stratagem verify --model hf:bench/configs/pythia-410m --global-batch-size 8 --seq-len 1024 --top 2
-    run 60 "$py" -m stratagem verify --model vit-l-16 --global-batch-size 64 --top 1
+    # a Hugging Face layer compiles a graph of its own (its layer_idx): about 3 s each, 24 here
+    run 120 "$py" -m stratagem verify --model hf:bench/configs/opt-1.3b --global-batch-size 8 --seq-len 1024 --top 2
+    run 110 "$py" -m stratagem verify --model hf:bench/configs/bloom-560m --global-batch-size 8 --seq-len 1024 --top 2
     # eager: compiled block by block, a ResNet's bottlenecks recompile with dynamic shapes for over a
     # minute (the advice notes it), which twice outran this step's limit
-    run 60 "$py" -m stratagem verify --model resnet-101 --global-batch-size 128 --top 1 --no-compile
-    run 150 "$py" bench/trainer_hf.py --accelerator gpu --shape llama-1b --batch 4 --seq-len 1024  # compiles each of its 22 layers
+    run 60 "$py" -m stratagem verify --model resnet-50 --global-batch-size 128 --top 1 --no-compile
+    run 150 "$py" bench/trainer_hf.py --accelerator gpu --config bench/configs/qwen2.5-1.5b/config.json --batch 4 \
+        --seq-len 1024  # compiles each of its 28 layers
 }
 
 mechanisms() {

@@ -5,20 +5,23 @@ The model is built from a config with random weights (no download): by default a
 Qwen2-0.5B's shape (hidden 896, 24 layers, 14 heads, 2 KV heads, vocabulary 151,936), whose
 cross-entropy in ``training_step`` makes the fp32 logits and their gradients the peak; or
 (``--shape llama-1b``) a Llama of TinyLlama-1.1B's shape (hidden 2048, 22 layers, 32 heads, 4 KV
-heads, vocabulary 32,000). Tokens are random. The step time is the median of the steps after ``--warmup``, each timed between
+heads, vocabulary 32,000), or (``--config``) any config.json an ``hf:`` name takes. Tokens are random. The step time is the median of the steps after ``--warmup``, each timed between
 ``on_train_batch_start`` and ``on_train_batch_end`` with the device synchronized; the peak is
 CUDA's max allocated after the warm-up steps, the warm-up's (compilation included) beside it (on
 CPU: not measured). A compiled plan also prints dynamo's graphs and graph breaks in the process.
 
-    python bench/trainer_hf.py --accelerator gpu [--shape llama-1b] [--batch 4] [--seq-len 1024] [--steps 8]
+    python bench/trainer_hf.py --accelerator gpu [--shape llama-1b | --config PATH] [--batch 4] [--seq-len 1024] \
+        [--steps 8]
     python bench/trainer_hf.py --tiny                      # a small config, two CPU ranks: a smoke run
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
+from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
@@ -87,11 +90,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--shape", choices=SHAPES, default="qwen2-0.5b", help="the model's shape")
+    parser.add_argument("--config", type=Path, help="a Hugging Face config.json instead of --shape's")
     parser.add_argument("--tiny", action="store_true", help="a small config (a smoke run on CPU)")
     args = parser.parse_args()
     devices = args.devices or (1 if args.accelerator == "gpu" else 2)
     seq_len = 32 if args.tiny else args.seq_len
-    module = CausalLM(TINY if args.tiny else SHAPES[args.shape], args.batch, seq_len, args.warmup)
+    config = TINY if args.tiny else json.loads(args.config.read_text()) if args.config else SHAPES[args.shape]
+    module = CausalLM(config, args.batch, seq_len, args.warmup)
     tokens = torch.randint(0, module.vocab, (args.steps * args.batch * devices, seq_len))
     trainer = pl.Trainer(accelerator=args.accelerator, devices=devices, strategy="auto-parallel",
                          precision="bf16-mixed" if args.accelerator == "gpu" else "32-true",
