@@ -8,17 +8,18 @@ Each block is compiled on CPU fake tensors under CPU autocast, its forward and b
 kept as AOTAutograd hands them to inductor, then lowered for a CUDA device that answers inductor's
 queries as one H100 would (132 SMs, sm90); each kernel's source is kept instead of compiled, so
 nothing runs on a device. The graphs are the CPU's: CPU autocast, whose float32 list is shorter
-than CUDA's (profile/autocast.py), and the CPU's attention kernel. ``--cuda-emulation`` captures
-under the profile's emulation of CUDA's list and kernel instead, as the profile's own trace runs
-(under ``aot_function`` rather than dynamo): which of the two captures is nearer what CUDA compiles
-is not settled (docs/cost-model.md, compiled blocks). Where lowering for the faked CUDA device fails, the graph is lowered for the CPU
+than CUDA's (profile/autocast.py), and the CPU's attention kernel. The profile's emulation of
+CUDA's list and kernel (which its own trace runs under ``aot_function``) cannot stand in here:
+dynamo breaks a block traced under it into several graphs (six forward for Llama 2 7B's, at the
+emulation's ``super().unflatten()``), each writing out what one compiled block keeps in
+registers. A block captured as more than one graph in a direction is said so on the line. Where lowering for the faked CUDA device fails, the graph is lowered for the CPU
 device with the Triton backend instead, and the line says so: that lowering always writes a ``cat``
 out, and leaves loop reordering and mixed-order reductions off. Needs Triton beside torch, in a venv
 of its own (the project's does not install it):
 
     python3 -m venv /tmp/triton-venv && /tmp/triton-venv/bin/pip install torch==2.13.0 triton==3.5.0 \
         transformers==5.24.0  # for hf: configs
-    PYTHONPATH=. /tmp/triton-venv/bin/python bench/inductor_kernels.py [--cuda-emulation] [MODEL:SEQ_LEN ...]
+    PYTHONPATH=. /tmp/triton-venv/bin/python bench/inductor_kernels.py [MODEL:SEQ_LEN ...]
 
 Each block is compiled at two batch sizes, which splits its bytes into those that grow with the
 batch (per sample) and those that do not (the weights' casts). Written against torch 2.13.0 and
@@ -29,7 +30,6 @@ reinplace pass (:func:`_fake_h100`), which other versions may name differently.
 from __future__ import annotations
 
 import collections
-import contextlib
 import copy
 import math
 import re
@@ -45,8 +45,6 @@ import torch
 from torch._guards import detect_fake_mode
 from torch.utils import _pytree as pytree
 
-from stratagem.advisor.profile.attention import CudaAttention
-from stratagem.advisor.profile.autocast import CudaAutocast
 from stratagem.advisor.profile.cache import PROFILE_BATCH, profile_spec
 from stratagem.advisor.profile.structure import find_blocks
 from stratagem.verify.models import real_model
@@ -111,13 +109,16 @@ def _fake_h100() -> None:
     # takes a CUDA device guard: the same check without the copy (the function stays the same
     # object: the pass finds its nodes by it)
     reinplace._inplace_generalized_scatter.__code__ = _scatter_checked_by_shape.__code__
+    # a seeded random operator's seed, as fake tensor propagation sees it: its meta function indexes
+    # the seeds, which on a torch built without CUDA cannot run for a CUDA tensor
+    torch.ops.prims.inductor_lookup_seed.default.prim_meta_impl = lambda seeds, index: seeds.new_empty(())
     triton_utils.triton_hash_with_backend = triton_codegen.triton_hash_with_backend = lambda: "0" * 64
     triton_utils.triton_backend = lambda: None
 
     def keep_source(self, kernel_name: str, source_code: str, device_str: str = "cuda"):
         found = re.search(r"'kernel_num_gb': ([0-9.e+-]+)", source_code)
         numels = re.findall(r"^    (?:[xyz]|r\d_)numel = (\d+)$", source_code, flags=re.M)
-        SOURCES[kernel_name] = (float(found.group(1)) * 1e9 if found else 0.0, math.prod(map(int, numels)))
+        SOURCES[kernel_name] = (float(found.group(1)) * 1e9 if found else 0.0, [int(numel) for numel in numels])
         return types.SimpleNamespace(run=lambda *args, **kwargs: None)
 
     async_compile.AsyncCompile.triton = keep_source
@@ -202,7 +203,7 @@ def _scatter_checked_by_shape(inp, src, view_ops):
     return inp
 
 
-SOURCES: dict[str, tuple[float, int]] = {}  # kernel name -> (bytes, inductor's estimate; elements it was written for)
+SOURCES: dict[str, tuple[float, list[int]]] = {}  # kernel name -> (bytes, by :func:`_kernel_bytes`; its loops' sizes)
 
 
 class Graph(NamedTuple):
@@ -213,12 +214,13 @@ class Graph(NamedTuple):
 
 def capture(spec: str, batch: int, seq_len: int | None) -> list[Graph]:
     """The forward and backward graphs AOTAutograd hands inductor for one compiled block of ``spec``
-    (a preset or ``hf:PATH``, built as ``verify`` builds it, on meta then fake tensors), bf16 autocast
-    (with the profile's emulation of CUDA's where :data:`CUDA_EMULATION` is set)."""
+    (a preset or ``hf:PATH``, built as ``verify`` builds it, on meta then fake tensors), bf16 autocast:
+    one each, unless dynamo breaks the block."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch._aot_autograd.utils import make_boxed_func
-    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    from torch._inductor.compile_fx import partition_fn
     from torch._inductor.decomposition import select_decomp_table
+    from torch._inductor.virtualized import V
     from torch._subclasses import FakeTensorMode
 
     graphs: list[Graph] = []
@@ -234,8 +236,14 @@ def capture(spec: str, batch: int, seq_len: int | None) -> list[Graph]:
     with torch.device("meta"):
         built = source.build(batch, data)
     model = built.module
+    def partition(joint: torch.fx.GraphModule, joint_inputs: list, **kwargs: object) -> tuple:
+        # inductor's: its joint-graph passes (random operators replaced by seeded ones, no-op
+        # conversions removed), then the min-cut partitioner; the passes read the fake mode
+        with V.set_fake_mode(detect_fake_mode(joint_inputs)):
+            return partition_fn(joint, joint_inputs, **kwargs)
+
     backend = aot_autograd(fw_compiler=keep(False), bw_compiler=keep(True),
-                           partition_fn=min_cut_rematerialization_partition, decompositions=select_decomp_table())
+                           partition_fn=partition, decompositions=select_decomp_table())
     with FakeTensorMode(allow_non_fake_inputs=True):
         for module in model.modules():
             for key, param in list(module.named_parameters(recurse=False)):
@@ -245,10 +253,7 @@ def capture(spec: str, batch: int, seq_len: int | None) -> list[Graph]:
         for name in find_blocks(model).blocks:  # one backend for all: the blocks share one graph
             model.get_submodule(name).compile(backend=backend)
         torch._dynamo.reset()
-        emulation = (CudaAttention(), CudaAutocast()) if CUDA_EMULATION else ()
-        with torch.autocast("cpu", dtype=torch.bfloat16), contextlib.ExitStack() as modes:
-            for mode in emulation:
-                modes.enter_context(mode)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
             loss = built.loss(model(*data.args, **data.kwargs), data.targets)
         loss.backward()
     return graphs
@@ -265,6 +270,7 @@ def _for_cuda(graph: Graph) -> Graph:
         inputs = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=cuda) if isinstance(x, torch.Tensor)
                   else x for x in graph.inputs]
     for node in module.graph.nodes:
+        node.args = tuple(cuda if isinstance(arg, torch.device) else arg for arg in node.args)
         if isinstance(node.kwargs.get("device"), (torch.device, str)):
             node.kwargs = {**node.kwargs, "device": cuda}
     module.recompile()
@@ -309,9 +315,10 @@ def _launches(path: str, backward: bool) -> list[Launch]:
     for line in text[text.rindex("def call("):].splitlines():
         line = line.strip()
         if found := re.match(r"(triton_\w+)\.run\((.*), stream=", line):
-            num_bytes, numel = SOURCES[found.group(1)]
-            sizes = re.findall(r"(?:^|, )(\d+)(?=,|$)", found.group(2))
-            launches.append(Launch(backward, found.group(1), num_bytes * math.prod(map(int, sizes)) / numel))
+            num_bytes, loops = SOURCES[found.group(1)]
+            # the loops' sizes are its last arguments (a seeded random kernel's seed offset is before them)
+            sizes = re.findall(r"(?:^|, )(\d+)(?=,|$)", found.group(2))[-len(loops):]
+            launches.append(Launch(backward, found.group(1), num_bytes * math.prod(map(int, sizes)) / math.prod(loops)))
         elif found := re.match(r"extern_kernels\.(\w+)\(", line):
             launches.append(Launch(backward, f"extern_kernels.{found.group(1)}", 0.0))
     return launches
@@ -319,14 +326,19 @@ def _launches(path: str, backward: bool) -> list[Launch]:
 
 def inductor_block(spec: str, batch: int, seq_len: int | None) -> tuple[list[Launch], list[str]]:
     """The launches of one compiled block of ``spec``, forward and backward (:func:`capture`,
-    :func:`lower`), and for each graph lowered for the CPU device instead, why."""
-    launches, fallbacks = [], []
-    for graph in capture(spec, batch, seq_len):
+    :func:`lower`), and what makes them other than one compiled block's: graphs lowered for the CPU
+    device instead (and why), a direction captured as several graphs."""
+    launches, notes = [], []
+    graphs = capture(spec, batch, seq_len)
+    for graph in graphs:
         kernels, failed = lower(graph)
         launches += kernels
         if failed:
-            fallbacks.append(f"{'backward' if graph.backward else 'forward'} lowered for the CPU device ({failed})")
-    return launches, fallbacks
+            notes.append(f"{'backward' if graph.backward else 'forward'} lowered for the CPU device ({failed})")
+    for backward, direction in ((False, "forward"), (True, "backward")):
+        if (count := sum(graph.backward == backward for graph in graphs)) > 1:
+            notes.append(f"{direction} captured as {count} graphs (dynamo broke the block): not one compiled block")
+    return launches, notes
 
 
 def _split(totals: dict[int, tuple[float, int]]) -> Split:
@@ -335,12 +347,8 @@ def _split(totals: dict[int, tuple[float, int]]) -> Split:
     return Split(per_sample, a - per_sample * small, kernels)
 
 
-CUDA_EMULATION = "--cuda-emulation" in sys.argv
-"""Capture under the profile's emulation of CUDA's autocast list and attention kernel."""
-
-
 def main() -> None:
-    cases = [arg for arg in sys.argv[1:] if not arg.startswith("--")] or CASES
+    cases = sys.argv[1:] or CASES
     profiles = {}
     for case in cases:  # before inductor's device is faked: the profile runs as it always does
         name, seq = case.rsplit(":", 1)
@@ -352,10 +360,10 @@ def main() -> None:
         name, seq = case.rsplit(":", 1)
         started = time.perf_counter()
         block = profiles[case].blocks[0]
-        runs, fallbacks = {}, set()
+        runs, notes = {}, set()
         for batch in BATCHES:
-            runs[batch], failed = inductor_block(name, batch, None if seq == "-" else int(seq))
-            fallbacks.update(failed)
+            runs[batch], found = inductor_block(name, batch, None if seq == "-" else int(seq))
+            notes.update(found)
         for backward, direction in ((False, "fwd"), (True, "bwd")):
             fused = getattr(block, f"{direction}_fused_op_bytes") / PROFILE_BATCH
             fixed = getattr(block, f"{direction}_param_op_bytes")
@@ -372,8 +380,8 @@ def main() -> None:
                   f"{measured.per_sample / 1e6:7.1f} + {measured.fixed / 1e6:6.1f} in {measured.kernels} Triton kernels "
                   f"({', '.join(f'{kind} {share / total:.0%}' for kind, share in sorted(kinds.items()))} of the bytes at "
                   f"batch {BATCHES[-1]}); per sample {fused / measured.per_sample - 1:+.0%}")
-        for fallback in sorted(fallbacks):
-            print(f"{'':16} {fallback}")
+        for note in sorted(notes):
+            print(f"{'':16} {note}")
         print(f"{'':16} ({time.perf_counter() - started:.0f} s)")
     print("poi: element-wise kernels; red: reductions looping over their rows; per: reductions held in registers")
 
