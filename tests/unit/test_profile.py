@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from stratagem.advisor.profile.cache import profile_spec
 from stratagem.advisor.profile.measure import CPU_ATTENTION_FLOPS
 from stratagem.advisor.profile.profiler import profile_model
 from stratagem.errors import UsageError
@@ -265,6 +268,33 @@ def test_parameter_sized_outputs_are_counted_apart_and_do_not_grow_with_the_batc
         assert 2 * one.bwd_op_bytes == pytest.approx(two.bwd_op_bytes, rel=0.05)
     fp32 = profile_model(Toy(), (_tokens(),), loss_fn=_ce, precision="fp32")
     assert all(s.fwd_param_op_bytes == 0 for s in fp32.segments)
+
+
+def test_activations_shaped_like_a_weight_still_grow_with_the_batch(tmp_path):
+    """OPT flattens its residual stream to ``[tokens, width]``: at 2 × 32 tokens of width 64 the
+    backward's activations have the square weights' shape and dtype, and are still no gradient."""
+    pytest.importorskip("transformers")
+    opt = {"model_type": "opt", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "ffn_dim": 256, "vocab_size": 128, "max_position_embeddings": 128, "word_embed_proj_dim": 64}
+    (tmp_path / "config.json").write_text(json.dumps(opt))
+    square, other = (profile_spec(f"hf:{tmp_path}", seq_len=seq, precision="bf16-mixed", cache=False).blocks[0]
+                     for seq in (32, 33))
+    assert square.bwd_param_op_bytes == other.bwd_param_op_bytes == square.fwd_param_op_bytes
+    for field in ("bwd_op_bytes", "bwd_fused_op_bytes"):
+        assert getattr(square, field) / 32 == pytest.approx(getattr(other, field) / 33, rel=0.01)
+
+
+def test_a_weight_s_gradient_cast_counts_in_its_block_wherever_autograd_runs_it(tmp_path):
+    """BLOOM's block hands its input's gradient back before three of its weights' gradient casts
+    run: they still count in the block, not in the embedding the module tracker has moved to."""
+    pytest.importorskip("transformers")
+    bloom = {"model_type": "bloom", "hidden_size": 64, "n_layer": 2, "n_head": 4, "vocab_size": 128}
+    (tmp_path / "config.json").write_text(json.dumps(bloom))
+    profile = profile_spec(f"hf:{tmp_path}", seq_len=32, precision="bf16-mixed", cache=False)
+    block = profile.blocks[0]
+    assert block.bwd_param_op_bytes == block.fwd_param_op_bytes > 0  # each weight cast once each way
+    embedding = 128 * 64
+    assert profile.embed.bwd_param_op_bytes <= 4 * embedding * 4  # its own table's gradients, no block's
 
 
 def test_the_head_s_largest_backward_output_is_the_loss_s_gradient_of_the_logits():

@@ -38,6 +38,7 @@ def graph_kernels(graph: torch.fx.Graph, *, backward: bool, params: int,
     tracker, group, separate = FusionTracker(), ("block", backward), 0  # separate: kernels of the parameters' casts
     alias: dict[torch.fx.Node, Hashable] = {}  # a view or a tuple's element -> what it reads from
     from_params = set() if backward else {n for n in graph.find_nodes(op="placeholder")[:params]}
+    gradients = _gradient_writes(graph, params, gradient_shapes) if backward else set()
     for node in graph.nodes:
         inputs = [arg for arg in tree_flatten((node.args, node.kwargs))[0] if isinstance(arg, torch.fx.Node)]
         if node.op == "output":
@@ -59,7 +60,7 @@ def graph_kernels(graph: torch.fx.Graph, *, backward: bool, params: int,
         values, operands = _tensors(node), [t for arg in inputs for t in _tensors(arg)]
         if not values:
             continue
-        if backward and writes_a_gradient(values[0], operands, gradient_shapes):
+        if node in gradients:
             separate += 1
             continue
         fusible = getattr(node.target, "overloadpacket", None) not in _EXTERN
@@ -71,6 +72,33 @@ def graph_kernels(graph: torch.fx.Graph, *, backward: bool, params: int,
                    sums=[write for write, value in zip(writes, values) if fusible and sums_leading_dims(operands, value)])
     num_bytes, kernels = tracker.fused().get(group, (0, 0))
     return Fused(num_bytes, kernels + separate)
+
+
+def _gradient_writes(graph: torch.fx.Graph, params: int,
+                     gradient_shapes: set[tuple[tuple[int, ...], torch.dtype]]) -> set[torch.fx.Node]:
+    """The backward graph's operators that write a parameter's gradient from tensors of its shape
+    (:func:`~stratagem.advisor.profile.measure.writes_a_gradient`: a cast back to its dtype, tied
+    parameters' gradients summed): those its first ``params`` outputs, the parameters' gradients,
+    come from through such operators and views. Found from the outputs, not by shape alone: an
+    activation flattened to ``[tokens, width]`` has a square weight's shape where the tokens the
+    profile runs equal the width (OPT-1.3B's 2,048 at 2 × 1,024)."""
+    (output,) = graph.find_nodes(op="output")
+    stack = [grad for grad in output.args[0][:params] if isinstance(grad, torch.fx.Node)]
+    seen: set[torch.fx.Node] = set()
+    found: set[torch.fx.Node] = set()
+    while stack:
+        node = stack.pop()
+        if node in seen or node.op != "call_function":
+            continue
+        seen.add(node)
+        values = _tensors(node)
+        operands = [t for arg in node.all_input_nodes for t in _tensors(arg)]
+        if not _is_view(node):
+            if not values or not writes_a_gradient(values[0], operands, gradient_shapes):
+                continue
+            found.add(node)
+        stack.extend(node.all_input_nodes)
+    return found
 
 
 def _is_view(node: torch.fx.Node) -> bool:

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
@@ -157,6 +158,19 @@ def writes_a_gradient(out: torch.Tensor, inputs: list[torch.Tensor],
     return (tuple(out.shape), out.dtype) in gradient_shapes and all(t.shape == out.shape for t in inputs)
 
 
+def _gradient_of(out: torch.Tensor) -> torch.Tensor | None:
+    """The parameter of ``out``'s shape and dtype that the autograd node running now hands it to
+    (an ``AccumulateGrad`` it feeds, or is), as its gradient; None if none. Shapes alone cannot
+    tell: an activation flattened to ``[tokens, width]`` has a square weight's shape where the
+    tokens the profile runs equal the width (OPT-1.3B's 2,048 at 2 × 1,024)."""
+    node = torch._C._current_autograd_node()
+    if node is None:
+        return None
+    nodes = [node, *(following for following, _ in node.next_functions if following is not None)]
+    return next((variable for found in nodes if (variable := getattr(found, "variable", None)) is not None
+                 and variable.shape == out.shape and variable.dtype == out.dtype), None)
+
+
 def _largest(tensors: list[torch.Tensor], *, but: set[tuple[int, ...]]) -> int:
     """Bytes of the largest of ``tensors`` whose shape is not in ``but``."""
     return max((tensor_bytes(t) for t in tensors if tuple(t.shape) not in but), default=0)
@@ -181,6 +195,7 @@ class CostCounter(FlopCounterMode):
         self._has_blocks = has_blocks
         self._fwd_after_blocks = False
         self._bwd_after_blocks = False
+        self._param_users: dict[str, set[str]] = defaultdict(set)  # state name -> the segments that use it
         self.param_copies: set[StorageWeakRef] = set()
         self.masks: set[StorageWeakRef] = set()
         self._gpu_masks = gpu_masks  # count dropout masks as CUDA's one-byte ones
@@ -205,6 +220,22 @@ class CostCounter(FlopCounterMode):
         if is_bw:
             return EMBED if self._bwd_after_blocks else HEAD
         return HEAD if self._fwd_after_blocks else EMBED
+
+    def _gradient_segment(self, out: Any, running: str) -> str:
+        """The segment an operator counts in: ``running``, unless in backward it makes the
+        gradient of a parameter that ``running`` did not use (its cast back to the parameter's
+        dtype), which counts in the parameter's first user: the engine may run a weight's cast
+        after the block's input gradient, when the module tracker has left the block (BLOOM's MLP
+        and attention output weights, counted in the embedding's before). A tied weight's
+        gradients count where each use made them."""
+        if not (self.mod_tracker.is_bw and isinstance(out, torch.Tensor)
+                and (tuple(out.shape), out.dtype) in self._gradient_shapes):
+            return running
+        parameter = _gradient_of(out)
+        name = None if parameter is None else self._state_names.get(StorageWeakRef(parameter.untyped_storage()))
+        if name is None or running in self._param_users[name]:
+            return running
+        return self._record.param_segment[name]
 
     def _module(self, seg: str) -> str:
         """The innermost module running now, named relative to segment ``seg``'s block (to the
@@ -240,7 +271,7 @@ class CostCounter(FlopCounterMode):
             self.policies.saved(self.segment())
 
     def _count_flops(self, func_packet, out, args, kwargs):
-        seg = self.segment()
+        seg = self._gradient_segment(out, self.segment())
         if not self.suppressed:
             self._count(seg, func_packet, out, args, kwargs)
         elif func_packet not in _UNCOUNTED_OPS and func_packet not in self.flop_registry:
@@ -337,7 +368,7 @@ class CostCounter(FlopCounterMode):
             return False
         tensors = [t for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)]
         if self.mod_tracker.is_bw:
-            return writes_a_gradient(out, tensors, self._gradient_shapes)
+            return writes_a_gradient(out, tensors, self._gradient_shapes) and _gradient_of(out) is not None
         return func_packet in _CAST_OPS and any(StorageWeakRef(t.untyped_storage()) in self._state_names
                                                 for t in tensors)
 
@@ -359,6 +390,7 @@ class CostCounter(FlopCounterMode):
                 name = self._state_names.get(StorageWeakRef(arg.untyped_storage()))
                 if name is not None:
                     self._record.param_segment.setdefault(name, seg)
+                    self._param_users[name].add(seg)
                     if func_packet in _CAST_OPS and isinstance(out, torch.Tensor):
                         self.param_copies.add(StorageWeakRef(out.untyped_storage()))
         if self._gpu_masks and func_packet in _MASK_OPS and isinstance(out, torch.Tensor):
