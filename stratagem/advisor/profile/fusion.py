@@ -113,12 +113,12 @@ class FusionTracker:
 
     def op(self, group: Group, *, fusible: bool, reads: list[tuple], writes: list[tuple[Ref, int]],
            sums: list[tuple[Ref, int]] = (), cast: Hashable | None = None) -> None:
-        """One operator of ``group``: the storages it reads (a :class:`Read`, or a storage and its
-        bytes) and writes, with their bytes; ``sums``:
-        those of ``writes`` that sum an input over its leading dimensions (a bias's or a norm's
-        weight gradient); ``cast``: what a cast makes (dtype, shape), for a cast of what another
-        cast of its group already made (autocast casts an activation for each operator that takes
-        it; a compiler once), which is that cast's result and no operator."""
+        """One operator of ``group``: the storages it reads (each a :class:`Read`, or a storage and
+        its bytes) and writes, with their bytes; ``sums``: those of ``writes`` that sum an input
+        over its leading dimensions (a bias's or a norm's weight gradient); ``cast``: what a cast
+        makes (dtype, shape), for a cast of what another cast of its group already made (autocast
+        casts an activation for each operator that takes it; a compiler once), which is that
+        cast's result and no operator."""
         reads = [Read(self._same.get(ref, ref), *rest) for ref, *rest in reads]
         if fusible and cast is not None:
             made = self._casts.setdefault((group, cast, tuple(read.ref for read in reads)), writes)

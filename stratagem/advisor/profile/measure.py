@@ -195,7 +195,7 @@ class CostCounter(FlopCounterMode):
         self._has_blocks = has_blocks
         self._fwd_after_blocks = False
         self._bwd_after_blocks = False
-        self._param_users: dict[str, set[str]] = defaultdict(set)  # state name -> the segments that use it
+        self._param_users: dict[str, set[str]] = defaultdict(set)  # state name -> the segments whose forward uses it
         self.param_copies: set[StorageWeakRef] = set()
         self.masks: set[StorageWeakRef] = set()
         self._gpu_masks = gpu_masks  # count dropout masks as CUDA's one-byte ones
@@ -390,7 +390,8 @@ class CostCounter(FlopCounterMode):
                 name = self._state_names.get(StorageWeakRef(arg.untyped_storage()))
                 if name is not None:
                     self._record.param_segment.setdefault(name, seg)
-                    self._param_users[name].add(seg)
+                    if not self.mod_tracker.is_bw:
+                        self._param_users[name].add(seg)
                     if func_packet in _CAST_OPS and isinstance(out, torch.Tensor):
                         self.param_copies.add(StorageWeakRef(out.untyped_storage()))
         if self._gpu_masks and func_packet in _MASK_OPS and isinstance(out, torch.Tensor):

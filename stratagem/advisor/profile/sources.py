@@ -399,15 +399,15 @@ def build_causal_lm(config: Any, **kwargs: Any) -> tuple[nn.Module, str | None]:
     """``AutoModelForCausalLM.from_config(config, **kwargs)`` with its attention on SDPA, as CUDA
     runs it fused, where the model type implements it; else on transformers' eager attention
     (explicit softmax: BLOOM's ALiBi), with a note that says so (None otherwise)."""
-    import transformers
+    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    causal_lm = transformers.AutoModelForCausalLM
-    model_class = causal_lm._model_mapping.get(type(config), None)
+    model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
     if model_class is None or getattr(model_class, "_supports_sdpa", True):
-        return causal_lm.from_config(config, attn_implementation="sdpa", **kwargs), None
+        return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", **kwargs), None
     note = (f"{model_class.__name__} has no SDPA attention in transformers: its attention runs eager "
             "(the scores written out, an explicit softmax), and is profiled so")
-    return causal_lm.from_config(config, attn_implementation="eager", **kwargs), note
+    return AutoModelForCausalLM.from_config(config, attn_implementation="eager", **kwargs), note
 
 
 def _from_hf_config(path: str, *, batch_size: int, seq_len: int | None) -> ModelSource:
