@@ -175,7 +175,9 @@ class RankStep:
         where it compiles them (``fwd_fused_ops``), the embedding's and head's eager (the compile
         plugin compiles blocks only: :mod:`stratagem.plugins.compile`)."""
         eager = f"{direction}_{kind}"
-        blocks = total(f"{direction}_fused_{kind}" if self.plan.compile else eager, True)
+        if not self.plan.compile:
+            return total(eager, blocks_only)
+        blocks = total(f"{direction}_fused_{kind}", True)
         return blocks if blocks_only else blocks + total(eager, False) - total(eager, True)
 
     @property
