@@ -49,7 +49,9 @@ from stratagem.advisor.profile.cache import PROFILE_BATCH, profile_spec
 from stratagem.advisor.profile.structure import find_blocks
 from stratagem.verify.models import real_model
 
-CASES = ("gpt2-large:1024", "vit-l-16:-", "llama-2-7b:1024", "hf:bench/configs/pythia-410m:1024")
+CASES = ("gpt2-large:1024", "vit-l-16:-", "llama-2-7b:1024", "hf:bench/configs/pythia-410m:1024",
+         # written after the fusion model, never tuned on
+         "hf:bench/configs/opt-1.3b:1024", "hf:bench/configs/bloom-560m:1024", "hf:bench/configs/qwen2.5-1.5b:1024")
 BATCHES = (PROFILE_BATCH, 4 * PROFILE_BATCH)
 H100 = dict(multi_processor_count=132, major=9, minor=0, regs_per_multiprocessor=65536,
             max_threads_per_multi_processor=2048, max_threads_per_block=1024, warp_size=32)
