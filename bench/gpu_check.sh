@@ -39,7 +39,7 @@ table() {
     run 30 "$py" -m stratagem hardware
     run 90 "$py" -m stratagem calibrate
     cp "$STRATAGEM_CACHE_DIR"/calibration/*.json "$out"/ 2>/dev/null
-    # a Hugging Face layer compiles a graph of its own (its layer_idx): about 3 s each, 24 here
+    # a Hugging Face layer compiles a graph of its own (its layer_idx): 24 here
     run 120 "$py" -m stratagem verify --model hf:bench/configs/opt-1.3b --global-batch-size 8 --seq-len 1024 --top 2
     run 110 "$py" -m stratagem verify --model hf:bench/configs/bloom-560m --global-batch-size 8 --seq-len 1024 --top 2
     # eager: compiled block by block, a ResNet's bottlenecks recompile with dynamic shapes for over a

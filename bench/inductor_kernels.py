@@ -4,14 +4,15 @@ FLOPs move and the kernels they launch, as the profile counts them and as induct
 launches them (each kernel's bytes as inductor estimates them, ``kernel_num_gb``, with the
 corrections of :func:`_kernel_bytes`).
 
-Each block is compiled on CPU fake tensors under CPU autocast, its forward and backward graphs are
-kept as AOTAutograd hands them to inductor, then lowered for a CUDA device that answers inductor's
+Each block is compiled on CPU fake tensors under CPU autocast, its joint graph split by inductor's
+own joint-graph passes and partitioner, its forward and backward graphs kept as AOTAutograd hands
+them to inductor, then lowered for a CUDA device that answers inductor's
 queries as one H100 would (132 SMs, sm90); each kernel's source is kept instead of compiled, so
 nothing runs on a device. The graphs are the CPU's: CPU autocast, whose float32 list is shorter
 than CUDA's (profile/autocast.py), and the CPU's attention kernel. The profile's emulation of
 CUDA's list and kernel (which its own trace runs under ``aot_function``) cannot stand in here:
-dynamo breaks a block traced under it into several graphs (six forward for Llama 2 7B's, at the
-emulation's ``super().unflatten()``), each writing out what one compiled block keeps in
+dynamo breaks a block traced under it into several graphs (at the emulation's
+``super().unflatten()``), each writing out what one compiled block keeps in
 registers. A block captured as more than one graph in a direction is said so on the line. Where lowering for the faked CUDA device fails, the graph is lowered for the CPU
 device with the Triton backend instead, and the line says so: that lowering always writes a ``cat``
 out, and leaves loop reordering and mixed-order reductions off. Needs Triton beside torch, in a venv
@@ -133,7 +134,7 @@ def _kernel_bytes(kernel) -> int:
     inductor's estimate. Inductor's counts a buffer larger than the kernel's loop (one it slices)
     once per distinct index it is read at, each the loop's size: a partial rotary embedding reads
     the quarter of each head it rotates, the rest, and halves of the quarter, from the Q/K/V GEMM's
-    output, and was counted at 2.5 times its bytes (Pythia's). Here such a buffer counts the
+    output (Pythia's), each read counted at the kernel's whole size. Here such a buffer counts the
     elements its accesses cover (:func:`_footprint`); any other the whole buffer, as inductor's.
     And inductor counts a buffer the kernel writes in place as read and written; here it is read
     only where the kernel's code loads it (the kernel that assembles Pythia's Q/K/V gradient
@@ -238,6 +239,7 @@ def capture(spec: str, batch: int, seq_len: int | None) -> list[Graph]:
     with torch.device("meta"):
         built = source.build(batch, data)
     model = built.module
+
     def partition(joint: torch.fx.GraphModule, joint_inputs: list, **kwargs: object) -> tuple:
         # inductor's: its joint-graph passes (random operators replaced by seeded ones, no-op
         # conversions removed), then the min-cut partitioner; the passes read the fake mode

@@ -47,8 +47,8 @@ PROFILE_BATCH = 2
 """Samples the advisor profiles a model at (its costs scale to any micro-batch from there). At one,
 ViT-B/16 had counted 31 % fewer bytes per image than at two or four: its activations ``[1, 197,
 768]`` had the position embedding's shape, and were taken for its gradient while gradient writes
-were told by shape (``measure._gradient_of`` asks autograd now; one, two and four agree within
-0.1 %)."""
+were told by shape (``measure._gradient_of`` asks autograd now: tests/unit/test_profiles.py holds
+one, two and four to 2 % of each other)."""
 
 
 class ProfileCacheWarning(UserWarning):

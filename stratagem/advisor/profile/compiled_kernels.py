@@ -32,8 +32,8 @@ def graph_kernels(graph: torch.fx.Graph, *, backward: bool, params: int,
                   gradient_shapes: set[tuple[tuple[int, ...], torch.dtype]]) -> Fused:
     """:class:`Fused` of one partitioned graph. Its first ``params`` placeholders are the block's
     parameters: what the forward computes from them alone (autocast's copies of the weights) and
-    what the backward computes of a parameter's shape and dtype from tensors of that shape (the
-    gradients' casts) are counted apart, per parameter (``*_param_op_bytes``), and left out here.
+    what the backward writes as their gradients (:func:`_gradient_writes`: the gradients' casts)
+    are counted apart, per parameter (``*_param_op_bytes``), and left out here.
     The forward's outputs are written (what backward reads, and the block's output)."""
     tracker, group, separate = FusionTracker(), ("block", backward), 0  # separate: kernels of the parameters' casts
     alias: dict[torch.fx.Node, Hashable] = {}  # a view or a tuple's element -> what it reads from

@@ -235,7 +235,7 @@ class CostCounter(FlopCounterMode):
         name = None if parameter is None else self._state_names.get(StorageWeakRef(parameter.untyped_storage()))
         if name is None or running in self._param_users[name]:
             return running
-        return self._record.param_segment[name]
+        return self._record.param_segment.get(name, running)
 
     def _module(self, seg: str) -> str:
         """The innermost module running now, named relative to segment ``seg``'s block (to the
