@@ -2,16 +2,17 @@
 # On a machine with NVIDIA GPUs: what the probe sees (NVML), a calibration with NCCL (convolutions and
 # attention included), then verify's predicted-against-measured table on models of real size the cost model
 # was never tuned on (the cases of 2026-11-26 and 27, GPT-2 large, ViT-L/16, ResNet-101, the Pythia-shaped
-# GPT-NeoX and the TinyLlama-shaped Llama, have been since: bench/gpu_predictions.py keeps what they
-# measured): Hugging Face configs (hf:, bench/configs/) of OPT-1.3B's shape and BLOOM-560M's (its attention
-# eager: transformers has no SDPA path for ALiBi), ResNet-50 at 128 images (eager), and a Qwen2 of
+# GPT-NeoX and the TinyLlama-shaped Llama, have been since, and ResNet-50 eager, whose BatchNorm kernels
+# set the catalog's memory latency: bench/gpu_predictions.py keeps what they measured): Hugging Face
+# configs (hf:, bench/configs/) of OPT-1.3B's shape and BLOOM-560M's (its attention eager: transformers has
+# no SDPA path for ALiBi), ResNet-101 at 128 images (eager), and a Qwen2 of
 # Qwen2.5-1.5B's shape through Trainer(strategy="auto-parallel"). On one GPU each verify's top 2 are the
 # compiled plan and the offloaded one. Then the mechanisms, most telling first: operators without FLOPs by kind against a
 # copy (bench/reduction_rate.py), the compiled transformer steps' kernels by family (GPT-2 large,
 # the Pythia-shaped hf: config, ViT-L/16), the gaps between them split into the host's and the
 # device's by phase, with Nsight Compute's bytes of GPT-2 large's Triton kernels (bench/gpu_kernels.py),
 # the attention core's rate by sequence, head width and causality (bench/attention_rate.py), and
-# where a ResNet-50 step spends its device time (bench/gpu_phases.py).
+# BatchNorm's kernels by shape, dtype and layout (bench/batch_norm_rate.py).
 # Each step has a time limit and the next one runs whatever it ended with: the table's steps
 # limits about 9 minutes in all (the cases of 2026-11-27 took 7), the mechanisms' 6, so that each part fits one call
 # of a lent machine. Run from the repository root:
@@ -44,7 +45,7 @@ table() {
     run 110 "$py" -m stratagem verify --model hf:bench/configs/bloom-560m --global-batch-size 8 --seq-len 1024 --top 2
     # eager: compiled block by block, a ResNet's bottlenecks recompile with dynamic shapes for over a
     # minute (the advice notes it), which twice outran this step's limit
-    run 60 "$py" -m stratagem verify --model resnet-50 --global-batch-size 128 --top 1 --no-compile
+    run 70 "$py" -m stratagem verify --model resnet-101 --global-batch-size 128 --top 1 --no-compile
     run 150 "$py" bench/trainer_hf.py --accelerator gpu --config bench/configs/qwen2.5-1.5b/config.json --batch 4 \
         --seq-len 1024  # compiles each of its 28 layers
 }
@@ -52,7 +53,7 @@ table() {
 mechanisms() {
     # most telling first, so that a lease ending early cuts the least: operators without FLOPs by
     # kind against a copy; the compiled steps' time by kernel family, then each family's bytes as
-    # Nsight Compute counts them; attention by shape; where a ResNet-50 step spends its device time
+    # Nsight Compute counts them; attention by shape; BatchNorm's kernels by shape
     run 40 "$py" bench/reduction_rate.py
     run 110 "$py" bench/gpu_kernels.py gpt2-large:8:1024:compiled hf:bench/configs/pythia-410m:8:1024:compiled vit-l-16:64::compiled
     # the fused (Triton) kernels alone: replaying all 3,000 of the step's outran 150 s
@@ -61,7 +62,7 @@ mechanisms() {
         --page raw $py bench/gpu_kernels.py --ncu gpt2-large:8:1024:compiled > $out/kernels-ncu.csv"
     "$py" bench/gpu_kernels.py --summarize "$out/kernels-ncu.csv"
     run 40 "$py" bench/attention_rate.py
-    run 50 "$py" bench/gpu_phases.py resnet-50:256
+    run 50 "$py" bench/batch_norm_rate.py
 }
 
 {

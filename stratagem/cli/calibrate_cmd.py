@@ -78,6 +78,8 @@ def calibration_table(calibration: Calibration) -> Table:
         rates = ", ".join(f"{intensity:.0f}: {rate / 1e12:.3g}" for intensity, rate in points)
         table.add_row(f"convolutions {dtype} (FLOP/B: TFLOP/s)", rates)
     table.add_row("memory bandwidth", f"{format_bytes(calibration.memory_bandwidth)}/s")
+    if calibration.memory_latency is not None:
+        table.add_row("memory latency, few loads in flight", format_seconds(calibration.memory_latency))
     for scope, ops in calibration.links.items():
         for op, fits in ops.items():
             for size, fit in sorted(fits.items()):

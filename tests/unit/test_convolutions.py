@@ -246,10 +246,10 @@ def test_only_16_bit_convolutions_on_nvidia_gpus_pay_transforms():
 # -- ResNet-50 on one H100 ---------------------------------------------------------------------
 
 def _without_convs(profile: ModelProfile) -> ModelProfile:
-    """``profile`` as the cost model saw it before convolutions were recorded: their FLOPs at the
-    large-GEMM rate and no layout transform."""
+    """``profile`` as the cost model saw it before convolutions and BatchNorms were recorded: their
+    FLOPs at the large-GEMM rate, no layout transform and BatchNorm by its operators' bytes."""
     def strip(segment: SegmentProfile) -> SegmentProfile:
-        return dataclasses.replace(segment, convs=())
+        return dataclasses.replace(segment, convs=(), batch_norms=())
 
     variant = profile.in_compute_dtype and _without_convs(profile.in_compute_dtype)
     return dataclasses.replace(profile, embed=strip(profile.embed), blocks=tuple(map(strip, profile.blocks)),
@@ -259,8 +259,9 @@ def _without_convs(profile: ModelProfile) -> ModelProfile:
 def test_resnet50_on_an_h100_pays_for_thin_convolutions_and_nchw_transforms():
     """Measured on one H100 (bf16 autocast, AdamW, 256 images): 116 ms a step, where FLOPs at the
     large-GEMM rate and the bytes of BatchNorm, ReLU and the residual adds predicted 40 ms. The
-    implicit GEMMs' shapes (thin, memory-bound early convolutions) and the NCHW↔NHWC transforms
-    both move the prediction up; a channels-last model would pay the GEMMs but not the transforms."""
+    implicit GEMMs' shapes (thin, memory-bound early convolutions), the NCHW↔NHWC transforms and
+    BatchNorm's per-channel kernels all move the prediction up; a channels-last model would pay
+    the GEMMs but neither the transforms nor those kernels."""
     profile = profile_spec("resnet-50")
     cluster, workload = parse_cluster(H100), Workload(global_batch_size=256)
     plan = Plan(micro_batch_size=256, block_container=profile.block_container)
@@ -269,16 +270,19 @@ def test_resnet50_on_an_h100_pays_for_thin_convolutions_and_nchw_transforms():
     after = estimate_time(profile, cluster=cluster, workload=workload, plan=plan).step_seconds
     assert 0.3 < step.block_matmul_efficiency < 0.7
     transforms = sum(step.layout_bytes[d, False] for d in ("fwd", "bwd")) * step.batch_scale * step.seconds_per_op_byte
-    assert 0.035 < before < 0.045 and after > before + transforms > before
+    norms = sum(step.norm_seconds[d, False] for d in ("fwd", "bwd")) * step.batch_scale
+    assert 0.035 < before < 0.045 and after > before + transforms + norms > before + transforms > before
     channels_last = _channels_last(profile)
     nhwc = estimate_time(channels_last, cluster=cluster, workload=workload, plan=plan).step_seconds
-    assert nhwc == pytest.approx(after - transforms)
+    assert nhwc == pytest.approx(after - transforms - norms)
 
 
 def _channels_last(profile: ModelProfile) -> ModelProfile:
     def move(segment: SegmentProfile) -> SegmentProfile:
         return dataclasses.replace(segment, convs=tuple(dataclasses.replace(c, channels_last=True)
-                                                        for c in segment.convs))
+                                                        for c in segment.convs),
+                                   batch_norms=tuple(dataclasses.replace(n, channels_last=True)
+                                                     for n in segment.batch_norms))
 
     variant = profile.in_compute_dtype and _channels_last(profile.in_compute_dtype)
     return dataclasses.replace(profile, embed=move(profile.embed), blocks=tuple(map(move, profile.blocks)),

@@ -100,7 +100,9 @@ class Calibration:
     plain Linear's; ``optimizer_seconds``: per optimizer, its step's seconds
     per fp32 parameter and per parameter tensor. ``sync_seconds``: what a blocking collective waits
     beyond its own time when it follows compute (the ranks arriving apart). ``framework_bytes``: the
-    memory a fresh process's first training steps take beyond their tensors.
+    memory a fresh process's first training steps take beyond their tensors. ``memory_latency``:
+    seconds a load from device memory takes to come back with few in flight (GPUs; None on CPU
+    ranks and in earlier calibrations).
     """
 
     hardware: str
@@ -124,6 +126,7 @@ class Calibration:
     notes: tuple[str, ...] = field(default=())
     conv: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
     attention: dict[str, tuple[tuple[int, bool, int, float, float], ...]] = field(default_factory=dict)
+    memory_latency: float | None = None
 
     def matmul_rate(self, dtype: str) -> float | None:
         """FLOP/s of the largest measured matmul in ``dtype``, or None when not measured."""
@@ -145,10 +148,13 @@ class Calibration:
         of a collective after compute, and the framework's memory. The
         matmul rates of every size measured go along (``NodeSpec.matmul_curve``), the share
         of them unaligned GEMMs reach (``NodeSpec.unaligned_matmul``), the convolutions' rates
-        (``NodeSpec.conv_curve``) and fused attention's (``NodeSpec.attention_curve``). A note says so."""
+        (``NodeSpec.conv_curve``) and fused attention's (``NodeSpec.attention_curve``), and the
+        memory's latency where measured. A note says so."""
         node = cluster.node
         measured = {f"peak_{dtype}": rate for dtype in ("fp32", "tf32", "bf16", "fp16")
                     if (rate := self.matmul_rate(dtype)) is not None}
+        if self.memory_latency is not None:
+            measured["memory_latency"] = self.memory_latency
         device = dataclasses.replace(
             node.device, **measured, memory_bandwidth=self.memory_bandwidth,
             estimated=tuple(f for f in node.device.estimated if f not in measured and f != "memory_bandwidth"))

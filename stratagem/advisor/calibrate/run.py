@@ -38,6 +38,7 @@ from stratagem.advisor.calibrate.benchmarks import (
 )
 from stratagem.advisor.calibrate.calibration import COLLECTIVES, Calibration, LinkFit, fit_link, hardware_key
 from stratagem.advisor.calibrate.convolutions import CONV_SHAPES, QUICK_CONV_SHAPES, conv_rates
+from stratagem.advisor.calibrate.memory_latency import memory_latency
 from stratagem.advisor.cost.attention import ATTENTION_DTYPES
 from stratagem.distributed import (
     across_ranks,
@@ -222,6 +223,10 @@ def _measure_compute(device: torch.device, settings: Settings, dtypes: list[str]
         per_dtensor_op = across_ranks(dtensor_op_seconds(device, repeats=settings.repeats))
         per_tp_linear = tp_linear_seconds(device, repeats=settings.repeats)
     per_byte, byte_notes = op_byte_seconds_at_least_a_copy(compute.op_byte_seconds, bandwidth)
+    latency = None
+    if device.type == "cuda":
+        with phase("memory latency (BatchNorm's per-channel kernel)"):
+            latency = across_ranks(memory_latency(device, 1 / bandwidth, repeats=settings.repeats))
     return dict(
         matmul={dtype: tuple(points) for dtype, points in compute.matmul.items()}, memory_bandwidth=bandwidth,
         conv={dtype: tuple(points) for dtype, points in convs.items()},
@@ -229,7 +234,7 @@ def _measure_compute(device: torch.device, settings: Settings, dtypes: list[str]
         unaligned_matmul=compute.unaligned, op_seconds=compute.op_seconds,
         op_byte_seconds=per_byte,
         dtensor_op_seconds=per_dtensor_op, tp_linear_seconds=per_tp_linear, optimizer_seconds=optimizers,
-        framework_bytes=framework, notes=byte_notes)
+        framework_bytes=framework, memory_latency=latency, notes=byte_notes)
 
 
 def op_byte_seconds_at_least_a_copy(measured: float | None, bandwidth: float) -> tuple[float, tuple[str, ...]]:

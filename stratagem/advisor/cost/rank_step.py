@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from stratagem.advisor.cost.attention import AttentionTime, fused_attention_time
 from stratagem.advisor.cost.collectives import mesh_links
+from stratagem.advisor.cost.batch_norm import stage_norm_seconds
 from stratagem.advisor.cost.convolutions import stage_layout_bytes
 from stratagem.advisor.cost.rates import (
     achievable_fraction,
@@ -40,7 +41,8 @@ class RankStep:
     (:mod:`~stratagem.advisor.cost.rates`), ``kernel_gap_seconds`` the device's gap after each
     kernel launched; ``layout_bytes`` what the layout transforms around
     NCHW convolutions move per ``(direction, blocks only)`` at the profiled batch
-    (:mod:`~stratagem.advisor.cost.convolutions`); ``attention`` the fused attention kernels' FLOPs
+    (:mod:`~stratagem.advisor.cost.convolutions`); ``norm_seconds`` what BatchNorm's per-channel
+    kernels add likewise (:mod:`~stratagem.advisor.cost.batch_norm`); ``attention`` the fused attention kernels' FLOPs
     and seconds per micro-batch by ``blocks only``, where priced apart from the GEMMs
     (:mod:`~stratagem.advisor.cost.attention`)."""
 
@@ -57,6 +59,7 @@ class RankStep:
     seconds_per_op_byte: float
     kernel_gap_seconds: float
     layout_bytes: dict[tuple[str, bool], float]
+    norm_seconds: dict[tuple[str, bool], float]
     attention: dict[bool, AttentionTime] | None = None
 
     def link(self, axis: MeshAxis, op: str) -> dict[str, float]:
@@ -135,7 +138,8 @@ class RankStep:
         :attr:`unaligned_matmul_fraction` of either; plus the bytes operators without FLOPs move
         (those of parameter-sized outputs, autocast's weight casts, at any micro-batch size), the
         blocks' fused where the plan compiles them (:meth:`run_bytes`), and those of the layout transforms
-        around NCHW convolutions (:attr:`layout_bytes`); fused attention at its own seconds
+        around NCHW convolutions (:attr:`layout_bytes`); what BatchNorm's per-channel kernels add
+        (:attr:`norm_seconds`); fused attention at its own seconds
         (:attr:`attention`), where priced apart; and the device's gap after each kernel the pass
         launches (:attr:`kernel_gap_seconds`; every TP rank launches them all: :meth:`launched`)."""
         flops = f"{direction}_flops"
@@ -154,7 +158,8 @@ class RankStep:
                  + self.per_tp_rank(f"{direction}_param_op_bytes", blocks_only=blocks_only)
                  + self.layout_bytes[direction, blocks_only] * self.batch_scale)
         launched = self.launched(direction, blocks_only=blocks_only)
-        return attention + matmuls + moved * self.seconds_per_op_byte + launched * self.kernel_gap_seconds
+        norms = self.norm_seconds[direction, blocks_only] * self.batch_scale
+        return attention + matmuls + norms + moved * self.seconds_per_op_byte + launched * self.kernel_gap_seconds
 
     def run_bytes(self, direction: str, *, blocks_only: bool = False) -> float:
         """Bytes ``direction``'s operators without FLOPs move in one micro-batch on one TP rank, as
@@ -213,6 +218,7 @@ def rank_step(profile: ModelProfile, *, cluster: Cluster, workload: Workload,
     profile = profile.computed_by(plan)
     curve = matmul_curve(cluster, plan.precision)
     stage = busiest_stage(profile, plan)
+    per_byte = seconds_per_op_byte(cluster)
     return RankStep(profile=profile, cluster=cluster, plan=plan, optimizer=workload.optimizer,
                     precision=get_precision(plan.precision), stage=stage, links=mesh_links(cluster, plan),
                     flops_per_second=achievable_fraction(cluster, curve) * estimate_peak_flops(
@@ -220,8 +226,9 @@ def rank_step(profile: ModelProfile, *, cluster: Cluster, workload: Workload,
                     attention=_busiest_attention(profile, plan, cluster),
                     block_matmul_efficiency=_busiest_matmul_efficiency(profile, plan, cluster),
                     unaligned_matmul_fraction=unaligned_matmul_fraction(cluster, plan.precision),
-                    seconds_per_op_byte=seconds_per_op_byte(cluster), kernel_gap_seconds=kernel_gap_seconds(cluster),
-                    layout_bytes=stage_layout_bytes(stage, plan, cluster))
+                    seconds_per_op_byte=per_byte, kernel_gap_seconds=kernel_gap_seconds(cluster),
+                    layout_bytes=stage_layout_bytes(stage, plan, cluster),
+                    norm_seconds=stage_norm_seconds(stage, plan, cluster, per_byte))
 
 
 # What the busiest stage's GEMM shapes never depend on: data-parallel sharding, the schedule,

@@ -62,6 +62,9 @@ H200_SMS = "the H100 SXM5's GH100 configuration (132 SMs), which the H200 keeps"
 ADA_SMS = "NVIDIA Ada Lovelace whitepaper / datasheet: CUDA cores / 128 per SM"
 MAMF = ("maximum achievable matmul FLOPS, bf16, best shape found (Bekman, ml-engineering, "
         "compute/accelerator: MAMF comparison table)")
+H100_LATENCY = ("bench/batch_norm_rate.py on one H100 SXM5 80GB (2026-11-26): ATen's batch-statistics kernel read "
+                "(256, 64, 112, 112) in bfloat16, 411 MB, in 2.62 ms, one 2-byte load in flight per thread of "
+                "64 blocks of 512; less the bytes at 0.7 of 3.35 TB/s (docs/cost-model.md, \"BatchNorm's kernels\")")
 H200_MATMUL = "stratagem calibrate on one H200 (torch 2.11, CUDA 13; bf16 671-704 TFLOP/s from n = 2048): docs/benchmarks.md"
 
 
@@ -85,6 +88,7 @@ class GpuEntry:
     bridge: str | None = None  # optional pairwise bridge for PCIe cards ("+bridge" in a spec)
     sms: Fig | None = None  # streaming multiprocessors (AMD: compute units): what GEMM tiles run on
     matmul: Fig | None = None  # FLOP/s the largest 16-bit GEMMs reach, measured
+    memory_latency: Fig | None = None  # seconds a load from device memory takes with few in flight, measured
 
 
 GPUS: tuple[GpuEntry, ...] = (
@@ -130,7 +134,8 @@ GPUS: tuple[GpuEntry, ...] = (
              fp32=Fig(67 * TFLOPS, H100_DS), tf32=Fig(495 * TFLOPS, H100_DS),
              bf16=Fig(989 * TFLOPS, H100_DS), fp16=Fig(989 * TFLOPS, H100_DS),
              link="nvlink4-nvswitch", host_link="pcie-gen5",
-             sms=Fig(132, H100_WP), matmul=Fig(792.1 * TFLOPS, MAMF + ": H100 SXM, CUDA 12.1")),
+             sms=Fig(132, H100_WP), matmul=Fig(792.1 * TFLOPS, MAMF + ": H100 SXM, CUDA 12.1"),
+             memory_latency=Fig(390e-9, H100_LATENCY)),
     GpuEntry(name="H100-PCIe-80GB", aliases=("H100-PCIe",),
              nvml_names=("NVIDIA H100 PCIe",), compute_capability=(9, 0),
              memory=Fig(80 * GIB, H100_DS), memory_bandwidth=Fig(2000 * GB, H100_DS),

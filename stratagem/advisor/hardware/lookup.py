@@ -88,7 +88,8 @@ def device_from_entry(entry: GpuEntry) -> DeviceSpec:
     """The :class:`DeviceSpec` a catalog entry describes."""
     figs = {"memory_bytes": entry.memory, "memory_bandwidth": entry.memory_bandwidth,
             "peak_fp32": entry.fp32, "peak_tf32": entry.tf32, "peak_bf16": entry.bf16,
-            "peak_fp16": entry.fp16, "num_sms": entry.sms, "matmul_fraction": entry.matmul}
+            "peak_fp16": entry.fp16, "num_sms": entry.sms, "matmul_fraction": entry.matmul,
+            "memory_latency": entry.memory_latency}
     sixteen_bit = entry.bf16 or entry.fp16
     return DeviceSpec(
         name=entry.name, vendor=entry.vendor, memory_bytes=int(entry.memory.value),
@@ -97,6 +98,7 @@ def device_from_entry(entry: GpuEntry) -> DeviceSpec:
         compute_capability=entry.compute_capability, estimated=_estimated(**figs),
         num_sms=None if entry.sms is None else int(entry.sms.value),
         matmul_fraction=None if entry.matmul is None else entry.matmul.value / sixteen_bit.value,
+        memory_latency=_value(entry.memory_latency),
     )
 
 
@@ -110,6 +112,7 @@ def estimate_unknown_gpu(
     device = replace(
         device_from_entry(donor), name=name, memory_bytes=memory_bytes,
         compute_capability=compute_capability, num_sms=None, matmul_fraction=None,  # the donor's would be guesses
+        memory_latency=None,
         estimated=("memory_bandwidth", "peak_fp32", "peak_tf32", "peak_bf16", "peak_fp16"),
     )
     why = f"compute capability {compute_capability}" if same_cc else "no catalogued peer"

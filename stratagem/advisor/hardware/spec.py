@@ -39,6 +39,9 @@ class DeviceSpec:
     num_cores: int | None = None  # CPU cores per rank; None for GPUs
     num_sms: int | None = None  # streaming multiprocessors (compute units), where catalogued
     matmul_fraction: float | None = None  # share of the 16-bit peak the largest GEMMs reach, where measured
+    # Seconds a load from device memory takes to come back while few warps stream, where measured:
+    # what bounds kernels with few loads in flight (stratagem.advisor.cost.batch_norm).
+    memory_latency: float | None = None
     estimated: tuple[str, ...] = ()
 
     @property

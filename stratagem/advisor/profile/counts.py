@@ -7,7 +7,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from stratagem.advisor.profile.model_profile import ConvLayer
+from stratagem.advisor.profile.model_profile import BatchNormCall, ConvLayer
 
 
 @dataclass
@@ -77,6 +77,7 @@ class SegmentCounts:
     compiled: CompiledBlock | None = None  # the block compiled (profile.compiled); None: not measured
     policies: dict[str, PolicyCounts] = field(default_factory=dict)  # a block's, per selective policy
     convs: list[ConvLayer] = field(default_factory=list)  # the convolutions its forward ran, in order
+    batch_norms: list[BatchNormCall] = field(default_factory=list)  # its BatchNorms on batch statistics, in order
     # its fused attention kernels' FLOPs by (seq_q, seq_kv, head_dim, causal): [forward, backward]
     fused_attention: dict[tuple[int, int, int, bool], list[int]] = field(default_factory=dict)
 

@@ -53,6 +53,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from stratagem.advisor.profile.block_reuse import tensor_bytes
+from stratagem.advisor.profile.batch_norms import BATCH_NORM_OPS, batch_norm_call
 from stratagem.advisor.profile.convolutions import conv_layer
 from stratagem.advisor.profile.counts import RunRecord
 from stratagem.advisor.profile.fusion import FusionTracker, Read, region_of, sums_leading_dims
@@ -323,6 +324,8 @@ class CostCounter(FlopCounterMode):
             counts.attention_fwd_flops += flops
         if func_packet is aten.convolution and (conv := conv_layer(args, kwargs, out, name=self._module(seg))):
             counts.convs.append(conv)
+        if func_packet in BATCH_NORM_OPS and (norm := batch_norm_call(func_packet, args, kwargs)):
+            counts.batch_norms.append(norm)
         if counted:  # torch's selective checkpointing asks its policy about these alone
             self.policies.op(seg, str(func_packet), out, flops=flops, ops=1, op_bytes=batch, param_op_bytes=sized,
                              attention_flops=flops if func_packet in ATTENTION_OPS else 0)

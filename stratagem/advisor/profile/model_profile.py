@@ -29,9 +29,9 @@ def kernels_for(*, accelerator: bool) -> str:
     return "gpu" if accelerator else "cpu"
 
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 """Version of the layout ``ModelProfile.to_dict`` writes and ``from_dict`` reads. Bump it whenever
-a field of ModelProfile, SegmentProfile, LinearLayer, ConvLayer or AttentionCall is added, removed, renamed or changes
+a field of ModelProfile, SegmentProfile, LinearLayer, ConvLayer, BatchNormCall or AttentionCall is added, removed, renamed or changes
 meaning (tests/unit/test_profile_cache_checks.py pins the fields to this number)."""
 
 
@@ -100,6 +100,27 @@ class ConvLayer:
             items = _list(_require(data, key, where), f"{where}.{key}")
             values[key] = tuple(_count(x, f"{where}.{key}[{i}]", minimum=1) for i, x in enumerate(items))
         return cls(**values)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BatchNormCall:
+    """A BatchNorm a segment's forward ran on batch statistics (``aten.native_batch_norm`` in
+    training): what the kernels a GPU runs it with follow from (docs/cost-model.md, "BatchNorm's
+    kernels")."""
+
+    channels: int
+    elements: int  # of its input at the profiled batch: N·C·H·W
+    dtype: str  # its input's (torch.bfloat16 → "bfloat16")
+    weight_dtype: str | None  # its weight's; None without an affine weight
+    channels_last: bool = False  # its input laid out channels-last
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "batch_norm") -> BatchNormCall:
+        """The inverse of :meth:`to_dict`, checked (:class:`ProfileDataError` if it does not hold)."""
+        return cls(**_checked_fields(cls, data, where))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -180,6 +201,7 @@ class SegmentProfile:
     vocab_params: int = 0
     linears: tuple[LinearLayer, ...] = ()  # a block's Linears; the head's: the vocabulary projection TP splits
     convs: tuple[ConvLayer, ...] = ()  # every convolution its forward ran, in order
+    batch_norms: tuple[BatchNormCall, ...] = ()  # every BatchNorm on batch statistics its forward ran, in order
     fused_attention: tuple[AttentionCall, ...] = ()  # its fused attention kernels' calls, by shape
     measured_as: str | None = None  # identical block whose measurement this one reuses
 
@@ -192,6 +214,7 @@ class SegmentProfile:
         out = asdict(self)
         out["linears"] = [linear.to_dict() for linear in self.linears]
         out["convs"] = [conv.to_dict() for conv in self.convs]
+        out["batch_norms"] = [call.to_dict() for call in self.batch_norms]
         out["fused_attention"] = [call.to_dict() for call in self.fused_attention]
         out["flops"] = self.flops
         return out
@@ -205,6 +228,9 @@ class SegmentProfile:
         values["linears"] = tuple(LinearLayer.from_dict(x, f"{where}.linears[{i}]") for i, x in enumerate(linears))
         convs = _list(data.get("convs", []), f"{where}.convs")
         values["convs"] = tuple(ConvLayer.from_dict(x, f"{where}.convs[{i}]") for i, x in enumerate(convs))
+        norms = _list(data.get("batch_norms", []), f"{where}.batch_norms")
+        values["batch_norms"] = tuple(BatchNormCall.from_dict(x, f"{where}.batch_norms[{i}]")
+                                      for i, x in enumerate(norms))
         calls = _list(data.get("fused_attention", []), f"{where}.fused_attention")
         values["fused_attention"] = tuple(AttentionCall.from_dict(x, f"{where}.fused_attention[{i}]")
                                           for i, x in enumerate(calls))
@@ -347,7 +373,7 @@ class ModelProfile:
 # Checking stored profiles: each field by its annotation, then what holds between fields.
 
 _POSITIVE = frozenset({"batch_size", "seq_len", "num_heads", "num_kv_heads", "in_features", "out_features",
-                       "in_channels", "out_channels", "groups", "seq_q", "seq_kv", "head_dim"})
+                       "in_channels", "out_channels", "channels", "groups", "seq_q", "seq_kv", "head_dim"})
 _TOTALS = {"parameters": "num_params", "param_bytes": "param_bytes", "buffer_bytes": "buffer_bytes",
            "fwd_flops": "fwd_flops", "bwd_flops": "bwd_flops", "flops_per_step": "flops_per_step",
            "saved_bytes": "saved_bytes"}

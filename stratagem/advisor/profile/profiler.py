@@ -299,7 +299,7 @@ def _assemble(model: nn.Module, blocks: tuple[str, ...], record: RunRecord, prec
             fwd_fused_op_bytes=counts.fwd_fused_op_bytes, bwd_fused_op_bytes=counts.bwd_fused_op_bytes,
             fwd_fused_ops=counts.fwd_fused_ops, bwd_fused_ops=counts.bwd_fused_ops,
             compiled_saved_bytes=counts.compiled.saved_bytes if counts.compiled else 0,
-            convs=tuple(counts.convs), fused_attention=_attention_calls(counts), **_policy_fields(counts), **extra,
+            convs=tuple(counts.convs), batch_norms=tuple(counts.batch_norms), fused_attention=_attention_calls(counts), **_policy_fields(counts), **extra,
         )
 
     block_profiles = []

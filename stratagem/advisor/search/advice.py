@@ -10,6 +10,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
+from stratagem.advisor.cost.batch_norm import latency_unknown_note
 from stratagem.advisor.cost.estimate import Estimate, MemoryBreakdown, TimeBreakdown
 from stratagem.advisor.cost.evaluate import evaluate
 from stratagem.advisor.cost.memory import estimate_memory, framework_bytes, overflow
@@ -154,6 +155,7 @@ def _model_notes(profile: ModelProfile, cluster: Cluster) -> tuple[str, ...]:
     """What the model itself rules out, and what its profile does not describe, said once."""
     _, no_tp = tp_degrees(profile, cluster.devices_per_node)
     notes = (f"No tensor-parallel plans: {no_tp}.",) if no_tp else ()
+    notes += latency_unknown_note(profile, cluster)
     if not cluster.is_accelerator and profile.block_container is not None:
         notes += (COMPILE_ON_CPU,)
     wanted = kernels_for(accelerator=cluster.is_accelerator)
