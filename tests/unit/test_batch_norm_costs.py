@@ -50,6 +50,7 @@ def test_the_profile_records_each_batch_norm_on_batch_statistics():
     (_call(64, 56, dtype="float16", weight="float16"), H100, True),
     (_call(64, 56, dtype="float16"), H100, False),  # fp16 with an fp32 weight: cuDNN's
     (_call(64, 56, dtype="float32"), H100, False),  # cuDNN's
+    (_call(64, 56, dtype="float32", weight=None), H100, True),  # cuDNN's wants an affine weight and bias
     (_call(64, 56, channels_last=True), H100, False),  # ATen's channels-last kernels
     (_call(64, 56), "1xMI300X", False),  # ROCm's launch differs
     (_call(64, 56), "2xcpu", False),

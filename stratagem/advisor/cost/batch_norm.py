@@ -2,8 +2,9 @@
 per-channel kernels, which read the input more often than the operator's bytes say and, with few
 channels, stream it slower than the memory can (docs/cost-model.md, "BatchNorm's kernels").
 
-PyTorch hands a BatchNorm to cuDNN unless its input or weight is bfloat16, or it is float16 with
-a float16 weight (``_select_batch_norm_backend``, aten/src/ATen/native/Normalization.cpp): under
+PyTorch hands a BatchNorm to cuDNN unless its input or weight is bfloat16, it is float16 with a
+float16 weight, or it has no affine weight (``_select_batch_norm_backend``,
+aten/src/ATen/native/Normalization.cpp): under
 bf16 autocast a convolution's bf16 output with BatchNorm's fp32 weight runs on ATen's own CUDA
 kernels (aten/src/ATen/native/cuda/Normalization.cuh). In NCHW those launch one block of
 :data:`THREADS_PER_BLOCK` threads per channel (``dim3 blocks(input.size(1))``):
@@ -44,7 +45,7 @@ def runs_per_channel_kernels(call: BatchNormCall, cluster: Cluster) -> bool:
     device = cluster.device
     if not (device.is_gpu and device.vendor == "nvidia") or call.channels_last:
         return False
-    return ("bfloat16" in (call.dtype, call.weight_dtype)
+    return (call.weight_dtype is None or "bfloat16" in (call.dtype, call.weight_dtype)
             or (call.dtype == "float16" and call.weight_dtype != "float32"))
 
 
