@@ -1,6 +1,6 @@
 """BatchNorm's kernels on a GPU: what the profile records of each BatchNorm, which ones run on ATen's
-per-channel kernels, what those cost against their times measured on one H100, and the memory
-latency that bounds them, catalogued, calibrated or noted as unknown."""
+kernels, what the per-channel (NCHW) ones cost against their times measured on one H100, and the
+memory latency that bounds them, catalogued, calibrated or noted as unknown."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 
 from stratagem.advisor.calibrate.calibration import Calibration, hardware_key
 from stratagem.advisor.calibrate.memory_latency import memory_latency
-from stratagem.advisor.cost.batch_norm import latency_unknown_note, per_channel_seconds, runs_per_channel_kernels
+from stratagem.advisor.cost.batch_norm import aten_seconds, latency_unknown_note, runs_aten_kernels
 from stratagem.advisor.cost.rank_step import rank_step
 from stratagem.advisor.hardware import Cluster, parse_cluster
 from stratagem.advisor.profile.cache import profile_spec
@@ -45,26 +45,26 @@ def test_the_profile_records_each_batch_norm_on_batch_statistics():
     assert not profile_spec("gpt2-tiny", seq_len=32).blocks[0].batch_norms  # LayerNorm is not one
 
 
-@pytest.mark.parametrize(("call", "cluster", "per_channel"), [
+@pytest.mark.parametrize(("call", "cluster", "aten"), [
     (_call(64, 56), H100, True),  # bf16 autocast: a bf16 input, an fp32 weight
     (_call(64, 56, dtype="float16", weight="float16"), H100, True),
     (_call(64, 56, dtype="float16"), H100, False),  # fp16 with an fp32 weight: cuDNN's
     (_call(64, 56, dtype="float32"), H100, False),  # cuDNN's
     (_call(64, 56, dtype="float32", weight=None), H100, True),  # cuDNN's wants an affine weight and bias
-    (_call(64, 56, channels_last=True), H100, False),  # ATen's channels-last kernels
+    (_call(64, 56, channels_last=True), H100, True),  # ATen's channels-last kernels
     (_call(64, 56), "1xMI300X", False),  # ROCm's launch differs
     (_call(64, 56), "2xcpu", False),
 ])
-def test_which_batch_norms_run_on_the_per_channel_kernels(call, cluster, per_channel):
-    assert runs_per_channel_kernels(call, parse_cluster(cluster)) is per_channel
+def test_which_batch_norms_run_on_atens_kernels(call, cluster, aten):
+    assert runs_aten_kernels(call, parse_cluster(cluster)) is aten
 
 
 @pytest.mark.parametrize(("channels", "side"), list(MEASURED_MS))
-def test_per_channel_kernels_cost_what_they_took_on_an_h100(channels, side):
+def test_nchw_kernels_cost_what_they_took_on_an_h100(channels, side):
     """The statistics kernel and the backward's, each within 20 % of the time measured."""
     device, per_byte = parse_cluster(H100).device, 1 / (0.7 * 3.35e12)
     call = _call(channels, side)
-    statistics, backward = per_channel_seconds(call, device, per_byte)
+    statistics, backward = aten_seconds(call, device, per_byte)
     backward += 3 * call.elements * 2 * per_byte  # the passes the operator's own bytes price
     measured_statistics, measured_backward = MEASURED_MS[channels, side]
     if measured_statistics is not None:
@@ -72,13 +72,15 @@ def test_per_channel_kernels_cost_what_they_took_on_an_h100(channels, side):
     assert backward * 1e3 == pytest.approx(measured_backward, rel=0.2)
 
 
-def test_few_channels_stream_slower_and_an_unknown_latency_leaves_the_passes_alone():
+def test_few_channels_stream_slower_and_otherwise_the_extra_passes_alone_cost():
+    """NCHW with few channels pays the latency; channels-last kernels, or an unknown latency, leave
+    the statistics' pass forward and the reduction's two backward."""
     device, per_byte = parse_cluster(H100).device, 1e-12
-    narrow, wide = (per_channel_seconds(_call(c, 56), device, per_byte) for c in (64, 1024))
+    narrow, wide = (aten_seconds(_call(c, 56), device, per_byte) for c in (64, 1024))
     assert narrow[0] / (64 * 56**2) > 4 * wide[0] / (1024 * 56**2)  # per element, 64 channels fill half the SMs
-    unknown = dataclasses.replace(device, memory_latency=None)
-    size = _call(64, 56).elements * 2
-    assert per_channel_seconds(_call(64, 56), unknown, per_byte) == pytest.approx((size * per_byte, 2 * size * per_byte))
+    passes = pytest.approx((_call(64, 56).elements * 2 * per_byte, 2 * _call(64, 56).elements * 2 * per_byte))
+    assert aten_seconds(_call(64, 56), dataclasses.replace(device, memory_latency=None), per_byte) == passes
+    assert aten_seconds(_call(64, 56, channels_last=True), device, per_byte) == passes
 
 
 def test_resnet_steps_pay_the_kernels_eager_and_not_where_inductor_compiles_the_blocks():

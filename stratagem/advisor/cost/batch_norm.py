@@ -1,24 +1,26 @@
-"""BatchNorm on batch statistics as an NVIDIA GPU runs it in 16 bits on NCHW tensors: ATen's
-per-channel kernels, which read the input more often than the operator's bytes say and, with few
-channels, stream it slower than the memory can (docs/cost-model.md, "BatchNorm's kernels").
+"""BatchNorm on batch statistics as an NVIDIA GPU runs it in 16 bits: ATen's kernels, which read
+the input more often than the operator's bytes say and, in NCHW with few channels, stream it
+slower than the memory can (docs/cost-model.md, "BatchNorm's kernels").
 
 PyTorch hands a BatchNorm to cuDNN unless its input or weight is bfloat16, it is float16 with a
 float16 weight, or it has no affine weight (``_select_batch_norm_backend``,
-aten/src/ATen/native/Normalization.cpp): under
-bf16 autocast a convolution's bf16 output with BatchNorm's fp32 weight runs on ATen's own CUDA
-kernels (aten/src/ATen/native/cuda/Normalization.cuh). In NCHW those launch one block of
-:data:`THREADS_PER_BLOCK` threads per channel (``dim3 blocks(input.size(1))``):
+aten/src/ATen/native/Normalization.cpp): under bf16 autocast a convolution's bf16 output with
+BatchNorm's fp32 weight runs on ATen's own CUDA kernels (aten/src/ATen/native/cuda/Normalization.cu
+and .cuh), in either layout:
 
-- forward: the statistics kernel reads the input once, then an elementwise kernel reads it again
+- forward: a statistics kernel reads the input once, then an elementwise kernel reads it again
   and writes the output. The operator's bytes count the second pass only.
-- backward: one kernel reduces the input and the output's gradient, then reads both again and
-  writes the input's gradient: five passes where the operator's bytes count three.
+- backward: the input and the output's gradient are reduced, then read again to write the
+  input's gradient (one kernel in NCHW, two channels-last): five passes where the operator's
+  bytes count three.
 
-Each thread loads one element at a time, so a block has :data:`THREADS_PER_BLOCK` loads in
-flight and a resident block streams ``THREADS_PER_BLOCK · element bytes / memory latency``
-bytes per second (Little's law). With one block per channel, as many as fit on the SMs at once,
-a read of ``B`` bytes takes ``B / bandwidth + B · latency / (blocks · threads · element bytes)``:
-its bytes at the memory's rate plus the latency that too few loads in flight leave unhidden.
+In NCHW the statistics and backward kernels launch one block of :data:`THREADS_PER_BLOCK` threads
+per channel (``dim3 blocks(input.size(1))``), and each thread loads one element at a time: a
+resident block streams ``THREADS_PER_BLOCK · element bytes / memory latency`` bytes per second
+(Little's law). With one block per channel, as many as fit on the SMs at once, a read of ``B``
+bytes takes ``B / bandwidth + B · latency / (blocks · threads · element bytes)``: its bytes at
+the memory's rate plus the latency that too few loads in flight leave unhidden. The channels-last
+kernels spread each channel over many blocks; their passes are priced at the memory's rate.
 """
 
 from __future__ import annotations
@@ -39,25 +41,25 @@ Guide, "Technical Specifications per Compute Capability")."""
 _ELEMENT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}
 
 
-def runs_per_channel_kernels(call: BatchNormCall, cluster: Cluster) -> bool:
-    """Whether ``call`` runs on ATen's per-channel kernels on ``cluster``: an NVIDIA GPU, NCHW,
-    and a dtype cuDNN is not given (module docstring)."""
+def runs_aten_kernels(call: BatchNormCall, cluster: Cluster) -> bool:
+    """Whether ``call`` runs on ATen's kernels on ``cluster``: an NVIDIA GPU and a BatchNorm cuDNN
+    is not given (module docstring)."""
     device = cluster.device
-    if not (device.is_gpu and device.vendor == "nvidia") or call.channels_last:
+    if not (device.is_gpu and device.vendor == "nvidia"):
         return False
     return (call.weight_dtype is None or "bfloat16" in (call.dtype, call.weight_dtype)
             or (call.dtype == "float16" and call.weight_dtype != "float32"))
 
 
-def per_channel_seconds(call: BatchNormCall, device: DeviceSpec, seconds_per_byte: float) -> tuple[float, float]:
-    """Seconds ``call``'s per-channel kernels take beyond what its operators' bytes cost at
+def aten_seconds(call: BatchNormCall, device: DeviceSpec, seconds_per_byte: float) -> tuple[float, float]:
+    """Seconds ATen's kernels take for ``call`` beyond what its operators' bytes cost at
     ``seconds_per_byte``, at the profiled batch, ``(forward, backward)``: the statistics' read of
-    the input, the backward's reduction reading the input and the output's gradient, and the
-    latency every read by one block per channel leaves unhidden (module docstring). The latency
-    is counted where the device's is known (``DeviceSpec.memory_latency``, the SMs catalogued)."""
+    the input, the backward's reduction reading the input and the output's gradient, and in NCHW
+    the latency every read by one block per channel leaves unhidden (module docstring), where the
+    device's is known (``DeviceSpec.memory_latency``, the SMs catalogued)."""
     size = call.elements * _ELEMENT_BYTES.get(call.dtype, 2)
     forward, backward = size * seconds_per_byte, 2 * size * seconds_per_byte
-    if device.memory_latency is not None and device.num_sms:
+    if not call.channels_last and device.memory_latency is not None and device.num_sms:
         per_sm = _RESIDENT_THREADS.get(tuple(device.compute_capability or ()), 2048) // THREADS_PER_BLOCK
         in_flight = min(call.channels, device.num_sms * per_sm) * THREADS_PER_BLOCK * _ELEMENT_BYTES.get(call.dtype, 2)
         latency = size * device.memory_latency / in_flight  # one pass over the input, one load per thread
@@ -68,13 +70,13 @@ def per_channel_seconds(call: BatchNormCall, device: DeviceSpec, seconds_per_byt
 
 def stage_norm_seconds(stage: Stage, plan: Plan, cluster: Cluster,
                        seconds_per_byte: float) -> dict[tuple[str, bool], float]:
-    """Seconds :func:`per_channel_seconds` adds to one micro-batch of the profiled batch on one
+    """Seconds :func:`aten_seconds` adds to one micro-batch of the profiled batch on one
     TP rank, keyed ``(direction, blocks only)``: the blocks' divided over TP as their other work
     is, none where the plan compiles them (inductor writes its own kernels), the embedding's and
     head's whole."""
     def seconds(segment: SegmentProfile) -> tuple[float, float]:
-        calls = [per_channel_seconds(call, cluster.device, seconds_per_byte)
-                 for call in segment.batch_norms if runs_per_channel_kernels(call, cluster)]
+        calls = [aten_seconds(call, cluster.device, seconds_per_byte)
+                 for call in segment.batch_norms if runs_aten_kernels(call, cluster)]
         return sum(f for f, _ in calls), sum(b for _, b in calls)
 
     blocks, outside = [0.0, 0.0], [0.0, 0.0]
@@ -92,13 +94,13 @@ def stage_norm_seconds(stage: Stage, plan: Plan, cluster: Cluster,
 
 
 def latency_unknown_note(profile: ModelProfile, cluster: Cluster) -> tuple[str, ...]:
-    """A note where ``profile``'s BatchNorms run on the per-channel kernels on ``cluster`` and the
-    device's memory latency, which bounds them, is not known."""
+    """A note where ``profile``'s BatchNorms run on ATen's per-channel (NCHW) kernels on ``cluster``
+    and the device's memory latency, which bounds them, is not known."""
     device = cluster.device
     if device.memory_latency is not None and device.num_sms:
         return ()
     calls = [call for segment in profile.segments for call in segment.batch_norms
-             if runs_per_channel_kernels(call, cluster)]
+             if runs_aten_kernels(call, cluster) and not call.channels_last]
     if not calls:
         return ()
     return (f"{len(calls)} BatchNorm layers run on ATen's per-channel kernels ({calls[0].dtype}, NCHW), which stream "
