@@ -105,5 +105,5 @@ def latency_unknown_note(profile: ModelProfile, cluster: Cluster) -> tuple[str, 
         return ()
     return (f"{len(calls)} BatchNorm layers run on ATen's per-channel kernels ({calls[0].dtype}, NCHW), which stream "
             f"slower than memory allows with few channels; {device.name}'s memory latency is not catalogued, so "
-            "they are priced by their bytes alone (too fast). `stratagem calibrate` measures it; a model moved "
-            "to torch.channels_last runs other kernels.",)
+            "they are priced by their passes over memory alone (too fast). `stratagem calibrate` measures it; a "
+            "model moved to torch.channels_last runs other kernels.",)
