@@ -1,6 +1,6 @@
 """The profile of what a plan computes: FSDP's mixed precision runs in the compute dtype without
-autocast, and a GPU runs ``torch.rms_norm`` as one fused kernel where the CPU profile sees it
-decomposed."""
+autocast, a GPU runs ``torch.rms_norm`` as one fused kernel where the CPU profile sees it
+decomposed, and a GPU's norm backward reads its input and the output's gradient twice."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from stratagem.plan import Plan, Workload
 
 
 class Norms(nn.Module):
-    """Two RMSNorm blocks (the products between them run outside the blocks)."""
+    """Two norm blocks (the products between them run outside the blocks)."""
 
-    def __init__(self) -> None:
+    def __init__(self, norm: type[nn.Module] = nn.RMSNorm) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(nn.RMSNorm(64) for _ in range(2))
+        self.layers = nn.ModuleList(norm(64) for _ in range(2))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
@@ -35,6 +35,17 @@ def test_an_rms_norm_is_counted_as_the_gpus_fused_kernel():
     assert block.saved_bytes == activation + rows * RSTD_BYTES
     assert (block.fwd_ops, block.bwd_ops) == (1, 2)  # the kernel; its backward and the weight's reduction
     assert block.fwd_op_bytes == 2 * activation + rows * RSTD_BYTES and block.fwd_param_op_bytes == 64 * 4
+    # backward: the input's gradient from the output's gradient, the input and the row's rstd; then
+    # the weight's gradient reads the output's gradient and the input again
+    assert block.bwd_op_bytes == 3 * activation + rows * RSTD_BYTES + 2 * activation
+
+
+def test_a_gpus_layer_norm_backward_reads_its_input_and_gradient_again_for_the_weights_gradient():
+    x = torch.empty(2, 8, 64, device="meta")
+    gpu, cpu = (profile_model(Norms(nn.LayerNorm), (x,), precision="fp32", kernels=kernels).blocks[0]
+                for kernels in ("gpu", "cpu"))
+    assert gpu.bwd_op_bytes - cpu.bwd_op_bytes == 2 * (2 * 8 * 64 * 4)  # CUDA's second kernel
+    assert gpu.fwd_op_bytes == cpu.fwd_op_bytes
 
 
 def test_a_mixed_profile_carries_the_step_fsdp_runs():

@@ -4,9 +4,10 @@ GPU runs them.
 ``torch.rms_norm`` (``nn.RMSNorm``) dispatches on CUDA to ``aten._fused_rms_norm`` when its input
 and weight share a dtype (PyTorch PR #153666, torch 2.9; under autocast its fp32 policy makes them
 share one, PR #174824): one kernel forward that saves the input and each row's reciprocal RMS in
-fp32, one backward and a reduction for the weight's gradient. On the CPU, fake tensors included,
-it decomposes into pow, mean, add, rsqrt and two products that save fp32 intermediates and launch
-six operators each way. Hugging Face's own RMSNorm modules are written as those operators and run
+fp32, one backward and a reduction for the weight's gradient, which reads the output's gradient
+and the input again (``RMSNormBackwardKernelImpl``: LayerNorm's two backward kernels). On the
+CPU, fake tensors included, it decomposes into pow, mean, add, rsqrt and two products that save
+fp32 intermediates and launch six operators each way. Hugging Face's own RMSNorm modules are written as those operators and run
 them on a GPU too: they are counted as they run.
 """
 
@@ -73,6 +74,8 @@ def _count_rms_norm(counts: FusedCounts, input: torch.Tensor, normalized_shape: 
     counts.count_saved(input)
     counts.count_saved(num_bytes=rows * RSTD_BYTES)
     backward_bytes = 2 * _bytes(input) + _bytes(out) + rows * RSTD_BYTES  # grad in/out, input, rstd
+    if weight is not None and weight.requires_grad:  # the weight's gradient reads grad out and input again
+        backward_bytes += 2 * _bytes(input)
     _replace_backward(counts, out.grad_fn, stop=input.grad_fn,
                       count=lambda: counts.count_kernels(ops=1 + (weight is not None), op_bytes=backward_bytes,
                                                          param_op_bytes=2 * weight_bytes))

@@ -32,7 +32,9 @@ Blocks identical to one already measured are not run again
 
 Kernels differ between CPU and CUDA. A profile for GPUs (``kernels="gpu"``) counts what the
 CUDA kernels do: dropout masks at one byte per element (CPU dropout keeps its mask in the input
-dtype, CUDA's ``native_dropout`` a bool mask), the functions CUDA fuses as one kernel
+dtype, CUDA's ``native_dropout`` a bool mask), LayerNorm's backward reading its input and the
+output's gradient a second time for the weight's gradient (:data:`_SECOND_PASS_OPS`), the
+functions CUDA fuses as one kernel
 (:mod:`~stratagem.advisor.profile.fused`), the attention kernel CUDA picks
 (:mod:`~stratagem.advisor.profile.attention`) and what CUDA's autocast runs in float32
 (:mod:`~stratagem.advisor.profile.autocast`); a profile for CPU ranks (``kernels="cpu"``) counts
@@ -66,6 +68,14 @@ HEAD = "head"
 
 # Ops whose output becomes a dropout mask (CPU dropout: empty_like, bernoulli_, div_, mul).
 _MASK_OPS = {aten.bernoulli_, aten.bernoulli}
+# Backward operators whose CUDA kernels read the output's gradient and the input twice where the
+# weight has a gradient: once for the input's gradient, once in a second kernel for the weight's
+# and the bias's (LayerNormBackwardKernelImplInternal, aten/src/ATen/native/cuda/layer_norm_kernel.cu):
+# the bytes of that second read, from the operator's arguments.
+_SECOND_PASS_OPS = {
+    aten.native_layer_norm_backward: lambda args: (
+        tensor_bytes([args[0], args[1]]) if any(args[7][1:]) else 0),  # grad_out, input; output_mask
+}
 # Ops not counted as operators: fake tensors dispatch ``prim.device`` where eager mode answers
 # without dispatching, and saved-tensor hooks add a ``detach`` per saved tensor unpacked (eager
 # mode's own detaches are views that launch nothing either).
@@ -182,7 +192,7 @@ class CostCounter(FlopCounterMode):
 
     def __init__(self, *, block_of: dict[str, str], record: RunRecord,
                  state_names: dict[StorageWeakRef, str], gradient_shapes: set[tuple[tuple[int, ...], torch.dtype]],
-                 has_blocks: bool, seq_len: int | None, batch_size: int | None, gpu_masks: bool = True,
+                 has_blocks: bool, seq_len: int | None, batch_size: int | None, gpu_kernels: bool = True,
                  model_name: str = "") -> None:
         super().__init__(display=False, custom_mapping=CPU_ATTENTION_FLOPS)
         self.seq_len = seq_len
@@ -199,7 +209,7 @@ class CostCounter(FlopCounterMode):
         self._param_users: dict[str, set[str]] = defaultdict(set)  # state name -> the segments whose forward uses it
         self.param_copies: set[StorageWeakRef] = set()
         self.masks: set[StorageWeakRef] = set()
-        self._gpu_masks = gpu_masks  # count dropout masks as CUDA's one-byte ones
+        self._gpu_kernels = gpu_kernels  # count what CUDA's kernels move (module docstring)
         self.suppressed = 0  # inside a decomposition counted as its fused kernel (fused.FusedKernels)
         self.saved: SavedTensorCounter | None = None
         self.policies = CheckpointPolicies(set(state_names))
@@ -297,6 +307,8 @@ class CostCounter(FlopCounterMode):
             written = _written(func_packet, out, args)
             if formula is None:
                 batch, sized = self._bytes_moved(func_packet, args, out, written)
+                if self._gpu_kernels and func_packet in _SECOND_PASS_OPS:
+                    batch += _SECOND_PASS_OPS[func_packet](args)
             if is_bw:  # the largest gradient written, no weight's
                 counts.bwd_largest_output_bytes = max(counts.bwd_largest_output_bytes,
                                                       _largest(written, but=self._parameter_shapes))
@@ -397,7 +409,7 @@ class CostCounter(FlopCounterMode):
                         self._param_users[name].add(seg)
                     if func_packet in _CAST_OPS and isinstance(out, torch.Tensor):
                         self.param_copies.add(StorageWeakRef(out.untyped_storage()))
-        if self._gpu_masks and func_packet in _MASK_OPS and isinstance(out, torch.Tensor):
+        if self._gpu_kernels and func_packet in _MASK_OPS and isinstance(out, torch.Tensor):
             self.masks.add(StorageWeakRef(out.untyped_storage()))
 
 

@@ -99,7 +99,7 @@ def run_fake_step(
     gradient_shapes = {(tuple(t.shape), t.dtype) for t in state.values() if t.requires_grad}
     counter = CostCounter(block_of=block_of, record=record, state_names=state_names,
                           gradient_shapes=gradient_shapes, has_blocks=bool(blocks), seq_len=seq_len,
-                          batch_size=batch_size, gpu_masks=kernels == "gpu", model_name=root)
+                          batch_size=batch_size, gpu_kernels=kernels == "gpu", model_name=root)
     saved = counter.saved = SavedTensorCounter(counter, record, set(state_names))
     autocast = torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None)
     hooks = torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack)
