@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from stratagem.advisor.cost.stages import Stage
 from stratagem.advisor.hardware.spec import Cluster, DeviceSpec
+from stratagem.advisor.memo import by_identity
 from stratagem.advisor.profile.model_profile import BatchNormCall, ModelProfile, SegmentProfile
 from stratagem.plan import Plan
 
@@ -70,20 +71,32 @@ def aten_seconds(call: BatchNormCall, device: DeviceSpec, seconds_per_byte: floa
 
 def stage_norm_seconds(stage: Stage, plan: Plan, cluster: Cluster,
                        seconds_per_byte: float) -> dict[tuple[str, bool], float]:
-    """Seconds :func:`aten_seconds` adds to one micro-batch of the profiled batch on one
-    TP rank, keyed ``(direction, blocks only)``: the blocks' divided over TP as their other work
-    is, none where the plan compiles them (inductor writes its own kernels), the embedding's and
-    head's whole."""
+    """Seconds :func:`aten_seconds` adds to one micro-batch of the profiled batch on one TP rank,
+    keyed ``(direction, blocks only)``: the blocks' divided over TP as their other work is, none
+    where the plan compiles them (inductor writes its own kernels), the embedding's and head's
+    whole."""
+    if not (cluster.device.is_gpu and cluster.device.vendor == "nvidia"):
+        return _NONE
+    return _stage_norm_seconds(stage, plan.compile, plan.tp, cluster, seconds_per_byte)
+
+
+_NONE = {(direction, blocks_only): 0.0 for direction in ("fwd", "bwd") for blocks_only in (False, True)}
+
+
+@by_identity
+def _stage_norm_seconds(stage: Stage, compiled: bool, tp: int, cluster: Cluster,
+                        seconds_per_byte: float) -> dict[tuple[str, bool], float]:
+    """:func:`stage_norm_seconds`, once per stage and what it reads of the plan."""
     def seconds(segment: SegmentProfile) -> tuple[float, float]:
         calls = [aten_seconds(call, cluster.device, seconds_per_byte)
                  for call in segment.batch_norms if runs_aten_kernels(call, cluster)]
         return sum(f for f, _ in calls), sum(b for _, b in calls)
 
     blocks, outside = [0.0, 0.0], [0.0, 0.0]
-    if not plan.compile:
+    if not compiled:
         for block, count in stage.kinds:
             for i, value in enumerate(seconds(block)):
-                blocks[i] += count * value / plan.tp
+                blocks[i] += count * value / tp
     in_blocks = {id(block) for block in stage.blocks}
     for segment in stage.segments:
         if id(segment) not in in_blocks:
