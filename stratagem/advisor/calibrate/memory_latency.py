@@ -18,9 +18,9 @@ CALLS = 10
 
 def memory_latency(device: torch.device, seconds_per_byte: float, *, repeats: int) -> float | None:
     """Seconds a load from device memory takes to come back while each SM holds one block
-    streaming (module docstring), given ``seconds_per_byte`` a copy takes; None off CUDA, whose
-    kernels these are (``torch.batch_norm_stats`` is CUDA's)."""
-    if device.type != "cuda":
+    streaming (module docstring), given ``seconds_per_byte`` a copy takes; None off NVIDIA's CUDA,
+    whose kernels these are (``torch.batch_norm_stats`` is CUDA's; ROCm launches them otherwise)."""
+    if device.type != "cuda" or torch.version.hip is not None:
         return None
     channels = max(1, torch.cuda.get_device_properties(device).multi_processor_count // 2)
     batch = torch.randn(SHAPE_IMAGES, channels, SHAPE_SIDE, SHAPE_SIDE, device=device, dtype=torch.bfloat16)
