@@ -94,9 +94,10 @@ def calibration_table(calibration: Calibration) -> Table:
     if calibration.dtensor_op_seconds is not None:
         table.add_row("… per optimizer operator on DTensors", format_seconds(calibration.dtensor_op_seconds))
     table.add_row("… per TP Linear on DTensors (fwd + bwd)", format_seconds(calibration.tp_linear_seconds))
-    for name, (per_param, per_tensor) in (calibration.optimizer_seconds or {}).items():
-        table.add_row(f"{name} step per M params, per tensor",
-                      f"{format_seconds(per_param * 1e6)}, {format_seconds(per_tensor)}")
+    for where, measured in (("", calibration.optimizer_seconds), (" on the host", calibration.host_optimizer_seconds)):
+        for name, (per_param, per_tensor) in (measured or {}).items():
+            table.add_row(f"{name} step{where} per M params, per tensor",
+                          f"{format_seconds(per_param * 1e6)}, {format_seconds(per_tensor)}")
     if calibration.sync_seconds is not None:
         table.add_row("collective's wait after compute", format_seconds(calibration.sync_seconds))
     if calibration.framework_bytes is not None:

@@ -18,7 +18,12 @@ from stratagem.advisor.calibrate.calibration import (
     fit_link,
     hardware_key,
 )
+from stratagem.advisor.cost.optimizer import (HOST_OPTIMIZER_BANDWIDTH_PER_NODE, OPTIMIZER_TENSOR_PASSES,
+                                               estimate_optimizer_seconds)
+from stratagem.advisor.cost.rank_step import rank_step
 from stratagem.advisor.hardware import Cluster, parse_cluster
+from stratagem.advisor.profile.cache import profile_spec
+from stratagem.plan import Plan, Workload
 from stratagem.errors import UsageError
 
 SIZES = (2**12, 2**16, 2**20, 2**24)
@@ -48,7 +53,7 @@ def _calibration(cluster: Cluster, **links: LinkFit) -> Calibration:
         overlap=0.7, op_seconds=4e-6, op_byte_seconds=2e-10, dtensor_op_seconds=1e-4, tp_linear_seconds=3e-4,
         sync_seconds=2e-5,
         optimizer_seconds={"adamw": (2e-11, 1e-5), "sgd": (3e-12, 2e-6)}, framework_bytes=300 * 2**20,
-        seconds=42.0, unaligned_matmul={"bf16": 0.2},
+        seconds=42.0, unaligned_matmul={"bf16": 0.2}, host_optimizer_seconds={"adamw": (1.5e-9, 2e-5)},
         created="2026-11-22T00:00:00+00:00")
 
 
@@ -66,6 +71,7 @@ def test_apply_replaces_catalog_figures() -> None:
     assert (result.node.op_seconds, result.node.op_byte_seconds, result.node.sync_seconds,
             result.node.framework_bytes, result.node.tp_linear_seconds) == (4e-6, 2e-10, 2e-5, 300 * 2**20, 3e-4)
     assert result.node.optimizer_seconds == (("adamw", 2e-11, 1e-5), ("sgd", 3e-12, 2e-6))
+    assert result.node.host_optimizer_seconds == (("adamw", 1.5e-9, 2e-5),)
     assert result.node.unaligned_matmul == (("bf16", 0.2),)
     assert result.spec.startswith("2x8xH100") and any(n.startswith("calibrated:") for n in result.notes)
 
@@ -167,3 +173,21 @@ def test_unreadable_calibration_is_a_usage_error(tmp_path: Path) -> None:
         Calibration.load(tmp_path / "c.json")
     with pytest.raises(UsageError, match="cannot read the calibration"):
         Calibration.load(tmp_path / "missing.json")
+
+
+def test_an_offloaded_optimizer_steps_at_the_hosts_measured_rate() -> None:
+    """FSDP2's CPU offload runs the optimizer on the host: at the seconds per parameter calibrate
+    measured there (every rank of the node at once), else at the catalog's host bandwidth."""
+    profile = profile_spec("gpt2-tiny", seq_len=32)
+    cluster = parse_cluster("1xH100-SXM-80GB")
+    workload = Workload(global_batch_size=8, seq_len=32)
+    plan = Plan(dp_shard=1, zero=3, offload="params", micro_batch_size=8, block_container=profile.block_container)
+    measured = _calibration(cluster).apply(cluster)
+    step = rank_step(profile, cluster=measured, workload=workload, plan=plan)
+    assert estimate_optimizer_seconds(step) == pytest.approx(step.optimizer_params * 1.5e-9)  # fp32 parameters
+    catalog = rank_step(profile, cluster=cluster, workload=workload, plan=plan)
+    assert estimate_optimizer_seconds(catalog) == pytest.approx(
+        catalog.optimizer_params * OPTIMIZER_TENSOR_PASSES["adamw"] * 4 / HOST_OPTIMIZER_BANDWIDTH_PER_NODE)
+    older = {**_calibration(cluster).to_dict()}
+    del older["host_optimizer_seconds"]  # a calibration from before the host's step was measured
+    assert Calibration.from_dict(older).apply(cluster).node.host_optimizer_seconds == ()

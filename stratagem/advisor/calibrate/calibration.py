@@ -102,7 +102,9 @@ class Calibration:
     beyond its own time when it follows compute (the ranks arriving apart). ``framework_bytes``: the
     memory a fresh process's first training steps take beyond their tensors. ``memory_latency``:
     seconds a load from device memory takes to come back with few in flight (GPUs; None on CPU
-    ranks and in earlier calibrations).
+    ranks and in earlier calibrations). ``host_optimizer_seconds``: ``optimizer_seconds`` as the
+    host's CPU runs the step, which an offloaded plan's optimizer does (GPUs; None on CPU ranks,
+    whose ``optimizer_seconds`` are the host's, and in earlier calibrations).
     """
 
     hardware: str
@@ -127,6 +129,7 @@ class Calibration:
     conv: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
     attention: dict[str, tuple[tuple[int, bool, int, float, float], ...]] = field(default_factory=dict)
     memory_latency: float | None = None
+    host_optimizer_seconds: dict[str, tuple[float, float]] | None = None
 
     def matmul_rate(self, dtype: str) -> float | None:
         """FLOP/s of the largest measured matmul in ``dtype``, or None when not measured."""
@@ -144,7 +147,7 @@ class Calibration:
         own fit per group size inside a node, the network (α, β, efficiency 1: the fit already is
         what collectives reach), how much communication hides under compute, the host seconds per
         operator and per byte its operators without FLOPs move, a TP Linear's on DTensors, the
-        optimizers' steps, the wait
+        optimizers' steps (on the device, and on the host where measured), the wait
         of a collective after compute, and the framework's memory. The
         matmul rates of every size measured go along (``NodeSpec.matmul_curve``), the share
         of them unaligned GEMMs reach (``NodeSpec.unaligned_matmul``), the convolutions' rates
@@ -185,6 +188,8 @@ class Calibration:
                                    tp_linear_seconds=self.tp_linear_seconds,
                                    optimizer_seconds=tuple((name, *costs) for name, costs
                                                            in (self.optimizer_seconds or {}).items()),
+                                   host_optimizer_seconds=tuple((name, *costs) for name, costs
+                                                                in (self.host_optimizer_seconds or {}).items()),
                                    sync_seconds=self.sync_seconds, framework_bytes=self.framework_bytes)
         notes = (note, STALE_ATTENTION_NOTE) if cluster.is_accelerator and not self.attention else (note,)
         return dataclasses.replace(cluster, node=node, notes=(*cluster.notes, *notes))
@@ -208,10 +213,10 @@ class Calibration:
         matmul = {dtype: tuple(map(tuple, points)) for dtype, points in data["matmul"].items()}
         conv = {dtype: tuple(map(tuple, points)) for dtype, points in data.get("conv", {}).items()}
         attention = {dtype: tuple(map(tuple, points)) for dtype, points in data.get("attention", {}).items()}
-        optimizers = data["optimizer_seconds"]
-        optimizers = optimizers and {name: tuple(costs) for name, costs in optimizers.items()}
+        optimizers, host = (data.get(key) and {name: tuple(costs) for name, costs in data[key].items()}
+                            for key in ("optimizer_seconds", "host_optimizer_seconds"))
         return cls(**{**data, "links": links, "matmul": matmul, "conv": conv, "attention": attention,
-                      "optimizer_seconds": optimizers,
+                      "optimizer_seconds": optimizers, "host_optimizer_seconds": host,
                       "notes": tuple(data.get("notes", ()))})
 
     def save(self, path: Path) -> None:

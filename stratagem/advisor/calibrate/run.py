@@ -66,6 +66,10 @@ LOST_HINT = "HINT: run stratagem calibrate again once every rank can run"
 ONE_PROCESS_NOTE = ("one process: collectives, their overlap with compute and their wait after compute were not "
                     "measured (they need two); the catalog's figures stand for them")
 
+HOST_OPTIMIZER_BYTES = 2**28
+"""fp32 parameters, gradients and AdamW states (16 bytes a parameter) the host optimizer's step is
+timed over on GPU nodes: 256 MiB, more than a server CPU's caches hold."""
+
 COPY_RATE_FLOOR_NOTE = ("per byte moved: the reference step beyond its matmuls and operators left less time than its "
                         "bytes take at the measured copy rate (a busy host); the copy rate stands for it")
 """The note a CPU calibration carries when its per-byte cost is floored at the copy's rate."""
@@ -219,6 +223,10 @@ def _measure_compute(device: torch.device, settings: Settings, dtypes: list[str]
     with phase("optimizer steps"):
         # Parameters whose fp32 values, gradients and AdamW states (16 bytes each) fill the copy's buffer.
         optimizers = optimizer_seconds(settings.copy_bytes // 16, device, repeats=settings.repeats)
+    host = None
+    if device.type == "cuda":  # an offloaded plan's step runs on the host's CPU
+        with phase("optimizer steps on the host"):
+            host = optimizer_seconds(HOST_OPTIMIZER_BYTES // 16, torch.device("cpu"), repeats=settings.repeats)
     with phase("DTensor dispatch: optimizer operators, TP Linears"):
         per_dtensor_op = across_ranks(dtensor_op_seconds(device, repeats=settings.repeats))
         per_tp_linear = tp_linear_seconds(device, repeats=settings.repeats)
@@ -234,6 +242,7 @@ def _measure_compute(device: torch.device, settings: Settings, dtypes: list[str]
         unaligned_matmul=compute.unaligned, op_seconds=compute.op_seconds,
         op_byte_seconds=per_byte,
         dtensor_op_seconds=per_dtensor_op, tp_linear_seconds=per_tp_linear, optimizer_seconds=optimizers,
+        host_optimizer_seconds=host,
         framework_bytes=framework, memory_latency=latency, notes=byte_notes)
 
 

@@ -21,11 +21,14 @@ def estimate_optimizer_seconds(step: RankStep) -> float:
     """One optimizer step on the rank's shard, seconds, beyond launching its operators: the
     calibrated seconds per parameter (``NodeSpec.optimizer_seconds``, fp32, scaled by the
     parameter dtype's bytes), else memory-bound streaming of :data:`OPTIMIZER_TENSOR_PASSES`
-    tensors (roofline, Williams et al. 2009); offloaded, on the host at
-    :data:`HOST_OPTIMIZER_BANDWIDTH_PER_NODE` shared by the node's ranks."""
+    tensors (roofline, Williams et al. 2009); offloaded, on the host: at its calibrated seconds
+    per parameter (``NodeSpec.host_optimizer_seconds``, every rank of the node stepping at once),
+    else at :data:`HOST_OPTIMIZER_BANDWIDTH_PER_NODE` shared by the node's ranks."""
     num_bytes = (step.optimizer_params * OPTIMIZER_TENSOR_PASSES[step.optimizer]
                  * step.precision.param_bytes)
     if step.plan.offloads:
+        if (host := _calibrated(step.cluster.node.host_optimizer_seconds, step.optimizer)) is not None:
+            return step.optimizer_params * host[0] * step.precision.param_bytes / 4
         return num_bytes / (HOST_OPTIMIZER_BANDWIDTH_PER_NODE / step.cluster.devices_per_node)
     if (measured := calibrated_optimizer(step)) is not None:
         return step.optimizer_params * measured[0] * step.precision.param_bytes / 4
@@ -35,8 +38,12 @@ def estimate_optimizer_seconds(step: RankStep) -> float:
 def calibrated_optimizer(step: RankStep) -> tuple[float, float] | None:
     """(seconds per fp32 parameter, seconds per parameter tensor) of the step's optimizer as
     calibrated on the node, or None."""
-    return next(((per_param, per_tensor) for name, per_param, per_tensor in step.cluster.node.optimizer_seconds
-                 if name == step.optimizer), None)
+    return _calibrated(step.cluster.node.optimizer_seconds, step.optimizer)
+
+
+def _calibrated(measured: tuple[tuple[str, float, float], ...], optimizer: str) -> tuple[float, float] | None:
+    """``optimizer``'s (seconds per fp32 parameter, seconds per tensor) among ``measured``, or None."""
+    return next(((per_param, per_tensor) for name, per_param, per_tensor in measured if name == optimizer), None)
 
 
 def estimate_offload_seconds(step: RankStep) -> float:

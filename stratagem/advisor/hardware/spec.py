@@ -196,6 +196,9 @@ class NodeSpec:
     # Measured (optimizer, seconds per fp32 parameter, seconds per parameter tensor) of a step as
     # torch.optim runs it by default (``stratagem calibrate``); () costs it from memory bandwidth.
     optimizer_seconds: tuple[tuple[str, float, float], ...] = ()
+    # The same as the host's CPU runs the step, which an offloaded plan's optimizer does (GPUs,
+    # ``stratagem calibrate``); () costs it from HOST_OPTIMIZER_BANDWIDTH_PER_NODE.
+    host_optimizer_seconds: tuple[tuple[str, float, float], ...] = ()
     sync_seconds: float | None = None  # measured wait of a blocking collective after compute, beyond its own time
     framework_bytes: float | None = None  # measured memory a training process takes beyond its tensors
 
@@ -224,6 +227,7 @@ class NodeSpec:
             dtensor_op_seconds=data.get("dtensor_op_seconds"),
             tp_linear_seconds=data.get("tp_linear_seconds"),
             optimizer_seconds=tuple(tuple(c) for c in data.get("optimizer_seconds", ())),
+            host_optimizer_seconds=tuple(tuple(c) for c in data.get("host_optimizer_seconds", ())),
             sync_seconds=data.get("sync_seconds"),
             framework_bytes=data.get("framework_bytes"),
         )
