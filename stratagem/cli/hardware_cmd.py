@@ -58,6 +58,8 @@ def cluster_table(cluster: Cluster) -> Table:
         "peak fp32": _tflops(device.peak_fp32, "peak_fp32" in device.estimated),
         "memory bandwidth": _rate(device.memory_bandwidth,
                                   "memory_bandwidth" in device.estimated),
+        **({"memory latency": f"{device.memory_latency * 1e9:.0f} ns (few loads in flight)"}
+           if device.memory_latency is not None else {}),
         "intra-node link": _link(cluster.node.link),
         "host link": _link(cluster.node.host_link) if cluster.node.host_link else "-",
         "network": _network(cluster),
