@@ -7,8 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from stratagem.advisor.cost.attention import AttentionTime, fused_attention_time
-from stratagem.advisor.cost.collectives import mesh_links
 from stratagem.advisor.cost.batch_norm import stage_norm_seconds
+from stratagem.advisor.cost.collectives import mesh_links
 from stratagem.advisor.cost.convolutions import stage_layout_bytes
 from stratagem.advisor.cost.rates import (
     achievable_fraction,
@@ -41,10 +41,10 @@ class RankStep:
     (:mod:`~stratagem.advisor.cost.rates`), ``kernel_gap_seconds`` the device's gap after each
     kernel launched; ``layout_bytes`` what the layout transforms around
     NCHW convolutions move per ``(direction, blocks only)`` at the profiled batch
-    (:mod:`~stratagem.advisor.cost.convolutions`); ``norm_seconds`` what BatchNorm's per-channel
-    kernels add likewise (:mod:`~stratagem.advisor.cost.batch_norm`); ``attention`` the fused attention kernels' FLOPs
-    and seconds per micro-batch by ``blocks only``, where priced apart from the GEMMs
-    (:mod:`~stratagem.advisor.cost.attention`)."""
+    (:mod:`~stratagem.advisor.cost.convolutions`); ``norm_seconds`` what BatchNorm's ATen kernels
+    add likewise (:mod:`~stratagem.advisor.cost.batch_norm`); ``attention`` the fused attention
+    kernels' FLOPs and seconds per micro-batch by ``blocks only``, where priced apart from the
+    GEMMs (:mod:`~stratagem.advisor.cost.attention`)."""
 
     profile: ModelProfile
     cluster: Cluster
@@ -138,7 +138,7 @@ class RankStep:
         :attr:`unaligned_matmul_fraction` of either; plus the bytes operators without FLOPs move
         (those of parameter-sized outputs, autocast's weight casts, at any micro-batch size), the
         blocks' fused where the plan compiles them (:meth:`run_bytes`), and those of the layout transforms
-        around NCHW convolutions (:attr:`layout_bytes`); what BatchNorm's per-channel kernels add
+        around NCHW convolutions (:attr:`layout_bytes`); what BatchNorm's ATen kernels add
         (:attr:`norm_seconds`); fused attention at its own seconds
         (:attr:`attention`), where priced apart; and the device's gap after each kernel the pass
         launches (:attr:`kernel_gap_seconds`; every TP rank launches them all: :meth:`launched`)."""

@@ -7,8 +7,8 @@ share one, PR #174824): one kernel forward that saves the input and each row's r
 fp32, one backward and a reduction for the weight's gradient, which reads the output's gradient
 and the input again (``RMSNormBackwardKernelImpl``: LayerNorm's two backward kernels). On the
 CPU, fake tensors included, it decomposes into pow, mean, add, rsqrt and two products that save
-fp32 intermediates and launch six operators each way. Hugging Face's own RMSNorm modules are written as those operators and run
-them on a GPU too: they are counted as they run.
+fp32 intermediates and launch six operators each way. Hugging Face's own RMSNorm modules are
+written as those operators and run them on a GPU too: they are counted as they run.
 """
 
 from __future__ import annotations
