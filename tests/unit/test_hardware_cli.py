@@ -21,6 +21,12 @@ def test_table_of_a_named_cluster(capsys):
     out = capsys.readouterr().out
     for text in ("L4", "121.0 TFLOP/s", "pcie-gen4", "eth-100", "8 rank(s)"):
         assert text in out
+    assert "memory latency" not in out  # not catalogued for the L4
+
+
+def test_table_shows_a_catalogued_memory_latency(capsys):
+    assert main(["hardware", "--cluster", "1xH100"]) == 0
+    assert "390 ns" in capsys.readouterr().out
 
 
 def test_local_probe_prints_notes(capsys):
