@@ -60,6 +60,10 @@ def test_calibrate_then_advise_uses_it(one_node: _OneNode) -> None:
     assert set(calibration.unaligned_matmul) == set(calibration.matmul)
     assert all(0 < share <= 1 for share in calibration.unaligned_matmul.values())
     assert set(calibration.conv) == set(calibration.matmul) and all(len(points) == 2 for points in calibration.conv.values())
+    # CUDA's alone: the per-channel BatchNorm kernel's latency, and the host's optimizer step apart
+    # from the device's (CPU ranks' optimizer_seconds are the host's already)
+    assert calibration.memory_latency is None and calibration.host_optimizer_seconds is None
+    assert "memory latency" not in done.stderr and "on the host" not in done.stderr
 
     advised = _stratagem("advise", "--model", "llama-tiny", "--cluster", "2xcpu", "--global-batch-size", "8",
                          "--seq-len", "32", "--precision", "fp32", env=env)
