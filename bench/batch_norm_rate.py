@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from timing import median_seconds, sync
 
 from stratagem.advisor.calibrate import calibrated
-from stratagem.advisor.cost.batch_norm import aten_seconds, runs_aten_kernels
+from stratagem.advisor.cost.batch_norm import nchw_kernel_seconds, runs_aten_kernels
 from stratagem.advisor.cost.rates import seconds_per_op_byte
 from stratagem.advisor.hardware import Cluster
 from stratagem.advisor.hardware.probe import probe_local
@@ -70,9 +70,7 @@ def _against_the_model(x: torch.Tensor, weight: torch.Tensor, timed: list[tuple[
     call = batch_norm_call(torch.ops.aten.native_batch_norm, (x, weight, None, None, None, True, 0.1, 1e-5), {})
     if call.channels_last or not runs_aten_kernels(call, cluster):
         return ""
-    per_byte = seconds_per_op_byte(cluster)
-    statistics, backward = aten_seconds(call, cluster.device, per_byte)
-    backward += 3 * x.numel() * x.element_size() * per_byte  # the passes the operator's own bytes price
+    statistics, backward = nchw_kernel_seconds(call, cluster.device, seconds_per_op_byte(cluster))
     measured = {kind: sum(micros for micros, key in timed if name in key) / 1e3
                 for kind, name in (("statistics", "collect_statistics"), ("backward", "batch_norm_backward_kernel"))}
     return (f" | model: statistics {statistics * 1e3:.2f} ms (measured {measured['statistics']:.2f}), "

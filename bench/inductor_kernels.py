@@ -12,9 +12,10 @@ nothing runs on a device. The graphs are the CPU's: CPU autocast, whose float32 
 than CUDA's (profile/autocast.py), and the CPU's attention kernel. The profile's emulation of
 CUDA's list and kernel (which its own trace runs under ``aot_function``) cannot stand in here:
 dynamo breaks a block traced under it into several graphs (at the emulation's
-``super().unflatten()``), each writing out what one compiled block keeps in
-registers. A block captured as more than one graph in a direction is said so on the line. Where lowering for the faked CUDA device fails, the graph is lowered for the CPU
-device with the Triton backend instead, and the line says so: that lowering always writes a ``cat``
+``super().unflatten()``), each writing out what one compiled block keeps in registers. A block
+captured as more than one graph in a direction is said so on the line. Where lowering for the
+faked CUDA device fails, the graph is lowered for the CPU device with the Triton backend instead,
+and the line says so: that lowering always writes a ``cat``
 out, and leaves loop reordering and mixed-order reductions off. Needs Triton beside torch, in a venv
 of its own (the project's does not install it):
 
@@ -47,6 +48,7 @@ from torch._guards import detect_fake_mode
 from torch.utils import _pytree as pytree
 
 from stratagem.advisor.profile.cache import PROFILE_BATCH, profile_spec
+from stratagem.advisor.profile.fusion import covered_elements
 from stratagem.advisor.profile.structure import find_blocks
 from stratagem.verify.models import real_model
 
@@ -166,7 +168,6 @@ def _footprint(deps: list, numel: int, otherwise: int) -> int:
     it is a masked access (a ``cat``'s other part: ``x[i - 8]`` where ``i >= 8``); ``otherwise``
     where an index is not affine."""
     from torch._inductor.dependencies import MemoryDep
-    from torch.utils._python_dispatch import _disable_current_modes
     from torch.utils._sympy.functions import Identity
 
     views = []
@@ -184,13 +185,7 @@ def _footprint(deps: list, numel: int, otherwise: int) -> int:
                 or sympy.expand(index - offset - sum(s * v for s, v in zip(strides, dep.var_names))) != 0:
             return otherwise
         views.append(([int(n) for n in dep.size], [int(s) for s in strides], int(offset)))
-    low = min(0, *(offset for _, _, offset in views))
-    high = max(numel, *(offset + sum(s * (n - 1) for n, s in zip(sizes, strides)) + 1 for sizes, strides, offset in views))
-    with _disable_current_modes():
-        covered = torch.zeros(high - low, dtype=torch.bool)
-        for sizes, strides, offset in views:
-            covered.as_strided(sizes, strides, offset - low).fill_(True)
-        return int(covered[-low:numel - low].sum())
+    return covered_elements(views, numel)
 
 
 def _scatter_checked_by_shape(inp, src, view_ops):

@@ -5,7 +5,8 @@ The model is built from a config with random weights (no download): by default a
 Qwen2-0.5B's shape (hidden 896, 24 layers, 14 heads, 2 KV heads, vocabulary 151,936), whose
 cross-entropy in ``training_step`` makes the fp32 logits and their gradients the peak; or
 (``--shape llama-1b``) a Llama of TinyLlama-1.1B's shape (hidden 2048, 22 layers, 32 heads, 4 KV
-heads, vocabulary 32,000), or (``--config``) any config.json an ``hf:`` name takes. Tokens are random. The step time is the median of the steps after ``--warmup``, each timed between
+heads, vocabulary 32,000), or (``--config``) any config.json an ``hf:`` name takes. Tokens are
+random. The step time is the median of the steps after ``--warmup``, each timed between
 ``on_train_batch_start`` and ``on_train_batch_end`` with the device synchronized; the peak is
 CUDA's max allocated after the warm-up steps, the warm-up's (compilation included) beside it (on
 CPU: not measured). A compiled plan also prints dynamo's graphs and graph breaks in the process.

@@ -16,12 +16,10 @@ CALLS = 10
 """Kernels timed back to back per run, so that the host's launch and synchronisation stay out."""
 
 
-def memory_latency(device: torch.device, seconds_per_byte: float, *, repeats: int) -> float | None:
+def memory_latency(device: torch.device, seconds_per_byte: float, *, repeats: int) -> float:
     """Seconds a load from device memory takes to come back while each SM holds one block
-    streaming (module docstring), given ``seconds_per_byte`` a copy takes; None off NVIDIA's CUDA,
+    streaming (module docstring), given ``seconds_per_byte`` a copy takes. On NVIDIA's CUDA only,
     whose kernels these are (``torch.batch_norm_stats`` is CUDA's; ROCm launches them otherwise)."""
-    if device.type != "cuda" or torch.version.hip is not None:
-        return None
     channels = max(1, torch.cuda.get_device_properties(device).multi_processor_count // 2)
     batch = torch.randn(SHAPE_IMAGES, channels, SHAPE_SIDE, SHAPE_SIDE, device=device, dtype=torch.bfloat16)
     seconds = timed(repeated(lambda: torch.batch_norm_stats(batch, 1e-5), CALLS), device, repeats=repeats) / CALLS

@@ -232,7 +232,7 @@ def _measure_compute(device: torch.device, settings: Settings, dtypes: list[str]
         per_tp_linear = tp_linear_seconds(device, repeats=settings.repeats)
     per_byte, byte_notes = op_byte_seconds_at_least_a_copy(compute.op_byte_seconds, bandwidth)
     latency = None
-    if device.type == "cuda":
+    if device.type == "cuda" and torch.version.hip is None:  # NVIDIA's kernels (memory_latency's docstring)
         with phase("memory latency (BatchNorm's per-channel kernel)"):
             latency = across_ranks(memory_latency(device, 1 / bandwidth, repeats=settings.repeats))
     return dict(

@@ -30,6 +30,7 @@ from stratagem.advisor.hardware.spec import Cluster, DeviceSpec
 from stratagem.advisor.memo import by_identity
 from stratagem.advisor.profile.model_profile import BatchNormCall, ModelProfile, SegmentProfile
 from stratagem.plan import Plan
+from stratagem.plan.precision import DTYPE_BYTES
 
 THREADS_PER_BLOCK = 512
 """Threads of each block ATen's per-channel BatchNorm kernels launch on CUDA (``MAX_BLOCK_SIZE``
@@ -39,17 +40,26 @@ _RESIDENT_THREADS = {(7, 5): 1024, (8, 6): 1536, (8, 9): 1536, (12, 0): 1536}
 """Most threads resident on one SM by compute capability where not 2,048 (CUDA C++ Programming
 Guide, "Technical Specifications per Compute Capability")."""
 
-_ELEMENT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}
+BACKWARD_OPERATOR_PASSES = 3
+"""Passes over input-sized tensors a BatchNorm's backward operator counts (the input and the
+output's gradient read, the input's gradient written): what :func:`aten_seconds` adds to."""
+
+
+def _on_nvidia_gpu(cluster: Cluster) -> bool:
+    return cluster.device.is_gpu and cluster.device.vendor == "nvidia"
+
+
+def _input_bytes(call: BatchNormCall) -> tuple[int, int]:
+    """``call``'s input's bytes and its elements' (the 16- and 32-bit types, else float64)."""
+    element_bytes = DTYPE_BYTES.get(call.dtype, 8)
+    return call.elements * element_bytes, element_bytes
 
 
 def runs_aten_kernels(call: BatchNormCall, cluster: Cluster) -> bool:
     """Whether ``call`` runs on ATen's kernels on ``cluster``: an NVIDIA GPU and a BatchNorm cuDNN
     is not given (module docstring)."""
-    device = cluster.device
-    if not (device.is_gpu and device.vendor == "nvidia"):
-        return False
-    return (call.weight_dtype is None or "bfloat16" in (call.dtype, call.weight_dtype)
-            or (call.dtype == "float16" and call.weight_dtype != "float32"))
+    return _on_nvidia_gpu(cluster) and (call.weight_dtype is None or "bfloat16" in (call.dtype, call.weight_dtype)
+                                        or (call.dtype == "float16" and call.weight_dtype != "float32"))
 
 
 def aten_seconds(call: BatchNormCall, device: DeviceSpec, seconds_per_byte: float) -> tuple[float, float]:
@@ -58,15 +68,22 @@ def aten_seconds(call: BatchNormCall, device: DeviceSpec, seconds_per_byte: floa
     the input, the backward's reduction reading the input and the output's gradient, and in NCHW
     the latency every read by one block per channel leaves unhidden (module docstring), where the
     device's is known (``DeviceSpec.memory_latency``, the SMs catalogued)."""
-    size = call.elements * _ELEMENT_BYTES.get(call.dtype, 2)
+    size, element_bytes = _input_bytes(call)
     forward, backward = size * seconds_per_byte, 2 * size * seconds_per_byte
     if not call.channels_last and device.memory_latency is not None and device.num_sms:
         per_sm = _RESIDENT_THREADS.get(tuple(device.compute_capability or ()), 2048) // THREADS_PER_BLOCK
-        in_flight = min(call.channels, device.num_sms * per_sm) * THREADS_PER_BLOCK * _ELEMENT_BYTES.get(call.dtype, 2)
+        in_flight = min(call.channels, device.num_sms * per_sm) * THREADS_PER_BLOCK * element_bytes
         latency = size * device.memory_latency / in_flight  # one pass over the input, one load per thread
         forward += latency
         backward += 2 * latency  # four passes, two loads (input, gradient) in flight per thread
     return forward, backward
+
+
+def nchw_kernel_seconds(call: BatchNormCall, device: DeviceSpec, seconds_per_byte: float) -> tuple[float, float]:
+    """The whole of ATen's NCHW statistics kernel and backward kernel for ``call``, as a profiler
+    times them: :func:`aten_seconds`, and the backward's passes its operator counts."""
+    statistics, backward = aten_seconds(call, device, seconds_per_byte)
+    return statistics, backward + BACKWARD_OPERATOR_PASSES * _input_bytes(call)[0] * seconds_per_byte
 
 
 def stage_norm_seconds(stage: Stage, plan: Plan, cluster: Cluster,
@@ -75,7 +92,7 @@ def stage_norm_seconds(stage: Stage, plan: Plan, cluster: Cluster,
     keyed ``(direction, blocks only)``: the blocks' divided over TP as their other work is, none
     where the plan compiles them (inductor writes its own kernels), the embedding's and head's
     whole."""
-    if not (cluster.device.is_gpu and cluster.device.vendor == "nvidia"):
+    if not _on_nvidia_gpu(cluster):
         return _NONE
     return _stage_norm_seconds(stage, plan.compile, plan.tp, cluster, seconds_per_byte)
 

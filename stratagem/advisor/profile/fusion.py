@@ -27,7 +27,7 @@ partitioner's choices (what backward computes again) are made already.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -271,13 +271,23 @@ def _covered(reads: list[Read]) -> int:
     regions = {read.region for read in reads}
     if len(regions) == 1 or None in regions:
         return max(read.num_bytes for read in reads)
+    views = (((*region.shape, region.element_size), (*(s * region.element_size for s in region.stride), 1),
+              region.offset * region.element_size) for region in regions)  # in bytes: each element its own
+    return covered_elements(views, next(iter(regions)).storage_bytes)
+
+
+def covered_elements(views: Iterable[tuple[Sequence[int], Sequence[int], int]], length: int) -> int:
+    """Elements of ``[0, length)`` that strided views of one buffer, each ``(sizes, strides, offset)``,
+    cover together: an element two views read counts once, a view's part outside the range none."""
+    views = list(views)
+    low = min(0, *(offset for _, _, offset in views))
+    high = max(length, *(offset + sum(s * (n - 1) for n, s in zip(sizes, strides)) + 1
+                          for sizes, strides, offset in views))
     with _disable_current_modes():  # a real mask, whatever fake or counting mode the profile runs under
-        covered = torch.zeros(next(iter(regions)).storage_bytes, dtype=torch.bool)
-        for region in regions:  # as bytes: each element its element_size of them
-            size = region.element_size
-            covered.as_strided((*region.shape, size), (*(stride * size for stride in region.stride), 1),
-                               region.offset * size).fill_(True)
-        return int(covered.sum())
+        mask = torch.zeros(high - low, dtype=torch.bool)
+        for sizes, strides, offset in views:
+            mask.as_strided(tuple(sizes), tuple(strides), offset - low).fill_(True)
+        return int(mask[-low:length - low].sum())
 
 
 def _root(parent: dict[int, int], index: int) -> int:
