@@ -7,8 +7,9 @@ softmax between its two products, so it runs neither at a GEMM's rate nor at the
 measured rate for its head width and causality, interpolated by sequence length over the work its
 tiles do. Uncalibrated, the tile model prices it (:func:`tile_seconds`): the scores padded to
 whole tiles, causal calls computing only the tiles on and below the diagonal, their products at the
-share of the peak the published kernels reach. CPU ranks keep attention among their matmuls,
-measured there at their rate.
+share of the peak the published kernels reach, plus the passes over the rows the kernels make
+outside their loop over the tiles, at the memory's rate. CPU ranks keep attention among their
+matmuls, measured there at their rate.
 """
 
 from __future__ import annotations
@@ -31,15 +32,34 @@ ATTENTION_TILE = 128
 # the scores again, dP, dV, dQ and dK, 5 × 2d (FlashAttention-2, Algorithms 1 and 2).
 TENSOR_FLOPS = {"fwd": 4, "bwd": 10}
 
-# Share of the dense 16-bit peak FlashAttention-2's kernels (torch's flash backend) reach on the
-# work their tiles do, softmax included, by compute capability: A100 50-73 % (Dao 2023, abstract;
-# the lower end taken: head width 64 and causal masks sit there), H100 35 % (Shah et al. 2024,
-# "FlashAttention-3", abstract). Published figures; `stratagem calibrate` measures the kernel torch
-# picks on the cluster instead.
-ATTENTION_PEAK_SHARE = {(8, 0): 0.5, (9, 0): 0.35}
+# Share of the dense 16-bit peak the kernel torch picks reaches on the work its tiles do, softmax
+# included, by compute capability, direction and head width (linear between the widths listed, the
+# ends' beyond them). A100: FlashAttention-2, 50-73 % (Dao 2023, abstract; the lower end taken: head
+# width 64 and causal masks sit there). H100 and H200: cuDNN's kernels, which torch prefers on them
+# (`check_prefer_cudnn_attention` in sdp_utils.cpp; the kernels the H100 runs traced), at the rates
+# Shah et al. 2024 publish for them ("FlashAttention-3", Figs. 5 and 6: 16k tokens, not causal, 413
+# and 595 TFLOP/s forward at widths 64 and 128, 433 and 516 backward) less the time of their rows'
+# passes (ATTENTION_ROW_PASSES). `stratagem calibrate` measures the kernel torch picks instead.
+ATTENTION_PEAK_SHARE = {
+    (8, 0): {"fwd": ((64, 0.5),), "bwd": ((64, 0.5),)},
+    (9, 0): {"fwd": ((64, 0.42), (128, 0.61)), "bwd": ((64, 0.45), (128, 0.54))},
+}
 
-# The matmul dtypes fused kernels are priced and calibrated in (flash attention takes 16 bits only).
+# Passes over one head's rows, in elements of the head width at 16 bits, that a fused kernel makes
+# outside its loop over the tiles, per query row and per key row: they stream at the memory's rate
+# instead of hiding under the tiles' products. Forward: each query tile's block loads its queries
+# before the loop and stores its output after it (2, 0). Backward: a kernel before the main one reads
+# the output and its gradient for their row-wise dot product and clears the query gradient's fp32
+# accumulator (2 + 2), one after it converts that accumulator to 16 bits (2 + 1), and each key
+# tile's block loads its keys and values and stores their gradients (4 per key row) (FlashAttention-2,
+# Algorithm 2, and its kernels; cuDNN's backward runs the same passes). With them the published
+# H100 rates of both kernels hold from 512 tokens to 16k (docs/cost-model.md, "Attention").
+ATTENTION_ROW_PASSES = {"fwd": (2, 0), "bwd": (7, 4)}
+
+# The matmul dtypes fused kernels are priced and calibrated in (flash attention takes 16 bits only),
+# and the bytes of an element of theirs.
 ATTENTION_DTYPES = ("bf16", "fp16")
+ELEMENT_BYTES = 2
 
 DIRECTIONS = ("fwd", "bwd")
 
@@ -55,15 +75,14 @@ class AttentionTime:
 
 
 def fused_attention_time(profile: ModelProfile, plan: Plan, stage: Stage, cluster: Cluster, *,
-                         dtype: str) -> dict[bool, AttentionTime] | None:
+                         dtype: str, seconds_per_byte: float) -> dict[bool, AttentionTime] | None:
     """:class:`AttentionTime` of the stage's blocks (key ``True``) and of the whole stage
     (``False``) in ``dtype``'s matmuls: at the calibrated curve's rates where measured, else by the
-    tile model (:func:`tile_seconds`); None where :func:`prices_fused_attention` says neither
-    applies, so attention stays among the GEMMs."""
+    tile model (:func:`tile_seconds`, its rows' passes at ``seconds_per_byte``); None where
+    :func:`prices_fused_attention` says neither applies, so attention stays among the GEMMs."""
     if not prices_fused_attention(cluster, dtype):
         return None
     curve = attention_curve(cluster, dtype)
-    rate = 0.0 if curve else ATTENTION_PEAK_SHARE[cluster.device.compute_capability] * cluster.device.peak_flops(dtype)
     batch_scale = plan.micro_batch_size / profile.batch_size
     blocks = [(call, count / plan.tp) for block, count in stage.kinds for call in block.fused_attention]  # TP splits heads
     block_names = {block.name for block in stage.blocks}
@@ -77,7 +96,8 @@ def fused_attention_time(profile: ModelProfile, plan: Plan, stage: Stage, cluste
             for direction in DIRECTIONS:
                 flops[direction] += share * batch_scale * (call.fwd_flops if direction == "fwd" else call.bwd_flops)
                 seconds[direction] += share * batch_scale * (
-                    curve_seconds(call, direction, curve) if curve else tile_seconds(call, direction, rate))
+                    curve_seconds(call, direction, curve) if curve else
+                    tile_seconds(call, direction, cluster, dtype=dtype, seconds_per_byte=seconds_per_byte))
         return AttentionTime(flops=flops, seconds=seconds)
 
     return {True: time(blocks), False: time(blocks + outside)}
@@ -101,18 +121,40 @@ def prices_fused_attention(cluster: Cluster, dtype: str) -> bool:
     return dtype in ATTENTION_DTYPES and cluster.device.compute_capability in ATTENTION_PEAK_SHARE
 
 
-def tile_seconds(call: AttentionCall, direction: str, flops_per_second: float) -> float:
-    """Seconds of ``call`` (at the profiled batch) in ``direction`` by the tile model: the score
-    elements its tiles compute (:func:`computed_elements`), :data:`TENSOR_FLOPS` × the head width
-    each, at ``flops_per_second``."""
-    return computed_elements(call) * TENSOR_FLOPS[direction] * call.head_dim / flops_per_second
+def tile_seconds(call: AttentionCall, direction: str, cluster: Cluster, *, dtype: str,
+                 seconds_per_byte: float) -> float:
+    """Seconds of ``call`` (at the profiled batch) in ``direction`` on ``cluster``'s GPU by the tile
+    model: the score elements its tiles compute (:func:`computed_elements`), :data:`TENSOR_FLOPS` ×
+    the head width each, at :func:`peak_share` of the dense ``dtype`` peak, and the bytes of
+    :data:`ATTENTION_ROW_PASSES` at ``seconds_per_byte``."""
+    rate = peak_share(cluster.device.compute_capability, direction, call.head_dim) * cluster.device.peak_flops(dtype)
+    per_query, per_key = ATTENTION_ROW_PASSES[direction]
+    rows = _heads(call) * (per_query * call.seq_q + per_key * call.seq_kv)
+    return (computed_elements(call) * TENSOR_FLOPS[direction] * call.head_dim / rate
+            + rows * call.head_dim * ELEMENT_BYTES * seconds_per_byte)
+
+
+def peak_share(compute_capability: tuple[int, int], direction: str, head_dim: int) -> float:
+    """:data:`ATTENTION_PEAK_SHARE` of a GPU of ``compute_capability`` in ``direction`` at head width
+    ``head_dim``: linear between the widths listed, the nearest end's beyond them."""
+    points = ATTENTION_PEAK_SHARE[compute_capability][direction]
+    (low, low_share), (high, high_share) = points[0], points[-1]
+    if head_dim <= low or low == high:
+        return low_share
+    if head_dim >= high:
+        return high_share
+    return low_share + (high_share - low_share) * (head_dim - low) / (high - low)
 
 
 def computed_elements(call: AttentionCall) -> float:
     """Score elements ``call``'s tiles compute at the profiled batch: every sequence padded to whole
     :data:`ATTENTION_TILE` tiles; a causal call only the tiles on and below the diagonal."""
-    heads = call.fwd_flops / (4 * call.seq_q * call.seq_kv * call.head_dim)  # batch × heads: torch's count
-    return heads * _tiles(call.seq_q, call.seq_kv, call.causal) * ATTENTION_TILE ** 2
+    return _heads(call) * _tiles(call.seq_q, call.seq_kv, call.causal) * ATTENTION_TILE ** 2
+
+
+def _heads(call: AttentionCall) -> float:
+    """Batch × heads of ``call`` at the profiled batch, from torch's count of its forward FLOPs."""
+    return call.fwd_flops / (4 * call.seq_q * call.seq_kv * call.head_dim)
 
 
 def curve_seconds(call: AttentionCall, direction: str, curve: list[tuple[int, bool, int, float, float]]) -> float:
