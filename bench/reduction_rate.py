@@ -2,7 +2,11 @@
 a sum over the tokens (a bias's gradient), a sum over the width (a norm's statistics), LayerNorm
 and RMSNorm forward and backward with their weights' gradients, GELU forward and backward. Each
 at transformer sizes (16,384 tokens of widths 768 to 4,096, bf16 and fp32), as GB/s of the bytes
-the operator must read and write at least, beside the copy's rate.
+the operator must read and write at least, beside the copy's rate. On a GPU each operator's time is
+its kernels' (the profiler's device time), without the host's launch and synchronisation, which
+a call timed from the host carries too: the rates of 2026-11-27 (docs/benchmarks.md) were timed
+so, and the copy's own rose from 1.7 to 2.6 TB/s between 25 and 134 MB, as a fixed cost per call
+would make it.
 
 The lead this follows (docs/benchmarks.md, "GPU figures"): Llama 2 7B's operators without FLOPs
 ran at the copy's rate on an H200, GPT-2's and ViT's, which have biases and LayerNorm, at about
@@ -17,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from timing import median_seconds
+from timing import kernel_seconds
 
 WIDTHS = (768, 1024, 3072, 4096)
 
@@ -57,7 +61,7 @@ def main() -> None:
         for width in WIDTHS:
             x = torch.randn(tokens, width, device=device, dtype=dtype)
             size = x.numel() * x.element_size()
-            rates = {name: passes * size / median_seconds(fn) / 1e9 for name, (fn, passes) in cases(x).items()}
+            rates = {name: passes * size / kernel_seconds(fn) / 1e9 for name, (fn, passes) in cases(x).items()}
             copy = rates["copy"]
             print(f"{tokens} × {width} {str(dtype)[6:]}: " + ", ".join(
                 f"{name} {rate:.0f} GB/s ({rate / copy:.0%})" for name, rate in rates.items()), flush=True)

@@ -26,3 +26,19 @@ def median_seconds(fn: Callable[[], object], repeats: int = 10) -> float:
         sync()
         times.append(time.perf_counter() - started)
     return statistics.median(times)
+
+
+def kernel_seconds(fn: Callable[[], object], repeats: int = 10) -> float:
+    """The GPU's kernel time per call of ``fn``: the profiler's device time of ``repeats`` calls
+    after one warm-up, summed and divided, without the host's launches and the synchronisation that
+    :func:`median_seconds` counts (a fair share of a small kernel's time). On CPU,
+    :func:`median_seconds`."""
+    if not torch.cuda.is_available():
+        return median_seconds(fn, repeats)
+    fn()
+    sync()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        for _ in range(repeats):
+            fn()
+        sync()
+    return sum(event.self_device_time_total for event in profile.key_averages()) / 1e6 / repeats
