@@ -97,6 +97,9 @@ def test_the_curve_gives_a_measured_shape_its_measured_rate_and_pads_a_shorter_o
     assert curve_seconds(causal, "fwd", curve) == pytest.approx(causal.fwd_flops / 150e12)
     # 197 rows run as 256 do: the same seconds for fewer counted FLOPs
     assert curve_seconds(_call(197, 64, causal=False), "fwd", curve) == pytest.approx(4 * 256 * 256 * 64 / 100e12)
+    # padded to whole tiles, 197 keys cost what 256 do, where measured, not between 128's and 256's
+    between = [(64, False, 128, 50e12, 40e12), (64, False, 256, 100e12, 80e12)]
+    assert curve_seconds(_call(197, 64, causal=False), "fwd", between) == pytest.approx(4 * 256 * 256 * 64 / 100e12)
     # a head width not measured: the nearest one's cost per element, in proportion to the width
     assert curve_seconds(_call(1024, 128, causal=False), "fwd", curve) == pytest.approx(4 * 1024**2 * 128 / 200e12)
 

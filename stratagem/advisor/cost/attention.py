@@ -162,13 +162,15 @@ def curve_seconds(call: AttentionCall, direction: str, curve: list[tuple[int, bo
     causal, sequence, forward FLOP/s, backward FLOP/s)): those of the measured head width nearest
     its own (in ratio; its cost in proportion to the width) and its causality, as seconds per score
     element the tiles compute (so that padding and the diagonal scale as the tiles do) interpolated
-    in ``log`` of the key length each tile loops over, the measured ends' beyond them."""
+    in ``log`` of the key length each tile loops over, padded to whole tiles as the kernel runs it
+    (197 keys at 256's cost, not between 128's and 256's), the measured ends' beyond them."""
     width = min({point[0] for point in curve}, key=lambda w: abs(math.log(w / call.head_dim)))
     points = [p for p in curve if p[0] == width and p[1] == call.causal] or [p for p in curve if p[0] == width]
     column, counted = (3, 1.0) if direction == "fwd" else (4, call.bwd_flops / call.fwd_flops)  # the counter's ratio
     per_element = sorted((seq, counted * _counted_per_element(seq, width, causal) / point[column])
                          for point in points for _, causal, seq in (point[:3],))
-    return computed_elements(call) * log_interpolated(per_element, call.seq_kv) * call.head_dim / width
+    padded = math.ceil(call.seq_kv / ATTENTION_TILE) * ATTENTION_TILE
+    return computed_elements(call) * log_interpolated(per_element, padded) * call.head_dim / width
 
 
 def _counted_per_element(seq: int, width: int, causal: bool) -> float:
