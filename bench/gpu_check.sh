@@ -11,10 +11,11 @@
 # copy (bench/reduction_rate.py), the compiled transformer steps' kernels by family (GPT-2 large,
 # the Pythia-shaped hf: config, ViT-L/16), the gaps between them split into the host's and the
 # device's by phase, with Nsight Compute's bytes of GPT-2 large's Triton kernels (bench/gpu_kernels.py),
-# the attention core's rate by sequence, head width and causality (bench/attention_rate.py), and
-# BatchNorm's kernels by shape, dtype and layout (bench/batch_norm_rate.py).
+# the attention core's rate by sequence, head width and causality (bench/attention_rate.py),
+# BatchNorm's kernels by shape, dtype and layout (bench/batch_norm_rate.py), and ResNet-101 compiled
+# block by block, the largest miss recorded, by kernel family and gap (bench/gpu_kernels.py).
 # Each step has a time limit and the next one runs whatever it ended with: the table's steps
-# limits about 9 minutes in all (the cases of 2026-11-27 took 7), the mechanisms' 6, so that each part fits one call
+# limits about 9 minutes in all (the cases of 2026-11-27 took 7), the mechanisms' 8, so that each part fits one call
 # of a lent machine. Run from the repository root:
 #   bash bench/gpu_check.sh [OUT_DIR] [table|mechanisms|all]   (default out/gpu-check, all;
 #                                                               PYTHON picks the interpreter)
@@ -63,6 +64,9 @@ mechanisms() {
     "$py" bench/gpu_kernels.py --summarize "$out/kernels-ncu.csv"
     run 40 "$py" bench/attention_rate.py
     run 50 "$py" bench/batch_norm_rate.py
+    # the largest miss recorded (75 ms measured, 44 predicted): where compiled bottlenecks spend it,
+    # device or gaps (its blocks recompile with symbolic shapes: about 30 s before the first step)
+    run 100 "$py" bench/gpu_kernels.py resnet-101:128::compiled
 }
 
 {
