@@ -38,6 +38,20 @@ def test_the_profile_records_each_fused_call_by_shape_and_causality():
     assert [(c.seq_q, c.head_dim, c.causal) for c in vit] == [(197, 64, False)]
 
 
+def test_grouped_query_attention_is_recorded_by_its_query_heads_per_key_head():
+    (call,) = profile_spec("llama-tiny", precision="bf16-mixed").blocks[0].fused_attention
+    assert call.kv_group == 2  # 4 query heads, 2 key and value heads
+
+
+def test_the_key_rows_passes_count_once_per_key_and_value_head():
+    grouped = dataclasses.replace(_call(1024, 64, causal=True, heads=8), kv_group=4)
+    multi_head = _call(1024, 64, causal=True, heads=8)
+    per_query, per_key = ATTENTION_ROW_PASSES["bwd"]
+    h100 = parse_cluster("1xH100-SXM5-80GB")
+    key_rows = 8 * 1024 * per_key * 64 * 2 * seconds_per_op_byte(h100)  # 8 heads' keys, 16 bits
+    assert _tile_model(multi_head, "bwd") - _tile_model(grouped, "bwd") == pytest.approx(key_rows * (1 - 1 / 4))
+
+
 def test_a_call_cuda_runs_on_the_math_path_is_not_fused():
     """fp32 with grouped key/value heads: no fused CUDA kernel takes it, the scores are written."""
     fp32 = profile_spec("llama-tiny", precision="fp32")

@@ -14,8 +14,8 @@ import pytest
 
 from stratagem.advisor.profile import cache as profiles
 from stratagem.advisor.profile.cache import CACHE_ENV, ProfileCacheWarning, profile_spec
-from stratagem.advisor.profile.model_profile import (SCHEMA_VERSION, BatchNormCall, ConvLayer, LinearLayer, ModelProfile,
-                                                     ProfileDataError, SegmentProfile)
+from stratagem.advisor.profile.model_profile import (SCHEMA_VERSION, AttentionCall, BatchNormCall, ConvLayer,
+                                                     LinearLayer, ModelProfile, ProfileDataError, SegmentProfile)
 
 SPEC, SEQ = "gpt2-tiny", 32
 
@@ -59,10 +59,10 @@ def test_cached_profiles_carry_the_schema_version(cache, measured):
 def test_the_profiles_fields_are_pinned_to_the_schema_version():
     """Changing a field of the profile changes what a stored one means: bump SCHEMA_VERSION (and
     this pin) with it, so older cached profiles are measured again rather than misread."""
-    layout = [[c.__name__, [[f.name, str(f.type)] for f in fields(c)]] for c in (ModelProfile, SegmentProfile,
-                                                                               LinearLayer, ConvLayer, BatchNormCall)]
+    layout = [[c.__name__, [[f.name, str(f.type)] for f in fields(c)]]
+              for c in (ModelProfile, SegmentProfile, LinearLayer, ConvLayer, BatchNormCall, AttentionCall)]
     digest = hashlib.sha256(json.dumps(layout).encode()).hexdigest()[:16]
-    assert (SCHEMA_VERSION, digest) == (11, "e5d8062ae9f75c50"), "profile fields changed: bump SCHEMA_VERSION"
+    assert (SCHEMA_VERSION, digest) == (12, "288989747e1878dd"), "profile fields changed: bump SCHEMA_VERSION"
 
 
 def _set(path: str, value):

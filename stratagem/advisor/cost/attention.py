@@ -52,8 +52,9 @@ ATTENTION_PEAK_SHARE = {
 # the output and its gradient for their row-wise dot product and clears the query gradient's fp32
 # accumulator (2 + 2), one after it converts that accumulator to 16 bits (2 + 1), and each key
 # tile's block loads its keys and values and stores their gradients (4 per key row) (FlashAttention-2,
-# Algorithm 2, and its kernels; cuDNN's backward runs the same passes). With them the published
-# H100 rates of both kernels hold from 512 tokens to 16k (docs/cost-model.md, "Attention").
+# Algorithm 2, and its kernels; cuDNN's backward runs the same passes). Key rows count per key and
+# value head: grouped-query attention's query heads share them. With them the published H100 rates
+# of both kernels hold from 512 tokens to 16k (docs/cost-model.md, "Attention").
 ATTENTION_ROW_PASSES = {"fwd": (2, 0), "bwd": (7, 4)}
 
 # The matmul dtypes fused kernels are priced and calibrated in (flash attention takes 16 bits only),
@@ -129,7 +130,7 @@ def tile_seconds(call: AttentionCall, direction: str, cluster: Cluster, *, dtype
     :data:`ATTENTION_ROW_PASSES` at ``seconds_per_byte``."""
     rate = peak_share(cluster.device.compute_capability, direction, call.head_dim) * cluster.device.peak_flops(dtype)
     per_query, per_key = ATTENTION_ROW_PASSES[direction]
-    rows = _heads(call) * (per_query * call.seq_q + per_key * call.seq_kv)
+    rows = _heads(call) * (per_query * call.seq_q + per_key * call.seq_kv / call.kv_group)
     return (computed_elements(call) * TENSOR_FLOPS[direction] * call.head_dim / rate
             + rows * call.head_dim * ELEMENT_BYTES * seconds_per_byte)
 

@@ -79,7 +79,7 @@ class SegmentCounts:
     convs: list[ConvLayer] = field(default_factory=list)  # the convolutions its forward ran, in order
     batch_norms: list[BatchNormCall] = field(default_factory=list)  # its BatchNorms on batch statistics, in order
     # its fused attention kernels' FLOPs by (seq_q, seq_kv, head_dim, causal): [forward, backward]
-    fused_attention: dict[tuple[int, int, int, bool], list[int]] = field(default_factory=dict)
+    fused_attention: dict[tuple[int, int, int, bool, int], list[int]] = field(default_factory=dict)
 
 
 @dataclass

@@ -123,12 +123,15 @@ ATTENTION_BACKWARD_OPS = {
 }
 
 
-def attention_shape(func_packet: Any, args: tuple, kwargs: dict) -> tuple[int, int, int, bool]:
-    """``(seq_q, seq_kv, head_dim, causal)`` of a call of a fused attention kernel or its backward
-    (:data:`ATTENTION_OPS`, :data:`ATTENTION_BACKWARD_OPS`), read by the names of the operator's schema."""
+def attention_shape(func_packet: Any, args: tuple, kwargs: dict) -> tuple[int, int, int, bool, int]:
+    """``(seq_q, seq_kv, head_dim, causal, kv_group)`` of a call of a fused attention kernel or its
+    backward (:data:`ATTENTION_OPS`, :data:`ATTENTION_BACKWARD_OPS`), read by the names of the
+    operator's schema: ``kv_group`` query heads share each key and value head (``[batch, heads,
+    rows, width]``; more than 1 where grouped-query attention reaches the kernel unexpanded)."""
     named = dict(zip((a.name for a in func_packet.default._schema.arguments), args)) | kwargs
     query, key = named["query"], named["key"]
-    return int(query.shape[-2]), int(key.shape[-2]), int(query.shape[-1]), bool(named.get("is_causal", False))
+    return (int(query.shape[-2]), int(key.shape[-2]), int(query.shape[-1]), bool(named.get("is_causal", False)),
+            max(1, int(query.shape[-3]) // int(key.shape[-3])) if query.dim() >= 3 else 1)
 
 
 CPU_ATTENTION_FLOPS = {

@@ -29,7 +29,7 @@ def kernels_for(*, accelerator: bool) -> str:
     return "gpu" if accelerator else "cpu"
 
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 """Version of the layout ``ModelProfile.to_dict`` writes and ``from_dict`` reads. Bump it whenever
 a field of ModelProfile, SegmentProfile, LinearLayer, ConvLayer, BatchNormCall or AttentionCall is added, removed, renamed or changes
 meaning (tests/unit/test_profile_cache_checks.py pins the fields to this number)."""
@@ -136,6 +136,7 @@ class AttentionCall:
     causal: bool  # the kernel skips the scores above the diagonal
     fwd_flops: int  # of these calls at the profiled batch, summed
     bwd_flops: int  # of their backward
+    kv_group: int = 1  # query heads per key and value head (grouped-query attention; 1: multi-head)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

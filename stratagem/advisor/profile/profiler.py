@@ -333,8 +333,8 @@ def _policy_fields(counts: SegmentCounts) -> dict[str, int]:
 def _attention_calls(counts: SegmentCounts) -> tuple[AttentionCall, ...]:
     """A segment's fused attention calls, one per shape, in the order they first ran."""
     return tuple(AttentionCall(seq_q=seq_q, seq_kv=seq_kv, head_dim=head_dim, causal=causal, fwd_flops=fwd,
-                               bwd_flops=bwd)
-                 for (seq_q, seq_kv, head_dim, causal), (fwd, bwd) in counts.fused_attention.items())
+                               bwd_flops=bwd, kv_group=kv_group)
+                 for (seq_q, seq_kv, head_dim, causal, kv_group), (fwd, bwd) in counts.fused_attention.items())
 
 
 def _state_owners(model: nn.Module, blocks: tuple[str, ...], record: RunRecord, notes: list[str]) -> dict[str, str]:
