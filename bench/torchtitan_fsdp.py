@@ -1,0 +1,86 @@
+"""torchtitan's FSDP2 runs, a public target the cost model was never tuned on: the advisor's
+tokens per second per GPU against those torchtitan published for Llama 2 and Llama 3 trained with
+FSDP2 on 64 A100 80GB GPUs (torchtitan, docs/performance.md, 2024: one table per model family).
+
+    .venv/bin/python bench/torchtitan_fsdp.py
+
+Each row is the preset of the same shape (``llama-3-8b``, ``llama-2-13b``, ...), profiled on fake
+tensors at the row's sequence length, costed under the row's plan: FSDP over all 64 GPUs (ZeRO-3),
+the row's local batch in one micro-batch, the row's activation checkpointing (torchtitan's
+op-level policy is ``selective-op``; its layer-level one, every other block checkpointed, has no
+counterpart and its rows are left out), bf16 autocast, AdamW, eager (torch.compile was off in those
+runs). The published table names no interconnect: the cluster is eight DGX-style nodes with eight
+200 Gb/s InfiniBand NICs each, and the rows do not depend on it (a plan's exposed gradient and
+parameter traffic is under 1 % of its step; the script prints it).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import NamedTuple
+
+from stratagem.advisor.cost.evaluate import evaluate
+from stratagem.advisor.hardware import parse_cluster
+from stratagem.advisor.profile.cache import profile_spec
+from stratagem.advisor.search.given_plans import complete_plan, read_plan
+from stratagem.plan import Workload
+
+GPUS = 64
+CLUSTER = "8x8xA100-SXM4-80GB:ib-hdr"
+
+
+class Row(NamedTuple):
+    """One published run: the preset, tokens per sequence, sequences per GPU per step, the
+    activation checkpointing, and the tokens per second per GPU torchtitan measured."""
+
+    model: str
+    seq_len: int
+    local_batch: int
+    checkpointing: str
+    tokens_per_second: float
+
+
+ROWS = (
+    Row("llama-3-8b", 8192, 1, "selective-op", 2973),
+    Row("llama-3-70b", 8192, 1, "full", 331),
+    Row("llama-2-13b", 4096, 2, "none", 2162),
+    Row("llama-2-13b", 4096, 2, "selective-op", 1904),
+    Row("llama-2-70b", 4096, 1, "selective-op", 355),
+    Row("llama-2-70b", 4096, 2, "full", 353),
+)
+
+
+def predict(row: Row) -> tuple[float, str, float, float]:
+    """The row's predicted tokens per second per GPU, its plan's name, the share of its step the
+    exposed data-parallel traffic takes, and its peak memory per GPU in GiB."""
+    cluster = parse_cluster(CLUSTER)
+    profile = profile_spec(row.model, seq_len=row.seq_len, precision="bf16-mixed")
+    workload = Workload(global_batch_size=GPUS * row.local_batch, seq_len=row.seq_len, precision="bf16-mixed")
+    given = {"dp_shard": GPUS, "zero": 3, "micro_batch_size": row.local_batch,
+             "activation_checkpointing": row.checkpointing}
+    estimate = evaluate(profile, cluster, workload,
+                        complete_plan(read_plan(json.dumps(given), label="A", source="bench"), profile, cluster, workload))
+    step = estimate.time.step_seconds
+    return (row.local_batch * row.seq_len / step, estimate.plan.name, estimate.time.dp_comm / step,
+            estimate.memory.total / 2**30)
+
+
+def main() -> None:
+    started = time.perf_counter()
+    print(f"{'model':<12} {'seq':>5} {'batch':>5} {'checkpointing':<13} {'published':>9} {'predicted':>9} {'error':>6}"
+          f"  {'dp exposed':>10} {'memory':>9}  plan")
+    errors = []
+    for row in ROWS:
+        tokens, name, exposed, memory = predict(row)
+        errors.append(tokens / row.tokens_per_second - 1)
+        print(f"{row.model:<12} {row.seq_len:>5} {row.local_batch:>5} {row.checkpointing:<13} "
+              f"{row.tokens_per_second:>9.0f} {tokens:>9.0f} {errors[-1]:>+6.0%}  {exposed:>10.1%} {memory:>5.1f} GiB"
+              f"  {name}")
+    print(f"tokens/s per GPU on {CLUSTER}: mean |error| {sum(map(abs, errors)) / len(errors):.1%}, worst "
+          f"{max(errors, key=abs):+.0%}, mean {sum(errors) / len(errors):+.1%} over {len(errors)} rows; "
+          f"{time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
