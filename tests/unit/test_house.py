@@ -146,9 +146,9 @@ def _project_files() -> list[Path]:
 
 
 EXTERNAL_DOCUMENTS = {"PERFORMANCE.md", "doc/PERFORMANCE.md",
-                      "PyTorch/Classification/ConvNets/resnet50v1.5/README.md"}
+                      "PyTorch/Classification/ConvNets/resnet50v1.5/README.md", "docs/performance.md"}
 """Documents of other projects the prose cites by path: nccl-tests' bus-bandwidth definitions,
-NVIDIA DeepLearningExamples' ResNet-50 figures."""
+NVIDIA DeepLearningExamples' ResNet-50 figures, torchtitan's published runs."""
 
 _DOCUMENT = re.compile(r"(?<![\w/.-])((?:\.\./)*[\w./-]*\w\.md)\b")  # a cited markdown file
 _OUTSIDE = re.compile(r"(?<![\w.])((?:\.\./)+[\w-]+(?:\.[\w-]+)*)")  # a path that climbs out of the citing folder
