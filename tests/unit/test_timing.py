@@ -490,6 +490,29 @@ def test_gemms_with_unaligned_rows_run_at_their_share_of_the_rate():
     assert _time(Plan(), profile=odd, cluster=cpu).compute == pytest.approx(_time(Plan(), cluster=cpu).compute)
 
 
+def test_a_pipeline_casts_each_weight_once_a_step_under_its_one_autocast_context():
+    """The pipeline plugin runs the whole schedule under one autocast context, whose cache keeps
+    each weight's cast: micro-batches after the first cast nothing in forward. A step without a
+    pipeline runs each micro-batch's forward in a context of its own; FSDP2 runs no autocast."""
+    profile = profile_spec("llama-tiny", seq_len=SEQ)
+    casts = profile.blocks[0].fwd_param_op_bytes
+    assert casts > 0
+    two_gpus = parse_cluster("2xH100")
+    workload = Workload(global_batch_size=8, seq_len=SEQ)
+    piped = rank_step(profile, cluster=two_gpus, workload=workload,
+                      plan=Plan(pp=2, microbatches=8, block_container=profile.block_container))
+    saved = 7 * piped.per_tp_rank("fwd_param_op_bytes") * piped.seconds_per_op_byte
+    assert compute.estimate_cached_cast_seconds(piped) == pytest.approx(saved) and saved > 0
+    assert compute.estimate_compute_seconds(piped) == pytest.approx(
+        8 * (piped.pass_seconds("fwd") + piped.pass_seconds("bwd")) - saved
+        + compute.estimate_dp_copy_seconds(piped) + compute.estimate_grad_accumulation_seconds(piped))
+    accumulating = rank_step(profile, cluster=H100, workload=workload, plan=Plan(grad_accum=8))
+    sharded = rank_step(profile, cluster=parse_cluster("4xH100"), workload=workload,
+                        plan=Plan(pp=2, microbatches=4, dp_shard=2, zero=3, block_container=profile.block_container))
+    assert compute.estimate_cached_cast_seconds(accumulating) == 0.0
+    assert compute.estimate_cached_cast_seconds(sharded) == 0.0  # FSDP2 casts the gathered parameters itself
+
+
 def test_parameter_sized_bytes_do_not_grow_with_the_micro_batch_and_gradients_accumulate():
     """Autocast's weight casts write as much for a micro-batch of 4 as of 1; each micro-batch
     after the first adds its fp32 gradients to the ones before, reading both and writing the sum

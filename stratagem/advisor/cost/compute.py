@@ -18,9 +18,25 @@ def estimate_compute_seconds(step: RankStep) -> float:
     without FLOPs move (:meth:`RankStep.pass_seconds`), with the data-parallel runtime's copies
     (:func:`estimate_dp_copy_seconds`) and the gradients' accumulation
     (:func:`estimate_grad_accumulation_seconds`). The embedding and head stay whole on every TP
-    rank, as the TP plugin applies them (Megatron splits the vocabulary too: Shoeybi et al. 2019, §3)."""
+    rank, as the TP plugin applies them (Megatron splits the vocabulary too: Shoeybi et al. 2019, §3).
+    A pipeline's micro-batches after the first find autocast's weight casts done
+    (:func:`estimate_cached_cast_seconds`)."""
     passes = step.num_microbatches * (step.pass_seconds("fwd") + step.pass_seconds("bwd"))
-    return passes + estimate_dp_copy_seconds(step) + estimate_grad_accumulation_seconds(step)
+    return (passes - estimate_cached_cast_seconds(step) + estimate_dp_copy_seconds(step)
+            + estimate_grad_accumulation_seconds(step))
+
+
+def estimate_cached_cast_seconds(step: RankStep) -> float:
+    """Autocast's weight casts the forwards of a pipeline's micro-batches after the first do not
+    repeat, seconds. The pipeline plugin runs a step's whole schedule under one autocast context,
+    and autocast caches its cast of each fp32 leaf tensor that requires grad (a weight) until the
+    outermost context exits, so each weight is cast once a step; elsewhere each micro-batch's
+    forward runs in a context of its own and casts again. Recomputation casts again either way on
+    GPUs: the checkpoint recomputes on autograd's device thread, whose autocast cache is its own
+    (CPU ranks run backward on the calling thread and find the casts cached; left priced)."""
+    if step.plan.pp == 1 or not step.plan.runs_autocast:
+        return 0.0
+    return (step.num_microbatches - 1) * step.per_tp_rank("fwd_param_op_bytes") * step.seconds_per_op_byte
 
 
 def estimate_grad_accumulation_seconds(step: RankStep) -> float:

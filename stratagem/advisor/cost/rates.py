@@ -15,6 +15,7 @@ from stratagem.advisor.cost.attention import prices_fused_attention
 from stratagem.advisor.cost.convolutions import ConvGemm, arithmetic_intensity, conv_gemms, forward_flops
 from stratagem.advisor.cost.curves import log_interpolated
 from stratagem.advisor.cost.stages import Stage
+from stratagem.advisor.hardware.catalog import MAMF_SUSTAINED
 from stratagem.advisor.hardware.spec import Cluster
 from stratagem.advisor.profile.model_profile import ConvLayer, LinearLayer, ModelProfile
 from stratagem.plan import Plan
@@ -25,10 +26,11 @@ from stratagem.plan.precision import get_precision
 # shapes (60-75 % of peak). CPU: the catalog's per-core rate is achieved already.
 ACHIEVABLE_FLOPS_FRACTION = {"gpu": 0.6, "cpu": 1.0}
 
-# Share of the 16-bit dense peak the largest GEMMs reach on a GPU no measurement in the catalog
-# covers: NVIDIA's data-center GPUs measured reach 80-86 % (Bekman's MAMF table: A100 SXM 85.9 %,
-# A100 PCIe 82.2 %, H100 SXM 80.1 %, GH200 83.0 %). Estimate.
-LARGE_GEMM_FRACTION = 0.8
+# Share of the 16-bit dense peak the largest GEMMs of a step sustain on a GPU no measurement in the
+# catalog covers: NVIDIA's data-center GPUs' best shapes reach 80-86 % (Bekman's MAMF table: A100
+# SXM 85.9 %, A100 PCIe 82.2 %, H100 SXM 80.1 %, GH200 83.0 %), a step's large GEMMs
+# MAMF_SUSTAINED of that. Estimate.
+LARGE_GEMM_FRACTION = 0.8 * MAMF_SUSTAINED
 
 # Share of the aligned rate a GEMM with a leading dimension not a multiple of 16 bytes reaches.
 # GPU: measured on an H200 by bench/gpu_phases.py (GPT-2's 50,257-wide head); CPU: 1.0.

@@ -35,6 +35,21 @@ def est(value: float, source: str) -> Fig:
     return Fig(value, source, estimate=True)
 
 
+MAMF_SUSTAINED = 0.88
+"""Share of a best-shape MAMF figure the large GEMMs of a training step sustain. MAMF is the fastest
+shape a search found; large square bf16 GEMMs on the GH100 chip, timed by ``stratagem calibrate``
+from n = 2048 up, ran at 671-704 TFLOP/s on one H200 and 668-711 on two H100 SXM5
+(``bench/calibrations/``), 0.85-0.90 of the H100 SXM's best shape, 792.1; the H100s' mean at
+n = 4096 and 8192, 694, is 0.88 of it (docs/hardware.md, "GEMM rates")."""
+
+
+def sustained_mamf(value: float, chip: str, *, estimate: bool = False) -> Fig:
+    """A best-shape MAMF figure of ``chip`` as the rate a step's large GEMMs sustain:
+    × :data:`MAMF_SUSTAINED`."""
+    return Fig(value * MAMF_SUSTAINED, f"{MAMF}: {chip}; × {MAMF_SUSTAINED}, what a step's large GEMMs sustain",
+               estimate)
+
+
 # Sources, named once.
 V100_DS = "NVIDIA V100 datasheet"
 A100_DS = "NVIDIA A100 datasheet and A100 whitepaper (dense = sparse / 2)"
@@ -105,28 +120,30 @@ GPUS: tuple[GpuEntry, ...] = (
              fp32=Fig(19.5 * TFLOPS, A100_DS), tf32=Fig(156 * TFLOPS, A100_DS),
              bf16=Fig(312 * TFLOPS, A100_DS), fp16=Fig(312 * TFLOPS, A100_DS),
              link="nvlink3-nvswitch", host_link="pcie-gen4",
-             sms=Fig(108, A100_WP), matmul=est(267.9 * TFLOPS, MAMF + ": the A100 SXM 80 GB's; same chip")),
+             sms=Fig(108, A100_WP), matmul=sustained_mamf(267.9 * TFLOPS, "the A100 SXM 80 GB's; same chip",
+                                                             estimate=True)),
     GpuEntry(name="A100-SXM4-80GB", aliases=("A100", "A100-80GB", "A100-SXM-80GB", "A100-SXM"),
              nvml_names=("NVIDIA A100-SXM4-80GB",), compute_capability=(8, 0),
              memory=Fig(80 * GIB, A100_DS), memory_bandwidth=Fig(2039 * GB, A100_DS),
              fp32=Fig(19.5 * TFLOPS, A100_DS), tf32=Fig(156 * TFLOPS, A100_DS),
              bf16=Fig(312 * TFLOPS, A100_DS), fp16=Fig(312 * TFLOPS, A100_DS),
              link="nvlink3-nvswitch", host_link="pcie-gen4",
-             sms=Fig(108, A100_WP), matmul=Fig(267.9 * TFLOPS, MAMF + ": A100 SXM, CUDA 12.1")),
+             sms=Fig(108, A100_WP), matmul=sustained_mamf(267.9 * TFLOPS, "A100 SXM, CUDA 12.1")),
     GpuEntry(name="A100-PCIe-40GB", aliases=("A100-PCIE-40G",),
              nvml_names=("NVIDIA A100-PCIE-40GB",), compute_capability=(8, 0),
              memory=Fig(40 * GIB, A100_DS), memory_bandwidth=Fig(1555 * GB, A100_DS),
              fp32=Fig(19.5 * TFLOPS, A100_DS), tf32=Fig(156 * TFLOPS, A100_DS),
              bf16=Fig(312 * TFLOPS, A100_DS), fp16=Fig(312 * TFLOPS, A100_DS),
              link="pcie-gen4", host_link="pcie-gen4", bridge="nvlink3-bridge",
-             sms=Fig(108, A100_WP), matmul=est(256.4 * TFLOPS, MAMF + ": the A100 PCIe 80 GB's; same chip")),
+             sms=Fig(108, A100_WP), matmul=sustained_mamf(256.4 * TFLOPS, "the A100 PCIe 80 GB's; same chip",
+                                                             estimate=True)),
     GpuEntry(name="A100-PCIe-80GB", aliases=("A100-PCIe", "A100-80GB-PCIe"),
              nvml_names=("NVIDIA A100 80GB PCIe",), compute_capability=(8, 0),
              memory=Fig(80 * GIB, A100_DS), memory_bandwidth=Fig(1935 * GB, A100_DS),
              fp32=Fig(19.5 * TFLOPS, A100_DS), tf32=Fig(156 * TFLOPS, A100_DS),
              bf16=Fig(312 * TFLOPS, A100_DS), fp16=Fig(312 * TFLOPS, A100_DS),
              link="pcie-gen4", host_link="pcie-gen4", bridge="nvlink3-bridge",
-             sms=Fig(108, A100_WP), matmul=Fig(256.4 * TFLOPS, MAMF + ": A100 PCIe, CUDA 12.1")),
+             sms=Fig(108, A100_WP), matmul=sustained_mamf(256.4 * TFLOPS, "A100 PCIe, CUDA 12.1")),
     GpuEntry(name="H100-SXM5-80GB",
              aliases=("H100", "H100-SXM", "H100-SXM5", "H100-SXM-80GB", "H100-80GB"),
              nvml_names=("NVIDIA H100 80GB HBM3",), compute_capability=(9, 0),
@@ -134,7 +151,7 @@ GPUS: tuple[GpuEntry, ...] = (
              fp32=Fig(67 * TFLOPS, H100_DS), tf32=Fig(495 * TFLOPS, H100_DS),
              bf16=Fig(989 * TFLOPS, H100_DS), fp16=Fig(989 * TFLOPS, H100_DS),
              link="nvlink4-nvswitch", host_link="pcie-gen5",
-             sms=Fig(132, H100_WP), matmul=Fig(792.1 * TFLOPS, MAMF + ": H100 SXM, CUDA 12.1"),
+             sms=Fig(132, H100_WP), matmul=sustained_mamf(792.1 * TFLOPS, "H100 SXM, CUDA 12.1"),
              memory_latency=Fig(390e-9, H100_LATENCY)),
     GpuEntry(name="H100-PCIe-80GB", aliases=("H100-PCIe",),
              nvml_names=("NVIDIA H100 PCIe",), compute_capability=(9, 0),
@@ -203,7 +220,7 @@ GPUS: tuple[GpuEntry, ...] = (
              fp32=Fig(163.4 * TFLOPS, MI300X_DS), tf32=est(654 * TFLOPS, MI300X_DS),
              bf16=Fig(1307 * TFLOPS, MI300X_DS), fp16=Fig(1307 * TFLOPS, MI300X_DS),
              link="infinity-fabric", host_link="pcie-gen5",
-             sms=Fig(304, MI300X_DS + ": 304 compute units"), matmul=Fig(781.9 * TFLOPS, MAMF + ": MI300X, ROCm 6.2")),
+             sms=Fig(304, MI300X_DS + ": 304 compute units"), matmul=sustained_mamf(781.9 * TFLOPS, "MI300X, ROCm 6.2")),
 )
 
 
