@@ -249,4 +249,5 @@ def _busiest_attention(profile: ModelProfile, plan: Plan, cluster: Cluster) -> d
     """:func:`~stratagem.advisor.cost.attention.fused_attention_time` of :func:`busiest_stage`, once
     for the plans that share its attention calls."""
     return fused_attention_time(profile, plan, busiest_stage(profile, plan), cluster,
-                                dtype=matmul_dtype(cluster, plan.precision), seconds_per_byte=seconds_per_op_byte(cluster))
+                                dtype=matmul_dtype(cluster, plan.precision),
+                                seconds_per_byte=seconds_per_op_byte(cluster))

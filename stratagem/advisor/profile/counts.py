@@ -78,7 +78,7 @@ class SegmentCounts:
     policies: dict[str, PolicyCounts] = field(default_factory=dict)  # a block's, per selective policy
     convs: list[ConvLayer] = field(default_factory=list)  # the convolutions its forward ran, in order
     batch_norms: list[BatchNormCall] = field(default_factory=list)  # its BatchNorms on batch statistics, in order
-    # its fused attention kernels' FLOPs by (seq_q, seq_kv, head_dim, causal): [forward, backward]
+    # its fused attention kernels' FLOPs by (seq_q, seq_kv, head_dim, causal, kv_group): [forward, backward]
     fused_attention: dict[tuple[int, int, int, bool, int], list[int]] = field(default_factory=dict)
 
 
