@@ -56,6 +56,10 @@ def cluster_table(cluster: Cluster) -> Table:
         "memory / device": f"{device.memory_bytes / 2**30:,.1f} GiB",
         "peak bf16 dense": _tflops(device.peak_bf16, "peak_bf16" in device.estimated),
         "peak fp32": _tflops(device.peak_fp32, "peak_fp32" in device.estimated),
+        **({"large GEMMs, 16-bit": _tflops(device.matmul_fraction * (device.peak_bf16 or device.peak_fp16),
+                                            "matmul_fraction" in device.estimated)
+            + f" ({device.matmul_fraction:.0%} of the peak: what a step's largest GEMMs sustain)"}
+           if device.matmul_fraction and (device.peak_bf16 or device.peak_fp16) else {}),
         "memory bandwidth": _rate(device.memory_bandwidth,
                                   "memory_bandwidth" in device.estimated),
         **({"memory latency": f"{device.memory_latency * 1e9:.0f} ns (few loads in flight)"}

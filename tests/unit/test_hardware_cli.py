@@ -29,6 +29,13 @@ def test_table_shows_a_catalogued_memory_latency(capsys):
     assert "390 ns" in capsys.readouterr().out
 
 
+def test_table_shows_the_rate_a_steps_large_gemms_sustain_where_catalogued(capsys):
+    assert main(["hardware", "--cluster", "1xH100"]) == 0
+    assert "697.0 TFLOP/s (70% of the peak" in capsys.readouterr().out  # the best shape's 792.1 × 0.88
+    assert main(["hardware", "--cluster", "1xL4"]) == 0
+    assert "large GEMMs" not in capsys.readouterr().out  # none catalogued for the L4
+
+
 def test_local_probe_prints_notes(capsys):
     assert main(["hardware"]) == 0
     assert "note" in capsys.readouterr().out
