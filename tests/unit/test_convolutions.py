@@ -69,7 +69,7 @@ def _h100_shape() -> dict:
     cluster = parse_cluster(H100)
     device = cluster.device
     return dict(sms=device.num_sms, element_bytes=2,
-                flops_per_second=achievable_fraction(cluster, []) * device.peak_flops("bf16"),
+                flops_per_second=achievable_fraction(cluster, [], "bf16") * device.peak_flops("bf16"),
                 bytes_per_second=device.memory_bandwidth * MEMORY_BANDWIDTH_EFFICIENCY)
 
 

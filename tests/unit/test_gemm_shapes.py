@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from stratagem.advisor.cost.rank_step import rank_step
-from stratagem.advisor.cost.rates import block_matmul_efficiency, gemm_efficiency
+from stratagem.advisor.cost.rates import FP32_GEMM_FRACTION, block_matmul_efficiency, gemm_efficiency
 from stratagem.advisor.cost.stages import whole_model
 from stratagem.advisor.hardware import parse_cluster
 from stratagem.advisor.hardware.catalog import MAMF_SUSTAINED
@@ -59,6 +59,9 @@ def test_an_uncalibrated_gpu_computes_at_its_largest_gemms_measured_rate():
     step = rank_step(profile, cluster=parse_cluster("1xH100"), plan=Plan(),
                      workload=Workload(global_batch_size=1, seq_len=profile.seq_len))
     assert step.flops_per_second == pytest.approx(792.1e12 * MAMF_SUSTAINED) and step.block_matmul_efficiency < 1
+    fp32 = rank_step(profile, cluster=parse_cluster("1xH100"), plan=Plan(precision="fp32"),
+                     workload=Workload(global_batch_size=1, seq_len=profile.seq_len, precision="fp32"))
+    assert fp32.flops_per_second == pytest.approx(FP32_GEMM_FRACTION * 67e12)  # CUDA cores: not the 16-bit share
     cpu = rank_step(profile, cluster=parse_cluster("2xcpu"), plan=Plan(dp_replicate=2),
                     workload=Workload(global_batch_size=2, seq_len=profile.seq_len))
     assert cpu.block_matmul_efficiency == 1.0  # no shapes model on CPU ranks

@@ -56,7 +56,7 @@ def test_gpus_and_cpu_ranks_keep_their_kind():
     assert h100.is_gpu and h100.is_accelerator and not h100.is_tpu and h100.backend == "nccl"
     assert not cpu.is_gpu and not cpu.is_accelerator and not cpu.is_tpu and cpu.backend == "gloo"
     # a TPU's GEMMs run at the accelerators' flat fraction: the shape model needs SMs (GPUs')
-    assert rates.achievable_fraction(parse_cluster("8xv5e"), []) == rates.ACHIEVABLE_FLOPS_FRACTION["gpu"]
+    assert rates.achievable_fraction(parse_cluster("8xv5e"), [], "bf16") == rates.ACHIEVABLE_FLOPS_FRACTION["gpu"]
 
 
 @pytest.mark.parametrize(("spec", "message"), [

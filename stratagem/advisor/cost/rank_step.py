@@ -221,8 +221,8 @@ def rank_step(profile: ModelProfile, *, cluster: Cluster, workload: Workload,
     per_byte = seconds_per_op_byte(cluster)
     return RankStep(profile=profile, cluster=cluster, plan=plan, optimizer=workload.optimizer,
                     precision=get_precision(plan.precision), stage=stage, links=mesh_links(cluster, plan),
-                    flops_per_second=achievable_fraction(cluster, curve) * estimate_peak_flops(
-                        cluster, precision=plan.precision),
+                    flops_per_second=achievable_fraction(cluster, curve, matmul_dtype(cluster, plan.precision))
+                    * estimate_peak_flops(cluster, precision=plan.precision),
                     attention=_busiest_attention(profile, plan, cluster),
                     block_matmul_efficiency=_busiest_matmul_efficiency(profile, plan, cluster),
                     unaligned_matmul_fraction=unaligned_matmul_fraction(cluster, plan.precision),

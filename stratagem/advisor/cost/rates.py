@@ -32,6 +32,12 @@ ACHIEVABLE_FLOPS_FRACTION = {"gpu": 0.6, "cpu": 1.0}
 # MAMF_SUSTAINED of that. Estimate.
 LARGE_GEMM_FRACTION = 0.8 * MAMF_SUSTAINED
 
+# Share of the fp32 peak large fp32 GEMMs sustain on a GPU's CUDA cores (torch's default: no TF32),
+# where the catalog's large-GEMM figure is a 16-bit tensor cores' and does not apply: measured by
+# `stratagem calibrate` on two H100 SXM5, 51-52 TFLOP/s of 67 from n = 2,048
+# (bench/calibrations/). Other chips: not measured.
+FP32_GEMM_FRACTION = 0.78
+
 # Share of the aligned rate a GEMM with a leading dimension not a multiple of 16 bytes reaches.
 # GPU: measured on an H200 by bench/gpu_phases.py (GPT-2's 50,257-wide head); CPU: 1.0.
 UNALIGNED_MATMUL_FRACTION = {"gpu": 0.18, "cpu": 1.0}
@@ -57,14 +63,17 @@ def estimate_peak_flops(cluster: Cluster, *, precision: str) -> float:
     return cluster.device.peak_flops(matmul_dtype(cluster, precision))
 
 
-def achievable_fraction(cluster: Cluster, curve: list[tuple[int, float]]) -> float:
-    """The share of the dense peak the largest matmuls reach: all of it where a calibrated
-    ``curve`` measured it (its rates are achieved ones); on a GPU the shape model treats (SMs
-    catalogued: :func:`gemm_efficiency`), the catalog's measured share or :data:`LARGE_GEMM_FRACTION`;
-    else :data:`ACHIEVABLE_FLOPS_FRACTION`, shapes folded in."""
+def achievable_fraction(cluster: Cluster, curve: list[tuple[int, float]], dtype: str) -> float:
+    """The share of the dense peak the largest matmuls in ``dtype`` reach: all of it where a
+    calibrated ``curve`` measured it (its rates are achieved ones); on a GPU the shape model treats
+    (SMs catalogued: :func:`gemm_efficiency`), in 16 bits or TF32 the catalog's share or
+    :data:`LARGE_GEMM_FRACTION`, in fp32 :data:`FP32_GEMM_FRACTION`; else
+    :data:`ACHIEVABLE_FLOPS_FRACTION`, shapes folded in."""
     if curve:
         return 1.0
     if cluster.is_accelerator and cluster.device.num_sms:
+        if dtype == "fp32":
+            return FP32_GEMM_FRACTION
         return cluster.device.matmul_fraction or LARGE_GEMM_FRACTION
     return ACHIEVABLE_FLOPS_FRACTION[_kind(cluster)]
 
@@ -132,7 +141,8 @@ def block_matmul_efficiency(profile: ModelProfile, plan: Plan, stage: Stage, cur
     if cluster is None or not cluster.is_accelerator or not cluster.device.num_sms:
         return 1.0
     device = cluster.device
-    peak = achievable_fraction(cluster, curve) * device.peak_flops(matmul_dtype(cluster, plan.precision))
+    dtype = matmul_dtype(cluster, plan.precision)
+    peak = achievable_fraction(cluster, curve, dtype) * device.peak_flops(dtype)
     shape = functools.partial(gemm_efficiency, sms=device.num_sms, flops_per_second=peak,
                               element_bytes=get_precision(plan.precision).compute_bytes,
                               bytes_per_second=device.memory_bandwidth * MEMORY_BANDWIDTH_EFFICIENCY)
