@@ -56,10 +56,7 @@ def cluster_table(cluster: Cluster) -> Table:
         "memory / device": f"{device.memory_bytes / 2**30:,.1f} GiB",
         "peak bf16 dense": _tflops(device.peak_bf16, "peak_bf16" in device.estimated),
         "peak fp32": _tflops(device.peak_fp32, "peak_fp32" in device.estimated),
-        **({"large GEMMs, 16-bit": _tflops(device.matmul_fraction * (device.peak_bf16 or device.peak_fp16),
-                                            "matmul_fraction" in device.estimated)
-            + f" ({device.matmul_fraction:.0%} of the peak: what a step's largest GEMMs sustain)"}
-           if device.matmul_fraction and (device.peak_bf16 or device.peak_fp16) else {}),
+        **_large_gemms(cluster),
         "memory bandwidth": _rate(device.memory_bandwidth,
                                   "memory_bandwidth" in device.estimated),
         **({"memory latency": f"{device.memory_latency * 1e9:.0f} ns (few loads in flight)"}
@@ -77,6 +74,23 @@ def cluster_table(cluster: Cluster) -> Table:
     for note in cluster.notes:
         table.add_row("note", note)
     return table
+
+
+def _large_gemms(cluster: Cluster) -> dict[str, str]:
+    """The row of the rate the cost model gives a step's largest 16-bit GEMMs
+    (:func:`~stratagem.advisor.cost.rates.large_gemm_rate`), on GPUs whose GEMMs it models by shape."""
+    from stratagem.advisor.cost.rates import large_gemm_rate, matmul_curve
+
+    device = cluster.device
+    precision = "bf16-mixed" if device.peak_bf16 else "fp16-mixed"
+    if not (cluster.is_accelerator and device.num_sms and (device.peak_bf16 or device.peak_fp16)):
+        return {}
+    rate = large_gemm_rate(cluster, precision)
+    if matmul_curve(cluster, precision):
+        return {"large GEMMs, 16-bit": _tflops(rate, False) + " (measured by stratagem calibrate)"}
+    estimated = device.matmul_fraction is None or "matmul_fraction" in device.estimated  # LARGE_GEMM_FRACTION
+    return {"large GEMMs, 16-bit": _tflops(rate, estimated)
+            + f" ({rate / device.peak_flops(precision[:4]):.0%} of the peak: what a step's largest GEMMs sustain)"}
 
 
 def _tflops(value: float | None, estimated: bool) -> str:

@@ -11,10 +11,9 @@ from stratagem.advisor.cost.batch_norm import stage_norm_seconds
 from stratagem.advisor.cost.collectives import mesh_links
 from stratagem.advisor.cost.convolutions import stage_layout_bytes
 from stratagem.advisor.cost.rates import (
-    achievable_fraction,
     block_matmul_efficiency,
-    estimate_peak_flops,
     kernel_gap_seconds,
+    large_gemm_rate,
     matmul_curve,
     matmul_dtype,
     seconds_per_op_byte,
@@ -216,13 +215,11 @@ def rank_step(profile: ModelProfile, *, cluster: Cluster, workload: Workload,
                          f"workload {workload.global_batch_size}\nHINT: micro_batch_size × "
                          "microbatches × grad_accum × dp must equal the global batch")
     profile = profile.computed_by(plan)
-    curve = matmul_curve(cluster, plan.precision)
     stage = busiest_stage(profile, plan)
     per_byte = seconds_per_op_byte(cluster)
     return RankStep(profile=profile, cluster=cluster, plan=plan, optimizer=workload.optimizer,
                     precision=get_precision(plan.precision), stage=stage, links=mesh_links(cluster, plan),
-                    flops_per_second=achievable_fraction(cluster, curve, matmul_dtype(cluster, plan.precision))
-                    * estimate_peak_flops(cluster, precision=plan.precision),
+                    flops_per_second=large_gemm_rate(cluster, plan.precision),
                     attention=_busiest_attention(profile, plan, cluster),
                     block_matmul_efficiency=_busiest_matmul_efficiency(profile, plan, cluster),
                     unaligned_matmul_fraction=unaligned_matmul_fraction(cluster, plan.precision),

@@ -78,6 +78,13 @@ def achievable_fraction(cluster: Cluster, curve: list[tuple[int, float]], dtype:
     return ACHIEVABLE_FLOPS_FRACTION[_kind(cluster)]
 
 
+def large_gemm_rate(cluster: Cluster, precision: str) -> float:
+    """FLOP/s the largest matmuls in ``precision``'s matmul dtype reach on one device: the dense
+    peak times :func:`achievable_fraction` (the calibrated curve's largest rate where measured)."""
+    dtype = matmul_dtype(cluster, precision)
+    return achievable_fraction(cluster, matmul_curve(cluster, precision), dtype) * cluster.device.peak_flops(dtype)
+
+
 def matmul_dtype(cluster: Cluster, precision: str) -> str:
     """The device dtype ``precision``'s matmuls run in: ``fp32`` (``tf32`` as
     :data:`FP32_MATMUL_USES_TF32` says), ``bf16`` or ``fp16``."""
@@ -141,9 +148,7 @@ def block_matmul_efficiency(profile: ModelProfile, plan: Plan, stage: Stage, cur
     if cluster is None or not cluster.is_accelerator or not cluster.device.num_sms:
         return 1.0
     device = cluster.device
-    dtype = matmul_dtype(cluster, plan.precision)
-    peak = achievable_fraction(cluster, curve, dtype) * device.peak_flops(dtype)
-    shape = functools.partial(gemm_efficiency, sms=device.num_sms, flops_per_second=peak,
+    shape = functools.partial(gemm_efficiency, sms=device.num_sms, flops_per_second=large_gemm_rate(cluster, plan.precision),
                               element_bytes=get_precision(plan.precision).compute_bytes,
                               bytes_per_second=device.memory_bandwidth * MEMORY_BANDWIDTH_EFFICIENCY)
     linears = ((count * rows * inner * outer, shape(*dims))
