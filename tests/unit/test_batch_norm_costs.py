@@ -17,6 +17,8 @@ from stratagem.advisor.profile.cache import profile_spec
 from stratagem.advisor.profile.model_profile import BatchNormCall
 from stratagem.plan import Plan, Workload
 
+from calibrations import bare_calibration
+
 H100 = "1xH100-SXM-80GB"
 IMAGES = 256
 # ATen's kernels on one H100 SXM5 80GB, bfloat16 NCHW at 256 images, ResNet-50's shapes
@@ -112,7 +114,4 @@ def test_a_gpu_without_a_known_latency_is_noted_and_one_calibrated_is_not():
 
 
 def _calibration(cluster: Cluster) -> Calibration:
-    return Calibration(hardware=hardware_key(cluster), backend="nccl", world_size=1, matmul={}, unaligned_matmul={},
-                       memory_bandwidth=1.5e12, links={}, overlap=None, op_seconds=None, op_byte_seconds=None,
-                       dtensor_op_seconds=None, tp_linear_seconds=0.0, optimizer_seconds=None, sync_seconds=None,
-                       framework_bytes=None, seconds=1.0, created="2026-11-27T00:00:00+00:00")
+    return bare_calibration(hardware=hardware_key(cluster), memory_bandwidth=1.5e12)

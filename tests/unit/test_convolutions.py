@@ -35,6 +35,8 @@ from stratagem.advisor.profile.model_profile import ConvLayer, ModelProfile, Seg
 from stratagem.advisor.profile.profiler import profile_model
 from stratagem.plan import Plan, Workload
 
+from calibrations import bare_calibration
+
 H100 = "1xH100-SXM-80GB"
 
 
@@ -178,11 +180,8 @@ def test_calibrated_convolutions_run_at_the_rate_measured_for_their_intensity():
 
 
 def test_a_calibration_carries_its_convolution_rates_to_the_cluster(tmp_path):
-    calibration = Calibration(
-        hardware="x", backend="gloo", world_size=1, matmul={"fp32": ((128, 1e11),)}, unaligned_matmul={},
-        memory_bandwidth=1e10, links={}, overlap=None, op_seconds=None, op_byte_seconds=None,
-        dtensor_op_seconds=None, tp_linear_seconds=0.0, optimizer_seconds=None, sync_seconds=None,
-        framework_bytes=None, seconds=1.0, created="now", conv={"fp32": ((25.0, 8e10), (200.0, 1.5e11))})
+    calibration = bare_calibration(hardware="x", backend="gloo", matmul={"fp32": ((128, 1e11),)},
+                                   memory_bandwidth=1e10, conv={"fp32": ((25.0, 8e10), (200.0, 1.5e11))})
     path = tmp_path / "c.json"
     calibration.save(path)
     assert Calibration.load(path) == calibration

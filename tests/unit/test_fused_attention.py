@@ -25,6 +25,8 @@ from stratagem.advisor.profile.cache import profile_spec
 from stratagem.advisor.profile.model_profile import AttentionCall
 from stratagem.plan import Plan, Workload
 
+from calibrations import bare_calibration
+
 
 def _call(seq: int, width: int, *, causal: bool, heads: int = 1) -> AttentionCall:
     fwd = 4 * heads * seq * seq * width  # as torch's counter counts it
@@ -125,11 +127,7 @@ def _step(cluster, model: str = "gpt2", seq: int = 256):
 
 
 def _calibrated(cluster, attention: dict) -> Calibration:
-    return Calibration(
-        hardware="h", backend="nccl", world_size=1, matmul={"bf16": ((8192, 700e12),)}, unaligned_matmul={},
-        memory_bandwidth=3e12, links={}, overlap=None, op_seconds=None, op_byte_seconds=None,
-        dtensor_op_seconds=None, tp_linear_seconds=0.0, optimizer_seconds=None, sync_seconds=None,
-        framework_bytes=None, seconds=1.0, created="2026-11-26T00:00:00+00:00", attention=attention)
+    return bare_calibration(matmul={"bf16": ((8192, 700e12),)}, attention=attention)
 
 
 def test_a_pass_prices_fused_attention_at_its_own_rate_and_its_flops_no_longer_as_gemms():

@@ -6,10 +6,12 @@ import json
 
 from rich.console import Console
 
-from stratagem.advisor.calibrate.calibration import Calibration, calibrated
+from stratagem.advisor.calibrate.calibration import calibrated
 from stratagem.advisor.hardware import Cluster, parse_cluster
 from stratagem.cli import main
 from stratagem.cli.hardware_cmd import cluster_table
+
+from calibrations import bare_calibration
 
 
 def _table_text(cluster: Cluster) -> str:
@@ -44,11 +46,7 @@ def test_table_shows_the_rate_the_cost_model_gives_a_steps_largest_gemms(capsys)
     assert main(["hardware", "--cluster", "1xL4"]) == 0
     assert "~85.2 TFLOP/s (70% of the peak" in capsys.readouterr().out  # none catalogued: LARGE_GEMM_FRACTION
     h100 = parse_cluster("1xH100")
-    measured = Calibration(
-        hardware="h", backend="nccl", world_size=1, matmul={"bf16": ((4096, 650e12), (8192, 700e12))},
-        unaligned_matmul={}, memory_bandwidth=3e12, links={}, overlap=None, op_seconds=None, op_byte_seconds=None,
-        dtensor_op_seconds=None, tp_linear_seconds=0.0, optimizer_seconds=None, sync_seconds=None,
-        framework_bytes=None, seconds=1.0, created="2026-11-27T00:00:00+00:00").apply(h100)
+    measured = bare_calibration(matmul={"bf16": ((4096, 650e12), (8192, 700e12))}).apply(h100)
     # the curve's largest rate, not discounted again
     assert "700.0 TFLOP/s (measured by stratagem calibrate)" in _table_text(measured)
     assert "large GEMMs" not in _table_text(parse_cluster("8xv5e"))  # no shape model on TPUs
