@@ -15,6 +15,7 @@ from stratagem.advisor.cost.attention import (
     computed_elements,
     curve_seconds,
     peak_share,
+    row_pass_seconds,
     tile_seconds,
 )
 from stratagem.advisor.cost.compute import estimate_recompute_seconds
@@ -78,10 +79,7 @@ SEQUENCES = (512, 1024, 2048, 4096, 8192, 16384)
 def _tile_model(call: AttentionCall, direction: str, *, passes: bool = True) -> float:
     h100 = parse_cluster("1xH100-SXM5-80GB")
     seconds = tile_seconds(call, direction, h100, dtype="bf16", seconds_per_byte=seconds_per_op_byte(h100))
-    if not passes:
-        per_query, per_key = ATTENTION_ROW_PASSES[direction]
-        seconds -= (per_query + per_key) * call.seq_q * call.head_dim * 2 * seconds_per_op_byte(h100)
-    return seconds
+    return seconds if passes else seconds - row_pass_seconds(call, direction, seconds_per_op_byte(h100))
 
 
 @pytest.mark.parametrize(("width", "direction"), sorted(CUDNN_H100))

@@ -126,13 +126,19 @@ def tile_seconds(call: AttentionCall, direction: str, cluster: Cluster, *, dtype
                  seconds_per_byte: float) -> float:
     """Seconds of ``call`` (at the profiled batch) in ``direction`` on ``cluster``'s GPU by the tile
     model: the score elements its tiles compute (:func:`computed_elements`), :data:`TENSOR_FLOPS` ×
-    the head width each, at :func:`peak_share` of the dense ``dtype`` peak, and the bytes of
-    :data:`ATTENTION_ROW_PASSES` at ``seconds_per_byte``."""
+    the head width each, at :func:`peak_share` of the dense ``dtype`` peak, and its rows' passes
+    (:func:`row_pass_seconds`)."""
     rate = peak_share(cluster.device.compute_capability, direction, call.head_dim) * cluster.device.peak_flops(dtype)
+    return (computed_elements(call) * TENSOR_FLOPS[direction] * call.head_dim / rate
+            + row_pass_seconds(call, direction, seconds_per_byte))
+
+
+def row_pass_seconds(call: AttentionCall, direction: str, seconds_per_byte: float) -> float:
+    """Seconds of the passes over ``call``'s rows in ``direction`` outside the tiles' loop
+    (:data:`ATTENTION_ROW_PASSES`, the key rows once per key and value head) at ``seconds_per_byte``."""
     per_query, per_key = ATTENTION_ROW_PASSES[direction]
     rows = _heads(call) * (per_query * call.seq_q + per_key * call.seq_kv / call.kv_group)
-    return (computed_elements(call) * TENSOR_FLOPS[direction] * call.head_dim / rate
-            + rows * call.head_dim * ELEMENT_BYTES * seconds_per_byte)
+    return rows * call.head_dim * ELEMENT_BYTES * seconds_per_byte
 
 
 def peak_share(compute_capability: tuple[int, int], direction: str, head_dim: int) -> float:
