@@ -33,12 +33,12 @@ from stratagem.advisor.hardware import parse_cluster
 from stratagem.advisor.profile.attention import CudaAttention, unpacked_sequences
 from stratagem.advisor.profile.autocast import CudaAutocast
 from stratagem.advisor.profile.cache import profile_spec
-from stratagem.advisor.search.given_plans import complete_plan, read_plan
 from stratagem.plan import Workload
 from stratagem.plan.precision import get_precision, torch_dtype
 
 GIB = 2**30
 
+from plans import given_plan  # bench/plans.py
 from trainer_hf import SHAPES  # bench/trainer_hf.py's Hugging Face shapes, trained as it trains them
 
 
@@ -114,8 +114,7 @@ def predicted(case: Case, folder: Path) -> float:
     cluster = parse_cluster("1xH100-SXM-80GB")
     workload = Workload(global_batch_size=case.batch, seq_len=case.seq_len, precision=case.precision)
     profile = profile_spec(_spec(case, folder), seq_len=case.seq_len, precision=case.precision)
-    plan = complete_plan(read_plan(json.dumps({"micro_batch_size": case.batch}), label="A", source="bench"),
-                         profile, cluster, workload)
+    plan = given_plan({"micro_batch_size": case.batch}, profile, cluster, workload)
     return evaluate(profile, cluster, workload, plan).memory.total
 
 

@@ -64,7 +64,7 @@ mechanisms() {
     "$py" bench/gpu_kernels.py --summarize "$out/kernels-ncu.csv"
     run 40 "$py" bench/attention_rate.py
     run 50 "$py" bench/batch_norm_rate.py
-    # the largest miss recorded (75 ms measured, 44 predicted): where compiled bottlenecks spend it,
+    # the largest miss recorded (75 ms measured, 45 predicted): where compiled bottlenecks spend it,
     # device or gaps (its blocks recompile with symbolic shapes: about 30 s before the first step)
     run 100 "$py" bench/gpu_kernels.py resnet-101:128::compiled
 }

@@ -27,9 +27,10 @@ from stratagem.advisor.hardware import parse_cluster
 from stratagem.advisor.profile.cache import profile_spec
 from stratagem.advisor.profile.model_profile import ModelProfile
 from stratagem.advisor.profile.profiler import profile_model
-from stratagem.advisor.search.given_plans import complete_plan, read_plan
 from stratagem.plan import Workload
 from stratagem.units import format_bytes, format_seconds
+
+from plans import given_plan  # bench/plans.py
 
 GIB = 2**30
 
@@ -153,8 +154,7 @@ def predict(case: Case, folder: Path, *, calibrated: bool = False) -> tuple[floa
     profile = (trainer_profile(case.model.removeprefix("trainer:"), case.batch, case.seq_len, case.precision)
                if trainer else profile_spec(model_spec(case.model, folder), seq_len=case.seq_len,
                                             precision=case.precision))
-    given = read_plan(json.dumps(case.plan), label="A", source="bench")
-    estimate = evaluate(profile, cluster, workload, complete_plan(given, profile, cluster, workload))
+    estimate = evaluate(profile, cluster, workload, given_plan(case.plan, profile, cluster, workload))
     return estimate.time.step_seconds, estimate.memory.total, estimate.plan.name
 
 
@@ -166,8 +166,7 @@ def attention_seconds(card: str, model: str, batch: int, seq_len: int | None, *,
     profile, cluster = profile_spec(model, seq_len=seq_len), parse_cluster(CLUSTERS[card])
     if calibrated:
         cluster = Calibration.load(CALIBRATIONS[card]).apply(cluster)
-    plan = complete_plan(read_plan(json.dumps({"micro_batch_size": batch}), label="A", source="bench"),
-                         profile, cluster, workload)
+    plan = given_plan({"micro_batch_size": batch}, profile, cluster, workload)
     step = rank_step(profile, cluster=cluster, workload=workload, plan=plan)
     return sum(step.attention[False].seconds.values()) if step.attention else 0.0
 

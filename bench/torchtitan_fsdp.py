@@ -16,15 +16,15 @@ parameter traffic is under 1 % of its step; the script prints it).
 
 from __future__ import annotations
 
-import json
 import time
 from typing import NamedTuple
 
 from stratagem.advisor.cost.evaluate import evaluate
 from stratagem.advisor.hardware import parse_cluster
 from stratagem.advisor.profile.cache import profile_spec
-from stratagem.advisor.search.given_plans import complete_plan, read_plan
 from stratagem.plan import Workload
+
+from plans import given_plan  # bench/plans.py
 
 GPUS = 64
 CLUSTER = "8x8xA100-SXM4-80GB:ib-hdr"
@@ -60,7 +60,7 @@ def predict(row: Row) -> tuple[float, str, float, float]:
     given = {"dp_shard": GPUS, "zero": 3, "micro_batch_size": row.local_batch,
              "activation_checkpointing": row.checkpointing}
     estimate = evaluate(profile, cluster, workload,
-                        complete_plan(read_plan(json.dumps(given), label="A", source="bench"), profile, cluster, workload))
+                        given_plan(given, profile, cluster, workload))
     step = estimate.time.step_seconds
     return (row.local_batch * row.seq_len / step, estimate.plan.name, estimate.time.dp_comm / step,
             estimate.memory.total / 2**30)
