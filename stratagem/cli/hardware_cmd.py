@@ -79,7 +79,7 @@ def cluster_table(cluster: Cluster) -> Table:
 def _large_gemms(cluster: Cluster) -> dict[str, str]:
     """The row of the rate the cost model gives a step's largest 16-bit GEMMs
     (:func:`~stratagem.advisor.cost.rates.large_gemm_rate`), on GPUs whose GEMMs it models by shape."""
-    from stratagem.advisor.cost.rates import large_gemm_rate, matmul_curve
+    from stratagem.advisor.cost.rates import large_gemm_rate, matmul_curve, matmul_dtype
 
     device = cluster.device
     precision = "bf16-mixed" if device.peak_bf16 else "fp16-mixed"
@@ -90,7 +90,8 @@ def _large_gemms(cluster: Cluster) -> dict[str, str]:
         return {"large GEMMs, 16-bit": _tflops(rate, False) + " (measured by stratagem calibrate)"}
     estimated = device.matmul_fraction is None or "matmul_fraction" in device.estimated  # LARGE_GEMM_FRACTION
     return {"large GEMMs, 16-bit": _tflops(rate, estimated)
-            + f" ({rate / device.peak_flops(precision[:4]):.0%} of the peak: what a step's largest GEMMs sustain)"}
+            + f" ({rate / device.peak_flops(matmul_dtype(cluster, precision)):.0%} of the peak: what a step's "
+              "largest GEMMs sustain)"}
 
 
 def _tflops(value: float | None, estimated: bool) -> str:
