@@ -84,7 +84,7 @@ def _tile_model(call: AttentionCall, direction: str, *, passes: bool = True) -> 
 
 @pytest.mark.parametrize(("width", "direction"), sorted(CUDNN_H100))
 def test_uncalibrated_the_tiles_and_the_rows_passes_give_the_published_h100_rates(width, direction):
-    """From 512 tokens to 16k within 25 % (19 of the 24 within 10 %), where the tiles alone at the
+    """From 512 tokens to 16k within 25 % (18 of the 24 within 10 %), where the tiles alone at the
     long sequences' rate miss the short ones' backward by 40 %: the rows' passes bend the curve."""
     for seq, published in zip(SEQUENCES, CUDNN_H100[width, direction], strict=True):
         call = _call(seq, width, causal=False)
@@ -93,6 +93,19 @@ def test_uncalibrated_the_tiles_and_the_rows_passes_give_the_published_h100_rate
     short = _call(512, width, causal=False)
     if direction == "bwd":
         assert _tile_model(short, "bwd", passes=False) < 0.7 * short.bwd_flops / (CUDNN_H100[width, "bwd"][0] * 1e12)
+
+
+def test_most_published_rates_come_within_ten_percent():
+    """18 of the 24. The model runs slow at width 128 below 4k tokens forward (+15 … +24 %) and
+    below 2k backward (+13, +14 %), where the kernels hide more of their rows' passes under the
+    loop, and at width 64's backward at 1k (+10.1 %)."""
+    errors = []
+    for (width, direction), rates in CUDNN_H100.items():
+        for seq, published in zip(SEQUENCES, rates, strict=True):
+            call = _call(seq, width, causal=False)
+            seconds = (call.fwd_flops if direction == "fwd" else call.bwd_flops) / (published * 1e12)
+            errors.append(abs(_tile_model(call, direction) / seconds - 1))
+    assert sum(error <= 0.1 for error in errors) == 18
 
 
 def test_the_share_runs_linear_in_the_head_width_between_those_published():

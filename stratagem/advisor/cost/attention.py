@@ -53,8 +53,8 @@ ATTENTION_PEAK_SHARE = {
 # accumulator (2 + 2), one after it converts that accumulator to 16 bits (2 + 1), and each key
 # tile's block loads its keys and values and stores their gradients (4 per key row) (FlashAttention-2,
 # Algorithm 2, and its kernels; cuDNN's backward runs the same passes). Key rows count per key and
-# value head: grouped-query attention's query heads share them. With them the published H100 rates
-# of both kernels hold from 512 tokens to 16k (docs/cost-model.md, "Attention").
+# value head: grouped-query attention's query heads share them. With them cuDNN's published H100
+# rates hold from 512 tokens to 16k (docs/cost-model.md, "Attention").
 ATTENTION_ROW_PASSES = {"fwd": (2, 0), "bwd": (7, 4)}
 
 # The matmul dtypes fused kernels are priced and calibrated in (flash attention takes 16 bits only),
