@@ -32,10 +32,9 @@ from typing import NamedTuple
 import torch
 
 from stratagem.advisor.cost.estimate import TimeBreakdown
-from stratagem.advisor.cost.host import in_line_host_seconds
 from stratagem.advisor.cost.memory import estimate_memory, overflow
+from stratagem.advisor.cost.pace import pace
 from stratagem.advisor.cost.pipeline import estimate_bubble_seconds
-from stratagem.advisor.cost.rank_step import rank_step
 from stratagem.advisor.cost.timing import estimate_time
 from stratagem.advisor.hardware import Cluster, parse_cluster
 from stratagem.advisor.profile.model_profile import ModelProfile
@@ -137,9 +136,7 @@ def megatron_seconds(profile: ModelProfile, cluster: Cluster, workload: Workload
     turn (docs/cost-model.md, "Pipeline"). Without a pipeline both overlap alike."""
     if plan.pp == 1:
         return time.step_seconds
-    step = rank_step(profile, cluster=cluster, workload=workload, plan=plan)
-    ideal = time.compute + time.recompute + time.tp_comm + in_line_host_seconds(step)
-    fill = estimate_bubble_seconds(step, ideal=ideal, reductions=0.0)
+    fill = estimate_bubble_seconds(pace(profile, cluster=cluster, workload=workload, plan=plan), reductions=0.0)
     return time.step_seconds - time.bubble + fill - time.dp_comm + time.dp_comm_total
 
 

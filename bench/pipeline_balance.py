@@ -10,6 +10,10 @@ is timed in this process (the fastest of ``REPEATS`` runs, round-robin over all 
 times do not disturb each other). A 1F1B or GPipe step of ``M`` micro-batches lasts about
 ``(M + PP − 1) × t_max`` (the slowest stage paces every other, Narayanan et al. 2021, §2.2);
 the bubble is the share of that time the stages sit idle: ``1 − Σ t / (PP × (M + PP − 1) × t_max)``.
+
+Its last lines are predictions, not measurements (:func:`predicted_ranks`): each rank's busy time
+by the cost model for a large-vocabulary model in two stages on H100s, split by FLOPs alone and
+with the bytes its operators without FLOPs move weighed in.
 """
 
 from __future__ import annotations
@@ -22,12 +26,19 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
+from stratagem.advisor.cost.pace import busy
+from stratagem.advisor.cost.rank_step import rank_step
+from stratagem.advisor.cost.rates import flops_per_moved_byte
+from stratagem.advisor.hardware import parse_cluster
+from stratagem.advisor.profile.cache import profile_spec
 from stratagem.advisor.search.partition import balanced_stage_blocks
-from stratagem.plan import Plan, even_stage_blocks
+from stratagem.plan import Plan, Workload, even_stage_blocks
 from stratagem.advisor.profile.profiler import profile_model
 from stratagem.models import get_preset
 from stratagem.models.transformer import Transformer
 from stratagem.plugins.pipeline import split_stages
+
+from plans import given_plan  # bench/plans.py
 
 PP, M, MICRO_BATCH, SEQ_LEN, REPEATS = 4, 8, 4, 64, 15
 
@@ -94,7 +105,8 @@ def main() -> None:
           f"blocks of FLOPs, embedding {profile.embed.param_bytes / 2**20:.0f} MiB; pp={PP}, {M} micro-batches "
           f"of {MICRO_BATCH}×{SEQ_LEN}, fp32, 1 thread")
     partitions = {"naive (equal blocks)": even_stage_blocks(len(profile.blocks), PP),
-                  "advisor (balanced)": balanced_stage_blocks(profile, PP)}
+                  "advisor (balanced)": balanced_stage_blocks(
+                      profile, PP, byte_flops=flops_per_moved_byte(parse_cluster(f"{PP}xcpu"), "fp32"))}
     closures = []
     for partition in partitions.values():
         plan = Plan(pp=PP, microbatches=M, micro_batch_size=MICRO_BATCH, precision="fp32",
@@ -105,6 +117,25 @@ def main() -> None:
              for i, (label, partition) in enumerate(partitions.items())}
     naive, advisor = steps.values()
     print(f"advisor's partition: step {naive / advisor:.2f}× faster than the equal split")
+    predicted_ranks()
+
+
+def predicted_ranks(model: str = "hf:bench/configs/qwen2.5-1.5b", cluster_spec: str = "8xH100",
+                    seq_len: int = 4096) -> None:
+    """The cost model's busy time of each pipeline rank (:func:`~stratagem.advisor.cost.pace.busy`)
+    for a large-vocabulary model on GPUs, two stages of its blocks split by FLOPs alone and with
+    the bytes moved weighed in: a head whose logits move gigabytes with few FLOPs beside them."""
+    cluster = parse_cluster(cluster_spec)
+    profile = profile_spec(model, seq_len=seq_len, precision="bf16-mixed")
+    workload = Workload(global_batch_size=64, seq_len=seq_len, precision="bf16-mixed")
+    for label, byte_flops in (("FLOPs alone", 0.0), ("bytes weighed", flops_per_moved_byte(cluster, "bf16-mixed"))):
+        split = balanced_stage_blocks(profile, 2, byte_flops=byte_flops, compiled=True)
+        plan = given_plan({"pp": 2, "dp_shard": 4, "zero": 2, "compile": True, "micro_batch_size": 2,
+                           "microbatches": 8, "stage_blocks": list(split)}, profile, cluster, workload)
+        ranks = "  ".join(f"{1e3 * busy(rank_step(profile, cluster=cluster, workload=workload, plan=plan, rank=r)).seconds:6.0f}"
+                          for r in range(2))
+        print(f"{model} on {cluster_spec}, {plan.name}, {label:<13}: blocks {list(split)}, "
+              f"ms busy per rank {ranks}")
 
 
 if __name__ == "__main__":

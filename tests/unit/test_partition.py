@@ -9,13 +9,15 @@ from collections import Counter
 
 import pytest
 
+from stratagem.advisor.cost.rates import flops_per_moved_byte
 from stratagem.advisor.hardware import parse_cluster
 from stratagem.advisor.profile.model_profile import ModelProfile, SegmentProfile
 from stratagem.advisor.search.partition import balanced_stage_blocks, stage_costs
 from stratagem.plan import Plan, Workload, even_stage_blocks
 from stratagem.advisor.search.advice import advise
 from stratagem.advisor.search.enumeration import search_plans
-from stratagem.advisor.cost.stages import busiest_stage, rank_stages
+from stratagem.advisor.cost.pace import pace
+from stratagem.advisor.cost.stages import rank_stages
 from stratagem.advisor.search.targets import pp_degrees
 from stratagem.errors import UsageError
 
@@ -100,11 +102,13 @@ def test_plan_carries_and_checks_the_partition():
 
 def test_stages_are_costed_as_the_plan_partitions():
     profile = _profile(6, head=4)
-    uneven = Plan(pp=2, microbatches=2, stage_blocks=(5, 1))
+    uneven = Plan(pp=2, microbatches=2, stage_blocks=(5, 1), precision="fp32")
     first, last = rank_stages(profile, uneven)
     assert (len(first.blocks), len(last.blocks)) == (5, 1)
     assert first.segments[0] is profile.embed and last.segments[-1] is profile.head
-    assert busiest_stage(profile, uneven) is first  # 5 blocks against 1 + a 4-block head
+    paced = pace(profile, cluster=parse_cluster("2xA100"), workload=Workload(global_batch_size=2, precision="fp32"),
+                 plan=uneven)
+    assert paced.step.stage is first  # 5 blocks against 1 + a 4-block head
     even = Plan(pp=2, microbatches=2)
     assert len(rank_stages(profile, even)[0].blocks) == 3
 
@@ -176,3 +180,22 @@ def test_a_tied_embedding_and_head_pipeline_with_a_copy_on_the_last_stage():
 
     plans = [e.plan for e in advise(gpt2, cluster, workload, top=10_000).plans]
     assert any(p.pp > 1 for p in plans) and not any(p.pp > 1 and p.offloads_parameters for p in plans)
+
+
+def test_a_head_that_moves_bytes_paces_the_pipeline_and_weighs_in_the_partition():
+    """A large vocabulary's head has few FLOPs beside the gigabytes its logits and their fp32
+    softmax move. By FLOPs the stages below look equal; by time the head's rank is the slowest,
+    and the partition weighs its bytes at the FLOPs the device runs in their time."""
+    cluster, workload = parse_cluster("2xA100"), Workload(global_batch_size=2, precision="fp32")
+    byte_flops = flops_per_moved_byte(cluster, "fp32")
+    blocks = tuple(dataclasses.replace(b, fwd_flops=10**12, bwd_flops=2 * 10**12) for b in _profile(8).blocks)
+    # the head moves what two blocks' FLOPs take, in bytes: forward a third, backward the rest
+    head = dataclasses.replace(_segment("head", 0), fwd_op_bytes=round(2 * 10**12 / byte_flops),
+                               bwd_op_bytes=round(4 * 10**12 / byte_flops))
+    profile = dataclasses.replace(_profile(8), blocks=blocks, head=head)
+    assert balanced_stage_blocks(profile, 2) == (4, 4)  # FLOPs alone: the head weighs nothing
+    assert balanced_stage_blocks(profile, 2, byte_flops=byte_flops) == (5, 3)  # 5 blocks against 3 and the head
+    plan = Plan(pp=2, microbatches=2, stage_blocks=(4, 4), precision="fp32")
+    paced = pace(profile, cluster=cluster, workload=workload, plan=plan)
+    assert paced.step.stage is rank_stages(profile, plan)[1]
+    assert paced.others_share == pytest.approx(4 / 6, rel=0.05)  # four blocks' time against six's

@@ -4,33 +4,33 @@ copies' gradients (docs/cost-model.md, "Pipeline")."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from stratagem.advisor.cost.collectives import estimate_all_reduce_seconds, estimate_p2p_seconds
 from stratagem.advisor.cost.communication import collective_wait_seconds
-from stratagem.advisor.cost.host import microbatch_dispatch_seconds
+from stratagem.advisor.cost.pace import Pace
 from stratagem.advisor.cost.rank_step import RankStep
-from stratagem.advisor.cost.stages import others_share, rank_stages
+from stratagem.advisor.cost.stages import others_share
 from stratagem.plan import MeshAxis
 
 
-def estimate_bubble_seconds(step: RankStep, *, ideal: float, reductions: float) -> float:
-    """Pipeline fill and drain, seconds. ``ideal``: the rank's micro-batches' compute, recompute,
-    TP communication and, on CPU ranks, host time; ``reductions``: its DP reductions that run
-    inside its last backward (:attr:`~stratagem.advisor.cost.communication.DpExposure.in_backward`).
+def estimate_bubble_seconds(pace: Pace, *, reductions: float) -> float:
+    """Pipeline fill and drain of the rank that paces the step (``pace``), seconds;
+    ``reductions``: its DP reductions that run inside its last backward
+    (:attr:`~stratagem.advisor.cost.communication.DpExposure.in_backward`).
 
-    The rank waits one micro-batch of every other rank (:func:`_others_share` of its own) before
-    its first and after its last: ``share/(m·v)`` of ``ideal`` (Narayanan et al. 2021, §2.2.1
+    The rank waits one micro-batch of every other rank before its first and after its last:
+    ``share/(m·v)`` of its busy time ``ideal`` (``pace.others_share`` and ``pace.busy``: its
+    micro-batches' compute, recompute, TP communication and, on CPU ranks, host time; Narayanan
+    et al. 2021, §2.2.1
     eq. 1, ``share = p − 1`` for equal stages; §2.2.2 for ``v`` virtual stages); zero-bubble keeps
     only the forward's part (:func:`_zero_bubble_share`). Ranks sharing cores lose only part of
     it (:func:`_shared_core_seconds`). The drain waits for the other ranks' in-backward reductions too."""
+    step, share, ideal = pace.step, pace.others_share, pace.busy.seconds
     plan = step.plan
     if plan.pp == 1:
         return 0.0
-    share = _others_share(step)
     fill = share / (plan.microbatches * plan.pp_virtual) * ideal * _zero_bubble_share(step)
     lost = bubble_lost_share(plan.pp, step.cluster.ranks_per_core)
-    drain = others_share(step.profile, plan, "num_params") * reductions
+    drain = others_share(step.profile, plan, step.stage, "num_params") * reductions
     return lost * fill + _shared_core_seconds(step, share=share, lost=lost, ideal=ideal) + drain
 
 
@@ -49,22 +49,6 @@ def _shared_core_seconds(step: RankStep, *, share: float, lost: float, ideal: fl
     every rank's micro-batches as they come: the busiest rank's take the ranks' mean time rather
     than its own, ``((1 + share)/pp − 1)`` of ``ideal`` (negative where stages differ)."""
     return (1 - lost) * ((1 + share) / step.plan.pp - 1) * ideal
-
-
-def _others_share(step: RankStep) -> float:
-    """The other pipeline ranks' micro-batches over the busiest rank's: by FLOPs on accelerators
-    (:func:`~stratagem.advisor.cost.stages.others_share`); on CPU ranks, where host time and bytes
-    moved weigh as much as FLOPs (an embedding's gather has none), each rank's passes and
-    launching, costed at this rank's rates."""
-    if step.cluster.is_accelerator:
-        return others_share(step.profile, step.plan, "fwd_flops", "bwd_flops")
-
-    def load(rank: RankStep) -> float:
-        return rank.pass_seconds("fwd") + rank.pass_seconds("bwd") + microbatch_dispatch_seconds(rank)
-
-    own = load(step)
-    total = sum(load(replace(step, stage=stage)) for stage in rank_stages(step.profile, step.plan))
-    return (total - own) / own if own else step.plan.pp - 1.0
 
 
 def bubble_lost_share(pp: int, ranks_per_core: float) -> float:

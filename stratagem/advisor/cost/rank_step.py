@@ -1,5 +1,5 @@
-"""What the most loaded rank does in one optimizer step: :class:`RankStep`, built once per plan
-and handed to every time term."""
+"""What one pipeline rank does in one optimizer step: :class:`RankStep`, built once per plan
+(for the rank that paces it: :mod:`~stratagem.advisor.cost.pace`) and handed to every time term."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from stratagem.advisor.cost.rates import (
     seconds_per_op_byte,
     unaligned_matmul_fraction,
 )
-from stratagem.advisor.cost.stages import Stage, busiest_stage
+from stratagem.advisor.cost.stages import Stage, rank_stages
 from stratagem.advisor.hardware.spec import Cluster
 from stratagem.advisor.memo import by_identity_and_plan
 from stratagem.advisor.profile.model_profile import ModelProfile
@@ -30,7 +30,7 @@ from stratagem.plan.precision import Precision, get_precision
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RankStep:
-    """What one rank of the most loaded pipeline stage does in one optimizer step.
+    """What one rank of a pipeline stage does in one optimizer step.
 
     ``stage`` holds the stage's segments (its blocks, plus the embedding or head where they
     sit) and their sums; ``flops_per_second`` is the rank's achievable FLOP/s,
@@ -202,10 +202,11 @@ class RankStep:
 
 
 def rank_step(profile: ModelProfile, *, cluster: Cluster, workload: Workload,
-              plan: Plan) -> RankStep:
-    """Describe the most loaded rank's work (the pipeline rank whose stages have the most FLOPs),
-    from the profile of what the plan computes (``ModelProfile.computed_by``); :class:`UsageError`
-    when the profile, workload and plan disagree on what a step is."""
+              plan: Plan, rank: int = 0) -> RankStep:
+    """Describe pipeline rank ``rank``'s work (every rank's without a pipeline; with one,
+    :func:`~stratagem.advisor.cost.pace.pace` finds the rank that paces the step), from the
+    profile of what the plan computes (``ModelProfile.computed_by``); :class:`UsageError` when
+    the profile, workload and plan disagree on what a step is."""
     if workload.seq_len and profile.seq_len and workload.seq_len != profile.seq_len:
         raise UsageError(f"the profile was taken at seq_len={profile.seq_len}, the workload has "
                          f"{workload.seq_len}: attention FLOPs do not scale linearly\n"
@@ -215,36 +216,36 @@ def rank_step(profile: ModelProfile, *, cluster: Cluster, workload: Workload,
                          f"workload {workload.global_batch_size}\nHINT: micro_batch_size × "
                          "microbatches × grad_accum × dp must equal the global batch")
     profile = profile.computed_by(plan)
-    stage = busiest_stage(profile, plan)
+    stage = rank_stages(profile, plan)[rank]
     per_byte = seconds_per_op_byte(cluster)
     return RankStep(profile=profile, cluster=cluster, plan=plan, optimizer=workload.optimizer,
                     precision=get_precision(plan.precision), stage=stage, links=mesh_links(cluster, plan),
                     flops_per_second=large_gemm_rate(cluster, plan.precision),
-                    attention=_busiest_attention(profile, plan, cluster),
-                    block_matmul_efficiency=_busiest_matmul_efficiency(profile, plan, cluster),
+                    attention=_rank_attention(profile, plan, cluster, rank),
+                    block_matmul_efficiency=_rank_matmul_efficiency(profile, plan, cluster, rank),
                     unaligned_matmul_fraction=unaligned_matmul_fraction(cluster, plan.precision),
                     seconds_per_op_byte=per_byte, kernel_gap_seconds=kernel_gap_seconds(cluster),
                     layout_bytes=stage_layout_bytes(stage, plan, cluster),
                     norm_seconds=stage_norm_seconds(stage, plan, cluster, per_byte))
 
 
-# What the busiest stage's GEMM shapes never depend on: data-parallel sharding, the schedule,
+# What a rank's GEMM shapes never depend on: data-parallel sharding, the schedule,
 # checkpointing, compilation, offload, how many micro-batches run.
 _NOT_IN_BLOCK_GEMMS = ("dp_replicate", "dp_shard", "zero", "sequence_parallel", "pp_schedule", "microbatches",
                        "grad_accum", "activation_checkpointing", "compile", "offload")
 
 
 @by_identity_and_plan(ignoring=_NOT_IN_BLOCK_GEMMS)
-def _busiest_matmul_efficiency(profile: ModelProfile, plan: Plan, cluster: Cluster) -> float:
-    """:func:`block_matmul_efficiency` of :func:`busiest_stage`, once for the plans that share its GEMMs."""
-    return block_matmul_efficiency(profile, plan, busiest_stage(profile, plan), matmul_curve(cluster, plan.precision),
+def _rank_matmul_efficiency(profile: ModelProfile, plan: Plan, cluster: Cluster, rank: int) -> float:
+    """:func:`block_matmul_efficiency` of pipeline rank ``rank``, once for the plans that share its GEMMs."""
+    return block_matmul_efficiency(profile, plan, rank_stages(profile, plan)[rank], matmul_curve(cluster, plan.precision),
                                    cluster=cluster)
 
 
 @by_identity_and_plan(ignoring=_NOT_IN_BLOCK_GEMMS)
-def _busiest_attention(profile: ModelProfile, plan: Plan, cluster: Cluster) -> dict[bool, AttentionTime] | None:
-    """:func:`~stratagem.advisor.cost.attention.fused_attention_time` of :func:`busiest_stage`, once
-    for the plans that share its attention calls."""
-    return fused_attention_time(profile, plan, busiest_stage(profile, plan), cluster,
+def _rank_attention(profile: ModelProfile, plan: Plan, cluster: Cluster, rank: int) -> dict[bool, AttentionTime] | None:
+    """:func:`~stratagem.advisor.cost.attention.fused_attention_time` of pipeline rank ``rank``,
+    once for the plans that share its attention calls."""
+    return fused_attention_time(profile, plan, rank_stages(profile, plan)[rank], cluster,
                                 dtype=matmul_dtype(cluster, plan.precision),
                                 seconds_per_byte=seconds_per_op_byte(cluster))

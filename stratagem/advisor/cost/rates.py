@@ -125,6 +125,13 @@ def seconds_per_op_byte(cluster: Cluster) -> float:
     return 1 / (cluster.device.memory_bandwidth * MEMORY_BANDWIDTH_EFFICIENCY)
 
 
+def flops_per_moved_byte(cluster: Cluster, precision: str) -> float:
+    """The FLOPs the device's largest GEMMs run (:func:`large_gemm_rate`) in the time operators
+    without FLOPs move one byte (:func:`seconds_per_op_byte`): what a byte moved weighs against a
+    FLOP where pipeline stages are balanced (:mod:`~stratagem.advisor.search.partition`)."""
+    return large_gemm_rate(cluster, precision) * seconds_per_op_byte(cluster)
+
+
 def block_matmul_efficiency(profile: ModelProfile, plan: Plan, stage: Stage, curve: list[tuple[int, float]], *,
                             cluster: Cluster | None = None) -> float:
     """The share of the rank's matmul rate the stage's blocks' GEMMs reach at their shapes,

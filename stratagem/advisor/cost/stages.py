@@ -93,16 +93,19 @@ def partition(profile: ModelProfile, plan: Plan) -> tuple[int, tuple[int, ...]]:
     return plan.pp, plan.blocks_per_stage(len(profile.blocks))
 
 
-def busiest_stage(profile: ModelProfile, plan: Plan) -> Stage:
-    """The pipeline rank with the most FLOPs, all its stages together."""
-    return _busiest(profile, *partition(profile, plan))
+def others_share(profile: ModelProfile, plan: Plan, stage: Stage, field: str) -> float:
+    """The other pipeline ranks' ``field`` (summed) over ``stage``'s, one of ``plan``'s ranks:
+    ``pp − 1`` when the stages are equal, less when ``stage`` holds more, such as the head."""
+    own = stage.sums[field]
+    total = sum(rank.sums[field] for rank in rank_stages(profile, plan))
+    return (total - own) / own if own else plan.pp - 1.0
 
 
-def others_share(profile: ModelProfile, plan: Plan, *fields: str) -> float:
-    """The other pipeline ranks' ``fields`` (summed) over the busiest rank's (:func:`busiest_stage`):
-    ``pp − 1`` when the stages are equal, less when the busiest holds more, such as the head.
-    Of forward and backward FLOPs: how many of its micro-batches a pipeline's fill and drain take."""
-    return _others_share(profile, *partition(profile, plan), fields)
+def distinct_ranks(profile: ModelProfile, plan: Plan) -> tuple[tuple[int, int], ...]:
+    """The pipeline ranks whose work differs, each as the lowest rank that does it and how many
+    ranks do the same: those holding the same blocks (by kind and count) and the same of the
+    embedding and head run the same passes, whatever the order of their virtual stages."""
+    return _distinct(profile, *partition(profile, plan))
 
 
 def whole_model(profile: ModelProfile) -> Stage:
@@ -130,16 +133,15 @@ def virtual_stages(profile: ModelProfile, plan: Plan, *, rank: int) -> tuple[Sta
 
 
 @by_identity
-def _busiest(profile: ModelProfile, pp: int, stage_blocks: tuple[int, ...]) -> Stage:
-    return max(_ranks(profile, pp, stage_blocks), key=lambda s: s.sums["fwd_flops"] + s.sums["bwd_flops"])
-
-
-@by_identity
-def _others_share(profile: ModelProfile, pp: int, stage_blocks: tuple[int, ...], fields: tuple[str, ...]) -> float:
-    busiest = _busiest(profile, pp, stage_blocks)
-    own = sum(busiest.sums[f] for f in fields)
-    total = sum(stage.sums[f] for stage in _ranks(profile, pp, stage_blocks) for f in fields)
-    return (total - own) / own if own else pp - 1.0
+def _distinct(profile: ModelProfile, pp: int, stage_blocks: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    first: dict[tuple, int] = {}
+    counts: dict[int, int] = {}
+    last = (len(stage_blocks) - 1) % pp  # the rank of the last stage, which holds the head
+    for rank, stage in enumerate(_ranks(profile, pp, stage_blocks)):
+        work = (rank == 0, rank == last, tuple(sorted((b.measured_as or b.name, n) for b, n in stage.kinds)))
+        lowest = first.setdefault(work, rank)
+        counts[lowest] = counts.get(lowest, 0) + 1
+    return tuple(counts.items())
 
 
 @by_identity

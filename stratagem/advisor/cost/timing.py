@@ -1,7 +1,7 @@
 """Step time of one Plan: a visible sum of named terms, each with its source.
 
-:func:`estimate_time` scores the most loaded rank (the pipeline rank whose stages have the most
-FLOPs, under the partition the plan carries). It describes that rank's work once
+:func:`estimate_time` scores the pipeline rank that paces the step (:mod:`~stratagem.advisor.cost.pace`:
+the busiest, under the partition the plan carries). It describes that rank's work once
 (:class:`~stratagem.advisor.cost.rank_step.RankStep`) and adds the terms of
 :class:`~stratagem.advisor.cost.estimate.TimeBreakdown`, each from the module of its family:
 :mod:`~stratagem.advisor.cost.compute`, :mod:`~stratagem.advisor.cost.communication`,
@@ -15,15 +15,10 @@ from stratagem.advisor.cost.communication import (
     estimate_dp_comm_exposed_seconds,
     estimate_grad_sync_seconds,
     estimate_param_gather_seconds,
-    estimate_tp_comm_seconds,
 )
-from stratagem.advisor.cost.compute import (
-    estimate_compile_seconds,
-    estimate_compute_seconds,
-    estimate_recompute_seconds,
-)
+from stratagem.advisor.cost.compute import estimate_compile_seconds
 from stratagem.advisor.cost.estimate import TimeBreakdown
-from stratagem.advisor.cost.host import estimate_dispatch_seconds, in_line_host_seconds
+from stratagem.advisor.cost.host import estimate_dispatch_seconds
 from stratagem.advisor.cost.optimizer import estimate_offload_seconds, estimate_optimizer_seconds
 from stratagem.advisor.cost.pipeline import (
     estimate_bubble_seconds,
@@ -31,7 +26,7 @@ from stratagem.advisor.cost.pipeline import (
     estimate_pp_comm_seconds,
     estimate_tied_gradient_seconds,
 )
-from stratagem.advisor.cost.rank_step import rank_step
+from stratagem.advisor.cost.pace import pace
 from stratagem.advisor.cost.rates import estimate_peak_flops
 from stratagem.advisor.cost.stages import whole_model
 from stratagem.advisor.hardware.spec import Cluster
@@ -41,10 +36,9 @@ from stratagem.plan import Plan, Workload
 
 def estimate_time(profile: ModelProfile, *, cluster: Cluster, workload: Workload,
                   plan: Plan) -> TimeBreakdown:
-    """Seconds per optimizer step of ``plan``, term by term, on the most loaded rank."""
-    step = rank_step(profile, cluster=cluster, workload=workload, plan=plan)
-    compute, recompute = estimate_compute_seconds(step), estimate_recompute_seconds(step)
-    tp_comm = estimate_tp_comm_seconds(step)
+    """Seconds per optimizer step of ``plan``, term by term, on the rank that paces it."""
+    paced = pace(profile, cluster=cluster, workload=workload, plan=plan)
+    step, (compute, recompute, tp_comm, _) = paced.step, paced.busy
     grads, gathers = estimate_grad_sync_seconds(step), estimate_param_gather_seconds(step)
     pp_comm, tied = estimate_pp_comm_seconds(step), estimate_tied_gradient_seconds(step)
     optimizer = estimate_optimizer_seconds(step)
@@ -56,8 +50,7 @@ def estimate_time(profile: ModelProfile, *, cluster: Cluster, workload: Workload
         dp_comm=dp_comm.exposed,
         tp_comm=tp_comm,  # on the critical path: nothing overlaps it
         pp_comm=estimate_pp_comm_exposed_seconds(step, total=pp_comm, compute=compute + recompute) + tied,
-        bubble=estimate_bubble_seconds(step, ideal=compute + recompute + tp_comm + in_line_host_seconds(step),
-                                       reductions=dp_comm.in_backward),
+        bubble=estimate_bubble_seconds(paced, reductions=dp_comm.in_backward),
         optimizer=optimizer,
         offload=estimate_offload_seconds(step),
         dispatch=estimate_dispatch_seconds(step, device_busy=compute + recompute + tp_comm + optimizer),

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from itertools import chain, product
 from typing import Any
 
+from stratagem.advisor.cost.rates import flops_per_moved_byte
 from stratagem.advisor.hardware import Cluster
 from stratagem.advisor.profile.model_profile import ModelProfile
 from stratagem.advisor.search.partition import balanced_stage_blocks
@@ -86,15 +87,17 @@ def _micro_batching(layout: _Layout, local_batch: int, schedule: str, v: int) ->
             yield {"micro_batch_size": mbs, "microbatches": m, "grad_accum": 1}
 
 
-def _partition(profile: ModelProfile, pp: int, v: int,
-               pinned: tuple[int, ...] | None) -> tuple[int, ...] | None:
+def _partition(profile: ModelProfile, pp: int, v: int, pinned: tuple[int, ...] | None, *,
+               byte_flops: float, compiled: bool) -> tuple[int, ...] | None:
     """The stage partition for ``pp × v`` stages: ``pinned`` where it has that many stages (a
-    plan with another number is left out by the constraint), else the balanced one."""
+    plan with another number is left out by the constraint), else the balanced one
+    (:func:`~stratagem.advisor.search.partition.balanced_stage_blocks`, for blocks ``compiled``
+    or not)."""
     if pp == 1:
         return None
     if pinned is not None and len(pinned) == pp * v:
         return pinned
-    return balanced_stage_blocks(profile, pp * v)
+    return balanced_stage_blocks(profile, pp * v, byte_flops=byte_flops, compiled=compiled)
 
 
 def search_plans(profile: ModelProfile, cluster: Cluster, workload: Workload, *,
@@ -128,6 +131,7 @@ def _layout_groups(profile: ModelProfile, cluster: Cluster, workload: Workload, 
                                                                            tuple[Batching, ...]]]:
     """Each group of :func:`search_plans` as the Plan fields its plans share (in dicts, some shared
     with other groups) and their micro-batchings (smallest micro-batch first)."""
+    byte_flops = flops_per_moved_byte(cluster, workload.precision)
     for layout in _layouts(profile, cluster):
         dp = layout.dp_replicate * layout.dp_shard
         if workload.global_batch_size % dp:
@@ -140,8 +144,7 @@ def _layout_groups(profile: ModelProfile, cluster: Cluster, workload: Workload, 
                               dp_shard=layout.dp_shard, zero=layout.zero, sequence_parallel=sp,
                               pp_schedule=schedule, pp_virtual=v, precision=workload.precision,
                               block_container=profile.block_container,
-                              tp_layout=profile.tp_layout if layout.tp > 1 else (),
-                              stage_blocks=_partition(profile, layout.pp, v, stage_blocks))
+                              tp_layout=profile.tp_layout if layout.tp > 1 else ())
                 batchings = tuple(_micro_batching(layout, local, schedule, v))
                 for ckpt, compiled in product(CHECKPOINTING, _compiles(profile, cluster)):
                     if schedule == "interleaved-zb" and zero_bubble_refuses(dp=dp, activation_checkpointing=ckpt):
@@ -154,7 +157,9 @@ def _layout_groups(profile: ModelProfile, cluster: Cluster, workload: Workload, 
                         if profile.pp_tied_params and not tied_copies_allow(pp=layout.pp, offload=offload):
                             excluded[TIED_OFFLOAD] += 1
                             continue
-                        yield (shared, {"activation_checkpointing": ckpt, "compile": compiled, "offload": offload}), batchings
+                        yield (shared, {"activation_checkpointing": ckpt, "compile": compiled, "offload": offload,
+                                        "stage_blocks": _partition(profile, layout.pp, v, stage_blocks,
+                                                                   byte_flops=byte_flops, compiled=compiled)}), batchings
 
 
 def _compiles(profile: ModelProfile, cluster: Cluster) -> tuple[bool, ...]:

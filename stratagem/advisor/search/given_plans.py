@@ -11,6 +11,7 @@ from typing import Any
 
 from stratagem.advisor.cost.estimate import Estimate
 from stratagem.advisor.cost.evaluate import evaluate
+from stratagem.advisor.cost.rates import flops_per_moved_byte
 from stratagem.advisor.hardware import Cluster
 from stratagem.advisor.profile.model_profile import ModelProfile
 from stratagem.advisor.search.advice import OBJECTIVES, rank_estimates
@@ -80,7 +81,8 @@ def complete_plan(given: GivenPlan, profile: ModelProfile, cluster: Cluster, wor
     if plan.tp > 1:
         fill["tp_layout"] = profile.tp_layout
     if plan.pp > 1:
-        fill["stage_blocks"] = balanced_stage_blocks(profile, plan.num_stages)
+        fill["stage_blocks"] = balanced_stage_blocks(profile, plan.num_stages, compiled=plan.compile,
+                                                     byte_flops=flops_per_moved_byte(cluster, workload.precision))
     return replace(plan, **{k: v for k, v in fill.items() if k not in given.fields})
 
 

@@ -1,13 +1,16 @@
 """Pipeline partition: the profile's blocks split into contiguous stages of balanced cost.
 
-A stage's time is its profiled forward + backward FLOPs (the time model divides FLOPs by one
-achievable rate, so FLOPs order stages as time does); the first stage also runs the embedding,
-the last the head and the loss. The slowest stage sets the pace of the whole pipeline
-(Narayanan et al. 2021, §2.2: every stage runs each micro-batch in turn), so the partition
-minimises the largest stage time first and, among partitions as fast, the largest stage
-memory (its parameters plus the activations it saves for one micro-batch): a dynamic program
-over contiguous splits, O(stages × blocks²), exact for the slowest stage, with memory breaking
-ties among equally fast prefixes.
+A stage's time is its profiled forward + backward FLOPs, and the bytes its operators without
+FLOPs move weighed as the FLOPs the device runs in their time (``byte_flops``: the head's
+logits and their fp32 softmax move gigabytes for a large vocabulary, with few FLOPs beside
+them); the first stage also runs the embedding, the last the head and the loss. The slowest
+stage sets the pace of the whole pipeline (Narayanan et al. 2021, §2.2: every stage runs each
+micro-batch in turn), so the partition minimises the largest stage time first and, among
+partitions as fast, the largest stage memory (its parameters plus the activations it saves for
+one micro-batch): a dynamic program over contiguous splits, O(stages × blocks²), exact for the
+slowest stage, with memory breaking ties among equally fast prefixes. The cost model then costs
+the partition rank by rank (:mod:`~stratagem.advisor.cost.pace`): the split weighs a stage by
+these sums, not by every term of the step.
 """
 
 from __future__ import annotations
@@ -18,46 +21,48 @@ from stratagem.errors import UsageError
 
 __all__ = ["balanced_stage_blocks", "stage_costs"]
 
-Cost = tuple[int, int]  # (forward + backward FLOPs, bytes): what a stage's balance compares
+Cost = tuple[float, int]  # (forward + backward FLOPs with the bytes moved as FLOPs, bytes held): what a stage's balance compares
 
 
-def balanced_stage_blocks(profile: ModelProfile, num_stages: int) -> tuple[int, ...]:
+def balanced_stage_blocks(profile: ModelProfile, num_stages: int, *, byte_flops: float = 0.0,
+                          compiled: bool = False) -> tuple[int, ...]:
     """Blocks per stage, ``num_stages`` contiguous stages of at least one block each, that
-    minimise the slowest stage's profiled time, then the largest stage's memory."""
+    minimise the slowest stage's profiled time, then the largest stage's memory. ``byte_flops``:
+    the FLOPs a byte moved by operators without FLOPs weighs as
+    (:func:`~stratagem.advisor.cost.rates.flops_per_moved_byte`; 0 counts FLOPs alone);
+    ``compiled``: the blocks move their fused bytes (the plan compiles them, the embedding and
+    head stay eager)."""
     num_blocks = len(profile.blocks)
     if not 1 <= num_stages <= num_blocks:
         raise UsageError(f"{num_stages} pipeline stages but {profile.name} has {num_blocks} blocks\n"
                          f"HINT: use at most {num_blocks} stages (pp × pp_virtual)")
-    return _balanced(profile, num_stages)
+    return _balanced(profile, num_stages, byte_flops, compiled)
 
 
-def stage_costs(profile: ModelProfile, stage_blocks: tuple[int, ...]) -> tuple[Cost, ...]:
-    """(FLOPs, bytes) of each stage of ``stage_blocks``: its blocks, plus the embedding on the
-    first stage and the head on the last."""
-    costs, start = [], 0
+def stage_costs(profile: ModelProfile, stage_blocks: tuple[int, ...], *, byte_flops: float = 0.0,
+                compiled: bool = False) -> tuple[Cost, ...]:
+    """(time as FLOPs, bytes) of each stage of ``stage_blocks``: its blocks, plus the embedding on
+    the first stage and the head on the last (``byte_flops`` and ``compiled`` as
+    :func:`balanced_stage_blocks` weighs them)."""
+    totals, start, last = [], 0, len(stage_blocks) - 1
     for i, count in enumerate(stage_blocks):
-        segments = list(profile.blocks[start:start + count])
-        if i == 0:
-            segments.append(profile.embed)
-        if i == len(stage_blocks) - 1:
-            segments.append(profile.head)
-        costs.append(_sum(segments))
+        costs = [_cost(block, byte_flops, compiled=compiled) for block in profile.blocks[start:start + count]]
+        costs += [_cost(s, byte_flops, compiled=False) for s, held in ((profile.embed, i == 0), (profile.head, i == last))
+                  if held]
+        totals.append((sum(c[0] for c in costs), sum(c[1] for c in costs)))
         start += count
-    return tuple(costs)
+    return tuple(totals)
 
 
-def _cost(segment: SegmentProfile) -> Cost:
-    return segment.fwd_flops + segment.bwd_flops, segment.param_bytes + segment.saved_bytes
-
-
-def _sum(segments: list[SegmentProfile]) -> Cost:
-    costs = [_cost(s) for s in segments]
-    return sum(c[0] for c in costs), sum(c[1] for c in costs)
+def _cost(segment: SegmentProfile, byte_flops: float, *, compiled: bool) -> Cost:
+    moved = sum(getattr(segment, f"{d}_{'fused_' if compiled else ''}op_bytes") + getattr(segment, f"{d}_param_op_bytes")
+                for d in ("fwd", "bwd"))
+    return segment.fwd_flops + segment.bwd_flops + byte_flops * moved, segment.param_bytes + segment.saved_bytes
 
 
 @by_identity
-def _balanced(profile: ModelProfile, num_stages: int) -> tuple[int, ...]:
-    n, spans = len(profile.blocks), _spans(profile)
+def _balanced(profile: ModelProfile, num_stages: int, byte_flops: float, compiled: bool) -> tuple[int, ...]:
+    n, spans = len(profile.blocks), _spans(profile, byte_flops, compiled)
     # best[k][j]: the lexicographically smallest (max FLOPs, max bytes) of blocks 0..j-1 in k
     # stages, and where its last stage starts.
     best: list[dict[int, tuple[Cost, int]]] = [{0: ((0, 0), 0)}]
@@ -82,15 +87,15 @@ def _balanced(profile: ModelProfile, num_stages: int) -> tuple[int, ...]:
 
 
 @by_identity
-def _spans(profile: ModelProfile) -> list[list[Cost]]:
+def _spans(profile: ModelProfile, byte_flops: float, compiled: bool) -> list[list[Cost]]:
     """``spans[j][i]``: the cost of a stage of blocks ``i..j-1``, with the embedding if it is the
     first and the head if it is the last."""
     n = len(profile.blocks)
     prefix: list[Cost] = [(0, 0)]
     for block in profile.blocks:
-        flops, size = _cost(block)
+        flops, size = _cost(block, byte_flops, compiled=compiled)
         prefix.append((prefix[-1][0] + flops, prefix[-1][1] + size))
-    embed, head = _cost(profile.embed), _cost(profile.head)
+    embed, head = (_cost(s, byte_flops, compiled=False) for s in (profile.embed, profile.head))
     spans = []
     for j in range(n + 1):
         row = []
