@@ -10,7 +10,7 @@ from stratagem.plan import Plan
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MemoryBreakdown:
-    """Bytes per rank on the most loaded rank (the first pipeline stage), at peak."""
+    """Bytes per rank on the fullest pipeline rank, at peak."""
 
     parameters: float
     gradients: float

@@ -97,7 +97,7 @@ def _figures(advice: Advice) -> str:
     time = stacked_bars([(label, time_terms(e)) for label, e in labelled], label="time per step by plan",
                         fmt=format_seconds)
     return (f"<h2>Memory per GPU</h2>{_legend(MEMORY_TERMS.values())}{memory}"
-            '<p class="caption">Peak bytes on the most loaded rank (the first pipeline stage), '
+            '<p class="caption">Peak bytes on the fullest pipeline rank, '
             "against the memory a plan may use (device memory less a reserve).</p>"
             f"<h2>Time per step</h2>{_legend(TIME_TERMS.values())}{time}"
             '<p class="caption">Seconds per optimizer step, term by term; communication counts only '
