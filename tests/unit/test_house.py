@@ -146,7 +146,8 @@ def _project_files() -> list[Path]:
 
 
 EXTERNAL_DOCUMENTS = {"PERFORMANCE.md", "doc/PERFORMANCE.md",
-                      "PyTorch/Classification/ConvNets/resnet50v1.5/README.md", "docs/performance.md"}
+                      "PyTorch/Classification/ConvNets/resnet50v1.5/README.md", "docs/performance.md",
+                      "benchmarks/llama3_h100_202412_torchtitan.md"}
 """Documents of other projects the prose cites by path: nccl-tests' bus-bandwidth definitions,
 NVIDIA DeepLearningExamples' ResNet-50 figures, torchtitan's published runs."""
 

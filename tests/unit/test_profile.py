@@ -345,3 +345,31 @@ def test_a_step_that_returns_no_scalar_loss_is_a_usage_error():
         profile_model(holder, (_tokens(),), step_fn=lambda h, tokens: h.model(tokens), precision="fp32")
     with pytest.raises(UsageError, match="loss_fn or step_fn, not both"):
         profile_model(holder, (_tokens(),), step_fn=_training_step, loss_fn=_ce, precision="fp32")
+
+
+class _Activated(nn.Module):
+    """Blocks of one Linear and an activation between an embedding and a head."""
+
+    def __init__(self, activation: type[nn.Module], dim: int = 32) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(97, dim)
+        self.layers = nn.ModuleList([nn.Sequential(nn.Linear(dim, dim), activation()) for _ in range(2)])
+        self.head = nn.Linear(dim, 97, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.emb(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+@pytest.mark.parametrize("activation", [nn.SiLU, nn.Mish])
+def test_an_activation_gradient_is_the_one_kernel_the_device_runs(activation):
+    """SiLU's and Mish's gradients run as one kernel (the output's gradient and the input read,
+    the input's gradient written), as ReLU's does, though ATen gives them a decomposition beside
+    it that FlopCounterMode would count instead: eight operators and four times the bytes."""
+    relu, other = (profile_model(_Activated(a), (_tokens(),), loss_fn=_ce, precision="fp32").blocks[0]
+                   for a in (nn.ReLU, activation))
+    assert (other.bwd_ops, other.bwd_op_bytes) == (relu.bwd_ops, relu.bwd_op_bytes)
+    activations, bias = 2 * 16 * 32 * 4, 32 * 4  # one fp32 tensor of the block's width; its bias
+    assert other.bwd_op_bytes == 3 * activations + activations + bias  # the gradient; the bias's sum

@@ -438,9 +438,10 @@ def test_full_checkpointing_adds_about_a_third_on_llama7b(llama7b):
     """Backward costs about twice forward, so one more forward is about +1/3 (the head aside)."""
     time = _time(Plan(activation_checkpointing="full"), profile=llama7b)
     block_forward = sum(b.fwd_flops for b in llama7b.blocks)
-    # FLOPs dominate; the bytes written by operators without FLOPs and the device's gap after each
-    # kernel (forward launches more kernels per FLOP than backward) shift the ratio a little
-    assert time.recompute / time.compute == pytest.approx(block_forward / llama7b.flops_per_step, rel=0.08)
+    # FLOPs dominate; the bytes moved by operators without FLOPs and the device's gap after each
+    # kernel shift the ratio a little: the forward moves half the bytes the backward does (eager
+    # Llama 2 7B's, SiLU's gradient one kernel) and launches more kernels per FLOP, more than a third
+    assert time.recompute / time.compute == pytest.approx(block_forward / llama7b.flops_per_step, rel=0.1)
     assert 0.3 < time.recompute / time.compute < 0.36
 
 

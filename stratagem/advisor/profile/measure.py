@@ -46,7 +46,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -140,6 +140,22 @@ CPU_ATTENTION_FLOPS = {
 }
 
 
+def _no_flops(*args: Any, **kwargs: Any) -> int:
+    return 0
+
+
+# Pointwise backward operators the device runs as one kernel that FlopCounterMode would count as
+# their decomposition: ATen gives them a CompositeImplicitAutograd kernel beside the CPU and CUDA
+# ones (for double backward), and FlopCounterMode decomposes every operator its registry lacks.
+# SiLU's gradient so became eight operators (sigmoid, ``1 − s`` in three, four products and sums)
+# moving four times the bytes of the one kernel a backward without a graph of its own runs.
+# Registered by overload without FLOPs to keep them whole (FlopCounterMode looks an operator up by
+# its overload before it decomposes it, by its packet after), and counted as the operators
+# without FLOPs they are. (ATen's other operators of both kinds, ``native_batch_norm`` and the
+# nearest-neighbour upsamplings, are not pointwise: left to FlopCounterMode.)
+_WHOLE_KERNELS = (aten.silu_backward, aten.mish_backward)
+
+
 def unaligned_gemm(args: Any, out: Any) -> bool:
     """Whether a matrix of a GEMM (an operand or the output) has a leading dimension, the stride
     of whichever of its last two dimensions is not contiguous, of a byte length that is not a
@@ -197,7 +213,7 @@ class CostCounter(FlopCounterMode):
                  state_names: dict[StorageWeakRef, str], gradient_shapes: set[tuple[tuple[int, ...], torch.dtype]],
                  has_blocks: bool, seq_len: int | None, batch_size: int | None, gpu_kernels: bool = True,
                  model_name: str = "") -> None:
-        super().__init__(display=False, custom_mapping=CPU_ATTENTION_FLOPS)
+        super().__init__(display=False, custom_mapping={**CPU_ATTENTION_FLOPS, **{op.default: _no_flops for op in _WHOLE_KERNELS}})
         self.seq_len = seq_len
         self.batch_size = batch_size
         self._block_of = block_of  # module-tracker name -> block FQN
@@ -288,7 +304,7 @@ class CostCounter(FlopCounterMode):
         seg = self._gradient_segment(out, self.segment())
         if not self.suppressed:
             self._count(seg, func_packet, out, args, kwargs)
-        elif func_packet not in _UNCOUNTED_OPS and func_packet not in self.flop_registry:
+        elif func_packet not in _UNCOUNTED_OPS and self._formula(func_packet) is None:
             # inside an eager fused kernel (fused.FusedKernels): compiled, its operators fuse
             written = _written(func_packet, out, args)
             batch, sized = self._bytes_moved(func_packet, args, out, written)
@@ -297,12 +313,17 @@ class CostCounter(FlopCounterMode):
         self._track_provenance(func_packet, out, args, seg)
         return out
 
+    def _formula(self, func_packet: Any) -> Callable[..., int] | None:
+        """The FLOP formula of an operator with FLOPs (GEMMs, convolutions, attention); None for
+        one without (:data:`_WHOLE_KERNELS` are registered only to stay whole)."""
+        return None if func_packet in _WHOLE_KERNELS else self.flop_registry.get(func_packet)
+
     def _count(self, seg: str, func_packet: Any, out: Any, args: Any, kwargs: Any) -> None:
         """Count one operator of segment ``seg`` in the running direction: its FLOPs (those of
         unaligned GEMMs and of the attention core apart), its launch, the bytes it moves without
         FLOPs; in a block's forward, also for what each checkpointing policy recomputes."""
         counts, is_bw = self._record.segments[seg], self.mod_tracker.is_bw
-        formula = self.flop_registry.get(func_packet)
+        formula = self._formula(func_packet)
         counted = func_packet not in _UNCOUNTED_OPS
         ops = 1 if counted else 0
         batch = sized = flops = unaligned = 0
