@@ -4,8 +4,11 @@ FSDP2 on 64 A100 80GB GPUs (torchtitan, docs/performance.md, 2024: one table per
 
     .venv/bin/python bench/torchtitan_fsdp.py
 
-Each row is the preset of the same shape (``llama-3-8b``, ``llama-2-13b``, ...), profiled on fake
-tensors at the row's sequence length, costed under the row's plan: FSDP over all 64 GPUs (ZeRO-3),
+Each row is the Hugging Face Llama of the row's shape (``bench/configs/llama-3.1-8b``,
+``llama-2-13b``, ...), whose eager operators are those torchtitan's Llama ran: RMSNorm in fp32 over
+several operators (the presets run ``F.rms_norm``, one fused operator), SwiGLU, SDPA, a rotary
+embedding of a few element-wise operators. Profiled on fake tensors at the row's sequence length,
+costed under the row's plan: FSDP over all 64 GPUs (ZeRO-3),
 the row's local batch in one micro-batch, the row's activation checkpointing (torchtitan's
 op-level policy is ``selective-op``; its layer-level one, every other block checkpointed, has no
 counterpart and its rows are left out), bf16 autocast, AdamW, eager (torch.compile was off in those
@@ -31,8 +34,9 @@ CLUSTER = "8x8xA100-SXM4-80GB:ib-hdr"
 
 
 class Row(NamedTuple):
-    """One published run: the preset, tokens per sequence, sequences per GPU per step, the
-    activation checkpointing, and the tokens per second per GPU torchtitan measured."""
+    """One published run: the model (a Hugging Face config), tokens per sequence, sequences per
+    GPU per step, the activation checkpointing, and the tokens per second per GPU torchtitan
+    measured."""
 
     model: str
     seq_len: int
@@ -42,12 +46,12 @@ class Row(NamedTuple):
 
 
 ROWS = (
-    Row("llama-3-8b", 8192, 1, "selective-op", 2973),
-    Row("llama-3-70b", 8192, 1, "full", 331),
-    Row("llama-2-13b", 4096, 2, "none", 2162),
-    Row("llama-2-13b", 4096, 2, "selective-op", 1904),
-    Row("llama-2-70b", 4096, 1, "selective-op", 355),
-    Row("llama-2-70b", 4096, 2, "full", 353),
+    Row("hf:bench/configs/llama-3.1-8b", 8192, 1, "selective-op", 2973),  # Llama 3 8B's shape
+    Row("hf:bench/configs/llama-3-70b", 8192, 1, "full", 331),
+    Row("hf:bench/configs/llama-2-13b", 4096, 2, "none", 2162),
+    Row("hf:bench/configs/llama-2-13b", 4096, 2, "selective-op", 1904),
+    Row("hf:bench/configs/llama-2-70b", 4096, 1, "selective-op", 355),
+    Row("hf:bench/configs/llama-2-70b", 4096, 2, "full", 353),
 )
 
 
@@ -68,13 +72,13 @@ def predict(row: Row) -> tuple[float, str, float, float]:
 
 def main() -> None:
     started = time.perf_counter()
-    print(f"{'model':<12} {'seq':>5} {'batch':>5} {'checkpointing':<13} {'published':>9} {'predicted':>9} {'error':>6}"
+    print(f"{'model':<28} {'seq':>5} {'batch':>5} {'checkpointing':<13} {'published':>9} {'predicted':>9} {'error':>6}"
           f"  {'dp exposed':>10} {'memory':>9}  plan")
     errors = []
     for row in ROWS:
         tokens, name, exposed, memory = predict(row)
         errors.append(tokens / row.tokens_per_second - 1)
-        print(f"{row.model:<12} {row.seq_len:>5} {row.local_batch:>5} {row.checkpointing:<13} "
+        print(f"{row.model:<28} {row.seq_len:>5} {row.local_batch:>5} {row.checkpointing:<13} "
               f"{row.tokens_per_second:>9.0f} {tokens:>9.0f} {errors[-1]:>+6.0%}  {exposed:>10.1%} {memory:>5.1f} GiB"
               f"  {name}")
     print(f"tokens/s per GPU on {CLUSTER}: mean |error| {sum(map(abs, errors)) / len(errors):.1%}, worst "
