@@ -373,3 +373,15 @@ def test_an_activation_gradient_is_the_one_kernel_the_device_runs(activation):
     assert (other.bwd_ops, other.bwd_op_bytes) == (relu.bwd_ops, relu.bwd_op_bytes)
     activations, bias = 2 * 16 * 32 * 4, 32 * 4  # one fp32 tensor of the block's width; its bias
     assert other.bwd_op_bytes == 3 * activations + activations + bias  # the gradient; the bias's sum
+
+
+def test_the_loss_backward_writes_the_log_probabilities_gradient_without_reading_them():
+    """Cross-entropy's backward: nll's zeroes the log-probabilities' gradient and writes one element
+    a row, reading none of them; log-softmax's reads that gradient and its output and writes the
+    logits'. Four logits-sized tensors in all, beside the targets and two scalars (the loss's
+    gradient, the count it divides by)."""
+    targets = torch.randint(0, 97, (32,))
+    profile = profile_model(_Activated(nn.ReLU), (_tokens(),), precision="fp32",
+                            loss_fn=lambda out: F.cross_entropy(out.flatten(0, 1), targets))
+    logits = 2 * 16 * 97 * 4
+    assert profile.head.bwd_op_bytes == 4 * logits + 32 * 8 + 2 * 4

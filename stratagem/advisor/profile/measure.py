@@ -86,6 +86,9 @@ _CAST_OPS = {aten._to_copy}
 _PARAMETER_SIZED_OPS = {aten.embedding_dense_backward}
 # Ops that read only the elements they gather from an input (a table, log-probabilities).
 _GATHER_OPS = {aten.embedding, aten.index_select, aten.gather, aten.index, aten.nll_loss_forward}
+# Ops that read none of their input of the output's shape (the log-probabilities): they zero their
+# output and write one element a row (ATen's nll_loss_backward, CPU and CUDA alike).
+_SCATTER_OPS = {aten.nll_loss_backward}
 # Matrix products whose matrices' leading dimensions decide which GEMM kernels run.
 _GEMM_OPS = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm}
 # The row alignment cuBLAS's fastest (vectorised, tensor-core) kernels need: 16 bytes.
@@ -384,13 +387,15 @@ class CostCounter(FlopCounterMode):
 
     def _bytes_moved(self, func_packet: Any, args: Any, out: Any, written: list[torch.Tensor]) -> tuple[int, int]:
         """Bytes an operator without FLOPs reads and writes (``written``: :func:`_written`; none
-        for a view; a gather reads what it writes, not its whole input), as (those that grow with
+        for a view; a gather reads what it writes, not its whole input, a scatter none of its
+        input of the output's shape), as (those that grow with
         the batch, the parameter-sized ones: the outputs of :meth:`_parameter_sized` operators
         and their inputs of that shape)."""
         if not written:
             return 0, 0
         read = written if func_packet in _GATHER_OPS else [
-            t for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)]
+            t for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)
+            and not (func_packet in _SCATTER_OPS and t.shape == written[0].shape)]
         if not self._parameter_sized(func_packet, args, out):
             return tensor_bytes(read) + tensor_bytes(written), 0
         alike = [t for t in read if t.shape == written[0].shape]
