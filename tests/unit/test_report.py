@@ -227,3 +227,13 @@ def test_interleaved_order_visits_every_chunk_of_every_microbatch():
                                            (0.0412, "41.2 ms"), (0.0055, "5.50 ms"), (2.5e-4, "250 µs")])
 def test_format_seconds(seconds, text):
     assert format_seconds(seconds) == text
+
+
+def test_a_pipeline_winner_says_which_rank_its_terms_are(advice):
+    """A pipeline's terms are its slowest rank's: the breakdown names it, and what it holds."""
+    pipelined = make_estimate(PLANS[2])  # pp2, 1F1B over two stages: rank 1 holds the head
+    for rank, holds in ((1, "with the head"), (0, "with the embedding")):
+        paced = replace(pipelined, time=replace(pipelined.time, paced_rank=rank))
+        text = re.sub(r"\s+", " ", render_markdown(replace(advice, plans=(paced, *advice.plans[:2]))))
+        assert f"costed on pipeline rank {rank} of 2, {holds}: the slowest" in text
+    assert "costed on pipeline rank" not in render_markdown(advice)  # its winner has no pipeline

@@ -55,6 +55,7 @@ class TimeBreakdown:
     tp_comm_total: float = 0.0
     pp_comm_total: float = 0.0
     compile_once: float = 0.0  # compiling the blocks before the first step: paid once, not in step_seconds
+    paced_rank: int = 0  # the pipeline rank whose work the terms are: the busiest (cost/pace.py)
 
     @property
     def step_seconds(self) -> float:

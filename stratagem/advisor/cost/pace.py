@@ -36,10 +36,12 @@ class Busy(NamedTuple):
 
 
 class Pace(NamedTuple):
-    """The rank that paces a plan's step (``step``), what keeps it busy (``busy``), and the other
-    pipeline ranks' busy seconds over its own (``others_share``: ``pp − 1`` for equal stages, 0
-    without a pipeline): how many of its micro-batches the pipeline's fill and drain take."""
+    """The pipeline rank that paces a plan's step (``rank``, its work ``step``), what keeps it busy
+    (``busy``), and the other pipeline ranks' busy seconds over its own (``others_share``:
+    ``pp − 1`` for equal stages, 0 without a pipeline): how many of its micro-batches the
+    pipeline's fill and drain take."""
 
+    rank: int
     step: RankStep
     busy: Busy
     others_share: float
@@ -51,10 +53,10 @@ def pace(profile: ModelProfile, *, cluster: Cluster, workload: Workload, plan: P
     ranks = []
     for rank, count in distinct_ranks(profile.computed_by(plan), plan):
         step = rank_step(profile, cluster=cluster, workload=workload, plan=plan, rank=rank)
-        ranks.append((busy(step), step, count))
-    own, step, _ = max(ranks, key=lambda entry: entry[0].seconds)
-    total = sum(work.seconds * count for work, _, count in ranks)
-    return Pace(step, own, (total - own.seconds) / own.seconds if own.seconds else plan.pp - 1.0)
+        ranks.append((busy(step), rank, step, count))
+    own, rank, step, _ = max(ranks, key=lambda entry: entry[0].seconds)
+    total = sum(work.seconds * count for work, _, _, count in ranks)
+    return Pace(rank, step, own, (total - own.seconds) / own.seconds if own.seconds else plan.pp - 1.0)
 
 
 def busy(step: RankStep) -> Busy:

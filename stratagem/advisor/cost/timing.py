@@ -58,6 +58,7 @@ def estimate_time(profile: ModelProfile, *, cluster: Cluster, workload: Workload
         tp_comm_total=tp_comm,
         pp_comm_total=pp_comm + tied,
         compile_once=estimate_compile_seconds(step),
+        paced_rank=paced.rank,
     )
 
 

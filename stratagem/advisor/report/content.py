@@ -131,11 +131,20 @@ def offload_note(estimate: Estimate) -> str:
             f"(of {format_bytes(estimate.host_capacity_bytes)} per GPU)")
 
 
-def compile_note(estimate: Estimate) -> str:
-    """What compiling the plan's blocks costs once, before the first step, to follow the step time
-    (``' (plus about 14 s …)'``); '' for a plan that does not compile."""
-    once = estimate.time.compile_once
-    return f" (plus about {format_seconds(once)} compiling its blocks once, before the first step)" if once else ""
+def step_note(estimate: Estimate) -> str:
+    """What follows the step time: the pipeline rank that paces it, whose terms they are
+    (``'costed on pipeline rank 1 of 2, with the head: the slowest'``), and what compiling the
+    plan's blocks costs once, before the first step (``'plus about 14 s …'``), in parentheses;
+    '' for neither."""
+    plan, time = estimate.plan, estimate.time
+    notes = []
+    if plan.pp > 1:
+        holds = {0: ", with the embedding", (plan.num_stages - 1) % plan.pp: ", with the head"}
+        notes.append(f"costed on pipeline rank {time.paced_rank} of {plan.pp}{holds.get(time.paced_rank, '')}: "
+                     "the slowest")
+    if time.compile_once:
+        notes.append(f"plus about {format_seconds(time.compile_once)} compiling its blocks once, before the first step")
+    return f" ({'; '.join(notes)})" if notes else ""
 
 
 def excluded_lines(advice: Advice) -> list[str]:

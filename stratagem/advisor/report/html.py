@@ -9,7 +9,7 @@ from stratagem.advisor.search.advice import Advice
 from stratagem.advisor.cost.estimate import Estimate
 from stratagem.plan import Plan
 from stratagem.advisor.report.content import (
-    MEMORY_TERMS, OVERLAP_NOTE, TIME_TERMS, Term, compile_note, excluded_lines, footer, format_seconds, memory_terms,
+    MEMORY_TERMS, OVERLAP_NOTE, TIME_TERMS, Term, step_note, excluded_lines, footer, format_seconds, memory_terms,
     nothing_fits_line, plan_columns, plan_row, time_terms, title, winner_line, workload_line,
 )
 from stratagem.advisor.report.schedule import simulate_pipeline
@@ -107,7 +107,7 @@ def _figures(advice: Advice) -> str:
 def _breakdowns(best: Estimate) -> str:
     memory = _term_table("Memory per GPU, winner", memory_terms(best), winner_line(best))
     time = _term_table("Time per step, winner", time_terms(best),
-                       f"step {format_seconds(best.time.step_seconds)}{compile_note(best)}")
+                       f"step {format_seconds(best.time.step_seconds)}{step_note(best)}")
     return f'<h2>Breakdown of <code>{escape(best.plan.name)}</code></h2><div class="split">{memory}{time}</div>'
 
 

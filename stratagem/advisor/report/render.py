@@ -22,7 +22,7 @@ from rich.text import Text
 from stratagem.advisor.search.advice import Advice
 from stratagem.advisor.cost.estimate import Estimate
 from stratagem.advisor.report.content import (
-    OVERLAP_NOTE, Term, compile_note, excluded_lines, footer, memory_terms, offload_note, nothing_fits_line,
+    OVERLAP_NOTE, Term, step_note, excluded_lines, footer, memory_terms, offload_note, nothing_fits_line,
     plan_columns, plan_row, time_terms, title, winner_line, workload_line,
 )
 from stratagem.advisor.report.html import render_html
@@ -63,7 +63,7 @@ def render_markdown(advice: Advice) -> str:
         lines += _md_section("Why", advice.reasons)
         lines += [f"## Breakdown of `{best.plan.name}`", ""]
         lines += [f"Memory per GPU: {winner_line(best)}", "", *_md_terms(memory_terms(best))]
-        lines += [f"Time per step: {format_seconds(best.time.step_seconds)}{compile_note(best)}", "",
+        lines += [f"Time per step: {format_seconds(best.time.step_seconds)}{step_note(best)}", "",
                   *_md_terms(time_terms(best))]
     lines += _md_section("Left out", excluded_lines(advice)) + _md_section("Notes", advice.notes)
     return "\n".join([*lines, f"_{footer(advice)}_", ""])
@@ -115,7 +115,7 @@ def _breakdown_tables(best: Estimate) -> RenderableType:
     capacity = f"of {format_bytes(best.capacity_bytes)} usable"
     memory = _term_table("Memory per GPU", memory_terms(best), ("total", format_bytes(best.memory.total), capacity))
     time = _term_table("Time per step", time_terms(best), ("step", format_seconds(best.time.step_seconds), ""),
-                       caption=compile_note(best).strip())  # long: a cell of it would squeeze the figures
+                       caption=step_note(best).strip())  # long: a cell of it would squeeze the figures
     heading = Text.assemble(("Winner: ", "bold"), (best.plan.name, "bold green"))
     host = offload_note(best).removeprefix("; ")
     return Group(Text(""), heading, *([Text(f"Also {host}.")] if host else []), Columns([memory, time], padding=(0, 4)))
