@@ -19,11 +19,11 @@ def estimate_bubble_seconds(pace: Pace, *, reductions: float) -> float:
 
     The rank waits one micro-batch of every other rank before its first and after its last:
     ``share/(m·v)`` of its busy time ``ideal`` (``pace.others_share`` and ``pace.busy``: its
-    micro-batches' compute, recompute, TP communication and, on CPU ranks, host time; Narayanan
-    et al. 2021, §2.2.1
-    eq. 1, ``share = p − 1`` for equal stages; §2.2.2 for ``v`` virtual stages); zero-bubble keeps
-    only the forward's part (:func:`_zero_bubble_share`). Ranks sharing cores lose only part of
-    it (:func:`_shared_core_seconds`). The drain waits for the other ranks' in-backward reductions too."""
+    micro-batches' compute, recompute, TP communication and, on CPU ranks, host time). Narayanan
+    et al. 2021, §2.2.1 eq. 1, ``share = p − 1`` for equal stages; §2.2.2 for ``v`` virtual
+    stages. Zero-bubble keeps only the forward's part (:func:`_zero_bubble_share`). Ranks sharing
+    cores lose only part of it (:func:`_shared_core_seconds`). The drain waits for the other
+    ranks' in-backward reductions too."""
     step, share, ideal = pace.step, pace.others_share, pace.busy.seconds
     plan = step.plan
     if plan.pp == 1:

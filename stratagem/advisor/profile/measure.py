@@ -216,7 +216,8 @@ class CostCounter(FlopCounterMode):
                  state_names: dict[StorageWeakRef, str], gradient_shapes: set[tuple[tuple[int, ...], torch.dtype]],
                  has_blocks: bool, seq_len: int | None, batch_size: int | None, gpu_kernels: bool = True,
                  model_name: str = "") -> None:
-        super().__init__(display=False, custom_mapping={**CPU_ATTENTION_FLOPS, **{op.default: _no_flops for op in _WHOLE_KERNELS}})
+        whole = {op.default: _no_flops for op in _WHOLE_KERNELS}
+        super().__init__(display=False, custom_mapping={**CPU_ATTENTION_FLOPS, **whole})
         self.seq_len = seq_len
         self.batch_size = batch_size
         self._block_of = block_of  # module-tracker name -> block FQN
@@ -388,9 +389,8 @@ class CostCounter(FlopCounterMode):
     def _bytes_moved(self, func_packet: Any, args: Any, out: Any, written: list[torch.Tensor]) -> tuple[int, int]:
         """Bytes an operator without FLOPs reads and writes (``written``: :func:`_written`; none
         for a view; a gather reads what it writes, not its whole input, a scatter none of its
-        input of the output's shape), as (those that grow with
-        the batch, the parameter-sized ones: the outputs of :meth:`_parameter_sized` operators
-        and their inputs of that shape)."""
+        input of the output's shape), as (those that grow with the batch, the parameter-sized
+        ones: the outputs of :meth:`_parameter_sized` operators and their inputs of that shape)."""
         if not written:
             return 0, 0
         read = written if func_packet in _GATHER_OPS else [

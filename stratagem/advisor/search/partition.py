@@ -21,7 +21,8 @@ from stratagem.errors import UsageError
 
 __all__ = ["balanced_stage_blocks", "stage_costs"]
 
-Cost = tuple[float, int]  # (forward + backward FLOPs with the bytes moved as FLOPs, bytes held): what a stage's balance compares
+# What a stage's balance compares: (forward + backward FLOPs with the bytes moved as FLOPs, bytes held).
+Cost = tuple[float, int]
 
 
 def balanced_stage_blocks(profile: ModelProfile, num_stages: int, *, byte_flops: float = 0.0,
@@ -47,16 +48,16 @@ def stage_costs(profile: ModelProfile, stage_blocks: tuple[int, ...], *, byte_fl
     totals, start, last = [], 0, len(stage_blocks) - 1
     for i, count in enumerate(stage_blocks):
         costs = [_cost(block, byte_flops, compiled=compiled) for block in profile.blocks[start:start + count]]
-        costs += [_cost(s, byte_flops, compiled=False) for s, held in ((profile.embed, i == 0), (profile.head, i == last))
-                  if held]
+        ends = ((profile.embed, i == 0), (profile.head, i == last))
+        costs += [_cost(segment, byte_flops, compiled=False) for segment, held in ends if held]
         totals.append((sum(c[0] for c in costs), sum(c[1] for c in costs)))
         start += count
     return tuple(totals)
 
 
 def _cost(segment: SegmentProfile, byte_flops: float, *, compiled: bool) -> Cost:
-    moved = sum(getattr(segment, f"{d}_{'fused_' if compiled else ''}op_bytes") + getattr(segment, f"{d}_param_op_bytes")
-                for d in ("fwd", "bwd"))
+    fused = "fused_" if compiled else ""
+    moved = sum(getattr(segment, f"{d}_{fused}op_bytes") + getattr(segment, f"{d}_param_op_bytes") for d in ("fwd", "bwd"))
     return segment.fwd_flops + segment.bwd_flops + byte_flops * moved, segment.param_bytes + segment.saved_bytes
 
 
