@@ -23,9 +23,9 @@ from stratagem.advisor.cost.convolutions import (
 from stratagem.advisor.cost.rank_step import rank_step
 from stratagem.advisor.cost.rates import (
     MEMORY_BANDWIDTH_EFFICIENCY,
-    achievable_fraction,
     block_matmul_efficiency,
     gemm_efficiency,
+    large_gemm_rate,
 )
 from stratagem.advisor.cost.stages import whole_model
 from stratagem.advisor.cost.timing import estimate_time
@@ -71,7 +71,7 @@ def _h100_shape() -> dict:
     cluster = parse_cluster(H100)
     device = cluster.device
     return dict(sms=device.num_sms, element_bytes=2,
-                flops_per_second=achievable_fraction(cluster, [], "bf16") * device.peak_flops("bf16"),
+                flops_per_second=large_gemm_rate(cluster, "bf16-mixed"),
                 bytes_per_second=device.memory_bandwidth * MEMORY_BANDWIDTH_EFFICIENCY)
 
 

@@ -96,16 +96,20 @@ def test_uncalibrated_the_tiles_and_the_rows_passes_give_the_published_h100_rate
 
 
 def test_most_published_rates_come_within_ten_percent():
-    """18 of the 24. The model runs slow at width 128 below 4k tokens forward (+15 … +24 %) and
-    below 2k backward (+13, +14 %), where the kernels hide more of their rows' passes under the
-    loop, and at width 64's backward at 1k (+10.1 %)."""
-    errors = []
+    """18 of the 24. The six the model prices slow by more: width 128 below 4k tokens forward and
+    below 2k backward, where the kernels hide more of their rows' passes under the loop, and width
+    64's backward at 1k (the assertion's message prints each error)."""
+    errors = {}
     for (width, direction), rates in CUDNN_H100.items():
         for seq, published in zip(SEQUENCES, rates, strict=True):
             call = _call(seq, width, causal=False)
             seconds = (call.fwd_flops if direction == "fwd" else call.bwd_flops) / (published * 1e12)
-            errors.append(abs(_tile_model(call, direction) / seconds - 1))
-    assert sum(error <= 0.1 for error in errors) == 18
+            errors[width, direction, seq] = _tile_model(call, direction) / seconds - 1
+    missed = {key: f"{error:+.1%}" for key, error in errors.items() if abs(error) > 0.1}
+    assert sum(abs(error) <= 0.1 for error in errors.values()) == 18
+    assert set(missed) == {(128, "fwd", 512), (128, "fwd", 1024), (128, "fwd", 2048), (128, "bwd", 512),
+                           (128, "bwd", 1024), (64, "bwd", 1024)}, missed
+    assert all(error > 0 for key, error in errors.items() if key in missed), missed  # slow, not fast
 
 
 def test_the_share_runs_linear_in_the_head_width_between_those_published():
