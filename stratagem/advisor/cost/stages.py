@@ -136,9 +136,8 @@ def virtual_stages(profile: ModelProfile, plan: Plan, *, rank: int) -> tuple[Sta
 def _distinct(profile: ModelProfile, pp: int, stage_blocks: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
     first: dict[tuple, int] = {}
     counts: dict[int, int] = {}
-    last = (len(stage_blocks) - 1) % pp  # the rank of the last stage, which holds the head
-    for rank, stage in enumerate(_ranks(profile, pp, stage_blocks)):
-        work = (rank == 0, rank == last, tuple(sorted((b.measured_as or b.name, n) for b, n in stage.kinds)))
+    for rank, stage in enumerate(_ranks(profile, pp, stage_blocks)):  # rank pp − 1 holds the last stage, the head
+        work = (rank == 0, rank == pp - 1, tuple(sorted((b.measured_as or b.name, n) for b, n in stage.kinds)))
         lowest = first.setdefault(work, rank)
         counts[lowest] = counts.get(lowest, 0) + 1
     return tuple(counts.items())

@@ -139,7 +139,7 @@ def step_note(estimate: Estimate) -> str:
     plan, time = estimate.plan, estimate.time
     notes = []
     if plan.pp > 1:
-        holds = {0: ", with the embedding", (plan.num_stages - 1) % plan.pp: ", with the head"}
+        holds = {0: ", with the embedding", plan.pp - 1: ", with the head"}  # the last stage's rank
         notes.append(f"costed on pipeline rank {time.paced_rank} of {plan.pp}{holds.get(time.paced_rank, '')}: "
                      "the slowest")
     if time.compile_once:
