@@ -151,7 +151,7 @@ def _no_flops(*args: Any, **kwargs: Any) -> int:
 # their decomposition: ATen gives them a CompositeImplicitAutograd kernel beside the CPU and CUDA
 # ones (for double backward), and FlopCounterMode decomposes every operator its registry lacks.
 # SiLU's gradient so became eight operators (sigmoid, ``1 − s`` in three, four products and sums)
-# moving four times the bytes of the one kernel a backward without a graph of its own runs.
+# moving several times the bytes of the one kernel a backward without a graph of its own runs.
 # Registered by overload without FLOPs to keep them whole (FlopCounterMode looks an operator up by
 # its overload before it decomposes it, by its packet after), and counted as the operators
 # without FLOPs they are. (ATen's other operators of both kinds, ``native_batch_norm`` and the
