@@ -51,8 +51,8 @@ def _calibration(cluster: Cluster, **links: LinkFit) -> Calibration:
         matmul={"bf16": ((4096, 650e12), (8192, 700e12)), "fp32": ((4096, 50e12),)}, memory_bandwidth=3.0e12,
         links={scope: {"all_reduce": {cluster.devices_per_node if scope == "intra" else cluster.world_size: fit}}
                for scope, fit in links.items()},
-        overlap=0.7, op_seconds=4e-6, op_byte_seconds=2e-10, dtensor_op_seconds=1e-4, tp_linear_seconds=3e-4,
-        sync_seconds=2e-5,
+        overlap=0.7, op_seconds=4e-6, op_byte_seconds=2e-10, dtensor_optimizer_seconds=(2e-4, 1e-4),
+        tp_linear_seconds=3e-4, sync_seconds=2e-5,
         optimizer_seconds={"adamw": (2e-11, 1e-5), "sgd": (3e-12, 2e-6)}, framework_bytes=300 * 2**20,
         seconds=42.0, unaligned_matmul={"bf16": 0.2}, host_optimizer_seconds={"adamw": (1.5e-9, 2e-5)},
         created="2026-11-22T00:00:00+00:00")
@@ -73,6 +73,7 @@ def test_apply_replaces_catalog_figures() -> None:
             result.node.framework_bytes, result.node.tp_linear_seconds) == (4e-6, 2e-10, 2e-5, 300 * 2**20, 3e-4)
     assert result.node.optimizer_seconds == (("adamw", 2e-11, 1e-5), ("sgd", 3e-12, 2e-6))
     assert result.node.host_optimizer_seconds == (("adamw", 1.5e-9, 2e-5),)
+    assert result.node.dtensor_optimizer_seconds == (2e-4, 1e-4)
     assert result.node.unaligned_matmul == (("bf16", 0.2),)
     assert result.spec.startswith("2x8xH100") and any(n.startswith("calibrated:") for n in result.notes)
 

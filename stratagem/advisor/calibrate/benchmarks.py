@@ -25,9 +25,9 @@ from stratagem.distributed import across_ranks
 from stratagem.peak_memory import PeakMemory
 from stratagem.advisor.profile.model_profile import ModelProfile
 
-__all__ = ["TORCH_DTYPES", "ComputeRates", "collective_seconds", "compute_rates", "dtensor_op_seconds", "framework_bytes",
-           "interleaved", "memory_bandwidth", "op_byte_seconds", "op_seconds", "optimizer_class", "optimizer_seconds",
-           "overlap_fraction", "repeated", "sync_seconds", "timed", "tp_linear_seconds"]
+__all__ = ["TORCH_DTYPES", "ComputeRates", "collective_seconds", "compute_rates", "dtensor_optimizer_seconds",
+           "framework_bytes", "interleaved", "memory_bandwidth", "op_byte_seconds", "op_seconds", "optimizer_class",
+           "optimizer_seconds", "overlap_fraction", "repeated", "sync_seconds", "timed", "tp_linear_seconds"]
 
 BUDGET_SECONDS = 1.0
 """Time one measurement may take after its warm-up (the calibration aims at a minute per node)."""
@@ -353,22 +353,33 @@ def op_byte_seconds(step_seconds: float, profile: ModelProfile, batch: int, curv
     return max(step_seconds - matmuls - ops * per_op, 0.0) / moved
 
 
-def dtensor_op_seconds(device: torch.device, *, repeats: int) -> float:
-    """Host seconds per operator of an AdamW step over parameters that are DTensors sharded over
-    every rank (what FSDP2 and TP parameters are): the step's time over eight small parameters,
-    over the operators it runs per tensor (:data:`~stratagem.advisor.cost.host.OPTIMIZER_OPS_PER_TENSOR`)."""
+DTENSOR_OPTIMIZER_TENSORS = (8, 64)
+"""Parameter tensors (of 64 elements a rank) of the two DTensor optimizer steps whose times give
+the cost per step and per tensor."""
+
+
+def dtensor_optimizer_seconds(device: torch.device, *, repeats: int,
+                              foreach: bool | None = None) -> tuple[float, float]:
+    """Host seconds of an AdamW step over parameters that are DTensors sharded over every rank
+    (what FSDP2 and TP parameters are): per step and per parameter tensor, solved from two steps
+    over :data:`DTENSOR_OPTIMIZER_TENSORS` small parameters timed :func:`interleaved`. torch.optim
+    takes its default path on ``device`` (``foreach=None``): ``foreach`` on GPUs, where each
+    operator is one DTensor call for all the tensors (the cost is mostly per step), one tensor at
+    a time on CPU (all of it per tensor)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    from stratagem.advisor.cost.host import OPTIMIZER_OPS_PER_TENSOR
-
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    params = [torch.nn.Parameter(distribute_tensor(torch.ones(64 * mesh.size(), device=device), mesh, [Shard(0)]))
-              for _ in range(8)]
-    for param in params:
-        param.grad = torch.ones_like(param)
-    optimizer = torch.optim.AdamW(params)
-    return timed(optimizer.step, device, repeats=repeats) / (len(params) * OPTIMIZER_OPS_PER_TENSOR["adamw"])
+    steps = []
+    for tensors in DTENSOR_OPTIMIZER_TENSORS:
+        params = [torch.nn.Parameter(distribute_tensor(torch.ones(64 * mesh.size(), device=device), mesh, [Shard(0)]))
+                  for _ in range(tensors)]
+        for param in params:
+            param.grad = torch.ones_like(param)
+        steps.append(torch.optim.AdamW(params, foreach=foreach).step)
+    (few, many), (few_seconds, many_seconds) = DTENSOR_OPTIMIZER_TENSORS, interleaved(steps, device, repeats=repeats)
+    per_tensor = max(0.0, (many_seconds - few_seconds) / (many - few))
+    return max(0.0, few_seconds - few * per_tensor), per_tensor
 
 
 TP_LINEAR_SHAPE = (2, 16, 64, 20)

@@ -29,7 +29,8 @@ __all__ = ["COLLECTIVES", "Calibration", "LinkFit", "calibrated", "calibration_p
            "fit_link", "hardware_key", "ring_steps"]
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "p2p")
-FORMAT_VERSION = 7  # 6: op_byte_seconds per byte moved, not written; unaligned_matmul. 7: tp_linear_seconds
+FORMAT_VERSION = 8  # 6: op_byte_seconds per byte moved, not written; unaligned_matmul. 7: tp_linear_seconds.
+# 8: dtensor_optimizer_seconds (per step, per tensor) in place of dtensor_op_seconds (per operator)
 
 
 def ring_steps(op: str, group_size: int) -> int:
@@ -94,8 +95,8 @@ class Calibration:
     fraction of an all-reduce hidden under concurrent matmuls. ``op_seconds``: host seconds per
     operator of a small model's training step beyond its matmul FLOPs; ``op_byte_seconds``:
     seconds per byte operators without FLOPs move, beyond those and the matmuls, in a larger
-    model's step (CPU ranks), or at the copy's bandwidth (GPUs); ``dtensor_op_seconds``: per
-    operator of an optimizer step over DTensor parameters; ``tp_linear_seconds``: what a
+    model's step (CPU ranks), or at the copy's bandwidth (GPUs); ``dtensor_optimizer_seconds``:
+    an AdamW step over DTensor parameters on the device, seconds per step and per parameter tensor; ``tp_linear_seconds``: what a
     tensor-parallel Linear's forward and backward on DTensors add to the host's time beyond a
     plain Linear's; ``optimizer_seconds``: per optimizer, its step's seconds
     per fp32 parameter and per parameter tensor. ``sync_seconds``: what a blocking collective waits
@@ -117,7 +118,7 @@ class Calibration:
     overlap: float | None
     op_seconds: float | None
     op_byte_seconds: float | None
-    dtensor_op_seconds: float | None
+    dtensor_optimizer_seconds: tuple[float, float] | None
     tp_linear_seconds: float
     optimizer_seconds: dict[str, tuple[float, float]] | None
     sync_seconds: float | None
@@ -184,7 +185,7 @@ class Calibration:
                                    attention_curve=tuple((dtype, *point) for dtype, points in self.attention.items()
                                                          for point in points),
                                    op_byte_seconds=self.op_byte_seconds,
-                                   dtensor_op_seconds=self.dtensor_op_seconds,
+                                   dtensor_optimizer_seconds=self.dtensor_optimizer_seconds,
                                    tp_linear_seconds=self.tp_linear_seconds,
                                    optimizer_seconds=tuple((name, *costs) for name, costs
                                                            in (self.optimizer_seconds or {}).items()),
@@ -215,9 +216,10 @@ class Calibration:
         attention = {dtype: tuple(map(tuple, points)) for dtype, points in data.get("attention", {}).items()}
         optimizers, host = (data.get(key) and {name: tuple(costs) for name, costs in data[key].items()}
                             for key in ("optimizer_seconds", "host_optimizer_seconds"))
+        dtensor = data["dtensor_optimizer_seconds"]
         return cls(**{**data, "links": links, "matmul": matmul, "conv": conv, "attention": attention,
                       "optimizer_seconds": optimizers, "host_optimizer_seconds": host,
-                      "notes": tuple(data.get("notes", ()))})
+                      "dtensor_optimizer_seconds": dtensor and tuple(dtensor), "notes": tuple(data.get("notes", ()))})
 
     def save(self, path: Path) -> None:
         """Write as JSON to ``path``."""

@@ -28,7 +28,7 @@ from stratagem.advisor.calibrate.attention import ATTENTION_SEQUENCES, attention
 from stratagem.advisor.calibrate.benchmarks import (
     collective_seconds,
     compute_rates,
-    dtensor_op_seconds,
+    dtensor_optimizer_seconds,
     framework_bytes,
     memory_bandwidth,
     optimizer_seconds,
@@ -228,7 +228,7 @@ def _measure_compute(device: torch.device, settings: Settings, dtypes: list[str]
         with phase("optimizer steps on the host"):
             host = optimizer_seconds(HOST_OPTIMIZER_BYTES // 16, torch.device("cpu"), repeats=settings.repeats)
     with phase("DTensor dispatch: optimizer operators, TP Linears"):
-        per_dtensor_op = across_ranks(dtensor_op_seconds(device, repeats=settings.repeats))
+        dtensor_optimizer = dtensor_optimizer_seconds(device, repeats=settings.repeats)
         per_tp_linear = tp_linear_seconds(device, repeats=settings.repeats)
     per_byte, byte_notes = op_byte_seconds_at_least_a_copy(compute.op_byte_seconds, bandwidth)
     latency = None
@@ -241,7 +241,7 @@ def _measure_compute(device: torch.device, settings: Settings, dtypes: list[str]
         attention={dtype: tuple(points) for dtype, points in attention.items()},
         unaligned_matmul=compute.unaligned, op_seconds=compute.op_seconds,
         op_byte_seconds=per_byte,
-        dtensor_op_seconds=per_dtensor_op, tp_linear_seconds=per_tp_linear, optimizer_seconds=optimizers,
+        dtensor_optimizer_seconds=dtensor_optimizer, tp_linear_seconds=per_tp_linear, optimizer_seconds=optimizers,
         host_optimizer_seconds=host,
         framework_bytes=framework, memory_latency=latency, notes=byte_notes)
 

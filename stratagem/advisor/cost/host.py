@@ -12,9 +12,18 @@ from stratagem.advisor.profile.model_profile import policy_field
 # 2022, "Making Deep Learning Go Brrrr"), more with autograd and hooks. Estimate; calibrated.
 OP_DISPATCH_SECONDS = 10e-6
 
-# Host seconds per operator on DTensors (FSDP2 and TP parameters): ≈ 0.2 ms per AdamW operator on
-# FSDP2 parameters in torch 2.13's profiler, one busy core. Estimate; calibrated.
+# Host seconds per operator call on DTensors (FSDP2 and TP parameters: DTensor's dispatch and
+# sharding propagation around the local kernel), the optimizer's own bookkeeping per step included.
+# An AdamW step over eight DTensor parameters, about ten calls on the foreach path, took 0.86 and
+# 1.02 ms on this project's two H100 hosts (torch 2.11, bench/calibrations/); bench/dtensor_optimizer.py
+# measures 14 µs a call one tensor at a time and 21 µs on the foreach path on a CPU host with torch
+# 2.13. The GPU hosts' figure; calibrated.
 DTENSOR_OP_SECONDS = 100e-6
+
+# Host seconds each parameter tensor adds to one foreach call on DTensors (the list's unwrapping and
+# the local call's work per tensor): 2.4 µs, bench/dtensor_optimizer.py on a CPU host, torch 2.13.
+# Calibrated.
+DTENSOR_FOREACH_TENSOR_SECONDS = 2.4e-6
 
 # DTensor operators a TP Linear runs per micro-batch beyond a plain one's (matmuls and the layout
 # changes around them, forward and backward): bench/dtensor_ops.py counts 10-17 on the reference
@@ -58,7 +67,7 @@ def microbatch_dispatch_seconds(step: RankStep) -> float:
         ops += recomputed * step.fused_ops_share
     tp_linears = sum(n * num_tp_linears(plan, b) for b, n in step.stage.kinds) + num_vocab_splits(step) \
         if plan.tp > 1 else 0
-    return _op_seconds(step)[0] * ops + tp_linears * _tp_linear_seconds(step)
+    return _op_seconds(step) * ops + tp_linears * _tp_linear_seconds(step)
 
 
 def num_vocab_splits(step: RankStep) -> int:
@@ -75,26 +84,43 @@ def _tp_linear_seconds(step: RankStep) -> float:
     measured = step.cluster.node.tp_linear_seconds
     if measured is not None:
         return measured
-    plain, dtensor = _op_seconds(step)
-    return DTENSOR_OPS_PER_TP_LINEAR * (dtensor - plain)
+    return DTENSOR_OPS_PER_TP_LINEAR * (DTENSOR_OP_SECONDS - _op_seconds(step))
 
 
-def _op_seconds(step: RankStep) -> tuple[float, float]:
-    """Host seconds per operator on plain tensors and on DTensors: calibrated, else the estimates."""
-    node = step.cluster.node
-    return node.op_seconds or OP_DISPATCH_SECONDS, node.dtensor_op_seconds or DTENSOR_OP_SECONDS
+def _op_seconds(step: RankStep) -> float:
+    """Host seconds per operator on plain tensors: calibrated, else the estimate."""
+    return step.cluster.node.op_seconds or OP_DISPATCH_SECONDS
 
 
 def _optimizer_dispatch_seconds(step: RankStep) -> float:
-    """Host seconds launching the optimizer step's operators: on DTensor parameters (FSDP2, TP)
-    :data:`OPTIMIZER_OPS_PER_TENSOR` per tensor at DTensor's cost each; on plain tensors the
-    calibrated seconds per tensor, else as many operators at a plain one's cost, per tensor on CPU
-    and per dtype group on GPUs (torch.optim's ``foreach`` default there)."""
-    plan, (plain, dtensor) = step.plan, _op_seconds(step)
+    """Host seconds launching the optimizer step's operators: on DTensor parameters (FSDP2, TP) an
+    AdamW step's cost per step and per tensor (:func:`dtensor_optimizer_seconds`) scaled by the
+    optimizer's operators (:data:`OPTIMIZER_OPS_PER_TENSOR`); on plain tensors the calibrated
+    seconds per tensor, else as many operators at a plain one's cost, per tensor on CPU and per
+    dtype group on GPUs (torch.optim's ``foreach`` default there)."""
+    plan = step.plan
     tensors = step.stage.sums["num_tensors"] / (plan.dp_shard if plan.shards_optimizer_only else 1)
     ops_per_tensor = OPTIMIZER_OPS_PER_TENSOR[step.optimizer]
     if plan.uses_fsdp or plan.tp > 1:
-        return dtensor * ops_per_tensor * tensors
+        per_step, per_tensor = dtensor_optimizer_seconds(step)
+        return (per_step + per_tensor * tensors) * ops_per_tensor / OPTIMIZER_OPS_PER_TENSOR["adamw"]
     if (measured := calibrated_optimizer(step)) is not None:
         return measured[1] * tensors
-    return plain * ops_per_tensor * (1 if step.cluster.is_accelerator else tensors)
+    return _op_seconds(step) * ops_per_tensor * (1 if step.cluster.is_accelerator else tensors)
+
+
+def dtensor_optimizer_seconds(step: RankStep) -> tuple[float, float]:
+    """Host seconds of an AdamW step over the rank's DTensor parameters, per step and per tensor, on
+    the path torch.optim takes: ``foreach`` where they live on an accelerator (DTensor is among its
+    foreach types), one call per operator for every tensor; one tensor at a time on CPU ranks and
+    for an offloaded plan's parameters, which live on the host. Calibrated where the calibration
+    measured that path (on the device: not an offloaded plan's on a GPU), else
+    :data:`DTENSOR_OP_SECONDS` per call and :data:`DTENSOR_FOREACH_TENSOR_SECONDS` per tensor in
+    each."""
+    calls = OPTIMIZER_OPS_PER_TENSOR["adamw"]
+    on_host = step.plan.offloads and step.cluster.is_accelerator
+    if step.cluster.node.dtensor_optimizer_seconds is not None and not on_host:
+        return step.cluster.node.dtensor_optimizer_seconds
+    if step.cluster.is_accelerator and not on_host:
+        return calls * DTENSOR_OP_SECONDS, calls * DTENSOR_FOREACH_TENSOR_SECONDS
+    return 0.0, calls * DTENSOR_OP_SECONDS

@@ -191,7 +191,9 @@ class NodeSpec:
     attention_curve: tuple[tuple[str, int, bool, int, float, float], ...] = ()
     op_seconds: float | None = None  # measured host seconds per operator of a small model's step
     op_byte_seconds: float | None = None  # measured seconds per byte operators without FLOPs read or write
-    dtensor_op_seconds: float | None = None  # per optimizer operator on DTensor parameters
+    # Measured host seconds of an AdamW step over DTensor parameters on the device, per step and
+    # per parameter tensor (``stratagem calibrate``); None takes the cost model's estimates.
+    dtensor_optimizer_seconds: tuple[float, float] | None = None
     tp_linear_seconds: float | None = None  # measured host seconds a TP Linear adds on DTensors, fwd + bwd
     # Measured (optimizer, seconds per fp32 parameter, seconds per parameter tensor) of a step as
     # torch.optim runs it by default (``stratagem calibrate``); () costs it from memory bandwidth.
@@ -224,7 +226,7 @@ class NodeSpec:
             attention_curve=tuple(tuple(c) for c in data.get("attention_curve", ())),
             op_seconds=data.get("op_seconds"),
             op_byte_seconds=data.get("op_byte_seconds"),
-            dtensor_op_seconds=data.get("dtensor_op_seconds"),
+            dtensor_optimizer_seconds=_maybe(tuple, data.get("dtensor_optimizer_seconds")),
             tp_linear_seconds=data.get("tp_linear_seconds"),
             optimizer_seconds=tuple(tuple(c) for c in data.get("optimizer_seconds", ())),
             host_optimizer_seconds=tuple(tuple(c) for c in data.get("host_optimizer_seconds", ())),
