@@ -15,9 +15,10 @@ OP_DISPATCH_SECONDS = 10e-6
 # Host seconds per operator call on DTensors (FSDP2 and TP parameters: DTensor's dispatch and
 # sharding propagation around the local kernel), the optimizer's own bookkeeping per step included.
 # An AdamW step over eight DTensor parameters, about ten calls on the foreach path, took 0.86 and
-# 1.02 ms on this project's two H100 hosts (torch 2.11, bench/calibrations/); bench/dtensor_optimizer.py
-# measures 14 µs a call one tensor at a time and 21 µs on the foreach path on a CPU host with torch
-# 2.13. The GPU hosts' figure; calibrated.
+# 1.02 ms on this project's two H100 hosts (torch 2.11, bench/calibrations/), where a TP Linear's
+# twelve-odd DTensor calls (DTENSOR_OPS_PER_TP_LINEAR) added 1.03 and 1.04 ms to a plain one's;
+# bench/dtensor_optimizer.py measures 14 µs a call one tensor at a time and 21 µs on the foreach
+# path on a CPU host with torch 2.13. The GPU hosts' figure; calibrated.
 DTENSOR_OP_SECONDS = 100e-6
 
 # Host seconds each parameter tensor adds to one foreach call on DTensors (the list's unwrapping and
