@@ -6,8 +6,8 @@ model's ``DTENSOR_OP_SECONDS`` and ``DTENSOR_FOREACH_TENSOR_SECONDS``).
 One gloo rank on this host times AdamW steps over 8 and 64 parameters of 64 elements, plain
 tensors and DTensors, one tensor at a time (torch.optim's default on CPU, and for an offloaded
 plan's parameters) and ``foreach`` (its default on GPUs, DTensors included), with ``stratagem
-calibrate``'s own benchmark (``dtensor_optimizer_seconds``), and prints each path's seconds per
-step and per tensor. On the ``foreach`` path an AdamW step makes about ``OPTIMIZER_OPS_PER_TENSOR``
+calibrate``'s own benchmarks (``advisor/calibrate/optimizers.py``), and prints each path's
+seconds per step and per tensor. On the ``foreach`` path an AdamW step makes about ``OPTIMIZER_OPS_PER_TENSOR``
 DTensor calls whatever the number of tensors; one tensor at a time it makes that many per tensor.
 The lines below the table divide accordingly: the seconds of a DTensor call one tensor at a time,
 and on the ``foreach`` path what a step costs per call and what each tensor adds to a call.
@@ -21,23 +21,9 @@ import os
 import torch
 import torch.distributed as dist
 
-from stratagem.advisor.calibrate import benchmarks
+from stratagem.advisor.calibrate.optimizers import SMALL_STEP_TENSORS, dtensor_optimizer_seconds, small_step_seconds
 from stratagem.advisor.cost.host import OPTIMIZER_OPS_PER_TENSOR
 from stratagem.distributed import free_port
-
-
-def plain_optimizer_seconds(*, repeats: int, foreach: bool) -> tuple[float, float]:
-    """The same two steps over plain tensors: (per step, per tensor) seconds."""
-    steps = []
-    for tensors in benchmarks.DTENSOR_OPTIMIZER_TENSORS:
-        params = [torch.nn.Parameter(torch.ones(64)) for _ in range(tensors)]
-        for param in params:
-            param.grad = torch.ones_like(param)
-        steps.append(torch.optim.AdamW(params, foreach=foreach).step)
-    (few, many), (few_seconds, many_seconds) = (benchmarks.DTENSOR_OPTIMIZER_TENSORS,
-                                                benchmarks.interleaved(steps, torch.device("cpu"), repeats=repeats))
-    per_tensor = (many_seconds - few_seconds) / (many - few)
-    return few_seconds - few * per_tensor, per_tensor
 
 
 def main() -> None:
@@ -49,14 +35,14 @@ def main() -> None:
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         cpu, ops = torch.device("cpu"), OPTIMIZER_OPS_PER_TENSOR["adamw"]
-        print(f"torch {torch.__version__}, one gloo rank, AdamW over {' and '.join(map(str, benchmarks.DTENSOR_OPTIMIZER_TENSORS))}"
+        print(f"torch {torch.__version__}, one gloo rank, AdamW over {' and '.join(map(str, SMALL_STEP_TENSORS))}"
               " parameters of 64 elements")
         print(f"{'parameters, path':<30} {'per step':>11} {'per tensor':>11}")
         rows = {}
         for foreach in (False, True):
             path = "foreach" if foreach else "one tensor at a time"
-            rows[foreach] = (plain_optimizer_seconds(repeats=args.repeats, foreach=foreach),
-                             benchmarks.dtensor_optimizer_seconds(cpu, repeats=args.repeats, foreach=foreach))
+            rows[foreach] = (small_step_seconds(cpu, repeats=args.repeats, foreach=foreach),
+                             dtensor_optimizer_seconds(cpu, repeats=args.repeats, foreach=foreach))
             for kind, (per_step, per_tensor) in zip(("plain", "DTensor"), rows[foreach]):
                 print(f"{kind + ', ' + path:<30} {per_step * 1e6:>8.0f} µs {per_tensor * 1e6:>8.1f} µs")
         (_, (_, single)), (_, (per_step, per_tensor)) = rows[False], rows[True]

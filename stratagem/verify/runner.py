@@ -35,7 +35,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from stratagem.advisor.calibrate.benchmarks import optimizer_class
+from stratagem.advisor.calibrate.optimizers import optimizer_class
 from stratagem.distributed import across_ranks
 from stratagem.peak_memory import PeakMemory
 from stratagem.plan import Plan

@@ -7,7 +7,8 @@ import weakref
 
 import torch
 
-from stratagem.advisor.calibrate.benchmarks import dtensor_optimizer_seconds, interleaved, optimizer_seconds, repeated
+from stratagem.advisor.calibrate.benchmarks import interleaved, repeated
+from stratagem.advisor.calibrate.optimizers import dtensor_optimizer_seconds, optimizer_seconds
 
 
 def test_interleaved_rounds_keep_ratios_on_a_drifting_host(one_rank):
@@ -48,6 +49,16 @@ def test_optimizer_steps_split_into_a_cost_per_parameter_and_per_tensor(one_rank
     assert set(costs) == {"adamw", "sgd"}
     (adamw_param, adamw_tensor), (sgd_param, sgd_tensor) = costs["adamw"], costs["sgd"]
     assert adamw_param > sgd_param >= 0 and adamw_tensor > sgd_tensor > 0
+
+
+def test_the_hosts_step_over_dtensors_costs_more_per_tensor_than_over_plain_tensors(one_rank):
+    """An offloaded plan's optimizer steps FSDP's DTensors on the host, one tensor at a time: each
+    tensor's ten operators each pass through DTensor's dispatch."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (1,))
+    plain, dtensors = (optimizer_seconds(2**16, torch.device("cpu"), repeats=3, mesh=m)["adamw"] for m in (None, mesh))
+    assert dtensors[1] > 2 * plain[1] > 0
 
 
 def test_a_dtensor_tensor_costs_a_fraction_on_the_foreach_path_of_what_it_does_one_at_a_time(one_rank):

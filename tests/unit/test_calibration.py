@@ -178,15 +178,17 @@ def test_unreadable_calibration_is_a_usage_error(tmp_path: Path) -> None:
 
 
 def test_an_offloaded_optimizer_steps_at_the_hosts_measured_rate() -> None:
-    """FSDP2's CPU offload runs the optimizer on the host: at the seconds per parameter calibrate
-    measured there (every rank of the node at once), else at the catalog's host bandwidth."""
+    """FSDP2's CPU offload runs the optimizer on the host: at the seconds per parameter and per
+    tensor calibrate measured there over DTensors (every rank of the node at once), its launches
+    included, else at the catalog's host bandwidth."""
     profile = profile_spec("gpt2-tiny", seq_len=32)
     cluster = parse_cluster("1xH100-SXM-80GB")
     workload = Workload(global_batch_size=8, seq_len=32)
     plan = Plan(dp_shard=1, zero=3, offload="params", micro_batch_size=8, block_container=profile.block_container)
     measured = _calibration(cluster).apply(cluster)
     step = rank_step(profile, cluster=measured, workload=workload, plan=plan)
-    assert estimate_optimizer_seconds(step) == pytest.approx(step.optimizer_params * 1.5e-9)  # fp32 parameters
+    tensors = sum(segment.num_tensors for segment in profile.segments)
+    assert estimate_optimizer_seconds(step) == pytest.approx(step.optimizer_params * 1.5e-9 + tensors * 2e-5)
     catalog = rank_step(profile, cluster=cluster, workload=workload, plan=plan)
     assert estimate_optimizer_seconds(catalog) == pytest.approx(
         catalog.optimizer_params * OPTIMIZER_TENSOR_PASSES["adamw"] * 4 / HOST_OPTIMIZER_BANDWIDTH_PER_NODE)

@@ -25,9 +25,9 @@ from stratagem.distributed import across_ranks
 from stratagem.peak_memory import PeakMemory
 from stratagem.advisor.profile.model_profile import ModelProfile
 
-__all__ = ["TORCH_DTYPES", "ComputeRates", "collective_seconds", "compute_rates", "dtensor_optimizer_seconds",
-           "framework_bytes", "interleaved", "memory_bandwidth", "op_byte_seconds", "op_seconds", "optimizer_class",
-           "optimizer_seconds", "overlap_fraction", "repeated", "sync_seconds", "timed", "tp_linear_seconds"]
+__all__ = ["TORCH_DTYPES", "ComputeRates", "collective_seconds", "compute_rates", "framework_bytes", "interleaved",
+           "memory_bandwidth", "op_byte_seconds", "op_seconds", "overlap_fraction", "repeated", "sync_seconds", "timed",
+           "tp_linear_seconds"]
 
 BUDGET_SECONDS = 1.0
 """Time one measurement may take after its warm-up (the calibration aims at a minute per node)."""
@@ -353,35 +353,6 @@ def op_byte_seconds(step_seconds: float, profile: ModelProfile, batch: int, curv
     return max(step_seconds - matmuls - ops * per_op, 0.0) / moved
 
 
-DTENSOR_OPTIMIZER_TENSORS = (8, 64)
-"""Parameter tensors (of 64 elements a rank) of the two DTensor optimizer steps whose times give
-the cost per step and per tensor."""
-
-
-def dtensor_optimizer_seconds(device: torch.device, *, repeats: int,
-                              foreach: bool | None = None) -> tuple[float, float]:
-    """Host seconds of an AdamW step over parameters that are DTensors sharded over every rank
-    (what FSDP2 and TP parameters are): per step and per parameter tensor, solved from two steps
-    over :data:`DTENSOR_OPTIMIZER_TENSORS` small parameters timed :func:`interleaved`. torch.optim
-    takes its default path on ``device`` (``foreach=None``): ``foreach`` on GPUs, where each
-    operator is one DTensor call for all the tensors (the cost is mostly per step), one tensor at
-    a time on CPU (all of it per tensor)."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard, distribute_tensor
-
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    steps = []
-    for tensors in DTENSOR_OPTIMIZER_TENSORS:
-        params = [torch.nn.Parameter(distribute_tensor(torch.ones(64 * mesh.size(), device=device), mesh, [Shard(0)]))
-                  for _ in range(tensors)]
-        for param in params:
-            param.grad = torch.ones_like(param)
-        steps.append(torch.optim.AdamW(params, foreach=foreach).step)
-    (few, many), (few_seconds, many_seconds) = DTENSOR_OPTIMIZER_TENSORS, interleaved(steps, device, repeats=repeats)
-    per_tensor = max(0.0, (many_seconds - few_seconds) / (many - few))
-    return max(0.0, few_seconds - few * per_tensor), per_tensor
-
-
 TP_LINEAR_SHAPE = (2, 16, 64, 20)
 """(rows, width, hidden, steps per timing) of the MLP whose steps on DTensors measure a TP
 Linear's host time: small enough that its matmuls cost nothing beside the dispatch."""
@@ -415,41 +386,6 @@ def tp_linear_seconds(device: torch.device, *, repeats: int) -> float:
     split = parallelize_module(mlp(), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
     plain, tensor_parallel = interleaved([train(mlp()), train(split)], device, repeats=repeats)
     return max(tensor_parallel - plain, 0.0) / (2 * steps)
-
-
-def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
-    """The torch.optim class of an optimizer the cost model knows by ``name``
-    (:data:`~stratagem.plan.OPTIMIZERS`)."""
-    return {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[name]
-
-
-OPTIMIZER_SMALL_TENSORS = (512, 64)
-"""(tensors, elements each) of the parameter set whose step measures the cost per tensor."""
-
-
-def optimizer_seconds(num_params: int, device: torch.device, *, repeats: int) -> dict[str, tuple[float, float]]:
-    """Per optimizer of :data:`~stratagem.plan.OPTIMIZERS`, as torch.optim runs it by
-    default on ``device`` (one tensor at a time on CPU, ``foreach`` on GPUs): seconds of its step
-    per fp32 parameter (streaming the parameters, gradients and states) and per parameter tensor
-    (launching its operators), solved from two steps timed :func:`interleaved`: over
-    ``num_params`` parameters in eight tensors, and over :data:`OPTIMIZER_SMALL_TENSORS`."""
-    from stratagem.plan import OPTIMIZERS
-
-    shapes = ((8, num_params // 8), OPTIMIZER_SMALL_TENSORS)
-    steps = []
-    for name in OPTIMIZERS:
-        for tensors, numel in shapes:
-            params = [torch.nn.Parameter(torch.zeros(numel, device=device)) for _ in range(tensors)]
-            for param in params:
-                param.grad = torch.ones_like(param)
-            steps.append(optimizer_class(name)(params, lr=1e-4).step)
-    seconds = interleaved(steps, device, repeats=repeats)
-    (n_large, p_large), (n_small, p_small) = ((tensors, tensors * numel) for tensors, numel in shapes)
-    out = {}
-    for name, large, small in zip(OPTIMIZERS, seconds[::2], seconds[1::2]):  # t = params·a + tensors·b
-        per_param = max(0.0, (large * n_small - small * n_large) / (p_large * n_small - p_small * n_large))
-        out[name] = (per_param, max(0.0, small - p_small * per_param) / n_small)
-    return out
 
 
 WORKSPACE_GEMM = 1024

@@ -30,7 +30,8 @@ __all__ = ["COLLECTIVES", "Calibration", "LinkFit", "calibrated", "calibration_p
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "p2p")
 FORMAT_VERSION = 8  # 6: op_byte_seconds per byte moved, not written; unaligned_matmul. 7: tp_linear_seconds.
-# 8: dtensor_optimizer_seconds (per step, per tensor) in place of dtensor_op_seconds (per operator)
+# 8: dtensor_optimizer_seconds (per step, per tensor) in place of dtensor_op_seconds (per operator);
+# host_optimizer_seconds over DTensors
 
 
 def ring_steps(op: str, group_size: int) -> int:
@@ -104,8 +105,9 @@ class Calibration:
     memory a fresh process's first training steps take beyond their tensors. ``memory_latency``:
     seconds a load from device memory takes to come back with few in flight (GPUs; None on CPU
     ranks and in earlier calibrations). ``host_optimizer_seconds``: ``optimizer_seconds`` as the
-    host's CPU runs the step, which an offloaded plan's optimizer does (GPUs; None on CPU ranks,
-    whose ``optimizer_seconds`` are the host's, and in earlier calibrations).
+    host's CPU runs the step over DTensor parameters, which an offloaded plan's optimizer does
+    (GPUs; None on CPU ranks, whose ``optimizer_seconds`` are the host's, and in earlier
+    calibrations).
     """
 
     hardware: str

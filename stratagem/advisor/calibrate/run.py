@@ -28,16 +28,15 @@ from stratagem.advisor.calibrate.attention import ATTENTION_SEQUENCES, attention
 from stratagem.advisor.calibrate.benchmarks import (
     collective_seconds,
     compute_rates,
-    dtensor_optimizer_seconds,
     framework_bytes,
     memory_bandwidth,
-    optimizer_seconds,
     overlap_fraction,
     sync_seconds,
     tp_linear_seconds,
 )
 from stratagem.advisor.calibrate.calibration import COLLECTIVES, Calibration, LinkFit, fit_link, hardware_key
 from stratagem.advisor.calibrate.convolutions import CONV_SHAPES, QUICK_CONV_SHAPES, conv_rates
+from stratagem.advisor.calibrate.optimizers import dtensor_optimizer_seconds, optimizer_seconds
 from stratagem.advisor.calibrate.memory_latency import memory_latency
 from stratagem.advisor.cost.attention import ATTENTION_DTYPES
 from stratagem.distributed import (
@@ -224,9 +223,12 @@ def _measure_compute(device: torch.device, settings: Settings, dtypes: list[str]
         # Parameters whose fp32 values, gradients and AdamW states (16 bytes each) fill the copy's buffer.
         optimizers = optimizer_seconds(settings.copy_bytes // 16, device, repeats=settings.repeats)
     host = None
-    if device.type == "cuda":  # an offloaded plan's step runs on the host's CPU
+    if device.type == "cuda":  # an offloaded plan's step runs on the host's CPU, over FSDP's DTensors
+        from torch.distributed.device_mesh import init_device_mesh
+
         with phase("optimizer steps on the host"):
-            host = optimizer_seconds(HOST_OPTIMIZER_BYTES // 16, torch.device("cpu"), repeats=settings.repeats)
+            host = optimizer_seconds(HOST_OPTIMIZER_BYTES // 16, torch.device("cpu"), repeats=settings.repeats,
+                                     mesh=init_device_mesh(device.type, (dist.get_world_size(),)))
     with phase("DTensor dispatch: optimizer operators, TP Linears"):
         dtensor_optimizer = dtensor_optimizer_seconds(device, repeats=settings.repeats)
         per_tp_linear = tp_linear_seconds(device, repeats=settings.repeats)

@@ -4,7 +4,7 @@ autograd, DTensor's sharding propagation), and the part of it the device does no
 from __future__ import annotations
 
 from stratagem.advisor.cost.communication import num_tp_linears
-from stratagem.advisor.cost.optimizer import calibrated_optimizer
+from stratagem.advisor.cost.optimizer import calibrated_optimizer, optimizer_tensors
 from stratagem.advisor.cost.rank_step import RankStep
 from stratagem.advisor.profile.model_profile import policy_field
 
@@ -38,11 +38,13 @@ OPTIMIZER_OPS_PER_TENSOR = {"adamw": 10, "sgd": 3}
 
 def estimate_dispatch_seconds(step: RankStep, *, device_busy: float) -> float:
     """Host time launching the step's operators that the device's own work does not hide, seconds:
-    every micro-batch's and the optimizer's. A CPU rank runs each operator as it launches it, so
-    all of it adds; an accelerator (GPU, TPU) runs behind the host, which binds only when it
-    launches slower than the accelerator computes (``device_busy``: the step's compute, recompute,
-    TP collectives and optimizer)."""
-    host = step.num_microbatches * microbatch_dispatch_seconds(step) + _optimizer_dispatch_seconds(step)
+    every micro-batch's and the optimizer's (an offloaded plan's optimizer launches its own on the
+    host as it runs: its term holds them). A CPU rank runs each operator as it launches it, so all
+    of it adds; an accelerator (GPU, TPU) runs behind the host, which binds only when it launches
+    slower than the accelerator computes (``device_busy``: the step's compute, recompute, TP
+    collectives and optimizer on the device)."""
+    optimizer = 0.0 if step.plan.offloads else _optimizer_dispatch_seconds(step)
+    host = step.num_microbatches * microbatch_dispatch_seconds(step) + optimizer
     return max(0.0, host - device_busy) if step.cluster.is_accelerator else host
 
 
@@ -99,8 +101,7 @@ def _optimizer_dispatch_seconds(step: RankStep) -> float:
     optimizer's operators (:data:`OPTIMIZER_OPS_PER_TENSOR`); on plain tensors the calibrated
     seconds per tensor, else as many operators at a plain one's cost, per tensor on CPU and per
     dtype group on GPUs (torch.optim's ``foreach`` default there)."""
-    plan = step.plan
-    tensors = step.stage.sums["num_tensors"] / (plan.dp_shard if plan.shards_optimizer_only else 1)
+    plan, tensors = step.plan, optimizer_tensors(step)
     ops_per_tensor = OPTIMIZER_OPS_PER_TENSOR[step.optimizer]
     if plan.uses_fsdp or plan.tp > 1:
         per_step, per_tensor = dtensor_optimizer_seconds(step)
@@ -111,17 +112,15 @@ def _optimizer_dispatch_seconds(step: RankStep) -> float:
 
 
 def dtensor_optimizer_seconds(step: RankStep) -> tuple[float, float]:
-    """Host seconds of an AdamW step over the rank's DTensor parameters, per step and per tensor, on
-    the path torch.optim takes: ``foreach`` where they live on an accelerator (DTensor is among its
-    foreach types), one call per operator for every tensor; one tensor at a time on CPU ranks and
-    for an offloaded plan's parameters, which live on the host. Calibrated where the calibration
-    measured that path (on the device: not an offloaded plan's on a GPU), else
-    :data:`DTENSOR_OP_SECONDS` per call and :data:`DTENSOR_FOREACH_TENSOR_SECONDS` per tensor in
-    each."""
+    """Host seconds of an AdamW step over the rank's DTensor parameters on its device, per step and
+    per tensor, on the path torch.optim takes: ``foreach`` on an accelerator (DTensor is among its
+    foreach types), one call per operator for every tensor; one tensor at a time on CPU ranks.
+    Calibrated, else :data:`DTENSOR_OP_SECONDS` per call and, on the ``foreach`` path,
+    :data:`DTENSOR_FOREACH_TENSOR_SECONDS` per tensor in each. (An offloaded plan's parameters
+    step on the host: ``estimate_optimizer_seconds``.)"""
     calls = OPTIMIZER_OPS_PER_TENSOR["adamw"]
-    on_host = step.plan.offloads and step.cluster.is_accelerator
-    if step.cluster.node.dtensor_optimizer_seconds is not None and not on_host:
+    if step.cluster.node.dtensor_optimizer_seconds is not None:
         return step.cluster.node.dtensor_optimizer_seconds
-    if step.cluster.is_accelerator and not on_host:
+    if step.cluster.is_accelerator:
         return calls * DTENSOR_OP_SECONDS, calls * DTENSOR_FOREACH_TENSOR_SECONDS
     return 0.0, calls * DTENSOR_OP_SECONDS

@@ -21,18 +21,27 @@ def estimate_optimizer_seconds(step: RankStep) -> float:
     """One optimizer step on the rank's shard, seconds, beyond launching its operators: the
     calibrated seconds per parameter (``NodeSpec.optimizer_seconds``, fp32, scaled by the
     parameter dtype's bytes), else memory-bound streaming of :data:`OPTIMIZER_TENSOR_PASSES`
-    tensors (roofline, Williams et al. 2009); offloaded, on the host: at its calibrated seconds
-    per parameter (``NodeSpec.host_optimizer_seconds``, every rank of the node stepping at once),
-    else at :data:`HOST_OPTIMIZER_BANDWIDTH_PER_NODE` shared by the node's ranks."""
+    tensors (roofline, Williams et al. 2009). Offloaded, on the host's CPU, which launches the
+    step's operators itself while the device waits: at the calibrated seconds per parameter and
+    per parameter tensor (``NodeSpec.host_optimizer_seconds``, timed over DTensors as FSDP's
+    offloaded parameters are, every rank of the node stepping at once), else at
+    :data:`HOST_OPTIMIZER_BANDWIDTH_PER_NODE` shared by the node's ranks, an estimate that holds
+    the launches too."""
     num_bytes = (step.optimizer_params * OPTIMIZER_TENSOR_PASSES[step.optimizer]
                  * step.precision.param_bytes)
     if step.plan.offloads:
         if (host := _calibrated(step.cluster.node.host_optimizer_seconds, step.optimizer)) is not None:
-            return step.optimizer_params * host[0] * step.precision.param_bytes / 4
+            return step.optimizer_params * host[0] * step.precision.param_bytes / 4 + optimizer_tensors(step) * host[1]
         return num_bytes / (HOST_OPTIMIZER_BANDWIDTH_PER_NODE / step.cluster.devices_per_node)
     if (measured := calibrated_optimizer(step)) is not None:
         return step.optimizer_params * measured[0] * step.precision.param_bytes / 4
     return num_bytes / (step.cluster.device.memory_bandwidth * MEMORY_BANDWIDTH_EFFICIENCY)
+
+
+def optimizer_tensors(step: RankStep) -> float:
+    """Parameter tensors the rank's optimizer steps: every tensor of its stage (FSDP shards each
+    one), a share of them where ZeRO-1 gives each rank whole tensors."""
+    return step.stage.sums["num_tensors"] / (step.plan.dp_shard if step.plan.shards_optimizer_only else 1)
 
 
 def calibrated_optimizer(step: RankStep) -> tuple[float, float] | None:

@@ -42,6 +42,7 @@ def estimate_time(profile: ModelProfile, *, cluster: Cluster, workload: Workload
     grads, gathers = estimate_grad_sync_seconds(step), estimate_param_gather_seconds(step)
     pp_comm, tied = estimate_pp_comm_seconds(step), estimate_tied_gradient_seconds(step)
     optimizer = estimate_optimizer_seconds(step)
+    on_device = 0.0 if plan.offloads else optimizer  # an offloaded plan's runs on the host, hiding no launches
     dp_comm = estimate_dp_comm_exposed_seconds(step, grads=grads, gathers=gathers, compute=compute,
                                                recompute=recompute)
     return TimeBreakdown(
@@ -53,7 +54,7 @@ def estimate_time(profile: ModelProfile, *, cluster: Cluster, workload: Workload
         bubble=estimate_bubble_seconds(paced, reductions=dp_comm.in_backward),
         optimizer=optimizer,
         offload=estimate_offload_seconds(step),
-        dispatch=estimate_dispatch_seconds(step, device_busy=compute + recompute + tp_comm + optimizer),
+        dispatch=estimate_dispatch_seconds(step, device_busy=compute + recompute + tp_comm + on_device),
         dp_comm_total=grads + gathers,
         tp_comm_total=tp_comm,
         pp_comm_total=pp_comm + tied,

@@ -1,0 +1,102 @@
+"""The optimizer benchmarks ``stratagem calibrate`` runs: torch.optim's step over large and small
+parameter sets, on plain tensors and on DTensors, split into its cost per parameter (streaming
+the states) and per tensor (launching its operators), or per step and per tensor where the
+parameters are small."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+from stratagem.advisor.calibrate.benchmarks import interleaved
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+__all__ = ["SMALL_STEP_TENSORS", "dtensor_optimizer_seconds", "optimizer_class", "optimizer_seconds",
+           "small_step_seconds"]
+
+
+def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
+    """The torch.optim class of an optimizer the cost model knows by ``name``
+    (:data:`~stratagem.plan.OPTIMIZERS`)."""
+    return {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[name]
+
+
+OPTIMIZER_SMALL_TENSORS = (512, 64)
+"""(tensors, elements each) of the parameter set whose step measures the cost per tensor."""
+
+
+def optimizer_seconds(num_params: int, device: torch.device, *, repeats: int,
+                      mesh: DeviceMesh | None = None) -> dict[str, tuple[float, float]]:
+    """Per optimizer of :data:`~stratagem.plan.OPTIMIZERS`, as torch.optim runs it by
+    default on ``device`` (one tensor at a time on CPU, ``foreach`` on GPUs): seconds of its step
+    per fp32 parameter (streaming the parameters, gradients and states) and per parameter tensor
+    (launching its operators), solved from two steps timed :func:`interleaved`: over
+    ``num_params`` parameters in eight tensors, and over :data:`OPTIMIZER_SMALL_TENSORS`. With a
+    ``mesh`` the parameters are DTensors on it whose shards live on ``device``, as FSDP's
+    offloaded parameters live on the host."""
+    from stratagem.plan import OPTIMIZERS
+
+    shapes = ((8, num_params // 8), OPTIMIZER_SMALL_TENSORS)
+    steps = [optimizer_class(name)(_parameters(tensors, numel, device, mesh), lr=1e-4).step
+             for name in OPTIMIZERS for tensors, numel in shapes]
+    seconds = interleaved(steps, device, repeats=repeats)
+    (n_large, p_large), (n_small, p_small) = ((tensors, tensors * numel) for tensors, numel in shapes)
+    out = {}
+    for name, large, small in zip(OPTIMIZERS, seconds[::2], seconds[1::2]):  # t = params·a + tensors·b
+        per_param = max(0.0, (large * n_small - small * n_large) / (p_large * n_small - p_small * n_large))
+        out[name] = (per_param, max(0.0, small - p_small * per_param) / n_small)
+    return out
+
+
+SMALL_STEP_TENSORS = (8, 64)
+"""Parameter tensors (of 64 elements) of the two small AdamW steps whose times give the cost per
+step and per tensor."""
+
+
+def dtensor_optimizer_seconds(device: torch.device, *, repeats: int,
+                              foreach: bool | None = None) -> tuple[float, float]:
+    """Host seconds of an AdamW step over parameters that are DTensors on ``device`` sharded over
+    every rank (what FSDP2 and TP parameters are), per step and per parameter tensor
+    (:func:`small_step_seconds`). torch.optim takes its default path there (``foreach=None``):
+    ``foreach`` on GPUs, where each operator is one DTensor call for all the tensors, one tensor
+    at a time on CPU, where every tensor makes its own calls."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    return small_step_seconds(device, repeats=repeats, mesh=mesh, foreach=foreach)
+
+
+def small_step_seconds(device: torch.device, *, repeats: int, mesh: DeviceMesh | None = None,
+                       foreach: bool | None = None) -> tuple[float, float]:
+    """Seconds of an AdamW step over small parameters on ``device`` (DTensors on ``mesh`` where
+    given), per step and per parameter tensor: solved from two steps over
+    :data:`SMALL_STEP_TENSORS` tensors timed :func:`interleaved`, on the path ``foreach`` names
+    (None: torch.optim's default there)."""
+    steps = [torch.optim.AdamW(_parameters(tensors, 64, device, mesh), foreach=foreach).step
+             for tensors in SMALL_STEP_TENSORS]
+    (few, many), (few_seconds, many_seconds) = SMALL_STEP_TENSORS, interleaved(steps, device, repeats=repeats)
+    per_tensor = max(0.0, (many_seconds - few_seconds) / (many - few))
+    return max(0.0, few_seconds - few * per_tensor), per_tensor
+
+
+def _parameters(tensors: int, numel: int, device: torch.device,
+                mesh: DeviceMesh | None) -> list[torch.nn.Parameter]:
+    """``tensors`` parameters of ``numel`` elements each on ``device`` (a rank's shards of DTensors
+    on ``mesh`` where given), with gradients."""
+    params = [torch.nn.Parameter(_sharded(torch.zeros(numel, device=device), mesh)) for _ in range(tensors)]
+    for param in params:
+        param.grad = torch.ones_like(param)
+    return params
+
+
+def _sharded(local: torch.Tensor, mesh: DeviceMesh | None) -> torch.Tensor:
+    """``local`` as this rank's shard of a DTensor on ``mesh`` (itself without one)."""
+    if mesh is None:
+        return local
+    from torch.distributed.tensor import DTensor, Shard
+
+    return DTensor.from_local(local, mesh, [Shard(0)], run_check=False)
