@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from stratagem.advisor.calibrate.optimizers import SMALL_STEP_TENSORS, dtensor_optimizer_seconds, small_step_seconds
-from stratagem.advisor.cost.host import OPTIMIZER_OPS_PER_TENSOR
+from stratagem.advisor.cost.optimizer import OPTIMIZER_OPS_PER_TENSOR
 from stratagem.distributed import free_port
 
 

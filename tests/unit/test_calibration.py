@@ -18,7 +18,8 @@ from stratagem.advisor.calibrate.calibration import (
     fit_link,
     hardware_key,
 )
-from stratagem.advisor.cost.optimizer import (HOST_OPTIMIZER_BANDWIDTH_PER_NODE, OPTIMIZER_TENSOR_PASSES,
+from stratagem.advisor.cost.optimizer import (DTENSOR_OP_SECONDS, HOST_OPTIMIZER_BANDWIDTH_PER_NODE,
+                                               OPTIMIZER_OPS_PER_TENSOR, OPTIMIZER_TENSOR_PASSES,
                                                estimate_optimizer_seconds)
 from stratagem.advisor.cost.rank_step import rank_step
 from stratagem.advisor.hardware import Cluster, parse_cluster
@@ -180,7 +181,8 @@ def test_unreadable_calibration_is_a_usage_error(tmp_path: Path) -> None:
 def test_an_offloaded_optimizer_steps_at_the_hosts_measured_rate() -> None:
     """FSDP2's CPU offload runs the optimizer on the host: at the seconds per parameter and per
     tensor calibrate measured there over DTensors (every rank of the node at once), its launches
-    included, else at the catalog's host bandwidth."""
+    included; else the longer of streaming at the catalog's host bandwidth and launching ten
+    DTensor calls a tensor (a tiny model's launches, a large one's streaming)."""
     profile = profile_spec("gpt2-tiny", seq_len=32)
     cluster = parse_cluster("1xH100-SXM-80GB")
     workload = Workload(global_batch_size=8, seq_len=32)
@@ -189,7 +191,10 @@ def test_an_offloaded_optimizer_steps_at_the_hosts_measured_rate() -> None:
     step = rank_step(profile, cluster=measured, workload=workload, plan=plan)
     tensors = sum(segment.num_tensors for segment in profile.segments)
     assert estimate_optimizer_seconds(step) == pytest.approx(step.optimizer_params * 1.5e-9 + tensors * 2e-5)
-    catalog = rank_step(profile, cluster=cluster, workload=workload, plan=plan)
+    launches = tensors * OPTIMIZER_OPS_PER_TENSOR["adamw"] * DTENSOR_OP_SECONDS
+    assert estimate_optimizer_seconds(rank_step(profile, cluster=cluster, workload=workload, plan=plan)) == launches
+    large = profile_spec("gpt2-medium", seq_len=32)
+    catalog = rank_step(large, cluster=cluster, workload=workload, plan=plan)
     assert estimate_optimizer_seconds(catalog) == pytest.approx(
         catalog.optimizer_params * OPTIMIZER_TENSOR_PASSES["adamw"] * 4 / HOST_OPTIMIZER_BANDWIDTH_PER_NODE)
     older = {**_calibration(cluster).to_dict()}

@@ -10,6 +10,7 @@ import pytest
 
 from stratagem.advisor.cost import communication, compute, rates
 from stratagem.advisor.cost import host as host_terms
+from stratagem.advisor.cost import optimizer as optimizer_terms
 from stratagem.advisor.cost.collectives import estimate_all_reduce_seconds, estimate_p2p_seconds
 from stratagem.advisor.cost.estimate import TimeBreakdown
 from stratagem.advisor.hardware import Cluster, HostSpec, parse_cluster
@@ -115,7 +116,7 @@ def test_a_calibrated_optimizer_step_replaces_streaming_and_launching_estimates(
             time = _time(plan, profile=profile, cluster=measured, optimizer=optimizer)
             before = _time(plan, profile=profile, cluster=cpu, optimizer=optimizer)
             assert time.optimizer == pytest.approx(10**7 / shard * per_param)
-            launches = per_tensor - host_terms.OP_DISPATCH_SECONDS * host_terms.OPTIMIZER_OPS_PER_TENSOR[optimizer]
+            launches = per_tensor - host_terms.OP_DISPATCH_SECONDS * optimizer_terms.OPTIMIZER_OPS_PER_TENSOR[optimizer]
             assert time.dispatch - before.dispatch == pytest.approx(8 * 3 / shard * launches)
     bf16 = Plan(dp_replicate=2, precision="bf16-true")
     assert _time(bf16, profile=profile, cluster=measured).optimizer == pytest.approx(10**7 * 1e-8 / 2)
@@ -125,16 +126,16 @@ def test_dtensor_parameters_step_per_call_on_gpus_and_per_tensor_on_cpu_ranks():
     """AdamW over FSDP's DTensor parameters: on GPUs torch.optim's foreach path makes each operator
     one DTensor call for all the tensors; CPU ranks step one tensor at a time, every tensor making
     its own calls. A calibration measures the path its device takes."""
-    calls = host_terms.OPTIMIZER_OPS_PER_TENSOR["adamw"]
+    calls = optimizer_terms.OPTIMIZER_OPS_PER_TENSOR["adamw"]
     gpu = dataclasses.replace(H100, node=dataclasses.replace(H100.node, num_devices=4))
     measured = dataclasses.replace(gpu, node=dataclasses.replace(gpu.node, dtensor_optimizer_seconds=(5e-4, 2e-5)))
 
     def seconds(cluster: Cluster) -> tuple[float, float]:
         plan = Plan(dp_shard=4, zero=3)
         workload = Workload(global_batch_size=plan.global_batch_size, seq_len=SEQ)
-        return host_terms.dtensor_optimizer_seconds(rank_step(TOY, cluster=cluster, workload=workload, plan=plan))
+        return optimizer_terms.dtensor_optimizer_seconds(rank_step(TOY, cluster=cluster, workload=workload, plan=plan))
 
-    per_call, per_tensor = host_terms.DTENSOR_OP_SECONDS, host_terms.DTENSOR_FOREACH_TENSOR_SECONDS
+    per_call, per_tensor = optimizer_terms.DTENSOR_OP_SECONDS, optimizer_terms.DTENSOR_FOREACH_TENSOR_SECONDS
     assert seconds(gpu) == pytest.approx((calls * per_call, calls * per_tensor))
     assert seconds(measured) == (5e-4, 2e-5)
     assert seconds(_cpu(4)) == pytest.approx((0.0, calls * per_call))

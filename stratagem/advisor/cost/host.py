@@ -4,7 +4,13 @@ autograd, DTensor's sharding propagation), and the part of it the device does no
 from __future__ import annotations
 
 from stratagem.advisor.cost.communication import num_tp_linears
-from stratagem.advisor.cost.optimizer import calibrated_optimizer, optimizer_tensors
+from stratagem.advisor.cost.optimizer import (
+    DTENSOR_OP_SECONDS,
+    OPTIMIZER_OPS_PER_TENSOR,
+    calibrated_optimizer,
+    dtensor_optimizer_seconds,
+    optimizer_tensors,
+)
 from stratagem.advisor.cost.rank_step import RankStep
 from stratagem.advisor.profile.model_profile import policy_field
 
@@ -12,28 +18,10 @@ from stratagem.advisor.profile.model_profile import policy_field
 # 2022, "Making Deep Learning Go Brrrr"), more with autograd and hooks. Estimate; calibrated.
 OP_DISPATCH_SECONDS = 10e-6
 
-# Host seconds per operator call on DTensors (FSDP2 and TP parameters: DTensor's dispatch and
-# sharding propagation around the local kernel), the optimizer's own bookkeeping per step included.
-# An AdamW step over eight DTensor parameters, about ten calls on the foreach path, took 0.86 and
-# 1.02 ms on this project's two H100 hosts (torch 2.11, bench/calibrations/), where a TP Linear's
-# twelve-odd DTensor calls (DTENSOR_OPS_PER_TP_LINEAR) added 1.03 and 1.04 ms to a plain one's;
-# bench/dtensor_optimizer.py measures 14 µs a call one tensor at a time and 21 µs on the foreach
-# path on a CPU host with torch 2.13. The GPU hosts' figure; calibrated.
-DTENSOR_OP_SECONDS = 100e-6
-
-# Host seconds each parameter tensor adds to one foreach call on DTensors (the list's unwrapping and
-# the local call's work per tensor): 2.4 µs, bench/dtensor_optimizer.py on a CPU host, torch 2.13.
-# Calibrated.
-DTENSOR_FOREACH_TENSOR_SECONDS = 2.4e-6
-
 # DTensor operators a TP Linear runs per micro-batch beyond a plain one's (matmuls and the layout
 # changes around them, forward and backward): bench/dtensor_ops.py counts 10-17 on the reference
 # presets. Used uncalibrated only; `stratagem calibrate` times a TP Linear directly.
 DTENSOR_OPS_PER_TP_LINEAR = 12
-
-# Operators one optimizer step dispatches per parameter tensor (torch.optim's single-tensor update,
-# zero_grad included), counted with a dispatch-mode counter on torch 2.13.
-OPTIMIZER_OPS_PER_TENSOR = {"adamw": 10, "sgd": 3}
 
 
 def estimate_dispatch_seconds(step: RankStep, *, device_busy: float) -> float:
@@ -109,18 +97,3 @@ def _optimizer_dispatch_seconds(step: RankStep) -> float:
     if (measured := calibrated_optimizer(step)) is not None:
         return measured[1] * tensors
     return _op_seconds(step) * ops_per_tensor * (1 if step.cluster.is_accelerator else tensors)
-
-
-def dtensor_optimizer_seconds(step: RankStep) -> tuple[float, float]:
-    """Host seconds of an AdamW step over the rank's DTensor parameters on its device, per step and
-    per tensor, on the path torch.optim takes: ``foreach`` on an accelerator (DTensor is among its
-    foreach types), one call per operator for every tensor; one tensor at a time on CPU ranks.
-    Calibrated, else :data:`DTENSOR_OP_SECONDS` per call and, on the ``foreach`` path,
-    :data:`DTENSOR_FOREACH_TENSOR_SECONDS` per tensor in each. (An offloaded plan's parameters
-    step on the host: ``estimate_optimizer_seconds``.)"""
-    calls = OPTIMIZER_OPS_PER_TENSOR["adamw"]
-    if step.cluster.node.dtensor_optimizer_seconds is not None:
-        return step.cluster.node.dtensor_optimizer_seconds
-    if step.cluster.is_accelerator:
-        return calls * DTENSOR_OP_SECONDS, calls * DTENSOR_FOREACH_TENSOR_SECONDS
-    return 0.0, calls * DTENSOR_OP_SECONDS

@@ -12,6 +12,24 @@ from stratagem.advisor.cost.rates import MEMORY_BANDWIDTH_EFFICIENCY
 # denominator 6, addcdiv 4; a fused kernel would move 7), SGD without momentum 3. Calibrated.
 OPTIMIZER_TENSOR_PASSES = {"adamw": 20, "sgd": 3}
 
+# Operators one optimizer step dispatches per parameter tensor (torch.optim's single-tensor update,
+# zero_grad included), counted with a dispatch-mode counter on torch 2.13.
+OPTIMIZER_OPS_PER_TENSOR = {"adamw": 10, "sgd": 3}
+
+# Host seconds per operator call on DTensors (FSDP2 and TP parameters: DTensor's dispatch and
+# sharding propagation around the local kernel), the optimizer's own bookkeeping per step included.
+# An AdamW step over eight DTensor parameters, about ten calls on the foreach path, took 0.86 and
+# 1.02 ms on this project's two H100 hosts (torch 2.11, bench/calibrations/), where a TP Linear's
+# twelve-odd DTensor calls (DTENSOR_OPS_PER_TP_LINEAR) added 1.03 and 1.04 ms to a plain one's;
+# bench/dtensor_optimizer.py measures 14 µs a call one tensor at a time and 21 µs on the foreach
+# path on a CPU host with torch 2.13. The GPU hosts' figure; calibrated.
+DTENSOR_OP_SECONDS = 100e-6
+
+# Host seconds each parameter tensor adds to one foreach call on DTensors (the list's unwrapping and
+# the local call's work per tensor): 2.4 µs, bench/dtensor_optimizer.py on a CPU host, torch 2.13.
+# Calibrated.
+DTENSOR_FOREACH_TENSOR_SECONDS = 2.4e-6
+
 # Host memory bandwidth torch's CPU optimizer reaches per node when offloaded, bytes/s, shared by
 # the node's ranks (a two-socket DDR5 host streams a few hundred GB/s; foreach kernels a fraction). Estimate.
 HOST_OPTIMIZER_BANDWIDTH_PER_NODE = 50e9
@@ -22,17 +40,21 @@ def estimate_optimizer_seconds(step: RankStep) -> float:
     calibrated seconds per parameter (``NodeSpec.optimizer_seconds``, fp32, scaled by the
     parameter dtype's bytes), else memory-bound streaming of :data:`OPTIMIZER_TENSOR_PASSES`
     tensors (roofline, Williams et al. 2009). Offloaded, on the host's CPU, which launches the
-    step's operators itself while the device waits: at the calibrated seconds per parameter and
-    per parameter tensor (``NodeSpec.host_optimizer_seconds``, timed over DTensors as FSDP's
-    offloaded parameters are, every rank of the node stepping at once), else at
-    :data:`HOST_OPTIMIZER_BANDWIDTH_PER_NODE` shared by the node's ranks, an estimate that holds
-    the launches too."""
+    step's operators itself, one tensor at a time over FSDP's DTensors, while the device waits:
+    at the calibrated seconds per parameter and per parameter tensor
+    (``NodeSpec.host_optimizer_seconds``, timed over DTensors, every rank of the node stepping at
+    once), else the longer of streaming at :data:`HOST_OPTIMIZER_BANDWIDTH_PER_NODE` (shared by
+    the node's ranks) and launching :data:`OPTIMIZER_OPS_PER_TENSOR` calls a tensor at
+    :data:`DTENSOR_OP_SECONDS`: a bound, as the two estimates cannot be told apart
+    (docs/cost-model.md, "Optimizer step and offload")."""
     num_bytes = (step.optimizer_params * OPTIMIZER_TENSOR_PASSES[step.optimizer]
                  * step.precision.param_bytes)
     if step.plan.offloads:
+        tensors = optimizer_tensors(step)
         if (host := _calibrated(step.cluster.node.host_optimizer_seconds, step.optimizer)) is not None:
-            return step.optimizer_params * host[0] * step.precision.param_bytes / 4 + optimizer_tensors(step) * host[1]
-        return num_bytes / (HOST_OPTIMIZER_BANDWIDTH_PER_NODE / step.cluster.devices_per_node)
+            return step.optimizer_params * host[0] * step.precision.param_bytes / 4 + tensors * host[1]
+        streaming = num_bytes / (HOST_OPTIMIZER_BANDWIDTH_PER_NODE / step.cluster.devices_per_node)
+        return max(streaming, tensors * OPTIMIZER_OPS_PER_TENSOR[step.optimizer] * DTENSOR_OP_SECONDS)
     if (measured := calibrated_optimizer(step)) is not None:
         return step.optimizer_params * measured[0] * step.precision.param_bytes / 4
     return num_bytes / (step.cluster.device.memory_bandwidth * MEMORY_BANDWIDTH_EFFICIENCY)
@@ -68,3 +90,18 @@ def estimate_offload_seconds(step: RankStep) -> float:
     copy = estimate_p2p_seconds(shard_bytes, bandwidth=host_link.effective_bandwidth,
                                 latency=host_link.latency)
     return (step.num_reductions + uploads) * copy
+
+
+def dtensor_optimizer_seconds(step: RankStep) -> tuple[float, float]:
+    """Host seconds of an AdamW step over the rank's DTensor parameters on its device, per step and
+    per tensor, on the path torch.optim takes: ``foreach`` on an accelerator (DTensor is among its
+    foreach types), one call per operator for every tensor; one tensor at a time on CPU ranks.
+    Calibrated, else :data:`DTENSOR_OP_SECONDS` per call and, on the ``foreach`` path,
+    :data:`DTENSOR_FOREACH_TENSOR_SECONDS` per tensor in each. (An offloaded plan's parameters
+    step on the host: ``estimate_optimizer_seconds``.)"""
+    calls = OPTIMIZER_OPS_PER_TENSOR["adamw"]
+    if step.cluster.node.dtensor_optimizer_seconds is not None:
+        return step.cluster.node.dtensor_optimizer_seconds
+    if step.cluster.is_accelerator:
+        return calls * DTENSOR_OP_SECONDS, calls * DTENSOR_FOREACH_TENSOR_SECONDS
+    return 0.0, calls * DTENSOR_OP_SECONDS
