@@ -97,17 +97,17 @@ class Calibration:
     operator of a small model's training step beyond its matmul FLOPs; ``op_byte_seconds``:
     seconds per byte operators without FLOPs move, beyond those and the matmuls, in a larger
     model's step (CPU ranks), or at the copy's bandwidth (GPUs); ``dtensor_optimizer_seconds``:
-    an AdamW step over DTensor parameters on the device, seconds per step and per parameter tensor; ``tp_linear_seconds``: what a
-    tensor-parallel Linear's forward and backward on DTensors add to the host's time beyond a
-    plain Linear's; ``optimizer_seconds``: per optimizer, its step's seconds
-    per fp32 parameter and per parameter tensor. ``sync_seconds``: what a blocking collective waits
-    beyond its own time when it follows compute (the ranks arriving apart). ``framework_bytes``: the
-    memory a fresh process's first training steps take beyond their tensors. ``memory_latency``:
-    seconds a load from device memory takes to come back with few in flight (GPUs; None on CPU
-    ranks and in earlier calibrations). ``host_optimizer_seconds``: ``optimizer_seconds`` as the
-    host's CPU runs the step over DTensor parameters, which an offloaded plan's optimizer does
-    (GPUs; None on CPU ranks, whose ``optimizer_seconds`` are the host's, and in earlier
-    calibrations).
+    an AdamW step over DTensor parameters on the device, seconds per step and per parameter
+    tensor; ``tp_linear_seconds``: what a tensor-parallel Linear's forward and backward on
+    DTensors add to the host's time beyond a plain Linear's; ``optimizer_seconds``: per
+    optimizer, its step's seconds per fp32 parameter and per parameter tensor. ``sync_seconds``:
+    what a blocking collective waits beyond its own time when it follows compute (the ranks
+    arriving apart). ``framework_bytes``: the memory a fresh process's first training steps take
+    beyond their tensors. ``memory_latency``: seconds a load from device memory takes to come back
+    with few in flight (GPUs; None on CPU ranks and in earlier calibrations).
+    ``host_optimizer_seconds``: ``optimizer_seconds`` as the host's CPU runs the step over DTensor
+    parameters, which an offloaded plan's optimizer does (GPUs; None on CPU ranks, whose
+    ``optimizer_seconds`` are the host's, and in earlier calibrations).
     """
 
     hardware: str

@@ -36,17 +36,17 @@ HOST_OPTIMIZER_BANDWIDTH_PER_NODE = 50e9
 
 
 def estimate_optimizer_seconds(step: RankStep) -> float:
-    """One optimizer step on the rank's shard, seconds, beyond launching its operators: the
-    calibrated seconds per parameter (``NodeSpec.optimizer_seconds``, fp32, scaled by the
-    parameter dtype's bytes), else memory-bound streaming of :data:`OPTIMIZER_TENSOR_PASSES`
-    tensors (roofline, Williams et al. 2009). Offloaded, on the host's CPU, which launches the
-    step's operators itself, one tensor at a time over FSDP's DTensors, while the device waits:
-    at the calibrated seconds per parameter and per parameter tensor
-    (``NodeSpec.host_optimizer_seconds``, timed over DTensors, every rank of the node stepping at
-    once), else the longer of streaming at :data:`HOST_OPTIMIZER_BANDWIDTH_PER_NODE` (shared by
-    the node's ranks) and launching :data:`OPTIMIZER_OPS_PER_TENSOR` calls a tensor at
-    :data:`DTENSOR_OP_SECONDS`: a bound, as the two estimates cannot be told apart
-    (docs/cost-model.md, "Optimizer step and offload")."""
+    """One optimizer step on the rank's shard, seconds. On the device, beyond launching its
+    operators (the host's dispatch term holds those): the calibrated seconds per parameter
+    (``NodeSpec.optimizer_seconds``, fp32, scaled by the parameter dtype's bytes), else
+    memory-bound streaming of :data:`OPTIMIZER_TENSOR_PASSES` tensors (roofline, Williams et al.
+    2009). Offloaded, on the host's CPU, which launches the step's operators itself, one tensor at
+    a time over FSDP's DTensors, while the device waits: at the calibrated seconds per parameter
+    and per parameter tensor (``NodeSpec.host_optimizer_seconds``, timed over DTensors, every rank
+    of the node stepping at once), else the longer of streaming at
+    :data:`HOST_OPTIMIZER_BANDWIDTH_PER_NODE` (shared by the node's ranks) and launching
+    :data:`OPTIMIZER_OPS_PER_TENSOR` calls a tensor at :data:`DTENSOR_OP_SECONDS`: a bound, as
+    the two estimates cannot be told apart (docs/cost-model.md, "Optimizer step and offload")."""
     num_bytes = (step.optimizer_params * OPTIMIZER_TENSOR_PASSES[step.optimizer]
                  * step.precision.param_bytes)
     if step.plan.offloads:
