@@ -91,15 +91,15 @@ def calibration_table(calibration: Calibration) -> Table:
         table.add_row("host time per operator", format_seconds(calibration.op_seconds))
     if calibration.op_byte_seconds is not None:
         table.add_row("… per MiB moved without FLOPs", format_seconds(calibration.op_byte_seconds * 2**20))
-    if calibration.dtensor_optimizer_seconds is not None:
-        per_step, per_tensor = calibration.dtensor_optimizer_seconds
-        table.add_row("adamw step on DTensors per step, per tensor",
-                      f"{format_seconds(per_step)}, {format_seconds(per_tensor)}")
     table.add_row("… per TP Linear on DTensors (fwd + bwd)", format_seconds(calibration.tp_linear_seconds))
     for where, measured in (("", calibration.optimizer_seconds), (" on the host", calibration.host_optimizer_seconds)):
         for name, (per_param, per_tensor) in (measured or {}).items():
             table.add_row(f"{name} step{where} per M params, per tensor",
                           f"{format_seconds(per_param * 1e6)}, {format_seconds(per_tensor)}")
+    if calibration.dtensor_optimizer_seconds is not None:
+        per_step, per_tensor = calibration.dtensor_optimizer_seconds
+        table.add_row("adamw step on DTensors per step, per tensor",
+                      f"{format_seconds(per_step)}, {format_seconds(per_tensor)}")
     if calibration.sync_seconds is not None:
         table.add_row("collective's wait after compute", format_seconds(calibration.sync_seconds))
     if calibration.framework_bytes is not None:
