@@ -82,6 +82,11 @@ class Settings:
     message_bytes: tuple[int, ...]
     copy_bytes: int
     repeats: int
+    # Timings of each collective and of the wait after compute. CPU ranks sharing cores vary most
+    # there: three calibrations of 4 ranks on 2 cores gave the all-reduce α 668-979 µs at 5 and
+    # 617-687 µs at 15, and the TP plans' predictions spread 31-34 % and 13-16 %
+    # (docs/benchmarks.md, "Calibration's collectives on shared cores").
+    collective_repeats: int
     conv_batch: int = 1  # images per convolution timed (CONV_SHAPES)
     conv_shapes: tuple[tuple[int, int, int, int], ...] = QUICK_CONV_SHAPES
     attention_sequences: tuple[int, ...] = ()  # of fused attention timed (GPUs: ATTENTION_SEQUENCES)
@@ -90,13 +95,14 @@ class Settings:
     def for_device(cls, device: torch.device, *, quick: bool = False) -> Settings:
         """The full settings (≈ a minute per node) or ``quick`` ones (seconds, for tests)."""
         if quick:
-            return cls(matmul_sizes=(128, 256), message_bytes=(2**12, 2**16, 2**20), copy_bytes=2**22, repeats=2)
+            return cls(matmul_sizes=(128, 256), message_bytes=(2**12, 2**16, 2**20), copy_bytes=2**22, repeats=2,
+                       collective_repeats=2)
         if device.type == "cuda":  # convolutions at ResNet-50's 256 images per GPU
             return cls(matmul_sizes=(1024, 2048, 4096, 8192), message_bytes=tuple(2**k for k in range(16, 29, 2)),
-                       copy_bytes=2**30, repeats=5, conv_batch=256, conv_shapes=CONV_SHAPES,
+                       copy_bytes=2**30, repeats=5, collective_repeats=5, conv_batch=256, conv_shapes=CONV_SHAPES,
                        attention_sequences=ATTENTION_SEQUENCES)
         return cls(matmul_sizes=(128, 256, 512, 1024), message_bytes=tuple(2**k for k in range(12, 25, 2)),
-                   copy_bytes=2**26, repeats=5, conv_batch=2, conv_shapes=CONV_SHAPES)
+                   copy_bytes=2**26, repeats=5, collective_repeats=15, conv_batch=2, conv_shapes=CONV_SHAPES)
 
 
 def calibrate(*, nproc: int | None = None, quick: bool = False, progress: bool = False) -> Calibration:
@@ -266,13 +272,13 @@ def _measure_links(device: torch.device, settings: Settings, groups: list[_Group
     if dist.get_world_size() == 1:
         return dict(links={}, overlap=None, sync_seconds=None)
     with phase("collectives after compute"):
-        sync = sync_seconds(device, repeats=settings.repeats)
+        sync = sync_seconds(device, repeats=settings.collective_repeats)
     links: dict[str, dict[str, dict[int, LinkFit]]] = {}
     for scope, size, group in groups:
         for op in COLLECTIVES:
             with phase(f"{op} {scope} ×{size}"):
                 seconds = collective_seconds(op, settings.message_bytes, device, group=group,
-                                             repeats=settings.repeats)
+                                             repeats=settings.collective_repeats)
             links.setdefault(scope, {}).setdefault(op, {})[size] = fit_link(
                 op, size, list(zip(settings.message_bytes, seconds)))
     with phase("overlap of collectives and compute"):
