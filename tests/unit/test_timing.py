@@ -142,7 +142,7 @@ def test_dtensor_parameters_step_per_call_on_gpus_and_per_tensor_on_cpu_ranks():
 
 
 def test_fsdp_on_gpus_leaves_a_small_models_step_to_the_device():
-    """GPT-2 (148 parameter tensors) under FSDP on eight H100s: its optimizer's DTensor calls, ten
+    """GPT-2 (196 parameter tensors) under FSDP on eight H100s: its optimizer's DTensor calls, ten
     for the rank's tensors, take the host a few milliseconds, under the device's work."""
     profile = profile_spec("gpt2", seq_len=SEQ)
     plan = Plan(dp_shard=8, zero=3, micro_batch_size=8, block_container=profile.block_container)
