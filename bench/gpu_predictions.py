@@ -22,6 +22,7 @@ import torch
 
 from stratagem.advisor.calibrate.calibration import Calibration
 from stratagem.advisor.cost.evaluate import evaluate
+from stratagem.advisor.cost.optimizer import uncalibrated_host_step
 from stratagem.advisor.cost.rank_step import rank_step
 from stratagem.advisor.hardware import parse_cluster
 from stratagem.advisor.profile.cache import profile_spec
@@ -158,6 +159,19 @@ def predict(case: Case, folder: Path, *, calibrated: bool = False) -> tuple[floa
     return estimate.time.step_seconds, estimate.memory.total, estimate.plan.name
 
 
+def host_step_as_sum(case: Case, folder: Path) -> float:
+    """The uncalibrated predicted step of an offloaded ``case`` were its host optimizer step the
+    sum of :func:`~stratagem.advisor.cost.optimizer.uncalibrated_host_step`'s streaming and
+    launching, where the model takes the longer of the two."""
+    cluster = parse_cluster(CLUSTERS[case.card])
+    workload = Workload(global_batch_size=case.batch, seq_len=case.seq_len, precision=case.precision)
+    profile = profile_spec(model_spec(case.model, folder), seq_len=case.seq_len, precision=case.precision)
+    plan = given_plan(case.plan, profile, cluster, workload)
+    time = evaluate(profile, cluster, workload, plan).time
+    return time.step_seconds - time.optimizer + sum(uncalibrated_host_step(
+        rank_step(profile, cluster=cluster, workload=workload, plan=plan)))
+
+
 def attention_seconds(card: str, model: str, batch: int, seq_len: int | None, *, calibrated: bool = False) -> float:
     """The prediction of one step's fused attention, forward and backward, with the whole batch in
     one micro-batch (``advisor/cost/attention.py``): uncalibrated by the tile model, calibrated at
@@ -193,6 +207,10 @@ def main() -> None:
               f"{format_seconds(seconds):>10} {format_seconds(case.seconds):>9} {_error(seconds, case.seconds)}  "
               f"{format_bytes(peak):>12} {measured_peak:>9} {_error(peak, case.peak_gib * GIB)}{calibrated}")
     print(f"mean |step error| uncalibrated over the {len(errors)} runs: {sum(errors) / len(errors):.1%}")
+    for case in (c for c in CASES if c.plan.get("offload")):
+        summed = host_step_as_sum(case, folder)
+        print(f"{case.card:<5} {case.model.removeprefix('hf:bench/configs/'):<16} offloaded, the host's streaming and "
+              f"launches summed: {format_seconds(summed)} {_error(summed, case.seconds).strip()}")
     for card, model, batch, seq_len, measured in ATTENTION_CORES:
         predicted = attention_seconds(card, model, batch, seq_len)
         line = (f"{card:<5} {model:<16} attention core {format_seconds(measured)} measured; uncalibrated tile "

@@ -8,7 +8,7 @@ import weakref
 import torch
 
 from stratagem.advisor.calibrate.benchmarks import interleaved, repeated
-from stratagem.advisor.calibrate.optimizers import dtensor_optimizer_seconds, optimizer_seconds
+from stratagem.advisor.calibrate.optimizers import optimizer_seconds, small_step_seconds
 
 
 def test_interleaved_rounds_keep_ratios_on_a_drifting_host(one_rank):
@@ -65,8 +65,11 @@ def test_a_dtensor_tensor_costs_a_fraction_on_the_foreach_path_of_what_it_does_o
     """One tensor at a time every DTensor tensor makes its own ten calls; on the foreach path
     (torch.optim's default on GPUs) each call takes all the tensors (a CPU host: 2.4 µs a tensor
     in each against 14 µs a call: ``bench/dtensor_optimizer.py``)."""
-    _, one_at_a_time = dtensor_optimizer_seconds(torch.device("cpu"), repeats=5)
-    _, foreach = dtensor_optimizer_seconds(torch.device("cpu"), repeats=5, foreach=True)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (1,))
+    _, one_at_a_time = small_step_seconds(torch.device("cpu"), repeats=5, mesh=mesh)
+    _, foreach = small_step_seconds(torch.device("cpu"), repeats=5, mesh=mesh, foreach=True)
     assert one_at_a_time > 2 * foreach > 0
 
 

@@ -8,15 +8,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-import torch.distributed as dist
 
 from stratagem.advisor.calibrate.benchmarks import interleaved
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-__all__ = ["SMALL_STEP_TENSORS", "dtensor_optimizer_seconds", "optimizer_class", "optimizer_seconds",
-           "small_step_seconds"]
+__all__ = ["SMALL_STEP_TENSORS", "optimizer_class", "optimizer_seconds", "small_step_seconds"]
 
 
 def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
@@ -57,25 +55,14 @@ SMALL_STEP_TENSORS = (8, 64)
 step and per tensor."""
 
 
-def dtensor_optimizer_seconds(device: torch.device, *, repeats: int,
-                              foreach: bool | None = None) -> tuple[float, float]:
-    """Host seconds of an AdamW step over parameters that are DTensors on ``device`` sharded over
-    every rank (what FSDP2 and TP parameters are), per step and per parameter tensor
-    (:func:`small_step_seconds`). torch.optim takes its default path there (``foreach=None``):
-    ``foreach`` on GPUs, where each operator is one DTensor call for all the tensors, one tensor
-    at a time on CPU, where every tensor makes its own calls."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    return small_step_seconds(device, repeats=repeats, mesh=mesh, foreach=foreach)
-
-
 def small_step_seconds(device: torch.device, *, repeats: int, mesh: DeviceMesh | None = None,
                        foreach: bool | None = None) -> tuple[float, float]:
     """Seconds of an AdamW step over small parameters on ``device`` (DTensors on ``mesh`` where
-    given), per step and per parameter tensor: solved from two steps over
-    :data:`SMALL_STEP_TENSORS` tensors timed :func:`interleaved`, on the path ``foreach`` names
-    (None: torch.optim's default there)."""
+    given, as FSDP2's and TP's are), per step and per parameter tensor: solved from two steps
+    over :data:`SMALL_STEP_TENSORS` tensors timed :func:`interleaved`, on the path ``foreach``
+    names. None takes torch.optim's default there: ``foreach`` on GPUs, where each operator is one
+    call for all the tensors (a DTensor call's cost mostly per step), one tensor at a time on CPU,
+    where every tensor makes its own calls."""
     steps = [torch.optim.AdamW(_parameters(tensors, 64, device, mesh), foreach=foreach).step
              for tensors in SMALL_STEP_TENSORS]
     (few, many), (few_seconds, many_seconds) = SMALL_STEP_TENSORS, interleaved(steps, device, repeats=repeats)

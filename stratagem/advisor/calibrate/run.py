@@ -36,7 +36,7 @@ from stratagem.advisor.calibrate.benchmarks import (
 )
 from stratagem.advisor.calibrate.calibration import COLLECTIVES, Calibration, LinkFit, fit_link, hardware_key
 from stratagem.advisor.calibrate.convolutions import CONV_SHAPES, QUICK_CONV_SHAPES, conv_rates
-from stratagem.advisor.calibrate.optimizers import dtensor_optimizer_seconds, optimizer_seconds
+from stratagem.advisor.calibrate.optimizers import optimizer_seconds, small_step_seconds
 from stratagem.advisor.calibrate.memory_latency import memory_latency
 from stratagem.advisor.cost.attention import ATTENTION_DTYPES
 from stratagem.distributed import (
@@ -83,9 +83,9 @@ class Settings:
     copy_bytes: int
     repeats: int
     # Timings of each collective and of the wait after compute. CPU ranks sharing cores vary most
-    # there: three calibrations of 4 ranks on 2 cores gave the all-reduce α 668-979 µs at 5 and
-    # 617-687 µs at 15, and the TP plans' predictions spread 31-34 % and 13-16 %
-    # (docs/benchmarks.md, "Calibration's collectives on shared cores").
+    # there: bench/calibration_spread.py prints how far three calibrations move the predictions
+    # (docs/benchmarks.md, "Calibration's collectives on shared cores": the TP plans' 31-34 % at
+    # 5 timings, 1-6 % at 15 in its run of 2026-11-27).
     collective_repeats: int
     conv_batch: int = 1  # images per convolution timed (CONV_SHAPES)
     conv_shapes: tuple[tuple[int, int, int, int], ...] = QUICK_CONV_SHAPES
@@ -228,15 +228,16 @@ def _measure_compute(device: torch.device, settings: Settings, dtypes: list[str]
     with phase("optimizer steps"):
         # Parameters whose fp32 values, gradients and AdamW states (16 bytes each) fill the copy's buffer.
         optimizers = optimizer_seconds(settings.copy_bytes // 16, device, repeats=settings.repeats)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))  # FSDP's: DTensors sharded over every rank
     host = None
     if device.type == "cuda":  # an offloaded plan's step runs on the host's CPU, over FSDP's DTensors
-        from torch.distributed.device_mesh import init_device_mesh
-
         with phase("optimizer steps on the host"):
             host = optimizer_seconds(HOST_OPTIMIZER_BYTES // 16, torch.device("cpu"), repeats=settings.repeats,
-                                     mesh=init_device_mesh(device.type, (dist.get_world_size(),)))
+                                     mesh=mesh)
     with phase("DTensor dispatch: optimizer operators, TP Linears"):
-        dtensor_optimizer = dtensor_optimizer_seconds(device, repeats=settings.repeats)
+        dtensor_optimizer = small_step_seconds(device, repeats=settings.repeats, mesh=mesh)
         per_tp_linear = tp_linear_seconds(device, repeats=settings.repeats)
     per_byte, byte_notes = op_byte_seconds_at_least_a_copy(compute.op_byte_seconds, bandwidth)
     latency = None

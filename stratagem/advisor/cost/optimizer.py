@@ -43,27 +43,46 @@ def estimate_optimizer_seconds(step: RankStep) -> float:
     2009). Offloaded, on the host's CPU, which launches the step's operators itself, one tensor at
     a time over FSDP's DTensors, while the device waits: at the calibrated seconds per parameter
     and per parameter tensor (``NodeSpec.host_optimizer_seconds``, timed over DTensors, every rank
-    of the node stepping at once), else the longer of streaming at
-    :data:`HOST_OPTIMIZER_BANDWIDTH_PER_NODE` (shared by the node's ranks) and launching
-    :data:`OPTIMIZER_OPS_PER_TENSOR` calls a tensor at :data:`DTENSOR_OP_SECONDS`: a bound, as
-    the two estimates cannot be told apart (docs/cost-model.md, "Optimizer step and offload")."""
-    num_bytes = (step.optimizer_params * OPTIMIZER_TENSOR_PASSES[step.optimizer]
-                 * step.precision.param_bytes)
+    of the node stepping at once), else the longer of :func:`uncalibrated_host_step`'s streaming
+    and launching: a bound, as the two estimates cannot be told apart (docs/cost-model.md,
+    "Optimizer step and offload")."""
     if step.plan.offloads:
-        tensors = optimizer_tensors(step)
         if (host := _calibrated(step.cluster.node.host_optimizer_seconds, step.optimizer)) is not None:
-            return step.optimizer_params * host[0] * step.precision.param_bytes / 4 + tensors * host[1]
-        streaming = num_bytes / (HOST_OPTIMIZER_BANDWIDTH_PER_NODE / step.cluster.devices_per_node)
-        return max(streaming, tensors * OPTIMIZER_OPS_PER_TENSOR[step.optimizer] * DTENSOR_OP_SECONDS)
+            return step.optimizer_params * host[0] * step.precision.param_bytes / 4 + optimizer_tensors(step) * host[1]
+        return max(uncalibrated_host_step(step))
     if (measured := calibrated_optimizer(step)) is not None:
         return step.optimizer_params * measured[0] * step.precision.param_bytes / 4
-    return num_bytes / (step.cluster.device.memory_bandwidth * MEMORY_BANDWIDTH_EFFICIENCY)
+    return _streamed_bytes(step) / (step.cluster.device.memory_bandwidth * MEMORY_BANDWIDTH_EFFICIENCY)
+
+
+def uncalibrated_host_step(step: RankStep) -> tuple[float, float]:
+    """An offloaded step's two estimates on the host, seconds: streaming the optimizer's tensor
+    passes at :data:`HOST_OPTIMIZER_BANDWIDTH_PER_NODE` (shared by the node's ranks), and launching
+    :data:`OPTIMIZER_OPS_PER_TENSOR` DTensor calls a tensor at :data:`DTENSOR_OP_SECONDS`.
+    :func:`estimate_optimizer_seconds` takes the longer; ``bench/gpu_predictions.py`` prints the
+    offloaded runs under their sum too."""
+    return (_streamed_bytes(step) / (HOST_OPTIMIZER_BANDWIDTH_PER_NODE / step.cluster.devices_per_node),
+            optimizer_tensors(step) * OPTIMIZER_OPS_PER_TENSOR[step.optimizer] * DTENSOR_OP_SECONDS)
+
+
+def _streamed_bytes(step: RankStep) -> float:
+    """Bytes the rank's optimizer step reads and writes: :data:`OPTIMIZER_TENSOR_PASSES` passes
+    over its shard in the parameters' dtype."""
+    return step.optimizer_params * OPTIMIZER_TENSOR_PASSES[step.optimizer] * step.precision.param_bytes
 
 
 def optimizer_tensors(step: RankStep) -> float:
     """Parameter tensors the rank's optimizer steps: every tensor of its stage (FSDP shards each
     one), a share of them where ZeRO-1 gives each rank whole tensors."""
     return step.stage.sums["num_tensors"] / (step.plan.dp_shard if step.plan.shards_optimizer_only else 1)
+
+
+def steps_foreach(step: RankStep) -> bool:
+    """Whether torch.optim steps the rank's parameters on its ``foreach`` path, each operator one
+    call for all the tensors: its default where they live on an accelerator (DTensors too: DTensor
+    adds itself to its foreach types). CPU ranks, and an offloaded plan's parameters, which live
+    on the host, step one tensor at a time."""
+    return step.cluster.is_accelerator and not step.plan.offloads
 
 
 def calibrated_optimizer(step: RankStep) -> tuple[float, float] | None:
@@ -94,14 +113,13 @@ def estimate_offload_seconds(step: RankStep) -> float:
 
 def dtensor_optimizer_seconds(step: RankStep) -> tuple[float, float]:
     """Host seconds of an AdamW step over the rank's DTensor parameters on its device, per step and
-    per tensor, on the path torch.optim takes: ``foreach`` on an accelerator (DTensor is among its
-    foreach types), one call per operator for every tensor; one tensor at a time on CPU ranks.
-    Calibrated, else :data:`DTENSOR_OP_SECONDS` per call and, on the ``foreach`` path,
-    :data:`DTENSOR_FOREACH_TENSOR_SECONDS` per tensor in each. (An offloaded plan's parameters
-    step on the host: ``estimate_optimizer_seconds``.)"""
-    calls = OPTIMIZER_OPS_PER_TENSOR["adamw"]
+    per tensor, on the path torch.optim takes (:func:`steps_foreach`). Calibrated, else
+    :data:`DTENSOR_OP_SECONDS` per call, once a step on the ``foreach`` path with
+    :data:`DTENSOR_FOREACH_TENSOR_SECONDS` per tensor in each, once a tensor off it. (An offloaded
+    plan's parameters step on the host: ``estimate_optimizer_seconds``.)"""
     if step.cluster.node.dtensor_optimizer_seconds is not None:
         return step.cluster.node.dtensor_optimizer_seconds
-    if step.cluster.is_accelerator:
+    calls = OPTIMIZER_OPS_PER_TENSOR["adamw"]
+    if steps_foreach(step):
         return calls * DTENSOR_OP_SECONDS, calls * DTENSOR_FOREACH_TENSOR_SECONDS
     return 0.0, calls * DTENSOR_OP_SECONDS

@@ -14,7 +14,7 @@ from stratagem.advisor.cost.communication import estimate_tp_comm_seconds
 from stratagem.advisor.cost.compute import estimate_compute_seconds, estimate_recompute_seconds
 from stratagem.advisor.cost.host import in_line_host_seconds
 from stratagem.advisor.cost.rank_step import RankStep, rank_step
-from stratagem.advisor.cost.stages import distinct_ranks
+from stratagem.advisor.cost.stages import distinct_ranks, others_over_own
 from stratagem.advisor.hardware.spec import Cluster
 from stratagem.advisor.profile.model_profile import ModelProfile
 from stratagem.plan import Plan, Workload
@@ -56,7 +56,7 @@ def pace(profile: ModelProfile, *, cluster: Cluster, workload: Workload, plan: P
         ranks.append((busy(step), rank, step, count))
     own, rank, step, _ = max(ranks, key=lambda entry: entry[0].seconds)
     total = sum(work.seconds * count for work, _, _, count in ranks)
-    return Pace(rank, step, own, (total - own.seconds) / own.seconds if own.seconds else plan.pp - 1.0)
+    return Pace(rank, step, own, others_over_own(own.seconds, total, plan.pp))
 
 
 def busy(step: RankStep) -> Busy:

@@ -96,9 +96,13 @@ def partition(profile: ModelProfile, plan: Plan) -> tuple[int, tuple[int, ...]]:
 def others_share(profile: ModelProfile, plan: Plan, stage: Stage, field: str) -> float:
     """The other pipeline ranks' ``field`` (summed) over ``stage``'s, one of ``plan``'s ranks:
     ``pp − 1`` when the stages are equal, less when ``stage`` holds more, such as the head."""
-    own = stage.sums[field]
-    total = sum(rank.sums[field] for rank in rank_stages(profile, plan))
-    return (total - own) / own if own else plan.pp - 1.0
+    return others_over_own(stage.sums[field], sum(rank.sums[field] for rank in rank_stages(profile, plan)), plan.pp)
+
+
+def others_over_own(own: float, total: float, pp: int) -> float:
+    """What the other ranks of a ``pp``-rank pipeline hold or do of ``total`` over one rank's
+    ``own``: ``pp − 1`` for equal ranks, and where ``own`` is nothing."""
+    return (total - own) / own if own else pp - 1.0
 
 
 def distinct_ranks(profile: ModelProfile, plan: Plan) -> tuple[tuple[int, int], ...]:
