@@ -13,25 +13,37 @@ data parallelism without ZeRO and full activation recomputation; the fastest mic
 FLOPs as the paper does (§5.1, recomputation included): 96·B·s·l·h²·(1 + s/6h + V/16lh) per step.
 Target (the issue): mean |error| ≤ 10 %, no row over 20 %.
 
-Two columns, one plan. "torch" is the step as torch's runtime would run it: under a pipeline,
-DDP reduces each stage's gradients inside its last backward, which delays the gradient it sends
-upstream, so the drain waits for every stage's reduction in turn. "Megatron" is the same plan
-with Megatron-LM's data-parallel schedule of the time: every stage all-reduces after the flush, at
-once, unhidden (:func:`megatron_seconds`); the other terms are the same. At 310B (pp 16) the
-serialized reductions are 10.8 s of a 53.0 s step. Where no plan fits as torch runs it, the
-"Megatron" column costs the plan that comes closest and says how far over it is: 1T at pp 64 holds
-64 micro-batches' block inputs, which autocast keeps in fp32 (the residual stream adds in the
-parameters' dtype) where Megatron's fp16 model keeps them in 16 bits.
+Two columns, one plan: the fastest that fits as torch runs it. "torch" is the step as torch's
+runtime would run it: fp16 autocast over fp32 parameters, and under a pipeline DDP reduces each
+stage's gradients inside its last backward, which delays the gradient it sends upstream, so the
+drain waits for every stage's reduction in turn. "Megatron" is the same plan as Megatron-LM of the
+time ran it (:func:`megatron_seconds`):
+
+- its model in fp16 (``--fp16`` sets ``params_dtype = torch.half``, megatron/arguments.py as of
+  April 2021), costed as stratagem's ``fp16-true``: no autocast casts of the weights, which torch
+  repeats in every micro-batch's recomputation and for every gradient, and gradients accumulated
+  in fp16 over the micro-batches (its DDP's fp32 buffers are opt-in, ``--accumulate-allreduce-
+  grads-in-fp32``), where torch adds fp32 gradients; its optimizer's fp32 master copy is left out
+  (one step a batch);
+- its data-parallel schedule: every stage all-reduces after the flush, at once, unhidden.
+
+At 530B (pp 35, 280 micro-batches of one sample) Megatron's step is two thirds of torch's. Where no
+plan fits as torch runs it, the "Megatron" column costs the plan that comes closest and says how far
+over it is: 1T at pp 64 holds 64 micro-batches' block inputs, which autocast keeps in fp32 (the
+residual stream adds in the parameters' dtype) where Megatron's fp16 model keeps them in 16 bits.
+Megatron's memory is not modelled: the plan is torch's, and where torch's memory rules a schedule
+out (the 310B and 530B rows' interleaved stages, over by ×1.03–1.12 as torch holds them), so does
+the column.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import NamedTuple
 
 import torch
 
-from stratagem.advisor.cost.estimate import TimeBreakdown
 from stratagem.advisor.cost.memory import estimate_memory, overflow
 from stratagem.advisor.cost.pace import pace
 from stratagem.advisor.cost.pipeline import estimate_bubble_seconds
@@ -44,6 +56,8 @@ from stratagem.models import Transformer, TransformerConfig
 from stratagem.plan import Plan, Workload
 
 VOCAB, SEQ = 51_200, 2048
+# Megatron-LM trains an fp16 model under --fp16 (megatron/arguments.py: params_dtype = torch.half).
+MEGATRON_PRECISION = "fp16-true"
 
 
 class Row(NamedTuple):
@@ -94,19 +108,16 @@ def megatron_gpt(row: Row) -> Transformer:
 
 class Prediction(NamedTuple):
     torch: float  # TFLOP/s per GPU as torch's runtime would run the plan (nan: nothing fits)
-    megatron: float  # the same plan with Megatron's data-parallel schedule under a pipeline
+    megatron: float  # the same plan as Megatron-LM ran it: its fp16 model and data-parallel schedule
     plan: str
     overflow: float  # the plan's memory over the usable, where nothing fits (1 where it fits)
 
 
 def predict(row: Row) -> Prediction:
     """The advisor's TFLOP/s per GPU for the row, as torch runs the fastest plan of the row's shape
-    that fits and as Megatron's schedule would (:func:`megatron_seconds`); where none fits, the
-    smallest plan's, marked by how far over memory it is."""
-    tokens = torch.zeros(2, SEQ, dtype=torch.long, device="meta")
-    profile = profile_model(megatron_gpt(row), (tokens,), precision="fp16-mixed", name=f"gpt-{row.params}B")
-    cluster = parse_cluster(f"{row.gpus // 8}x8xA100-SXM4-80GB:ib-hdr")
-    workload = Workload(global_batch_size=row.batch, seq_len=SEQ, precision="fp16-mixed")
+    that fits and as Megatron-LM would run that plan (:func:`megatron_seconds`); where none fits,
+    the smallest plan's, marked by how far over memory it is."""
+    profile, cluster, workload = costing(row, "fp16-mixed")
     fitting, smallest = [], None
     # Megatron's data parallelism is DDP beside TP, which stratagem's own runtime leaves out
     # (its DDP takes no DTensors): cost every plan of the row's shape, whatever runs it.
@@ -116,24 +127,36 @@ def predict(row: Row) -> Prediction:
                     row.tp, row.pp, 0, False, "full"):
                 break  # a group shares all five
             over = overflow(estimate_memory(profile, workload, plan), cluster)
-            time = estimate_time(profile, cluster=cluster, workload=workload, plan=plan)
-            costed = (time.step_seconds, megatron_seconds(profile, cluster, workload, plan, time), plan.name, over)
-            smallest = min(smallest or costed, costed, key=lambda c: (c[3], c[0]))
+            costed = (estimate_time(profile, cluster=cluster, workload=workload, plan=plan).step_seconds, over, plan)
+            smallest = min(smallest or costed, costed, key=lambda c: (c[1], c[0]))
             if over > 1:
                 break  # larger micro-batches need more memory still
             fitting.append(costed)
-    torch_seconds, megatron, name, over = min(fitting) if fitting else smallest
+    torch_seconds, over, plan = min(fitting, key=lambda c: c[0]) if fitting else smallest
     flops = paper_flops_per_step(row) / row.gpus / 1e12
-    return Prediction(flops / torch_seconds if fitting else float("nan"), flops / megatron, name, over)
+    return Prediction(flops / torch_seconds if fitting else float("nan"), flops / megatron_seconds(row, plan),
+                      plan.name, over)
 
 
-def megatron_seconds(profile: ModelProfile, cluster: Cluster, workload: Workload, plan: Plan,
-                     time: TimeBreakdown) -> float:
-    """The step as Megatron-LM (2021) schedules its data parallelism under a pipeline: every stage
-    all-reduces its gradients after the flush, at once and unhidden (its ``allreduce_gradients``
-    after the schedule), where torch's pipelining runs DDP's reductions inside each stage's last
-    backward, which delays the gradient it sends upstream, so the drain waits for each stage's in
-    turn (docs/cost-model.md, "Pipeline"). Without a pipeline both overlap alike."""
+def costing(row: Row, precision: str) -> tuple[ModelProfile, Cluster, Workload]:
+    """The row's model profiled in ``precision``, its cluster and its workload."""
+    tokens = torch.zeros(2, SEQ, dtype=torch.long, device="meta")
+    profile = profile_model(megatron_gpt(row), (tokens,), precision=precision, name=f"gpt-{row.params}B")
+    cluster = parse_cluster(f"{row.gpus // 8}x8xA100-SXM4-80GB:ib-hdr")
+    return profile, cluster, Workload(global_batch_size=row.batch, seq_len=SEQ, precision=precision)
+
+
+def megatron_seconds(row: Row, plan: Plan) -> float:
+    """The step of ``plan`` as Megatron-LM (2021) runs it. Its fp16 model: the plan in
+    ``fp16-true`` (no autocast casts, gradients accumulated in fp16). Its data-parallel schedule
+    under a pipeline: every stage all-reduces its gradients after the flush, at once and unhidden
+    (its ``allreduce_gradients`` after the schedule), where torch's pipelining runs DDP's
+    reductions inside each stage's last backward, which delays the gradient it sends upstream, so
+    the drain waits for each stage's in turn (docs/cost-model.md, "Pipeline"). Without a pipeline
+    both overlap alike."""
+    profile, cluster, workload = costing(row, MEGATRON_PRECISION)
+    plan = dataclasses.replace(plan, precision=MEGATRON_PRECISION)
+    time = estimate_time(profile, cluster=cluster, workload=workload, plan=plan)
     if plan.pp == 1:
         return time.step_seconds
     fill = estimate_bubble_seconds(pace(profile, cluster=cluster, workload=workload, plan=plan), reductions=0.0)
@@ -153,7 +176,7 @@ def main() -> None:
         print(f"{row.params:>6.1f}B {row.tp:>2} {row.pp:>2} {row.gpus:>5} {row.batch:>5} {row.tflops:>6.0f} "
               f"{p.torch:>6.1f} {p.torch / row.tflops - 1:>+6.0%} {p.megatron:>8.1f} {p.megatron / row.tflops - 1:>+6.0%}"
               f"  {p.plan}{over}")
-    for label, errors in (("torch's runtime", torch_errors), ("Megatron's DP schedule", megatron_errors)):
+    for label, errors in (("torch's runtime", torch_errors), ("Megatron-LM's runtime", megatron_errors)):
         known = [e for e in errors if e == e]
         print(f"{label}: mean |error| {sum(known) / len(known):.1%}, worst {max(known):.1%} over {len(known)} rows"
               + (f"; {len(errors) - len(known)} fit nowhere" if len(known) < len(errors) else ""))
