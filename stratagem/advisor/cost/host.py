@@ -10,7 +10,7 @@ from stratagem.advisor.cost.optimizer import (
     calibrated_optimizer,
     dtensor_optimizer_seconds,
     optimizer_tensors,
-    steps_foreach,
+    runs_foreach,
 )
 from stratagem.advisor.cost.rank_step import RankStep
 from stratagem.advisor.profile.model_profile import policy_field
@@ -89,7 +89,7 @@ def _optimizer_dispatch_seconds(step: RankStep) -> float:
     AdamW step's cost per step and per tensor (:func:`dtensor_optimizer_seconds`) scaled by the
     optimizer's operators (:data:`OPTIMIZER_OPS_PER_TENSOR`); on plain tensors the calibrated
     seconds per tensor, else as many operators at a plain one's cost, once a tensor, or once a
-    dtype group on torch.optim's ``foreach`` path (:func:`steps_foreach`)."""
+    dtype group on torch.optim's ``foreach`` path (:func:`~stratagem.advisor.cost.optimizer.runs_foreach`)."""
     plan, tensors = step.plan, optimizer_tensors(step)
     ops_per_tensor = OPTIMIZER_OPS_PER_TENSOR[step.optimizer]
     if plan.uses_fsdp or plan.tp > 1:
@@ -97,4 +97,4 @@ def _optimizer_dispatch_seconds(step: RankStep) -> float:
         return (per_step + per_tensor * tensors) * ops_per_tensor / OPTIMIZER_OPS_PER_TENSOR["adamw"]
     if (measured := calibrated_optimizer(step)) is not None:
         return measured[1] * tensors
-    return _op_seconds(step) * ops_per_tensor * (1 if steps_foreach(step) else tensors)
+    return _op_seconds(step) * ops_per_tensor * (1 if runs_foreach(plan, on_accelerator=step.cluster.is_accelerator) else tensors)

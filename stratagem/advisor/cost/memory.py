@@ -23,6 +23,7 @@ from typing import NamedTuple
 
 from stratagem.advisor.cost.activations import RankActivations, rank_activations
 from stratagem.advisor.cost.estimate import MemoryBreakdown, device_bytes
+from stratagem.advisor.cost.optimizer import runs_foreach
 from stratagem.advisor.cost.rank_view import RankView, rank_view
 from stratagem.advisor.cost.stages import candidate_ranks
 from stratagem.advisor.hardware import Cluster
@@ -231,21 +232,16 @@ def estimate_unsharded_gradients(view: RankView, layout: StateLayout) -> tuple[f
     return layout.grads * head, layout.grads * view.stage.largest_block_params / plan.tp
 
 
-def estimate_step_bytes(plan: Plan, params: float, layout: StateLayout, *, foreach: bool) -> tuple[float, float]:
+def estimate_step_bytes(plan: Plan, params: float, layout: StateLayout, *, on_gpu: bool) -> tuple[float, float]:
     """Bytes beyond the model states while the optimizer steps (``params``: the rank's before
     sharding): the step's temporaries over the rank's optimizer shard where torch.optim runs its
-    ``foreach`` path (its default on GPUs), and the buffers that outlive the backward: DDP's
-    gradient buckets (FSDP's gathered units and autocast's weight copies are gone by then)."""
+    ``foreach`` path (:func:`~stratagem.advisor.cost.optimizer.runs_foreach`; ``on_gpu``: the
+    profile counts a GPU's kernels), and the buffers that outlive the backward: DDP's gradient
+    buckets (FSDP's gathered units and autocast's weight copies are gone by then)."""
     temporaries = 0.0
-    if foreach and not plan.offloads:
+    if runs_foreach(plan, on_accelerator=on_gpu):
         temporaries = layout.step_temporaries * params / (plan.dp_shard if plan.shards_optimizer else 1)
     return temporaries, ddp_bucket_bytes(plan, params)
-
-
-def runs_foreach(profile: ModelProfile) -> bool:
-    """Whether the optimizer steps on torch.optim's ``foreach`` path: its default on GPUs, so for a
-    GPU's profile; CPU ranks step one tensor at a time."""
-    return profile.kernels == "gpu"
 
 
 def estimate_embedding_gradient(view: RankView, layout: StateLayout) -> float:
@@ -300,13 +296,13 @@ def estimate_rank_memory(profile: ModelProfile, plan: Plan, layout: StateLayout,
                          framework: float = 0.0) -> MemoryBreakdown:
     """Peak bytes of pipeline rank ``rank``, term by term (``framework``: :func:`framework_bytes`)."""
     view = rank_view(profile.computed_by(plan), plan, rank)
-    return _with_activations(_model_states(view, layout, foreach=runs_foreach(profile)), rank_activations(view),
+    return _with_activations(_model_states(view, layout, on_gpu=profile.kernels == "gpu"), rank_activations(view),
                              framework, gradients_meet_activations(plan, layout))
 
 
-def _model_states(view: RankView, layout: StateLayout, *, foreach: bool) -> RankStates:
+def _model_states(view: RankView, layout: StateLayout, *, on_gpu: bool) -> RankStates:
     """Every term of the rank but activations and framework: what micro-batching leaves alone.
-    ``foreach``: the optimizer runs torch.optim's foreach path (:func:`runs_foreach`)."""
+    ``on_gpu``: the profile counts a GPU's kernels (:func:`estimate_step_bytes`)."""
     plan = view.plan
     params = estimate_params_per_rank(view)
     states = MemoryBreakdown(
@@ -318,7 +314,7 @@ def _model_states(view: RankView, layout: StateLayout, *, foreach: bool) -> Rank
         host=estimate_offloaded(params, plan, layout),
     )
     return RankStates(states, *estimate_unsharded_gradients(view, layout), estimate_embedding_gradient(view, layout),
-                      *estimate_step_bytes(plan, params, layout, foreach=foreach))
+                      *estimate_step_bytes(plan, params, layout, on_gpu=on_gpu))
 
 
 def _alive_at_peak(states: RankStates, activations: RankActivations, meet: bool) -> tuple[float, float]:
@@ -376,7 +372,7 @@ def _fullness(states: RankStates, activations: RankActivations, framework: float
 @by_identity_and_plan(ignoring=_NOT_IN_MODEL_STATES)
 def _candidates_states(profile: ModelProfile, plan: Plan, layout: StateLayout) -> tuple[RankStates, ...]:
     """:func:`_model_states` of each of :func:`candidate_ranks`, once for the plans of a layout."""
-    return tuple(_model_states(rank_view(profile, plan, r), layout, foreach=runs_foreach(profile))
+    return tuple(_model_states(rank_view(profile, plan, r), layout, on_gpu=profile.kernels == "gpu")
                  for r in candidate_ranks(profile, plan))
 
 

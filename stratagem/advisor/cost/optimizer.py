@@ -6,6 +6,7 @@ from __future__ import annotations
 from stratagem.advisor.cost.collectives import estimate_p2p_seconds
 from stratagem.advisor.cost.rank_step import RankStep
 from stratagem.advisor.cost.rates import MEMORY_BANDWIDTH_EFFICIENCY
+from stratagem.plan import Plan
 
 # Tensor reads + writes per parameter in one torch.optim step (foreach or single-tensor: the same
 # operators), counted from torch 2.13's adam.py: AdamW 20 (weight decay 2, both moments 5, the
@@ -77,12 +78,13 @@ def optimizer_tensors(step: RankStep) -> float:
     return step.stage.sums["num_tensors"] / (step.plan.dp_shard if step.plan.shards_optimizer_only else 1)
 
 
-def steps_foreach(step: RankStep) -> bool:
+def runs_foreach(plan: Plan, *, on_accelerator: bool) -> bool:
     """Whether torch.optim steps the rank's parameters on its ``foreach`` path, each operator one
     call for all the tensors: its default where they live on an accelerator (DTensors too: DTensor
     adds itself to its foreach types). CPU ranks, and an offloaded plan's parameters, which live
-    on the host, step one tensor at a time."""
-    return step.cluster.is_accelerator and not step.plan.offloads
+    on the host, step one tensor at a time. The time model asks the cluster, the memory model
+    (which takes none) the profile's kernels."""
+    return on_accelerator and not plan.offloads
 
 
 def calibrated_optimizer(step: RankStep) -> tuple[float, float] | None:
@@ -113,13 +115,13 @@ def estimate_offload_seconds(step: RankStep) -> float:
 
 def dtensor_optimizer_seconds(step: RankStep) -> tuple[float, float]:
     """Host seconds of an AdamW step over the rank's DTensor parameters on its device, per step and
-    per tensor, on the path torch.optim takes (:func:`steps_foreach`). Calibrated, else
+    per tensor, on the path torch.optim takes (:func:`runs_foreach`). Calibrated, else
     :data:`DTENSOR_OP_SECONDS` per call, once a step on the ``foreach`` path with
     :data:`DTENSOR_FOREACH_TENSOR_SECONDS` per tensor in each, once a tensor off it. (An offloaded
     plan's parameters step on the host: ``estimate_optimizer_seconds``.)"""
     if step.cluster.node.dtensor_optimizer_seconds is not None:
         return step.cluster.node.dtensor_optimizer_seconds
     calls = OPTIMIZER_OPS_PER_TENSOR["adamw"]
-    if steps_foreach(step):
+    if runs_foreach(step.plan, on_accelerator=step.cluster.is_accelerator):
         return calls * DTENSOR_OP_SECONDS, calls * DTENSOR_FOREACH_TENSOR_SECONDS
     return 0.0, calls * DTENSOR_OP_SECONDS
