@@ -199,6 +199,31 @@ def test_a_model_that_fails_on_its_inputs_is_a_usage_error(capfd):
     assert "Traceback" not in capfd.readouterr().err
 
 
+class _Routed(nn.Module):
+    """Tokens to one of two Linears by a mask (``values``: a branch on a tensor's value instead)."""
+
+    def __init__(self, values: bool = False) -> None:
+        super().__init__()
+        self.experts = nn.ModuleList(nn.Linear(4, 4) for _ in range(2))
+        self.values = values
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.values:
+            return self.experts[int(x.sum() > 0)](x)
+        chosen = x[:, 0] > 0
+        out = torch.zeros_like(x)
+        out[chosen] = self.experts[0](x[chosen])
+        return out
+
+
+@pytest.mark.parametrize(("values", "said"), [(False, "aten.nonzero.*shape depends on the data"),
+                                              (True, "aten._local_scalar_dense.*value read from a tensor")])
+def test_a_forward_that_reads_values_is_a_usage_error_that_says_so(values, said, capfd):
+    with pytest.raises(UsageError, match=f"(?s)forward depends on its tensors' values.*{said}.*HINT: give every shape"):
+        profile_model(_Routed(values), (torch.randn(8, 4),), precision="fp32")
+    assert "Traceback" not in capfd.readouterr().err
+
+
 class _Elementwise(nn.Module):
     def __init__(self) -> None:
         super().__init__()

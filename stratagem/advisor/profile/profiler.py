@@ -20,7 +20,12 @@ from typing import Any
 import torch
 from torch import nn
 from torch._guards import detect_fake_mode
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensor,
+    FakeTensorMode,
+)
 from torch.utils._pytree import tree_flatten, tree_map
 
 from stratagem.advisor.profile.attention import MATH_ATTENTION_NOTE
@@ -151,6 +156,14 @@ def _vocab_layout(model: nn.Module, calls: VocabCallRecorder, inputs: Any, state
     return layout
 
 
+# What each of fake tensors' data-dependent errors means for the model's forward.
+_DATA_DEPENDENT = {
+    DynamicOutputShapeException: "an output whose shape depends on the data, such as nonzero, a "
+                                 "boolean mask's selection or unique",
+    DataDependentOutputException: "a Python value read from a tensor, such as .item() or an if on one",
+}
+
+
 @contextlib.contextmanager
 def _model_errors(name: str) -> Iterator[None]:
     """A model that fails on its example inputs is the user's to fix: say so without a traceback."""
@@ -159,6 +172,15 @@ def _model_errors(name: str) -> Iterator[None]:
             yield
     except UsageError:
         raise
+    except (DynamicOutputShapeException, DataDependentOutputException) as err:
+        op = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UsageError(f"{name}'s forward depends on its tensors' values ({op}: "
+                         f"{_DATA_DEPENDENT[type(err)]}), which profiling on fake tensors cannot see"
+                         "\nHINT: give every shape and branch of forward from the inputs' shapes alone: "
+                         "route tokens to experts by sorting them (argsort) and splitting them by counts "
+                         "that fake tensors take as balanced, as stratagem.models.moe.MoEFeedForward does "
+                         "(balanced_counts), or at a fixed capacity per expert, rather than by boolean "
+                         "masks or nonzero; read values (.item(), an if on a tensor) outside forward") from err
     except Exception as err:
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else ""
         raise UsageError(f"{name} failed on its example inputs (fake tensors): {type(err).__name__}: "
