@@ -14,6 +14,7 @@ from stratagem.advisor.hardware.parse import MAX_DEVICES_PER_NODE
 from stratagem.errors import UsageError
 from stratagem.plan import OPTIMIZERS
 from stratagem.plan.checks import MAX_SAMPLES
+from stratagem.plan.precision import PRECISIONS
 
 if TYPE_CHECKING:
     from stratagem.advisor.hardware import Cluster
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
 
 EXIT_NOTHING_FITS = 1
 """Exit status of ``advise`` and ``verify`` when no plan fits (2 is a usage error)."""
+PRECISION_NAMES = ", ".join(list(PRECISIONS)[:-1]) + f" or {list(PRECISIONS)[-1]}"
+"""The precisions a plan may name, for help texts: ``fp32, bf16-mixed, … or fp16-true``."""
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, *, plan_defaults: bool = False) -> None:
@@ -39,7 +42,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, plan_defaults: bool 
     parser.add_argument("--seq-len", type=SAMPLES, metavar="S", default=None,
                         help="tokens per sample (default: the model's; not for image models)")
     parser.add_argument("--precision", metavar="P", default=None if plan_defaults else "bf16-mixed",
-                        help="fp32, bf16-mixed, fp16-mixed or bf16-true (default: "
+                        help=f"{PRECISION_NAMES} (default: "
                         + ("the first plan's, else " if plan_defaults else "") + "bf16-mixed)")
     parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw",
                         help="the optimizer whose states count in memory (default: adamw)")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from stratagem.cli.common import PRECISION_NAMES
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``profile`` subcommand."""
@@ -18,7 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--batch-size", type=int, default=1, help="samples per step (default: 1)")
     parser.add_argument("--seq-len", type=int, default=None, help="tokens per sample (sequence models)")
     parser.add_argument("--precision", default="bf16-mixed",
-                        help="fp32, bf16-mixed, fp16-mixed or bf16-true (default: bf16-mixed)")
+                        help=f"{PRECISION_NAMES} (default: bf16-mixed)")
     parser.add_argument("--json", action="store_true", help="print the profile as JSON")
     parser.add_argument("--no-cache", dest="cache", action="store_false",
                         help="measure again instead of reading a cached profile")

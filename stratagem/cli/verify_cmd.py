@@ -211,7 +211,8 @@ def winner_line(results: list[Verified], winner: Verified) -> str:
 
 def verification_table(results: list[Verified], *, cluster: Cluster) -> Table:
     """Predicted against measured on ``cluster``, one row per plan; beside the step time's error,
-    the measured steps' spread (their range over their median), which says what of it is noise."""
+    the measured steps' spread (their range over their median), which says what of it is noise;
+    under it, the cluster's notes (whether a calibration gave the predictions' rates)."""
     from rich.table import Table
 
     from stratagem.units import format_bytes, format_seconds
@@ -229,7 +230,7 @@ def verification_table(results: list[Verified], *, cluster: Cluster) -> Table:
                       f"{result.measured.spread:.0%}", f"{result.time_error:+.0%}", predicted[1],
                       format_bytes(result.measured.peak_bytes),
                       "" if result.memory_error is None else f"{result.memory_error:+.0%}")
-    table.caption = "\n".join(_caption(results))
+    table.caption = "\n".join((*_caption(results), *cluster.notes))
     return table
 
 

@@ -263,13 +263,14 @@ def find_calibration(cluster: Cluster) -> Calibration | None:
 UNCALIBRATED_NOTE = ("uncalibrated: rates from the catalog's figures and the cost model's estimates (GEMMs by "
                      "shape, attention, memory-bound work, host time); `stratagem calibrate` on this cluster "
                      "measures them")
-"""The note an accelerator cluster with no stored calibration carries (docs/cost-model.md, "Calibration")."""
+"""The note a cluster with no stored calibration carries (docs/cost-model.md, "Calibration"): CPU
+ranks too, whose catalog figures are a rough core's (``catalog.CPU_FLOPS_PER_CORE``)."""
 
 
 def calibrated(cluster: Cluster) -> Cluster:
     """``cluster`` with its stored calibration applied, or as it is with :data:`UNCALIBRATED_NOTE`
-    (accelerators) when there is none."""
+    when there is none."""
     calibration = find_calibration(cluster)
     if calibration is not None:
         return calibration.apply(cluster)
-    return dataclasses.replace(cluster, notes=(*cluster.notes, UNCALIBRATED_NOTE)) if cluster.is_accelerator else cluster
+    return dataclasses.replace(cluster, notes=(*cluster.notes, UNCALIBRATED_NOTE))
