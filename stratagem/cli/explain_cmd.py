@@ -41,9 +41,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="cluster spec such as '8xA100', '4x8xH100:ib-ndr', or 'local' to probe this "
                         "machine (default: local)")
     parser.add_argument("--plan", action="append", required=True, metavar="PLAN",
-                        help="a plan JSON file (a Plan's fields, or `advise --format json` output or one of its "
-                        f"entries) or an inline JSON object such as {INLINE_EXAMPLE}; give it once to compare "
-                        "with the advisor's best, twice to compare two plans")
+                        help="a plan's name as `advise` prints it (e.g. 'fsdp8 zero3 mb=4'; '.' for '·'), a plan "
+                        "JSON file (a Plan's fields, or `advise --format json` output or one of its entries) or "
+                        f"an inline JSON object such as {INLINE_EXAMPLE}; give it once to compare with the "
+                        "advisor's best, twice to compare two plans")
     parser.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
     parser.add_argument("--json", dest="format", action="store_const", const="json", help="same as --format json")
     parser.add_argument("--no-calibration", dest="calibration", action="store_false",
@@ -55,30 +56,49 @@ def run(args: argparse.Namespace) -> int:
     """Read the plans, profile, check and cost them, print the comparison; returns 0."""
     from stratagem.advisor.calibrate import calibrated
     from stratagem.advisor.hardware import parse_cluster
-    from stratagem.advisor.search.given_plans import LABELS, complete_plan, compare_plans, read_plan
+    from stratagem.advisor.search.given_plans import LABELS, complete_plan, compare_plans, named_plan
     from stratagem.cli.common import model_workload
 
     if len(args.plan) > 2:
         raise UsageError(f"explain compares two plans, got {len(args.plan)} --plan options\n"
                          "HINT: give --plan twice, or once to compare it with the advisor's best")
-    given = [read_plan(_plan_text(value, label), label=label, source=_source(value))
-             for label, value in zip(LABELS, args.plan)]
+    given = [_read(value, label) for label, value in zip(LABELS, args.plan)]
     cluster = parse_cluster(args.cluster)
     if args.calibration:
         cluster = calibrated(cluster)
-    first = given[0]
-    args.precision = args.precision or first.fields.get("precision") or DEFAULT_PRECISION
-    args.global_batch_size = args.global_batch_size or first.plan.global_batch_size
+    first = next((g for g in given if not isinstance(g, str)), None)
+    args.precision = args.precision or (first and first.fields.get("precision")) or DEFAULT_PRECISION
+    args.global_batch_size = args.global_batch_size or (first and first.plan.global_batch_size)
+    if not args.global_batch_size:
+        raise UsageError(f"a plan given by name ({given[0]}) does not say its global batch\n"
+                         "HINT: give --global-batch-size, the one `advise` was given")
     profile, workload = model_workload(args, cluster)
-    plans = [complete_plan(g, profile, cluster, workload) for g in given]
-    sources = [g.source for g in given]
+    plans = [named_plan(g, profile, cluster, workload, label=label) if isinstance(g, str)
+             else complete_plan(g, profile, cluster, workload) for label, g in zip(LABELS, given)]
+    sources = [_source(value) for value in args.plan]
     if len(plans) == 1:
-        plans.append(_best_plan(profile, cluster, workload, args.objective, given[0]))
+        plans.append(_best_plan(profile, cluster, workload, args.objective, f"plan {LABELS[0]} ({sources[0]})"))
         sources.append("the advisor's best")
     comparison = compare_plans(profile, cluster, workload, (plans[0], plans[1]), sources=(sources[0], sources[1]),
                                objective=args.objective)
     _write(comparison, args.format)
     return 0
+
+
+def _read(value: str, label: str) -> GivenPlan | str:
+    """``--plan``'s plan: read from inline JSON or a file, or the name it gives a plan by, to find
+    among the search's once the model is profiled (a value that is neither: no such file, no
+    path separator, no ``.json``)."""
+    from stratagem.advisor.search.given_plans import read_plan
+
+    if _names_a_plan(value):
+        return value
+    return read_plan(_plan_text(value, label), label=label, source=_source(value))
+
+
+def _names_a_plan(value: str) -> bool:
+    text = value.strip()
+    return not (text.startswith("{") or "/" in text or text.endswith(".json") or Path(text).exists())
 
 
 def _plan_text(value: str, label: str) -> str:
@@ -95,17 +115,19 @@ def _plan_text(value: str, label: str) -> str:
 
 
 def _source(value: str) -> str:
+    if _names_a_plan(value):
+        return "by name"
     return "inline" if value.lstrip().startswith("{") else value
 
 
-def _best_plan(profile: ModelProfile, cluster: Cluster, workload: Workload, objective: str, given: GivenPlan) -> Plan:
-    """The advisor's best plan for the workload, to compare ``given`` with."""
+def _best_plan(profile: ModelProfile, cluster: Cluster, workload: Workload, objective: str, title: str) -> Plan:
+    """The advisor's best plan for the workload, to compare the plan ``title`` names with."""
     from stratagem.advisor.search.advice import advise
 
     best = advise(profile, cluster, workload, top=1, objective=objective).best
     if best is None:
         raise UsageError(f"no plan fits {profile.name} on {cluster.spec}, so there is no best plan to compare "
-                         f"{given.title} with\nHINT: give a second --plan, or see `stratagem advise` for what "
+                         f"{title} with\nHINT: give a second --plan, or see `stratagem advise` for what "
                          "would make it fit")
     return best.plan
 

@@ -98,3 +98,20 @@ def test_global_batch_mismatch_says_what_would_match(capsys):
 def test_at_most_two_plans(capsys):
     assert main(["explain", *TINY, "--plan", DDP, "--plan", DDP, "--plan", DDP]) == 2
     assert "compares two plans" in capsys.readouterr().err
+
+
+def test_a_plan_by_the_name_advise_prints(capsys):
+    assert main(["advise", *TINY, "--global-batch-size", "32", "--json"]) == 0
+    names = [entry["name"] for entry in json.loads(capsys.readouterr().out)["plans"]]
+    typed = names[1].replace("·", ".")  # as one types it
+    data = _json(capsys, *TINY, "--global-batch-size", "32", "--plan", typed)
+    assert data["plans"]["A"]["name"] == names[1] and data["plans"]["A"]["source"] == "by name"
+    assert data["plans"]["B"]["name"] == names[0]
+
+
+def test_a_name_no_plan_has_says_the_closest_and_a_name_needs_the_batch(capsys):
+    assert main(["explain", *TINY, "--global-batch-size", "32", "--plan", "fsdp8 zero3 mb=3"]) == 2
+    err = capsys.readouterr().err
+    assert "no plan named 'fsdp8 zero3 mb=3'" in err and "HINT: the closest: " in err and "fsdp8 zero3" in err
+    assert main(["explain", *TINY, "--plan", "fsdp8 zero3 mb=4"]) == 2
+    assert "does not say its global batch" in capsys.readouterr().err

@@ -5,6 +5,7 @@ them for the model, checked against the workload and the cluster, then costed si
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass, replace
 from typing import Any
@@ -15,6 +16,7 @@ from stratagem.advisor.cost.rates import flops_per_moved_byte
 from stratagem.advisor.hardware import Cluster
 from stratagem.advisor.profile.model_profile import ModelProfile
 from stratagem.advisor.search.advice import OBJECTIVES, rank_estimates
+from stratagem.advisor.search.enumeration import search_plans
 from stratagem.advisor.search.explain import explain_comparison
 from stratagem.advisor.search.partition import balanced_stage_blocks
 from stratagem.advisor.search.targets import model_excludes
@@ -53,6 +55,30 @@ def read_plan(text: str, *, label: str, source: str) -> GivenPlan:
     data = data["plans"][0] if isinstance(data.get("plans"), list) else data
     data = data["plan"] if isinstance(data.get("plan"), dict) else data
     return GivenPlan(label, source, data, plan)
+
+
+def named_plan(name: str, profile: ModelProfile, cluster: Cluster, workload: Workload, *, label: str) -> Plan:
+    """The plan named ``name`` (as reports print it; ``.`` may stand for ``·``) among those the
+    search builds for the workload: complete as the search builds it. A :class:`UsageError` naming
+    the closest names when there is none."""
+    wanted = _plain_name(name)
+    names = []
+    for group in search_plans(profile, cluster, workload):
+        for plan in group:
+            if _plain_name(plan.name) == wanted:
+                return plan
+            names.append(plan.name)
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
+    raise UsageError(f"plan {label}: no plan named {name!r} among the {len(names):,} the search builds for "
+                     f"{profile.name} on {cluster.spec} at a global batch of {workload.global_batch_size}\n"
+                     "HINT: " + (f"the closest: {'; '.join(close)}" if close else
+                                 "`stratagem advise --format json` lists plans by name")
+                     + "; or give the plan's fields as JSON")
+
+
+def _plain_name(name: str) -> str:
+    """``name`` with ``·`` as ``.`` and single spaces: how one types a plan's name."""
+    return " ".join(name.replace("·", ".").split())
 
 
 def complete_plan(given: GivenPlan, profile: ModelProfile, cluster: Cluster, workload: Workload) -> Plan:
