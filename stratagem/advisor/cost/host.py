@@ -97,4 +97,5 @@ def _optimizer_dispatch_seconds(step: RankStep) -> float:
         return (per_step + per_tensor * tensors) * ops_per_tensor / OPTIMIZER_OPS_PER_TENSOR["adamw"]
     if (measured := calibrated_optimizer(step)) is not None:
         return measured[1] * tensors
-    return _op_seconds(step) * ops_per_tensor * (1 if runs_foreach(plan, on_accelerator=step.cluster.is_accelerator) else tensors)
+    calls = 1 if runs_foreach(plan, on_accelerator=step.cluster.is_accelerator) else tensors
+    return _op_seconds(step) * ops_per_tensor * calls
