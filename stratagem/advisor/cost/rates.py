@@ -45,7 +45,13 @@ UNALIGNED_MATMUL_FRACTION = {"gpu": 0.18, "cpu": 1.0}
 # fp32 matmuls run in full fp32: torch.backends.cuda.matmul.allow_tf32 defaults to False (torch ≥ 1.12).
 FP32_MATMUL_USES_TF32 = False
 
-# Share of peak memory bandwidth a streaming kernel reaches (roofline, Williams et al. 2009). Estimate.
+# Share of peak memory bandwidth a step's memory-bound kernels reach, uncalibrated (roofline,
+# Williams et al. 2009). A copy reaches 0.85-0.88 (`stratagem calibrate` on two H100 SXM5s and an
+# H200: 2.85-2.95 of 3.35 TB/s, 4.2 of 4.8); a whole step's operators without FLOPs 0.47-0.67 (their
+# kernels' device time against the bytes the profile counts: GPT-2 large and ViT-L/16 compiled on an
+# H100, ViT-B/16 and Llama 2 7B eager on an H200; docs/benchmarks.md, "GPU figures"), the models
+# with biases and LayerNorm lowest: their gradients' sums over the tokens run below a copy's rate.
+# A value between the two until those kinds are priced apart (bench/reduction_rate.py times them).
 MEMORY_BANDWIDTH_EFFICIENCY = 0.7
 
 # Device seconds between two kernels of one stream with the second launched already (the GPU's own
