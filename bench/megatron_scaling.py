@@ -25,7 +25,12 @@ time ran it (:func:`megatron_seconds`):
   in fp16 over the micro-batches (its DDP's fp32 buffers are opt-in, ``--accumulate-allreduce-
   grads-in-fp32``), where torch adds fp32 gradients; its optimizer's fp32 master copy is left out
   (one step a batch);
-- its data-parallel schedule: every stage all-reduces after the flush, at once, unhidden.
+- its data-parallel schedule: every stage all-reduces after the flush, at once, unhidden;
+- its kernels: the plan's compiled blocks stand for Megatron's fused ones (scale, mask and softmax;
+  bias and GeLU; bias, dropout and add; LayerNorm), but Megatron ran the attention probabilities'
+  dropout as a kernel of its own after the softmax (megatron/model/transformer.py,
+  ``ParallelAttention``, April 2021), which a compiled block fuses into it
+  (:func:`attention_dropout_seconds`).
 
 At 530B (pp 35, 280 micro-batches of one sample) Megatron's step is two thirds of torch's. Where no
 plan fits as torch runs it, the "Megatron" column costs the plan that comes closest and says how far
@@ -47,6 +52,7 @@ import torch
 from stratagem.advisor.cost.memory import estimate_memory, overflow
 from stratagem.advisor.cost.pace import pace
 from stratagem.advisor.cost.pipeline import estimate_bubble_seconds
+from stratagem.advisor.cost.rates import seconds_per_op_byte
 from stratagem.advisor.cost.timing import estimate_time
 from stratagem.advisor.hardware import Cluster, parse_cluster
 from stratagem.advisor.profile.model_profile import ModelProfile
@@ -157,10 +163,31 @@ def megatron_seconds(row: Row, plan: Plan) -> float:
     profile, cluster, workload = costing(row, MEGATRON_PRECISION)
     plan = dataclasses.replace(plan, precision=MEGATRON_PRECISION)
     time = estimate_time(profile, cluster=cluster, workload=workload, plan=plan)
+    dropout = attention_dropout_seconds(row, plan, cluster)
     if plan.pp == 1:
-        return time.step_seconds
+        return time.step_seconds + dropout
     fill = estimate_bubble_seconds(pace(profile, cluster=cluster, workload=workload, plan=plan), reductions=0.0)
-    return time.step_seconds - time.bubble + fill - time.dp_comm + time.dp_comm_total
+    return time.step_seconds - time.bubble + fill - time.dp_comm + time.dp_comm_total + dropout
+
+
+# Bytes per attention probability that Megatron's dropout kernel moves beyond a compiled block's
+# kernels (fp16 values, one-byte masks). Its forward reads the softmax's output (2) and writes
+# its own (2) and the mask (1), where the compiled block's softmax kernel writes the dropped
+# output in place of the softmax's and the mask with it (1, as the profile counts it): 4 more,
+# twice under full recomputation. Its backward reads the gradient (2) and the mask (1) and writes
+# the softmax's input gradient (2), where the compiled block's kernel reads the mask (1) beside
+# what it reads anyway: 4 more.
+DROPOUT_BYTES_PER_PROBABILITY = 2 * 4 + 4
+
+
+def attention_dropout_seconds(row: Row, plan: Plan, cluster: Cluster) -> float:
+    """Seconds a step of ``plan`` spends on the rank that paces it in Megatron's attention-dropout
+    kernels beyond a compiled block's (:data:`DROPOUT_BYTES_PER_PROBABILITY` for each of a
+    micro-batch's ``heads / tp × s²`` probabilities per layer, at the cluster's cost per byte
+    moved), for each micro-batch and each bubble slot of the pipeline (``(pp − 1) / v``)."""
+    probabilities = plan.micro_batch_size * row.heads // row.tp * SEQ**2 * row.layers / row.pp
+    slots = plan.microbatches * plan.grad_accum + (plan.pp - 1) / plan.pp_virtual
+    return slots * probabilities * DROPOUT_BYTES_PER_PROBABILITY * seconds_per_op_byte(cluster)
 
 
 def main() -> None:
