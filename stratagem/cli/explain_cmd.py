@@ -98,7 +98,14 @@ def _read(value: str, label: str) -> GivenPlan | str:
 
 def _names_a_plan(value: str) -> bool:
     text = value.strip()
-    return not (text.startswith("{") or "/" in text or text.endswith(".json") or Path(text).exists())
+    return not (text.startswith("{") or "/" in text or text.endswith(".json") or _is_file(text))
+
+
+def _is_file(text: str) -> bool:
+    try:
+        return Path(text).exists()
+    except (OSError, ValueError):  # too long a name, a NUL byte: no file of that name
+        return False
 
 
 def _plan_text(value: str, label: str) -> str:

@@ -115,3 +115,6 @@ def test_a_name_no_plan_has_says_the_closest_and_a_name_needs_the_batch(capsys):
     assert "no plan named 'fsdp8 zero3 mb=3'" in err and "HINT: the closest: " in err and "fsdp8 zero3" in err
     assert main(["explain", *TINY, "--plan", "fsdp8 zero3 mb=4"]) == 2
     assert "does not say its global batch" in capsys.readouterr().err
+    assert main(["explain", *TINY, "--global-batch-size", "32", "--plan", "a" * 5000]) == 2  # no file could have it
+    err = capsys.readouterr().err
+    assert "no plan named 'aaaa" in err and "..." in err and "Traceback" not in err

@@ -22,6 +22,7 @@ from stratagem.advisor.search.partition import balanced_stage_blocks
 from stratagem.advisor.search.targets import model_excludes
 from stratagem.errors import UsageError
 from stratagem.plan import Plan, Workload
+from stratagem.plan.checks import shown
 
 LABELS = ("A", "B")
 """What reports and sentences call the first and the second plan."""
@@ -68,12 +69,16 @@ def named_plan(name: str, profile: ModelProfile, cluster: Cluster, workload: Wor
             if _plain_name(plan.name) == wanted:
                 return plan
             names.append(plan.name)
-    close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
-    raise UsageError(f"plan {label}: no plan named {name!r} among the {len(names):,} the search builds for "
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.5) if len(name) <= _LONGEST_NAME else []
+    raise UsageError(f"plan {label}: no plan named {shown(name)} among the {len(names):,} the search builds for "
                      f"{profile.name} on {cluster.spec} at a global batch of {workload.global_batch_size}\n"
                      "HINT: " + (f"the closest: {'; '.join(close)}" if close else
                                  "`stratagem advise --format json` lists plans by name")
                      + "; or give the plan's fields as JSON")
+
+
+_LONGEST_NAME = 200
+"""Characters of a name worth matching against the plans' (the longest plan names run to ~110)."""
 
 
 def _plain_name(name: str) -> str:
