@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from stratagem.advisor.hardware import parse_cluster
 from stratagem.advisor.profile.cache import profile_spec
 from stratagem.advisor.search.advice import advise
-from stratagem.cli import build_parser
+from stratagem.cli import build_parser, main
 from stratagem.integrations.planning import load_plan
 from stratagem.plan import Plan, Workload
 from stratagem.plan.checks import MAX_SAMPLES, MAX_WORLD_SIZE
@@ -93,3 +93,11 @@ def test_the_generators_reach_both_outcomes():
 
 def test_number_texts_are_argparse_types():
     assert isinstance(build_parser(), argparse.ArgumentParser)
+
+
+@_examples(25)
+@given(st.one_of(st.text(max_size=300), st.sampled_from(["dp2 mb=4", "dp2.fsdp1 mb=4", "fsdp2 zero3 mb=4", "a" * 5000])))
+def test_explain_takes_any_plan_text_as_a_name_a_file_or_json_or_refuses_it(text):
+    # a comparison (0) or a usage error (2); any other exception fails the test
+    assert main(["explain", "--model", "llama-tiny", "--seq-len", "16", "--cluster", "2xcpu",
+                 "--global-batch-size", "8", "--plan", text]) in (0, 2)
