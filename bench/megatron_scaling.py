@@ -7,10 +7,11 @@ Table 1, for every row.
 Each row's model is a Megatron-style GPT (LayerNorm, explicit softmax attention, GELU MLP of 4h,
 learned positions, tied embeddings, vocabulary 51,200, sequence 2,048), profiled on fake
 tensors; the cluster is the paper's DGX A100 nodes (8 × A100-SXM4-80GB, NVSwitch, 8 HDR
-InfiniBand NICs each); the workload the row's global batch in fp16 mixed precision. The plan
-keeps the paper's tensor- and pipeline-parallel degrees (no sequence parallelism, which came later),
-data parallelism without ZeRO and full activation recomputation; the fastest micro-batch and schedule that fit are the prediction. Throughput counts
-FLOPs as the paper does (§5.1, recomputation included): 96·B·s·l·h²·(1 + s/6h + V/16lh) per step.
+InfiniBand NICs each); the workload the row's global batch in fp16 (below: as torch and as
+Megatron run it). The plan keeps the paper's tensor- and pipeline-parallel degrees (no sequence
+parallelism, which came later), data parallelism without ZeRO and full activation recomputation;
+the fastest micro-batch and schedule that fit are the prediction. Throughput counts FLOPs as the
+paper does (§5.1, recomputation included): 96·B·s·l·h²·(1 + s/6h + V/16lh) per step.
 Target (the issue): mean |error| ≤ 10 %, no row over 20 %.
 
 Two columns, one plan: the fastest that fits as torch runs it. "torch" is the step as torch's
