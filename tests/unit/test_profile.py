@@ -224,6 +224,26 @@ def test_a_forward_that_reads_values_is_a_usage_error_that_says_so(values, said,
     assert "Traceback" not in capfd.readouterr().err
 
 
+class _GroupedExperts(nn.Module):
+    """Two experts' weights multiplied by torch's grouped GEMM, as transformers' MoE layers do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(2, 8, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        offsets = torch.tensor([x.shape[0] // 2, x.shape[0]], dtype=torch.int32)
+        return torch._grouped_mm(x, self.weight, offs=offsets)
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "fp32"])
+def test_a_grouped_gemm_on_float32_weights_says_what_would_run(precision, capfd):
+    with pytest.raises(UsageError, match="(?s)grouped GEMM.*float32 tensors.*174763.*HINT: --precision bf16-true"):
+        profile_model(_GroupedExperts(), (torch.randn(8, 8),), precision=precision)
+    assert "Traceback" not in capfd.readouterr().err
+    assert profile_model(_GroupedExperts(), (torch.randn(8, 8),), precision="bf16-true").num_params == 128
+
+
 class _Elementwise(nn.Module):
     def __init__(self) -> None:
         super().__init__()

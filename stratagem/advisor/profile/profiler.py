@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
+import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, replace
 from typing import Any
@@ -183,9 +184,23 @@ def _model_errors(name: str) -> Iterator[None]:
                          "masks or nonzero; read values (.item(), an if on a tensor) outside forward") from err
     except Exception as err:
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        if _float32_in_grouped_mm(err):
+            raise UsageError(f"{name} calls torch's grouped GEMM (torch._grouped_mm, in a mixture-of-experts "
+                             f"layer) on float32 tensors, which its kernel does not take ({first_line}), and "
+                             "autocast does not cast for it (pytorch/pytorch#174763): a GPU run with float32 "
+                             "weights fails alike\nHINT: --precision bf16-true (the weights in bfloat16), or "
+                             "experts that call torch.bmm, which autocast casts (Hugging Face: the config's "
+                             "experts_implementation 'batched_mm', which gathers each token's experts' weights: "
+                             "far more memory)") from err
         raise UsageError(f"{name} failed on its example inputs (fake tensors): {type(err).__name__}: "
                          f"{first_line}\nHINT: check that the inputs fit the model (batch size, "
                          "sequence length, image size) by running one real batch through it") from err
+
+
+def _float32_in_grouped_mm(err: BaseException) -> bool:
+    """Whether ``err`` is torch's grouped GEMM refusing float32 inputs (its check of their dtypes)."""
+    return ("float32" in str(err).lower() or "Float" in str(err)) and any(
+        "grouped_mm" in frame.name for frame in traceback.extract_tb(err.__traceback__))
 
 
 def _split_inputs(example_inputs: Sequence[Any] | Mapping[str, Any]) -> tuple[tuple, dict]:
