@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import pytest
 import torch
@@ -10,10 +11,15 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from stratagem.advisor.hardware import parse_cluster
 from stratagem.advisor.profile.cache import profile_spec
 from stratagem.advisor.profile.measure import CPU_ATTENTION_FLOPS
+from stratagem.advisor.profile.model_profile import ModelProfile
 from stratagem.advisor.profile.profiler import profile_model
+from stratagem.advisor.search.enumeration import search_plans
+from stratagem.advisor.search.targets import model_excludes
 from stratagem.errors import UsageError
+from stratagem.plan import Plan, Workload
 
 
 class Block(nn.Module):
@@ -236,12 +242,24 @@ class _GroupedExperts(nn.Module):
         return torch._grouped_mm(x, self.weight, offs=offsets)
 
 
-@pytest.mark.parametrize("precision", ["bf16-mixed", "fp32"])
-def test_a_grouped_gemm_on_float32_weights_says_what_would_run(precision, capfd):
-    with pytest.raises(UsageError, match="(?s)grouped GEMM.*float32 tensors.*174763.*HINT: --precision bf16-true"):
-        profile_model(_GroupedExperts(), (torch.randn(8, 8),), precision=precision)
+def test_a_grouped_gemm_on_float32_weights_leaves_only_fsdp_plans_or_says_what_would_run(capfd):
+    """torch._grouped_mm takes no float32 weights and autocast does not cast for it: a bf16-mixed
+    step is profiled as FSDP's mixed precision runs it (bfloat16 weights), the plans under autocast
+    left out with the reason; in fp32 nothing runs, and the error says what would."""
+    mixed = profile_model(_GroupedExperts(), (torch.randn(8, 8),), precision="bf16-mixed")
+    assert "torch._grouped_mm" in mixed.autocast_refused and mixed.precision == "bf16-mixed"
+    assert mixed.in_compute_dtype.precision == "bf16-true" and mixed.num_params == 128
+    assert ModelProfile.from_dict(mixed.to_dict()) == mixed
+    cluster, workload = parse_cluster("2xcpu"), Workload(global_batch_size=8, precision="bf16-mixed")
+    excluded = Counter()
+    plans = [plan for group in search_plans(mixed, cluster, workload, excluded=excluded) for plan in group]
+    assert plans and all(plan.uses_fsdp for plan in plans)
+    assert any("not runnable under autocast" in reason for reason in excluded)
+    assert "under autocast" in model_excludes(mixed, cluster, Plan(dp_replicate=2, micro_batch_size=4,
+                                                                    precision="bf16-mixed"))
+    with pytest.raises(UsageError, match="(?s)torch._grouped_mm.*174763.*HINT: --precision bf16-true"):
+        profile_model(_GroupedExperts(), (torch.randn(8, 8),), precision="fp32")
     assert "Traceback" not in capfd.readouterr().err
-    assert profile_model(_GroupedExperts(), (torch.randn(8, 8),), precision="bf16-true").num_params == 128
 
 
 class _Elementwise(nn.Module):

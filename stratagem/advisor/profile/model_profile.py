@@ -29,7 +29,7 @@ def kernels_for(*, accelerator: bool) -> str:
     return "gpu" if accelerator else "cpu"
 
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 """Version of the layout ``ModelProfile.to_dict`` writes and ``from_dict`` reads. Bump it whenever
 a field of ModelProfile, SegmentProfile, LinearLayer, ConvLayer, BatchNormCall or AttentionCall is added, removed, renamed or changes
 meaning (tests/unit/test_profile_cache_checks.py pins the fields to this number)."""
@@ -267,6 +267,9 @@ class ModelProfile:
     # The same step with parameters in the compute dtype and no autocast: how FSDP2's mixed
     # precision runs it (residual stream, norms and loss in 16 bits). None without autocast.
     in_compute_dtype: ModelProfile | None = None
+    # Why the step cannot run under autocast (then this profile is in_compute_dtype's, relabelled,
+    # and only plans without autocast, FSDP's, can train it); None where it can.
+    autocast_refused: str | None = None
 
     def computed_by(self, plan: Plan) -> ModelProfile:
         """The profile of what ``plan`` computes: :attr:`in_compute_dtype` where the plan's
@@ -344,6 +347,7 @@ class ModelProfile:
             "notes": list(self.notes),
             "profile_seconds": self.profile_seconds,
             "in_compute_dtype": None if self.in_compute_dtype is None else self.in_compute_dtype.to_dict(),
+            "autocast_refused": self.autocast_refused,
         }
 
     @classmethod

@@ -80,7 +80,9 @@ def profile_model(
     blocks (slower; the same numbers). ``kernels``: count what a GPU's kernels do (``"gpu"``, the
     default) or what CPU ranks run (``"cpu"``; :mod:`~stratagem.advisor.profile.measure`). A
     ``*-mixed`` precision's step is measured twice: under autocast, and with parameters in the
-    compute dtype as FSDP2 runs it (:attr:`ModelProfile.in_compute_dtype`).
+    compute dtype as FSDP2 runs it (:attr:`ModelProfile.in_compute_dtype`); a step that cannot run
+    under autocast (:class:`AutocastRefused`) is measured the second way only, and says why
+    (:attr:`ModelProfile.autocast_refused`).
     """
     if loss_fn is not None and step_fn is not None:
         raise UsageError("profile_model takes loss_fn or step_fn, not both\nHINT: compute the loss inside step_fn")
@@ -88,11 +90,27 @@ def profile_model(
         raise UsageError(f"kernels={kernels!r} is not one of {', '.join(map(repr, KERNELS))}")
     options = dict(loss_fn=loss_fn, step_fn=step_fn, name=name, batch_size=batch_size, seq_len=seq_len,
                    reuse_identical_blocks=reuse_identical_blocks, kernels=kernels)
-    profile = _profile_step(model, example_inputs, precision=precision, **options)
+    try:
+        profile = _profile_step(model, example_inputs, precision=precision, **options)
+    except AutocastRefused as refused:
+        if in_compute_dtype(precision) == precision:
+            raise
+        variant = _profile_step(model, example_inputs, precision=in_compute_dtype(precision), **options)
+        note = f"measured in {variant.precision}, as FSDP's mixed precision runs it: {refused.reason}"
+        return replace(variant, precision=precision, in_compute_dtype=variant, autocast_refused=refused.reason,
+                       notes=(*variant.notes, note))
     if in_compute_dtype(precision) == precision:
         return profile
     variant = _profile_step(model, example_inputs, precision=in_compute_dtype(precision), **options)
     return replace(profile, in_compute_dtype=variant, profile_seconds=profile.profile_seconds + variant.profile_seconds)
+
+
+class AutocastRefused(UsageError):
+    """The model's step cannot run under autocast; ``reason`` says why, for the plans left out."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def _profile_step(
@@ -185,13 +203,13 @@ def _model_errors(name: str) -> Iterator[None]:
     except Exception as err:
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else ""
         if _float32_in_grouped_mm(err):
-            raise UsageError(f"{name} calls torch's grouped GEMM (torch._grouped_mm, in a mixture-of-experts "
-                             f"layer) on float32 tensors, which its kernel does not take ({first_line}), and "
-                             "autocast does not cast for it (pytorch/pytorch#174763): a GPU run with float32 "
-                             "weights fails alike\nHINT: --precision bf16-true (the weights in bfloat16), or "
-                             "experts that call torch.bmm, which autocast casts (Hugging Face: the config's "
-                             "experts_implementation 'batched_mm', which gathers each token's experts' weights: "
-                             "far more memory)") from err
+            reason = ("its mixture-of-experts layers call torch._grouped_mm, whose kernel takes no float32 "
+                      "weights and which autocast does not cast for (pytorch/pytorch#174763)")
+            raise AutocastRefused(f"{name}: {reason} ({first_line}); a GPU run with float32 weights fails "
+                                  "alike\nHINT: --precision bf16-true (the weights in bfloat16), or experts "
+                                  "that call torch.bmm, which autocast casts (Hugging Face: the config's "
+                                  "experts_implementation 'batched_mm', which gathers each token's experts' "
+                                  "weights: far more memory)", reason) from err
         raise UsageError(f"{name} failed on its example inputs (fake tensors): {type(err).__name__}: "
                          f"{first_line}\nHINT: check that the inputs fit the model (batch size, "
                          "sequence length, image size) by running one real batch through it") from err

@@ -118,6 +118,10 @@ def search_plans(profile: ModelProfile, cluster: Cluster, workload: Workload, *,
         first = next(plans, None)
         if first is None:
             continue
+        if profile.autocast_refused and first.runs_autocast:
+            excluded[f"not runnable under autocast: {profile.autocast_refused} (FSDP's mixed precision casts "
+                     "the weights)"] += len(batchings)
+            continue
         reason = target and target_excludes(target, first, on_gpu=cluster.is_accelerator, traced=profile.pp_traced)
         if reason:
             excluded[f"not runnable by {target}: {reason}"] += len(batchings)

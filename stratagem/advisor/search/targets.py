@@ -110,6 +110,8 @@ def model_excludes(profile: ModelProfile, cluster: Cluster, plan: Plan) -> str |
         return TRACED_STAGE_LIMITS
     if plan.offloads and not cluster.is_gpu:
         return "CPU offload on CPU ranks (their states are in host memory already)"
+    if profile.autocast_refused and plan.runs_autocast:
+        return f"under autocast: {profile.autocast_refused} (FSDP's mixed precision casts the weights: zero 2 or 3)"
     return target_excludes("any", plan, on_gpu=cluster.is_gpu, traced=profile.pp_traced)
 
 
