@@ -19,7 +19,7 @@ from stratagem.advisor.cost.rates import flops_per_moved_byte
 from stratagem.advisor.hardware import Cluster
 from stratagem.advisor.profile.model_profile import ModelProfile
 from stratagem.advisor.search.partition import balanced_stage_blocks
-from stratagem.advisor.search.targets import divisors, pp_degrees, target_excludes, tp_degrees
+from stratagem.advisor.search.targets import autocast_excludes, divisors, pp_degrees, target_excludes, tp_degrees
 from stratagem.plan import CHECKPOINTING, INTERLEAVED_SCHEDULES, Plan, Workload, admitted_offloads, zero_bubble_refuses
 from stratagem.plan.stages import TIED_OFFLOAD, TRACED_STAGE_LIMITS, tied_copies_allow, traced_stages_allow
 
@@ -118,9 +118,8 @@ def search_plans(profile: ModelProfile, cluster: Cluster, workload: Workload, *,
         first = next(plans, None)
         if first is None:
             continue
-        if profile.autocast_refused and first.runs_autocast:
-            excluded[f"not runnable under autocast: {profile.autocast_refused} (FSDP's mixed precision casts "
-                     "the weights)"] += len(batchings)
+        if autocast := autocast_excludes(profile, first):
+            excluded[f"not runnable {autocast}"] += len(batchings)
             continue
         reason = target and target_excludes(target, first, on_gpu=cluster.is_accelerator, traced=profile.pp_traced)
         if reason:

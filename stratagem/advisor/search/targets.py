@@ -110,9 +110,16 @@ def model_excludes(profile: ModelProfile, cluster: Cluster, plan: Plan) -> str |
         return TRACED_STAGE_LIMITS
     if plan.offloads and not cluster.is_gpu:
         return "CPU offload on CPU ranks (their states are in host memory already)"
+    return autocast_excludes(profile, plan) or target_excludes("any", plan, on_gpu=cluster.is_gpu,
+                                                               traced=profile.pp_traced)
+
+
+def autocast_excludes(profile: ModelProfile, plan: Plan) -> str | None:
+    """Why ``plan`` cannot train ``profile``: it runs the step under autocast, which the model's
+    step cannot run under (``ModelProfile.autocast_refused``); None otherwise."""
     if profile.autocast_refused and plan.runs_autocast:
         return f"under autocast: {profile.autocast_refused} (FSDP's mixed precision casts the weights: zero 2 or 3)"
-    return target_excludes("any", plan, on_gpu=cluster.is_gpu, traced=profile.pp_traced)
+    return None
 
 
 def tp_degrees(profile: ModelProfile, devices_per_node: int) -> tuple[tuple[int, ...], str | None]:
