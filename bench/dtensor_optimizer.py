@@ -11,8 +11,9 @@ seconds per step and per tensor. On the ``foreach`` path an AdamW step makes abo
 DTensor calls whatever the number of tensors; one tensor at a time it makes that many per tensor.
 The lines below the table divide accordingly: the seconds of a DTensor call one tensor at a time,
 and on the ``foreach`` path what a step costs per call and what each tensor adds to a call. Last,
-the cost model's GPT-2 on eight H100s under DDP and FSDP: before the model knew the foreach path
-(d4837d9) FSDP's step was 210 ms against DDP's 47, 172 ms of it host launches.
+the cost model's GPT-2 on eight H100s under DDP and FSDP, with the host launches the device's work
+does not hide (docs/cost-model.md, "Host time: operator dispatch", says what FSDP's step was before the model knew
+the foreach path, from a scratch evaluation).
 """
 
 from __future__ import annotations

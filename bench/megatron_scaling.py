@@ -164,10 +164,13 @@ def megatron_seconds(row: Row, plan: Plan) -> float:
     profile, cluster, workload = costing(row, MEGATRON_PRECISION)
     plan = dataclasses.replace(plan, precision=MEGATRON_PRECISION)
     time = estimate_time(profile, cluster=cluster, workload=workload, plan=plan)
-    dropout = attention_dropout_seconds(row, plan, cluster)
+    paced = pace(profile, cluster=cluster, workload=workload, plan=plan)
+    # the dropout's kernels in each micro-batch of the paced rank, and in its bubble's share of them
+    dropout = attention_dropout_seconds(row, plan, cluster, layers=len(paced.step.stage.blocks)) * (
+        plan.microbatches * plan.grad_accum + (paced.others_share / plan.pp_virtual if plan.pp > 1 else 0.0))
     if plan.pp == 1:
         return time.step_seconds + dropout
-    fill = estimate_bubble_seconds(pace(profile, cluster=cluster, workload=workload, plan=plan), reductions=0.0)
+    fill = estimate_bubble_seconds(paced, reductions=0.0)
     return time.step_seconds - time.bubble + fill - time.dp_comm + time.dp_comm_total + dropout
 
 
@@ -181,14 +184,12 @@ def megatron_seconds(row: Row, plan: Plan) -> float:
 DROPOUT_BYTES_PER_PROBABILITY = 2 * 4 + 4
 
 
-def attention_dropout_seconds(row: Row, plan: Plan, cluster: Cluster) -> float:
-    """Seconds a step of ``plan`` spends on the rank that paces it in Megatron's attention-dropout
-    kernels beyond a compiled block's (:data:`DROPOUT_BYTES_PER_PROBABILITY` for each of a
-    micro-batch's ``heads / tp × s²`` probabilities per layer, at the cluster's cost per byte
-    moved), for each micro-batch and each bubble slot of the pipeline (``(pp − 1) / v``)."""
-    probabilities = plan.micro_batch_size * row.heads // row.tp * SEQ**2 * row.layers / row.pp
-    slots = plan.microbatches * plan.grad_accum + (plan.pp - 1) / plan.pp_virtual
-    return slots * probabilities * DROPOUT_BYTES_PER_PROBABILITY * seconds_per_op_byte(cluster)
+def attention_dropout_seconds(row: Row, plan: Plan, cluster: Cluster, *, layers: int) -> float:
+    """Seconds one micro-batch of ``plan`` spends on ``layers`` layers in Megatron's
+    attention-dropout kernels beyond a compiled block's: :data:`DROPOUT_BYTES_PER_PROBABILITY` for
+    each of its ``heads / tp × s²`` probabilities a layer, at the cluster's cost per byte moved."""
+    probabilities = plan.micro_batch_size * row.heads // row.tp * SEQ**2 * layers
+    return probabilities * DROPOUT_BYTES_PER_PROBABILITY * seconds_per_op_byte(cluster)
 
 
 def main() -> None:

@@ -85,8 +85,8 @@ def main() -> None:
     print(f"{'model':<28} {'seq':>5} {'batch':>5} {'checkpointing':<13} {'published':>9} {'predicted':>9} {'error':>6}"
           f"  {'dp exposed':>10} {'memory':>9}  plan")
     errors = []
-    device = parse_cluster(CLUSTER).device.memory_bytes / 2**30
-    usable = usable_bytes(device * 2**30) / 2**30
+    device = parse_cluster(CLUSTER).device.memory_bytes / 2**30  # GiB, as predict's memory
+    usable = usable_bytes(parse_cluster(CLUSTER).device.memory_bytes) / 2**30
     outcomes = {"usable": 0, "device": 0}
     for row in ROWS:
         tokens, name, exposed, memory = predict(row)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 import io
 
 from rich.console import Console
 
-from stratagem.advisor.calibrate.calibration import UNCALIBRATED_NOTE
+from stratagem.advisor.calibrate.calibration import calibrated
+from stratagem.advisor.profile.cache import CACHE_ENV
 from stratagem.advisor.cost.evaluate import evaluate
 from stratagem.advisor.hardware import Cluster, parse_cluster
 from stratagem.plan import Plan, Workload
@@ -33,8 +33,9 @@ def test_first_time_sharding_decisions_left_out_are_said():
     assert "500 ms" in text and "up to 20.0 ms a step" in text and "measured on 1x2xcpu" in text
 
 
-def test_the_clusters_notes_say_whether_a_calibration_gave_the_rates():
-    cluster = dataclasses.replace(parse_cluster("2xcpu"), notes=(UNCALIBRATED_NOTE,))
+def test_the_clusters_notes_say_whether_a_calibration_gave_the_rates(tmp_path, monkeypatch):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))  # no calibration stored: CPU ranks at the catalog's rates
+    cluster = calibrated(parse_cluster("2xcpu"))  # as verify takes it
     text = _rendered(Measured(step_seconds=0.5, peak_bytes=2**20, reserved_bytes=None, steps=3), cluster=cluster)
     assert "uncalibrated: rates from the catalog's figures" in text and "`stratagem calibrate`" in text
 
