@@ -5,12 +5,12 @@ two steps (forward, the loss, backward, AdamW on its ``foreach`` path as on GPUs
 ``torch.distributed._tools.mem_tracker.MemTracker``, which follows every tensor's storage. The
 attention kernel and autocast's float32 list are CUDA's, as on the GPU the plan is for
 (:mod:`stratagem.advisor.profile.attention`, :mod:`stratagem.advisor.profile.autocast`: the
-kernel choice only; the bytes are torch's), and ``torch.rms_norm`` keeps what CUDA's fused kernel
-keeps (:class:`CudaRmsNorm`). Printed beside it: the advisor's predicted peak for
+kernel choice only; the bytes are torch's), ``torch.rms_norm`` keeps what CUDA's fused kernel
+keeps (:class:`CudaRmsNorm`) and dropout a one-byte mask, as CUDA's does (:class:`CudaDropout`). Printed beside it: the advisor's predicted peak for
 the same plan, without the framework's bytes and the allocator's rounding (no GPU, so neither
 exists here).
 
-    .venv/bin/python bench/fake_peak.py            # about two minutes on 2 cores
+    .venv/bin/python bench/fake_peak.py            # about two and a half minutes on 2 cores
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from trainer_hf import SHAPES  # bench/trainer_hf.py's Hugging Face shapes, trai
 
 
 class Case(NamedTuple):
-    model: str  # a preset, or a key of SHAPES (a Hugging Face config through transformers)
+    model: str  # a preset, a key of SHAPES or a folder of bench/configs (Hugging Face configs)
     batch: int
     seq_len: int | None
     precision: str
@@ -55,7 +55,20 @@ CASES = (
     Case("gpt2-medium", 8, 1024, "bf16-mixed"),
     Case("llama-small", 8, 512, "bf16-mixed"),
     Case("vit-small", 64, None, "bf16-mixed"),
+    # gpu_check.sh's cases never tuned on, as its verify runs them
+    Case("opt-1.3b", 8, 1024, "bf16-mixed"),
+    Case("bloom-560m", 8, 1024, "bf16-mixed"),
+    Case("qwen2.5-1.5b", 4, 1024, "bf16-mixed"),
 )
+CONFIGS = Path(__file__).parent / "configs"
+
+
+def _hf_config(model: str) -> dict | None:
+    """The Hugging Face config of ``model``: a key of SHAPES, or a folder of bench/configs."""
+    if model in SHAPES:
+        return dict(SHAPES[model])
+    path = CONFIGS / model / "config.json"
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 class _FusedRmsNorm(torch.autograd.Function):
@@ -101,11 +114,30 @@ class CudaRmsNorm(TorchFunctionMode):
         return _FusedRmsNorm.apply(input, weight, dims, torch.finfo(input.dtype).eps if eps is None else eps)
 
 
+class CudaDropout(TorchFunctionMode):
+    """While active, ``F.dropout`` in training runs CUDA's fused ``native_dropout``, which saves a
+    bool mask (one byte an element) where CPU tensors' decomposition saves it in the input's dtype."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not F.dropout:
+            return func(*args, **kwargs)
+        input, p, training, inplace = _dropout_arguments(*args, **kwargs)
+        if not training or p == 0 or inplace:
+            return func(*args, **kwargs)
+        return torch.native_dropout(input, p, True)[0]
+
+
+def _dropout_arguments(input, p=0.5, training=True, inplace=False) -> tuple:
+    return input, p, training, inplace
+
+
 def _spec(case: Case, folder: Path) -> str:
-    if case.model not in SHAPES:
+    config = _hf_config(case.model)
+    if config is None:
         return case.model
     path = folder / f"{case.model}.json"
-    path.write_text(json.dumps(SHAPES[case.model]))
+    path.write_text(json.dumps(config))
     return f"hf:{path}"
 
 
@@ -120,12 +152,13 @@ def predicted(case: Case, folder: Path) -> float:
 
 def _model_and_step(case: Case):
     """The model, and one step's loss from it, built inside the active FakeTensorMode."""
-    if case.model in SHAPES:
+    config = _hf_config(case.model)
+    if config is not None:
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        config = dict(SHAPES[case.model])
-        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(config.pop("model_type"), **config),
-                                                 attn_implementation="sdpa")
+        config.pop("architectures", None)
+        # transformers' default attention: SDPA where the architecture takes it (BLOOM's ALiBi does not)
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(config.pop("model_type"), **config))
         tokens = torch.randint(0, model.config.vocab_size, (case.batch, case.seq_len))
 
         def step() -> torch.Tensor:  # bench/trainer_hf.py's training_step
@@ -150,7 +183,7 @@ def measured(case: Case) -> float:
         tracker = MemTracker()
         tracker.track_external(model, optimizer)
         autocast = torch.autocast("cpu", dtype=torch_dtype(precision.compute_dtype), enabled=precision.autocast)
-        with tracker, CudaAttention(), CudaRmsNorm(), CudaAutocast(), unpacked_sequences():
+        with tracker, CudaAttention(), CudaRmsNorm(), CudaDropout(), CudaAutocast(), unpacked_sequences():
             for index in range(2):
                 with autocast:
                     loss = step()
@@ -187,7 +220,7 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp())
     print(f"{'model':<12} {'batch':>5} {'seq':>5} {'precision':<10} {'predicted':>10} {'MemTracker':>10} {'error':>6}")
     for case in CASES:
-        if case.model in SHAPES and importlib.util.find_spec("transformers") is None:
+        if _hf_config(case.model) is not None and importlib.util.find_spec("transformers") is None:
             print(f"{case.model:<12} skipped: transformers is not installed (pip install 'stratagem[hf]')")
             continue
         ours, torchs = predicted(case, folder), measured(case)
