@@ -53,9 +53,10 @@ table() {
 
 mechanisms() {
     # most telling first, so that a lease ending early cuts the least: operators without FLOPs by
-    # kind against a copy; the compiled steps' time by kernel family, then each family's bytes as
-    # Nsight Compute counts them; attention by shape; BatchNorm's kernels by shape
-    run 40 "$py" bench/reduction_rate.py
+    # kind against a copy, and by size (a fixed time per kernel, or a lower rate); the compiled
+    # steps' time by kernel family, then each family's bytes as Nsight Compute counts them;
+    # attention by shape; BatchNorm's kernels by shape
+    run 50 "$py" bench/reduction_rate.py
     run 110 "$py" bench/gpu_kernels.py gpt2-large:8:1024:compiled hf:bench/configs/pythia-410m:8:1024:compiled vit-l-16:64::compiled
     # the fused (Triton) kernels alone: replaying all 3,000 of the step's outran 150 s
     run 150 bash -c "ncu --nvtx --nvtx-include measured/ --kernel-name regex:triton \

@@ -12,6 +12,12 @@ The lead this follows (docs/benchmarks.md, "GPU figures"): Llama 2 7B's operator
 ran at the copy's rate on an H200, GPT-2's and ViT's, which have biases and LayerNorm, at about
 55 % of it; their gradients are sums over every token.
 
+Then, by size: a copy and a sum over the tokens at one width and 1,024 to 65,536 tokens, each
+kernel's time against its bytes fitted as ``time = fixed + bytes / rate`` (least squares). A
+fixed time per kernel (its ramp-up and tail) and a rate below the copy's are the two mechanisms a
+compiled step's memory-bound kernels could be slow by (docs/benchmarks.md, "GPU figures": they
+took 1.7-1.9 times the bytes at a copy's rate); the fit tells them apart.
+
     python bench/reduction_rate.py            # on a GPU; on CPU at 1,024 tokens, to check the script
 """
 
@@ -24,6 +30,8 @@ import torch.nn.functional as F
 from timing import kernel_seconds
 
 WIDTHS = (768, 1024, 3072, 4096)
+SWEEP_WIDTH = 1280  # GPT-2 large's
+SWEEP_TOKENS = (1024, 4096, 16384, 65536)
 
 
 def cases(x: torch.Tensor) -> dict[str, tuple[Callable[[], object], int]]:
@@ -65,6 +73,30 @@ def main() -> None:
             copy = rates["copy"]
             print(f"{tokens} × {width} {str(dtype)[6:]}: " + ", ".join(
                 f"{name} {rate:.0f} GB/s ({rate / copy:.0%})" for name, rate in rates.items()), flush=True)
+    sweep(device, SWEEP_TOKENS if device.type == "cuda" else SWEEP_TOKENS[:2])
+
+
+def sweep(device: torch.device, token_counts: tuple[int, ...]) -> None:
+    """A copy's and a sum over the tokens' kernel time by size, bf16, and the fit of each."""
+    for name in ("copy", "sum over tokens"):
+        points = []
+        for tokens in token_counts:
+            x = torch.randn(tokens, SWEEP_WIDTH, device=device, dtype=torch.bfloat16)
+            fn, passes = cases(x)[name]
+            points.append((passes * x.numel() * x.element_size(), kernel_seconds(fn)))
+        fixed, rate = _fit(points)
+        print(f"{name}, {SWEEP_WIDTH} wide, bf16: " + ", ".join(
+            f"{moved / 2**20:.0f} MiB {seconds * 1e6:.1f} µs" for moved, seconds in points)
+            + f"; fit {fixed * 1e6:.1f} µs + bytes at {rate / 1e9:.0f} GB/s", flush=True)
+
+
+def _fit(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """(fixed seconds, bytes per second) of ``seconds = fixed + bytes / rate`` through ``points``."""
+    n = len(points)
+    mean_x = sum(x for x, _ in points) / n
+    mean_y = sum(y for _, y in points) / n
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / sum((x - mean_x) ** 2 for x, _ in points)
+    return mean_y - slope * mean_x, 1 / slope
 
 
 if __name__ == "__main__":
