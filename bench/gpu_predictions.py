@@ -194,7 +194,7 @@ def main() -> None:
     print(f"{'card':<5} {'model':<16} {'plan':<36} {'step pred.':>10} {'measured':>9} {'error':>6}  "
           f"{'memory pred.':>12} {'measured':>9} {'error':>6}  {'calibrated: step':>16} {'memory':>6}")
     folder = Path(tempfile.mkdtemp())
-    errors = []
+    errors, calibrated_errors = [], []
     for case in CASES:
         seconds, peak, name = predict(case, folder)
         errors.append(abs(seconds / case.seconds - 1))
@@ -202,11 +202,14 @@ def main() -> None:
         calibrated = ""
         if case.card in CALIBRATIONS:
             step, memory, _ = predict(case, folder, calibrated=True)
+            calibrated_errors.append(abs(step / case.seconds - 1))
             calibrated = f"  {_error(step, case.seconds):>16} {_error(memory, case.peak_gib * GIB):>6}"
         print(f"{case.card:<5} {case.model.removeprefix('hf:bench/configs/'):<16} {name:<36} "
               f"{format_seconds(seconds):>10} {format_seconds(case.seconds):>9} {_error(seconds, case.seconds)}  "
               f"{format_bytes(peak):>12} {measured_peak:>9} {_error(peak, case.peak_gib * GIB)}{calibrated}")
-    print(f"mean |step error| uncalibrated over the {len(errors)} runs: {sum(errors) / len(errors):.1%}")
+    print(f"mean |step error| uncalibrated over the {len(errors)} runs: {sum(errors) / len(errors):.1%}; "
+          f"calibrated over the {len(calibrated_errors)} with a stored calibration: "
+          f"{sum(calibrated_errors) / len(calibrated_errors):.1%}")
     for case in (c for c in CASES if c.plan.get("offload")):
         summed = host_step_as_sum(case, folder)
         print(f"{case.card:<5} {case.model.removeprefix('hf:bench/configs/'):<16} offloaded, the host's streaming and "

@@ -7,6 +7,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from calibrations import bare_calibration
 
 from stratagem.advisor.calibrate.calibration import (
     UNCALIBRATED_NOTE,
@@ -22,6 +23,7 @@ from stratagem.advisor.cost.optimizer import (DTENSOR_OP_SECONDS, HOST_OPTIMIZER
                                                OPTIMIZER_OPS_PER_TENSOR, OPTIMIZER_TENSOR_PASSES,
                                                estimate_optimizer_seconds)
 from stratagem.advisor.cost.rank_step import rank_step
+from stratagem.advisor.cost.rates import COPY_BANDWIDTH_FRACTION, seconds_per_op_byte
 from stratagem.advisor.hardware import Cluster, parse_cluster
 from stratagem.advisor.hardware.catalog import MAMF_SUSTAINED
 from stratagem.advisor.profile.cache import profile_spec
@@ -107,6 +109,20 @@ def test_a_calibrated_matmul_rate_is_achieved_already_and_a_catalog_peak_is_not(
     assert catalog.flops_per_second == pytest.approx(792.1e12 * MAMF_SUSTAINED)  # the catalog's large GEMMs' rate
     measured = rank_step.rank_step(profile, cluster=_calibration(cluster).apply(cluster), workload=workload, plan=plan)
     assert measured.flops_per_second == 700e12
+
+
+def test_a_calibrated_gpus_copy_prices_its_steps_memory_bound_bytes_as_the_catalogs_peak_does() -> None:
+    """A GPU's calibration times a copy, not a step: its operators without FLOPs move their bytes
+    at the copy's rate times the share a step's kernels reach of it, which puts the catalog's
+    peak and a copy at the catalog's share of it on the same price. A CPU calibration times a
+    reference step, whose rate is taken as it is."""
+
+    h100 = parse_cluster("1xH100")
+    copy = h100.device.memory_bandwidth * COPY_BANDWIDTH_FRACTION
+    calibration = bare_calibration(memory_bandwidth=copy, op_byte_seconds=1 / copy)
+    assert seconds_per_op_byte(calibration.apply(h100)) == pytest.approx(seconds_per_op_byte(h100))
+    cpu = parse_cluster("2xcpu")
+    assert seconds_per_op_byte(bare_calibration(op_byte_seconds=5e-10).apply(cpu)) == 5e-10
 
 
 def test_each_collective_costs_its_own_fit_and_the_measured_overheads_apply() -> None:

@@ -45,14 +45,23 @@ UNALIGNED_MATMUL_FRACTION = {"gpu": 0.18, "cpu": 1.0}
 # fp32 matmuls run in full fp32: torch.backends.cuda.matmul.allow_tf32 defaults to False (torch ≥ 1.12).
 FP32_MATMUL_USES_TF32 = False
 
+# Share of the catalog's peak memory bandwidth a large copy reaches: `stratagem calibrate`'s copy
+# on two H100 SXM5s (2.85 and 2.95 of 3.35 TB/s, bench/calibrations/) and an H200 (4.2 of 4.8).
+COPY_BANDWIDTH_FRACTION = 0.87
+
 # Share of peak memory bandwidth a step's memory-bound kernels reach, uncalibrated (roofline,
-# Williams et al. 2009). A copy reaches 0.85-0.88 (`stratagem calibrate` on two H100 SXM5s and an
-# H200: 2.85-2.95 of 3.35 TB/s, 4.2 of 4.8); a whole step's operators without FLOPs 0.47-0.67 (their
-# kernels' device time against the bytes the profile counts: GPT-2 large and ViT-L/16 compiled on an
-# H100, ViT-B/16 and Llama 2 7B eager on an H200; docs/benchmarks.md, "GPU figures"), the models
-# with biases and LayerNorm lowest: their gradients' sums over the tokens run below a copy's rate.
-# A value between the two until those kinds are priced apart (bench/reduction_rate.py times them).
+# Williams et al. 2009). A copy reaches COPY_BANDWIDTH_FRACTION; a whole step's operators without
+# FLOPs 0.47-0.67 (their kernels' device time against the bytes the profile counts: GPT-2 large and
+# ViT-L/16 compiled on an H100, ViT-B/16 and Llama 2 7B eager on an H200; docs/benchmarks.md, "GPU
+# figures"), the models with biases and LayerNorm lowest: their gradients' sums over the tokens run
+# below a copy's rate. A value between the two until those kinds are priced apart
+# (bench/reduction_rate.py times them).
 MEMORY_BANDWIDTH_EFFICIENCY = 0.7
+
+# Share of a copy's rate a step's memory-bound kernels reach: the two figures above as one ratio,
+# so that a calibrated accelerator, whose calibration times a copy and no step, prices them as the
+# catalog path does rather than at the copy's rate.
+MEMORY_BOUND_SHARE_OF_COPY = MEMORY_BANDWIDTH_EFFICIENCY / COPY_BANDWIDTH_FRACTION
 
 # Device seconds between two kernels of one stream with the second launched already (the GPU's own
 # gap from one kernel's end to the next one's start). GPU: measured on one H100 by
@@ -123,12 +132,13 @@ def unaligned_matmul_fraction(cluster: Cluster, precision: str) -> float:
 
 def seconds_per_op_byte(cluster: Cluster) -> float:
     """Seconds each byte an operator without FLOPs reads or writes costs: as calibrated
-    (``NodeSpec.op_byte_seconds``), else at the device's memory bandwidth ×
-    :data:`MEMORY_BANDWIDTH_EFFICIENCY`."""
+    (``NodeSpec.op_byte_seconds``: on CPU ranks a reference step's, on an accelerator a copy's,
+    of which its step's kernels reach :data:`MEMORY_BOUND_SHARE_OF_COPY`), else at the device's
+    memory bandwidth × :data:`MEMORY_BANDWIDTH_EFFICIENCY`."""
     measured = cluster.node.op_byte_seconds
-    if measured is not None:
-        return measured
-    return 1 / (cluster.device.memory_bandwidth * MEMORY_BANDWIDTH_EFFICIENCY)
+    if measured is None:
+        return 1 / (cluster.device.memory_bandwidth * MEMORY_BANDWIDTH_EFFICIENCY)
+    return measured / MEMORY_BOUND_SHARE_OF_COPY if cluster.is_accelerator else measured
 
 
 def flops_per_moved_byte(cluster: Cluster, precision: str) -> float:
