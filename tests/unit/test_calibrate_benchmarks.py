@@ -58,7 +58,9 @@ def test_the_hosts_step_over_dtensors_costs_more_per_tensor_than_over_plain_tens
 
     mesh = init_device_mesh("cpu", (1,))
     plain, dtensors = (optimizer_seconds(2**16, torch.device("cpu"), repeats=3, mesh=m)["adamw"] for m in (None, mesh))
-    assert dtensors[1] > 2 * plain[1] > 0
+    # plain tensors' own cost per tensor can solve to 0 on a busy host (the large step's noise
+    # outweighs a few µs a tensor); DTensor's dispatch is tens of µs a tensor
+    assert dtensors[1] > 2 * plain[1] and dtensors[1] > 0
 
 
 def test_a_dtensor_tensor_costs_a_fraction_on_the_foreach_path_of_what_it_does_one_at_a_time(one_rank):
