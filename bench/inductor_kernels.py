@@ -1,8 +1,10 @@
 """The fusion model (``advisor/profile/fusion.py``) against the Triton kernels inductor writes for
-a GPU, on a host without one: per transformer block and direction, the bytes the operators without
-FLOPs move and the kernels they launch, as the profile counts them and as inductor's generated code
-launches them (each kernel's bytes as inductor estimates them, ``kernel_num_gb``, with the
-corrections of :func:`_kernel_bytes`).
+a GPU, on a host without one: per block (a model's first) and direction, the bytes the operators
+without FLOPs move and the kernels they launch, as the profile counts them and as inductor's
+generated code launches them (each kernel's bytes as inductor estimates them, ``kernel_num_gb``,
+with the corrections of :func:`_kernel_bytes`). In a convolutional block of an NCHW model,
+inductor's count holds the copies of the block's input and output into and out of channels-last,
+which the cost model prices apart (``cost/convolutions.py``, ``layout_transform_bytes``).
 
 Each block is compiled on CPU fake tensors under CPU autocast, its joint graph split by inductor's
 own joint-graph passes and partitioner, its forward and backward graphs kept as AOTAutograd hands
@@ -54,8 +56,9 @@ from stratagem.verify.models import real_model
 
 CASES = ("gpt2-large:1024", "vit-l-16:-", "llama-2-7b:1024", "hf:bench/configs/pythia-410m:1024",
          # written after the fusion model, never tuned on
-         "hf:bench/configs/opt-1.3b:1024", "hf:bench/configs/bloom-560m:1024", "hf:bench/configs/qwen2.5-1.5b:1024")
-BATCHES = (PROFILE_BATCH, 4 * PROFILE_BATCH)
+         "hf:bench/configs/opt-1.3b:1024", "hf:bench/configs/bloom-560m:1024", "hf:bench/configs/qwen2.5-1.5b:1024",
+         "resnet-101:-")  # its first block: convolutions and BatchNorm
+BATCHES = (4 * PROFILE_BATCH, 16 * PROFILE_BATCH)  # large enough that inductor splits the sums across rows
 H100 = dict(multi_processor_count=132, major=9, minor=0, regs_per_multiprocessor=65536,
             max_threads_per_multi_processor=2048, max_threads_per_block=1024, warp_size=32)
 
@@ -249,8 +252,9 @@ def capture(spec: str, batch: int, seq_len: int | None) -> list[Graph]:
                 setattr(module, key, torch.nn.Parameter(torch.empty(param.shape, dtype=param.dtype)))
             for key, buffer in list(module.named_buffers(recurse=False)):
                 module._buffers[key] = torch.zeros(buffer.shape, dtype=buffer.dtype)
-        for name in find_blocks(model).blocks:  # one backend for all: the blocks share one graph
-            model.get_submodule(name).compile(backend=backend)
+        # the first block alone, as the profile's first block kind is measured: blocks of other
+        # shapes (ResNet's stages) would recompile with symbolic sizes
+        model.get_submodule(next(iter(find_blocks(model).blocks))).compile(backend=backend, dynamic=False)
         torch._dynamo.reset()
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss = built.loss(model(*data.args, **data.kwargs), data.targets)
@@ -306,14 +310,22 @@ def lower(graph: Graph) -> tuple[list[Launch], str | None]:
     return [launch for path in modules for launch in _launches(path, graph.backward)], failed
 
 
+LAYOUT_COPY = re.compile(r"triton_poi_fused_convolution_\d+$")
+"""A kernel that copies a convolution's output into the layout inductor chose, which a CPU-only
+build of torch writes where a GPU's does not: its meta convolution cannot ask cuDNN for the
+channels-last output a channels-last input gets (``cudnn_conv_suggest_memory_format``), so the
+output comes out NCHW and is copied. Left out of the launches."""
+
+
 def _launches(path: str, backward: bool) -> list[Launch]:
-    """Every kernel the module at ``path`` launches in its ``call``, in order. Launches of one source
-    share its estimate, made for the first one's sizes: each is scaled to the elements it is launched for."""
+    """Every kernel the module at ``path`` launches in its ``call``, in order, but
+    :data:`LAYOUT_COPY`'s. Launches of one source share its estimate, made for the first one's
+    sizes: each is scaled to the elements it is launched for."""
     launches = []
     text = open(path).read()
     for line in text[text.rindex("def call("):].splitlines():
         line = line.strip()
-        if found := re.match(r"(triton_\w+)\.run\((.*), stream=", line):
+        if (found := re.match(r"(triton_\w+)\.run\((.*), stream=", line)) and not LAYOUT_COPY.match(found.group(1)):
             num_bytes, loops = SOURCES[found.group(1)]
             # the loops' sizes are its last arguments (a seeded random kernel's seed offset is before them)
             sizes = re.findall(r"(?:^|, )(\d+)(?=,|$)", found.group(2))[-len(loops):]

@@ -20,7 +20,7 @@ from stratagem.advisor.cost.rank_step import rank_step
 from stratagem.advisor.hardware import parse_cluster
 from stratagem.advisor.profile.cache import profile_spec
 from stratagem.advisor.profile.profiler import profile_model
-from stratagem.advisor.profile.fusion import COLUMN_KERNELS, FusionTracker, Read, region_of
+from stratagem.advisor.profile.fusion import COLUMN_KERNELS, FusionTracker, Read, region_of, sums_across_rows
 from stratagem.advisor.report.render import render_markdown
 from stratagem.advisor.search.advice import advise
 from stratagem.advisor.search.enumeration import COMPILE_ON_CPU
@@ -181,6 +181,43 @@ def test_a_bias_gradient_is_a_sum_over_the_tokens_in_kernels_of_its_own():
     assert biased.bwd_fused_ops - plain.bwd_fused_ops == COLUMN_KERNELS
     # GELU's gradient, [4, 16, 64] in fp32, is read again (the GEMM that takes it writes it anyway)
     assert biased.bwd_fused_op_bytes - plain.bwd_fused_op_bytes == 4 * 16 * 64 * 4 + 64 * 4
+
+
+@pytest.mark.parametrize(("shape", "out", "across"), [
+    ((4, 16, 32), (32,), True),  # a bias's gradient
+    ((4, 16, 32), (1, 1, 32), True),
+    ((4, 8, 6, 6), (1, 8, 1, 1), True),  # BatchNorm's statistics, kept dimensions
+    ((4, 8, 6, 6), (8,), True),  # and their gradients' sums
+    ((4, 16, 32), (4, 32), True),  # a mean over the tokens
+    ((4, 16, 32), (4, 16, 1), False),  # a row's (LayerNorm's statistics)
+    ((4, 16, 32), (4, 16), False),
+    ((4, 16, 32), (), False),  # a loss
+    ((4, 16, 32), (4, 15, 32), False),  # a slice
+])
+def test_a_sum_across_rows_is_one_over_a_dimension_before_one_it_keeps(shape, out, across):
+    assert sums_across_rows([torch.empty(shape)], torch.empty(out)) is across
+
+
+class _ConvBlock(nn.Module):
+    def __init__(self, norm: Callable[[], nn.Module]) -> None:
+        super().__init__()
+        self.conv, self.norm = nn.Conv2d(8, 8, 3, padding=1, bias=False), norm()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + F.relu(self.norm(self.conv(x)))
+
+
+def test_compiled_batch_norms_statistics_read_the_convolutions_output_again():
+    """BatchNorm's statistics reduce over the batch and the image, keeping the channels: inductor
+    computes them in kernels of their own, and the normalisation's kernel reads the convolution's
+    output again (bench/inductor_kernels.py, ResNet's blocks). GroupNorm's over one group reduce
+    each sample's row and fuse with it. (Without running statistics, whose updates are kernels too.)"""
+    x = torch.randn(4, 8, 6, 6)
+    batch, group = (profile_model(_Stack(lambda: _ConvBlock(norm)), (x,), precision="fp32").blocks[0]
+                    for norm in (lambda: nn.BatchNorm2d(8, track_running_stats=False), lambda: nn.GroupNorm(1, 8)))
+    assert batch.fwd_fused_ops - group.fwd_fused_ops == COLUMN_KERNELS
+    # the output read again; the mean and variance of 8 channels written and read
+    assert batch.fwd_fused_op_bytes - group.fwd_fused_op_bytes == x.numel() * 4 + 2 * 2 * 8 * 4
 
 
 class _Normed(nn.Module):

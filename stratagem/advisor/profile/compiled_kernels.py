@@ -20,7 +20,7 @@ from torch.utils.flop_counter import flop_registry
 
 from stratagem.advisor.profile.block_reuse import tensor_bytes
 from stratagem.advisor.profile.counts import Fused
-from stratagem.advisor.profile.fusion import FusionTracker, Read, region_of, sums_leading_dims
+from stratagem.advisor.profile.fusion import FusionTracker, Read, region_of, sums_across_rows
 from stratagem.advisor.profile.measure import CPU_ATTENTION_FLOPS, writes_a_gradient
 
 aten = torch.ops.aten
@@ -69,7 +69,7 @@ def graph_kernels(graph: torch.fx.Graph, *, backward: bool, params: int,
         refs = [(node, index) for index in range(len(values))] if isinstance(node.meta["val"], (tuple, list)) else [node]
         writes = [(ref, tensor_bytes(value)) for ref, value in zip(refs, values)]
         tracker.op(group, fusible=fusible, reads=reads, writes=writes,
-                   sums=[write for write, value in zip(writes, values) if fusible and sums_leading_dims(operands, value)])
+                   sums=[write for write, value in zip(writes, values) if fusible and sums_across_rows(operands, value)])
     num_bytes, kernels = tracker.fused().get(group, (0, 0))
     return Fused(num_bytes, kernels + separate)
 

@@ -12,12 +12,15 @@ block's feed-forward GEMMs is a kernel of its own, which reads the stream writte
 A cast of what another cast of the kernel already made is that cast's result (autocast casts an
 activation once for each operator that takes it; a compiler once). Each kernel is one launch.
 
-A sum over the leading dimensions (a bias's gradient, a norm's weight and bias gradients: ``[C]``
-from ``[b, s, C]``) iterates over other elements than the chain's row-wise work, and inductor
-gives it kernels of its own: partial sums over slices of the rows, then their sum. They read what
-the sum needs from memory, computing again from the chain's inputs what stayed in registers;
-sums that read a tensor in common share their first kernel (``bench/inductor_kernels.py`` prints
-what inductor writes for a GPU).
+A sum across rows (over dimensions other than only the innermost: a bias's gradient and a norm's
+weight and bias gradients, ``[C]`` from ``[b, s, C]``; BatchNorm's statistics and their gradients,
+``[1, C, 1, 1]`` or ``[C]`` from ``[N, C, H, W]``) iterates over other elements than the chain's
+row-wise work, and inductor gives it kernels of its own: partial sums over slices of the rows,
+then their sum. They read what the sum needs from memory, computing again from the chain's inputs
+what stayed in registers, and what uses the sum reads its input again; sums that read a tensor in
+common share their first kernel (``bench/inductor_kernels.py`` prints what inductor writes for a
+GPU). A reduction over the innermost dimensions (a LayerNorm's or a softmax's row) stays in the
+chain's kernel.
 
 The tracker takes operators from the eager step on fake tensors (profile/measure.py) or, for a
 compiled block, from the graphs inductor lowers (profile/compiled_kernels.py), where the
@@ -35,19 +38,33 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 COLUMN_KERNELS = 2
-"""Kernels a sum over the leading dimensions launches: partial sums over slices of the rows, then
-their sum (inductor's split reduction, ``ir.Reduction.num_splits``, as its generated code for GPT-2
-and ViT blocks shows: ``bench/inductor_kernels.py``); sums that share a first kernel add one each."""
+"""Kernels a sum across rows launches: partial sums over slices of the rows, then their sum
+(inductor's split reduction, ``ir.Reduction.num_splits``, as its generated code for GPT-2, ViT and
+ResNet blocks shows: ``bench/inductor_kernels.py``); sums that share a first kernel add one each."""
 
-def sums_leading_dims(inputs: list, out: torch.Tensor) -> bool:
-    """Whether ``out`` sums one of ``inputs`` over its leading dimensions: ``[C]`` (or ``[1, 1, C]``)
-    from ``[b, s, C]``, as a bias's or a norm's weight gradient does."""
-    shape = list(out.shape)
-    while shape and shape[0] == 1:
-        shape.pop(0)
-    return bool(shape) and any(isinstance(x, torch.Tensor) and x.dim() > 1 and x.numel() > out.numel()
-                               and list(x.shape[-len(shape):]) == shape for x in inputs)
+def sums_across_rows(inputs: list, out: torch.Tensor) -> bool:
+    """Whether ``out`` reduces one of ``inputs`` over dimensions that are not only its innermost:
+    ``[C]`` or ``[1, 1, C]`` from ``[b, s, C]`` (a bias's gradient), ``[1, C, 1, 1]`` or ``[C]`` from
+    ``[N, C, H, W]`` (BatchNorm's statistics), ``[b, C]`` from ``[b, s, C]`` (a mean over the
+    tokens); not ``[b, s, 1]`` or ``[b, s]`` from it (a row's) nor a scalar (a loss)."""
+    return any(isinstance(x, torch.Tensor) and x.dim() > 1 and x.numel() > out.numel()
+               and _across_rows(tuple(x.shape), tuple(out.shape)) for x in inputs)
 
+
+def _across_rows(shape: tuple[int, ...], out: tuple[int, ...]) -> bool:
+    """Whether a reduction of a ``shape`` tensor to ``out`` reduces a dimension before one it
+    keeps: with the reduced dimensions kept as 1s, by position; without, ``out`` being the sizes
+    ``shape`` keeps in order, other than its leading ones."""
+    if len(out) == len(shape):
+        if any(o not in (1, n) for n, o in zip(shape, out)):
+            return False
+        reduced = [o == 1 < n for n, o in zip(shape, out)]
+        kept = [o == n > 1 for n, o in zip(shape, out)]
+        return any(reduced[i] and any(kept[i + 1:]) for i in range(len(shape)))
+    if len(out) > len(shape) or out == shape[:len(out)]:
+        return False
+    rest = iter(shape)
+    return all(any(n == o for n in rest) for o in out)  # out's sizes in order among shape's
 
 Group = tuple[str, bool]
 """Where an operator runs: its segment and whether in backward."""
@@ -85,7 +102,7 @@ class _Op:
     group: Group
     reads: list[Read]
     writes: list[tuple[Ref, int]]
-    sums: list[tuple[Ref, int]]  # those of ``writes`` that sum over the leading dimensions
+    sums: list[tuple[Ref, int]]  # those of ``writes`` that sum across rows (sums_across_rows)
     bit: int  # this operator's bit among every operator the tracker saw
     after: int  # the bits of every operator it depends on, its own included
 
@@ -115,7 +132,7 @@ class FusionTracker:
            sums: list[tuple[Ref, int]] = (), cast: Hashable | None = None) -> None:
         """One operator of ``group``: the storages it reads (each a :class:`Read`, or a storage and
         its bytes) and writes, with their bytes; ``sums``: those of ``writes`` that sum an input
-        over its leading dimensions (a bias's or a norm's weight gradient); ``cast``: what a cast
+        across rows (:func:`sums_across_rows`: a bias's gradient, BatchNorm's statistics); ``cast``: what a cast
         makes (dtype, shape), for a cast of what another cast of its group already made (autocast
         casts an activation for each operator that takes it; a compiler once), which is that
         cast's result and no operator."""
@@ -147,7 +164,7 @@ class FusionTracker:
     def fused(self) -> dict[Group, tuple[int, int]]:
         """Per group: the bytes its fused operators move, and the kernels it launches fused (the
         fused groups, each operator that does not fuse: GEMMs, attention, weight casts, and the
-        kernels of each sum over the leading dimensions: :meth:`_sums`).
+        kernels of each sum across rows: :meth:`_sums`).
 
         An operator joins the kernel of an operator whose result it reads (of its group) unless
         that would make the kernel run both before and after an unfused one: where it depends on a
@@ -206,7 +223,7 @@ class FusionTracker:
         return any(after & ops and needs & bit for bit, after in self._unfused.get(group, ()))
 
     def _sums(self, parent: dict[int, int]) -> dict[Group, tuple[int, int]]:
-        """Per group, the bytes and kernels of its sums over the leading dimensions. Each reads what
+        """Per group, the bytes and kernels of its sums across rows. Each reads what
         it needs from memory (through the group's intermediates that stay in registers, what those
         were computed from: the compiler computes them again) and writes its sum (a parameter's
         size). Sums that read a tensor in common share their first kernel, which reads it once
@@ -253,7 +270,7 @@ class FusionTracker:
     def _leaves(self, ref: Ref, parent: dict[int, int]) -> bool:
         """Whether a storage a fused operator writes must reach memory: saved, read by nothing, or
         read by what is not in its kernel (another group, an unfused operator, a fused operator of
-        another kernel but a sum over the leading dimensions: :meth:`_sums`)."""
+        another kernel but a sum across rows: :meth:`_sums`)."""
         readers, index = self._readers.get(ref), self._writer.get(ref)
         if ref in self._saved or not readers or index is None:
             return True

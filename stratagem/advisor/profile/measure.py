@@ -58,7 +58,7 @@ from stratagem.advisor.profile.block_reuse import tensor_bytes
 from stratagem.advisor.profile.batch_norms import BATCH_NORM_OPS, batch_norm_call
 from stratagem.advisor.profile.convolutions import conv_layer
 from stratagem.advisor.profile.counts import RunRecord
-from stratagem.advisor.profile.fusion import FusionTracker, Read, region_of, sums_leading_dims
+from stratagem.advisor.profile.fusion import FusionTracker, Read, region_of, sums_across_rows
 from stratagem.advisor.profile.recompute import CheckpointPolicies
 
 aten = torch.ops.aten
@@ -380,7 +380,7 @@ class CostCounter(FlopCounterMode):
             return [(StorageWeakRef(t.untyped_storage()), tensor_bytes(t)) for t in tensors(tree)]
 
         written = _written(func_packet, out, args)
-        sums = [t for t in written if sums_leading_dims(tree_flatten(args)[0], t)] if fusible else []
+        sums = [t for t in written if sums_across_rows(tree_flatten(args)[0], t)] if fusible else []
         cast = (out.dtype, tuple(out.shape)) if func_packet in _CAST_OPS and isinstance(out, torch.Tensor) else None
         reads = [Read(ref, size, region_of(t)) for (ref, size), t in zip(refs(args), tensors(args), strict=True)]
         self.fusion.op((seg, self.mod_tracker.is_bw), fusible=fusible, reads=reads, writes=refs(written),
