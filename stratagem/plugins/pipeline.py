@@ -207,7 +207,13 @@ def _traced_stages(module: nn.Module, plan: Plan, bounds: list[int], mine: tuple
                    example_inputs: tuple[Tensor, ...]) -> list[nn.Module]:
     split = {f"{plan.block_container}.{bounds[s]}": SplitPoint.BEGINNING for s in range(1, plan.num_stages)}
     own_forward = {fqn: module.get_submodule(fqn).__dict__.get("forward") for fqn in split}
+    # A Hugging Face model returns its KV cache, which torch.export refuses in an output and
+    # training does not use: traced without it, the stages never make one.
+    config = getattr(module, "config", None)
+    use_cache = getattr(config, "use_cache", None)
     try:
+        if use_cache:
+            config.use_cache = False
         pipe = pipeline(module, mb_args=tuple(example_inputs), split_spec=split)
     except Exception as err:  # export failures carry pages of graph; the first line says it
         first = (str(err).strip().splitlines() or [""])[0]
@@ -215,6 +221,8 @@ def _traced_stages(module: nn.Module, plan: Plan, bounds: list[int], mine: tuple
                          f"{type(err).__name__}: {first}\nHINT: pick a plan with pp=1 (the model's "
                          "forward must run its blocks in order and be exportable with torch.export)") from err
     finally:
+        if use_cache:
+            config.use_cache = use_cache
         for fqn, forward in own_forward.items():  # pipeline() marks split points by replacing forward
             block = module.get_submodule(fqn)
             block.__dict__.pop("_orig_forward", None)
@@ -226,11 +234,30 @@ def _traced_stages(module: nn.Module, plan: Plan, bounds: list[int], mine: tuple
                          f"{plan.num_stages}: its forward does not run {plan.block_container!r} in order\n"
                          "HINT: pick a plan with pp=1")
     stages = [pipe.get_stage_module(s) for s in mine]
+    transient = _non_persistent_buffers(module)
     for stage in stages:
         _run_generated_code(stage)
+        _keep_out_of_state_dict(stage, transient)
     del pipe
     gc.collect()  # export leaves graph modules of the whole model in reference cycles, holding its parameters
     return stages
+
+
+def _non_persistent_buffers(module: nn.Module) -> set[str]:
+    """The names of ``module``'s buffers kept out of its state dict (a Hugging Face rotary
+    embedding's ``inv_freq``)."""
+    return {f"{prefix}.{name}" if prefix else name for prefix, submodule in module.named_modules()
+            for name in submodule._buffers if name in submodule._non_persistent_buffers_set}
+
+
+def _keep_out_of_state_dict(stage: nn.Module, names: set[str]) -> None:
+    """Keep the buffers of ``stage`` called ``names`` out of its state dict, as the model kept them:
+    export makes every buffer of a traced stage persistent, and its checkpoint would hold keys the
+    model's has not."""
+    for prefix, submodule in stage.named_modules():
+        for name in submodule._buffers:
+            if (f"{prefix}.{name}" if prefix else name) in names:
+                submodule._non_persistent_buffers_set.add(name)
 
 
 def _run_generated_code(stage: nn.Module) -> None:
