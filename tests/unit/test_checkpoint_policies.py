@@ -18,7 +18,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from stratagem.advisor.cost.evaluate import evaluate
 from stratagem.advisor.hardware import parse_cluster
 from stratagem.advisor.profile.cache import profile_spec
-from stratagem.advisor.profile.measure import CPU_ATTENTION_FLOPS
+from stratagem.advisor.profile.flop_formulas import CPU_ATTENTION_FLOPS
 from stratagem.advisor.profile.model_profile import policy_field
 from stratagem.advisor.profile.profiler import SegmentProfile, profile_model
 from stratagem.advisor.profile.counts import PolicyCounts

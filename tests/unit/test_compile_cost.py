@@ -193,6 +193,7 @@ def test_a_bias_gradient_is_a_sum_over_the_tokens_in_kernels_of_its_own():
     ((4, 16, 32), (4, 16), False),
     ((4, 16, 32), (), False),  # a loss
     ((4, 16, 32), (4, 15, 32), False),  # a slice
+    ((32, 32), (32,), True),  # sizes coincide (OPT's [tokens, width]): a bias's gradient
 ])
 def test_a_sum_across_rows_is_one_over_a_dimension_before_one_it_keeps(shape, out, across):
     assert sums_across_rows([torch.empty(shape)], torch.empty(out)) is across

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from stratagem.advisor.calibrate.benchmarks import BUDGET_SECONDS, TORCH_DTYPES, interleaved, repeated, sustained
-from stratagem.advisor.profile.measure import CPU_ATTENTION_FLOPS
+from stratagem.advisor.profile.flop_formulas import CPU_ATTENTION_FLOPS
 
 __all__ = ["ATTENTION_SEQUENCES", "ATTENTION_HEAD_WIDTHS", "attention_rates"]
 

@@ -21,11 +21,12 @@ from torch.utils.flop_counter import flop_registry
 from stratagem.advisor.profile.block_reuse import tensor_bytes
 from stratagem.advisor.profile.counts import Fused
 from stratagem.advisor.profile.fusion import FusionTracker, Read, region_of, sums_across_rows
-from stratagem.advisor.profile.measure import CPU_ATTENTION_FLOPS, writes_a_gradient
+from stratagem.advisor.profile.flop_formulas import FLOP_FORMULAS
+from stratagem.advisor.profile.measure import writes_a_gradient
 
 aten = torch.ops.aten
 _VIEWS = {aten._unsafe_view.default, operator.getitem}  # alias their input as inductor lowers them
-_EXTERN = {*flop_registry, *CPU_ATTENTION_FLOPS}  # kernels of their own: GEMMs, convolutions, attention
+_EXTERN = {*flop_registry, *FLOP_FORMULAS}  # kernels of their own: GEMMs, convolutions, attention
 
 
 def graph_kernels(graph: torch.fx.Graph, *, backward: bool, params: int,

@@ -54,7 +54,14 @@ def sums_across_rows(inputs: list, out: torch.Tensor) -> bool:
 def _across_rows(shape: tuple[int, ...], out: tuple[int, ...]) -> bool:
     """Whether a reduction of a ``shape`` tensor to ``out`` reduces a dimension before one it
     keeps: with the reduced dimensions kept as 1s, by position; without, ``out`` being the sizes
-    ``shape`` keeps in order, other than its leading ones."""
+    ``shape`` keeps in order, other than its leading ones. Where sizes coincide (``[C]`` from
+    ``[C, C]``: OPT's ``[tokens, width]`` with as many tokens as its width), the trailing ones win:
+    a bias's gradient."""
+    kept = out
+    while len(kept) > 1 and kept[0] == 1:
+        kept = kept[1:]
+    if 0 < len(kept) < len(shape) and kept == shape[-len(kept):]:
+        return True
     if len(out) == len(shape):
         if any(o not in (1, n) for n, o in zip(shape, out)):
             return False

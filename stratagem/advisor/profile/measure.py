@@ -52,11 +52,12 @@ from typing import Any
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten
-from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+from torch.utils.flop_counter import FlopCounterMode
 
 from stratagem.advisor.profile.block_reuse import tensor_bytes
 from stratagem.advisor.profile.batch_norms import BATCH_NORM_OPS, batch_norm_call
 from stratagem.advisor.profile.convolutions import conv_layer
+from stratagem.advisor.profile.flop_formulas import FLOP_FORMULAS
 from stratagem.advisor.profile.counts import RunRecord
 from stratagem.advisor.profile.fusion import FusionTracker, Read, region_of, sums_across_rows
 from stratagem.advisor.profile.recompute import CheckpointPolicies
@@ -95,22 +96,6 @@ _GEMM_OPS = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm}
 GEMM_ALIGNMENT_BYTES = 16
 
 
-def _cpu_flash_attention_flops(query, key, value, *args, out_shape=None, **kwargs) -> int:
-    """``aten._scaled_dot_product_flash_attention_for_cpu``: QKᵀ and AV, like the CUDA kernels."""
-    return sdpa_flop_count(query, *_query_heads(query, key, value))
-
-
-def _cpu_flash_attention_backward_flops(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
-    """The backward of the CPU flash-attention kernel, counted as the CUDA kernels' backward."""
-    return sdpa_backward_flop_count(grad_out, query, *_query_heads(query, key, value))
-
-
-def _query_heads(query, *shapes) -> tuple:
-    """Key and value shapes with the query's head count: grouped-query attention multiplies as
-    if each query head had its own key/value head (torch before 2.13 counts only equal heads)."""
-    return tuple((shape[0], query[1], *shape[2:]) for shape in shapes)
-
-
 ATTENTION_OPS = {
     aten._scaled_dot_product_flash_attention_for_cpu,
     aten._scaled_dot_product_flash_attention,
@@ -135,12 +120,6 @@ def attention_shape(func_packet: Any, args: tuple, kwargs: dict) -> tuple[int, i
     query, key = named["query"], named["key"]
     return (int(query.shape[-2]), int(key.shape[-2]), int(query.shape[-1]), bool(named.get("is_causal", False)),
             max(1, int(query.shape[-3]) // int(key.shape[-3])) if query.dim() >= 3 else 1)
-
-
-CPU_ATTENTION_FLOPS = {
-    aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_attention_flops,
-    aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_attention_backward_flops,
-}
 
 
 def _no_flops(*args: Any, **kwargs: Any) -> int:
@@ -217,7 +196,7 @@ class CostCounter(FlopCounterMode):
                  has_blocks: bool, seq_len: int | None, batch_size: int | None, gpu_kernels: bool = True,
                  model_name: str = "") -> None:
         whole = {op.default: _no_flops for op in _WHOLE_KERNELS}
-        super().__init__(display=False, custom_mapping={**CPU_ATTENTION_FLOPS, **whole})
+        super().__init__(display=False, custom_mapping={**FLOP_FORMULAS, **whole})
         self.seq_len = seq_len
         self.batch_size = batch_size
         self._block_of = block_of  # module-tracker name -> block FQN
