@@ -5,9 +5,17 @@ import json
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from stratagem.advisor.profile.attention import MATH_ATTENTION_NOTE, cuda_backend
 from stratagem.advisor.profile.cache import profile_spec
+from stratagem.advisor.profile.profiler import profile_model
+
+
+def _math_note(profile) -> str:
+    """The profile's note on attention CUDA runs on its math path ("" where none)."""
+    return next((note for note in profile.notes if note.startswith(MATH_ATTENTION_NOTE)), "")
 
 
 def _qkv(heads: int, kv_heads: int, head_dim: int = 64, seq: int = 16) -> tuple[torch.Tensor, ...]:
@@ -37,11 +45,11 @@ def test_fp32_grouped_attention_keeps_the_scores_on_a_gpu():
     batch, seq, heads = 2, 32, 4
     gpu = profile_spec("llama-tiny", batch_size=batch, seq_len=seq, precision="fp32", kernels="gpu", cache=False)
     cpu = profile_spec("llama-tiny", batch_size=batch, seq_len=seq, precision="fp32", kernels="cpu", cache=False)
-    assert MATH_ATTENTION_NOTE in gpu.notes and MATH_ATTENTION_NOTE not in cpu.notes
+    assert _math_note(gpu) and not _math_note(cpu)
     scores = batch * heads * seq * seq * 4
     assert gpu.blocks[0].attention_saved_bytes >= scores > cpu.blocks[0].attention_saved_bytes
     mixed = profile_spec("llama-tiny", batch_size=batch, seq_len=seq, precision="bf16-mixed", cache=False)
-    assert MATH_ATTENTION_NOTE not in mixed.notes
+    assert not _math_note(mixed)
 
 
 def test_hugging_face_rows_are_profiled_unpacked(tmp_path):
@@ -55,5 +63,54 @@ def test_hugging_face_rows_are_profiled_unpacked(tmp_path):
     spec = f"hf:{tmp_path / 'config.json'}"
     fp32 = profile_spec(spec, batch_size=2, seq_len=32, precision="fp32", cache=False)
     mixed = profile_spec(spec, batch_size=2, seq_len=32, precision="bf16-mixed", cache=False)
-    assert MATH_ATTENTION_NOTE in fp32.notes
-    assert MATH_ATTENTION_NOTE not in mixed.notes
+    assert "grouped key/value heads in float32" in _math_note(fp32)
+    assert not _math_note(mixed)
+
+
+class _Attention(nn.Module):
+    """One attention layer: query and key heads of ``qk`` elements, value heads of ``v``, SDPA
+    with ``dropout`` while training."""
+
+    def __init__(self, qk: int = 32, v: int = 32, dropout: float = 0.0, heads: int = 4) -> None:
+        super().__init__()
+        self.heads, self.qk, self.v, self.dropout = heads, qk, v, dropout
+        self.q, self.k = (nn.Linear(64, heads * qk) for _ in range(2))
+        self.value, self.out = nn.Linear(64, heads * v), nn.Linear(heads * v, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+
+        def split(t: torch.Tensor, width: int) -> torch.Tensor:
+            return t.view(b, s, self.heads, width).transpose(1, 2)
+
+        attended = F.scaled_dot_product_attention(split(self.q(x), self.qk), split(self.k(x), self.qk),
+                                                  split(self.value(x), self.v), is_causal=True,
+                                                  dropout_p=self.dropout if self.training else 0.0)
+        return x + self.out(attended.transpose(1, 2).reshape(b, s, -1))
+
+
+class _Layers(nn.Module):
+    def __init__(self, **attention: float) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(_Attention(**attention) for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+@pytest.mark.parametrize("attention", [{"dropout": 0.1}, {"qk": 48, "v": 32}], ids=["dropout", "value heads apart"])
+def test_attention_a_fused_cuda_kernel_takes_keeps_no_scores(attention):
+    """The CPU's flash kernel takes neither dropout nor a value head size other than the query's
+    (DeepSeek's latent attention), and SDPA on CPU tensors runs the math path, saving the s×s
+    scores; CUDA runs them fused (flash attention, the memory-efficient kernel), as the profile
+    now does: a block saves less beyond the plain block's than one s×s tensor (a dropout seed,
+    wider queries and keys), where the math path saved 1.7 and 1.2 MB against 0.36."""
+    x = torch.randn(2, 128, 64)
+    plain = profile_model(_Layers(), (x,), precision="bf16-mixed").blocks[0]
+    profile = profile_model(_Layers(**attention), (x,), precision="bf16-mixed")
+    scores = 2 * 4 * 128 * 128 * 2  # one bf16 s×s tensor
+    assert not any(note.startswith(MATH_ATTENTION_NOTE) for note in profile.notes)
+    assert profile.blocks[0].saved_bytes < plain.saved_bytes + scores
+    assert profile.blocks[0].attention_fwd_flops > 0

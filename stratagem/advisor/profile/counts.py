@@ -90,7 +90,7 @@ class RunRecord:
     param_segment: dict[str, str] = field(default_factory=dict)  # state name -> first segment to use it
     measured_as: dict[str, str] = field(default_factory=dict)  # duplicate block -> representative
     output_bytes: int = 0
-    math_attention_calls: int = 0  # SDPA calls run on the math path, as CUDA runs them (profile.attention)
+    math_attention_reasons: set[str] = field(default_factory=set)  # why SDPA calls run CUDA's math path (profile.attention)
     block_inputs: dict[str, tuple[tuple, dict]] = field(default_factory=dict)  # each block's first call (block_inputs)
     compiled_note: str = ""  # what the blocks' compiled activations were not measured with, or why not (profile.compiled)
     cache_note: str = ""  # the blocks ran with a key/value cache, which compiles each apart (profile.compiled)

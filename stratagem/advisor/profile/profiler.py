@@ -29,7 +29,7 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.utils._pytree import tree_flatten, tree_map
 
-from stratagem.advisor.profile.attention import MATH_ATTENTION_NOTE
+from stratagem.advisor.profile.attention import math_attention_note
 from stratagem.advisor.profile.convolutions import memory_format
 from stratagem.advisor.profile.counts import RunRecord, SegmentCounts
 from stratagem.advisor.profile.measure import EMBED, HEAD, quiet_fake_tensor_log
@@ -146,8 +146,8 @@ def _profile_step(
                                    autocast_dtype=torch_dtype(prec.compute_dtype) if prec.autocast else None,
                                    seq_len=seq_len, batch_size=batch_size,
                                    reuse_identical_blocks=reuse_identical_blocks, kernels=kernels)
-        if record.math_attention_calls:
-            notes.append(MATH_ATTENTION_NOTE)
+        if record.math_attention_reasons:
+            notes.append(math_attention_note(record.math_attention_reasons))
         notes += [note for note in (record.compiled_note, record.cache_note) if note]
         tp_layout, tp_unavailable = find_tp_layout(model, structure.container, calls, state, record.block_inputs)
         vocab = _vocab_layout(model, vocab_calls, (args, kwargs), state, notes) if tp_layout else ()

@@ -120,7 +120,7 @@ def run_fake_step(
     if kernels == "gpu":  # torch.compile runs on GPUs only (the search offers it nowhere else)
         measure_compiled(inputs.modules, inputs.calls, state, record, autocast_dtype=autocast_dtype)
     record.output_bytes = output.bytes()
-    record.math_attention_calls = attention.math_calls
+    record.math_attention_reasons = attention.math_reasons
     for block, policies in counter.policies.counts.items():
         record.segments[block].policies = policies
     _add_fused(record, counter.fusion)
