@@ -58,6 +58,7 @@ from stratagem.integrations.planning import (
 )
 from stratagem.integrations.steps import forward_inputs, lightning_step
 from stratagem.plugins import apply_plan, build_mesh, build_optimizer
+from stratagem.plugins.blocks import module_lists
 from stratagem.plugins.materialize import has_meta_tensors, initialises_after_sharding, materialize
 from stratagem.plugins.pipeline import Pipeline, rank_module
 from stratagem.plugins.state_dict import (
@@ -445,7 +446,8 @@ def _pipelined_child(module: LightningModule, plan: Plan) -> tuple[str, Plan]:
     if not container:
         raise UsageError(f"a pipeline plan splits a child module of {type(module).__name__} holding the blocks, but "
                          f"block_container={plan.block_container!r} names none\nHINT: keep the model in an attribute "
-                         "(self.model = ...) and set block_container='model.layers' (as the advisor does)")
+                         "(self.model = ...) and set block_container to its blocks' ModuleList as the "
+                         f"LightningModule names it (as the advisor does); module lists: {module_lists(module)}")
     prefix = f"{name}."
     layout = tuple((pattern.removeprefix(prefix), style) for pattern, style in plan.tp_layout)
     return name, dataclasses.replace(plan, block_container=container, tp_layout=layout)

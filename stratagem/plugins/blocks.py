@@ -11,7 +11,12 @@ from torch import nn
 from stratagem.plan import Plan
 from stratagem.errors import UsageError
 
-__all__ = ["find_blocks"]
+__all__ = ["find_blocks", "module_lists"]
+
+
+def module_lists(module: nn.Module) -> str:
+    """The FQNs of ``module``'s ``ModuleList``s, quoted, for a hint ("none" where it has none)."""
+    return ", ".join(repr(name) for name, sub in module.named_modules() if isinstance(sub, nn.ModuleList)) or "none"
 
 
 def find_blocks(module: nn.Module, plan: Plan) -> list[nn.Module]:
@@ -27,10 +32,8 @@ def find_blocks(module: nn.Module, plan: Plan) -> list[nn.Module]:
     try:
         container = module.get_submodule(plan.block_container)
     except AttributeError:
-        lists = [name for name, sub in module.named_modules() if isinstance(sub, nn.ModuleList)]
         raise UsageError(f"Plan.block_container={plan.block_container!r} is not a submodule of "
-                         f"{type(module).__name__}\nHINT: module lists in this model: "
-                         f"{', '.join(map(repr, lists)) or 'none'}") from None
+                         f"{type(module).__name__}\nHINT: module lists in this model: {module_lists(module)}") from None
     blocks = list(container.children())
     if not blocks:
         raise UsageError(f"Plan.block_container={plan.block_container!r} has no children\n"

@@ -139,3 +139,31 @@ def test_emit_lightning_says_when_lightning_cli_cannot_read_it(monkeypatch, tmp_
     assert (f"LightningCLI needs jsonargparse[signatures]>=4.27.7, not installed where this file was written: {pip}"
             in header) is not installed
     assert yaml.safe_load(path.read_text())["trainer"]["strategy"]["class_path"].endswith("AutoParallelStrategy")
+
+
+def test_a_pipeline_plan_without_the_blocks_child_names_the_lightning_modules_module_lists():
+    """A plan given by hand with no block_container: the hint names the blocks' ModuleList as the
+    LightningModule reaches it (``model.model.layers`` for a model kept in ``self.model`` whose
+    own blocks are ``model.layers``), not the model's own name for it."""
+    import lightning.pytorch as pl
+    from torch import nn
+
+    from stratagem.integrations.lightning import _pipelined_child
+
+    class Inner(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(2))
+
+    class Wrapped(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = Inner()
+
+    class Module(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = Wrapped()
+
+    with pytest.raises(UsageError, match="module lists: 'model.model.layers'"):
+        _pipelined_child(Module(), Plan(pp=2, microbatches=2))
