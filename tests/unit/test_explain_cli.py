@@ -62,7 +62,7 @@ def test_a_plan_that_does_not_fit(capsys):
     lean = '{"dp_shard": 8, "zero": 3, "micro_batch_size": 32768, "grad_accum": 8, "activation_checkpointing": "full"}'
     assert main(["explain", *TINY, "--plan", huge, "--plan", lean]) == 0
     out = capsys.readouterr().out
-    assert "A does not fit:" in out and "over the 74.0 GiB usable per GPU, so B wins" in out
+    assert "A does not fit: it needs" in out and "GiB per GPU," in out and "over the 74.0 GiB usable, so B wins" in out
     assert f"A's {MEMORY_LABELS['activations']} take" in out and "does not fit)" in out
 
 
@@ -79,6 +79,8 @@ def test_a_plan_file_from_advise(capsys, tmp_path):
     ('{"pp": 2, "dp_shard": 4, "zero": 3, "offload": "params", "microbatches": 2}',
      "cannot run here: CPU offload of a pipeline's tied weights"),
     ('{"dp": 8}', "unknown Plan field(s) dp"),
+    ('{"dp_replicate": 8, "micro_batch_size": 4, "block_container": "transformer.h"}',
+     "names block_container='transformer.h'"),  # another model's plan
     ("no/such/plan.json", "cannot read the plan file"),
 ])
 def test_plans_that_cannot_run_here_exit_2(capsys, plan, message):

@@ -124,10 +124,10 @@ def explain_comparison(a: Estimate, b: Estimate, *, winner: int | None, labels: 
             return (f"Neither fits the {format_bytes(a.capacity_bytes)} usable per GPU: {labels[0]} needs "
                     f"{format_bytes(a.memory.total - a.capacity_bytes)} more, {labels[1]} "
                     f"{format_bytes(b.memory.total - b.capacity_bytes)} more.",)
-        return (f"Neither fits: {labels[0]} is {_overflow(a)}, {labels[1]} {_overflow(b)}.",)
+        return (f"Neither fits: {labels[0]} needs {_overflow(a)}; {labels[1]} {_overflow(b)}.",)
     (w, win), (l, lose) = ((labels[winner], (a, b)[winner]), (labels[1 - winner], (a, b)[1 - winner]))
     if not lose.fits:
-        verdict = f"{l} does not fit: {_overflow(lose)}, so {w} wins."
+        verdict = f"{l} does not fit: it needs {_overflow(lose)}, so {w} wins."
         after = (f"Were it to fit, {l} would take {format_seconds(lose.time.step_seconds)} per step against "
                  f"{format_seconds(win.time.step_seconds)} for {w}.")
         return tuple(s for s in (verdict, _memory_terms(w, win, l, lose), after) if s)
@@ -151,9 +151,11 @@ def _overflow(estimate: Estimate) -> str:
     """How far a plan that does not fit overshoots, on the device or in host memory."""
     memory, capacity = estimate.memory, estimate.capacity_bytes
     if memory.total > capacity:
-        return f"{format_bytes(memory.total - capacity)} over the {format_bytes(capacity)} usable per GPU"
-    return (f"{format_bytes(memory.host - estimate.host_capacity_bytes)} over its "
-            f"{format_bytes(estimate.host_capacity_bytes)} share of host memory for offloaded states")
+        return (f"{format_bytes(memory.total)} per GPU, {format_bytes(memory.total - capacity)} over the "
+                f"{format_bytes(capacity)} usable")
+    return (f"{format_bytes(memory.host)} of host memory for offloaded states, "
+            f"{format_bytes(memory.host - estimate.host_capacity_bytes)} over its "
+            f"{format_bytes(estimate.host_capacity_bytes)} share")
 
 
 def _deciding(win: dict[str, float], lose: dict[str, float]) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:

@@ -99,6 +99,10 @@ def complete_plan(given: GivenPlan, profile: ModelProfile, cluster: Cluster, wor
         raise UsageError(f"{given.title} trains in {plan.precision}, the workload in {workload.precision}\n"
                          f"HINT: pass --precision {plan.precision} (the model is profiled in it), or leave "
                          "precision out of the plan")
+    if "block_container" in given.fields and plan.block_container != profile.block_container:
+        raise UsageError(f"{given.title} names block_container={plan.block_container!r}, but "
+                         f"{profile.name}'s blocks are {profile.block_container!r}, as its profile found them\n"
+                         "HINT: leave block_container out of the plan (the profile's is taken)")
     try:
         plan.check(world_size=cluster.world_size, devices_per_node=cluster.devices_per_node,
                    num_heads=profile.num_heads, num_kv_heads=profile.num_kv_heads, num_blocks=len(profile.blocks))
