@@ -74,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     from stratagem.advisor.search.advice import advise
 
     check_writable(args.output, "the config" if args.emit else "the report")
+    target = search_target(emit=args.emit, target=args.target)
     cluster = parse_cluster(args.cluster)
     if args.emit:
         cluster.check_runnable(f"--emit {args.emit}")
@@ -90,7 +91,6 @@ def run(args: argparse.Namespace) -> int:
     if args.calibration:
         cluster = calibrated(cluster)
     profile, workload = model_workload(args, cluster)
-    target = search_target(emit=args.emit, target=args.target)
     constraints = compile_constraints(args)
     advice = advise(profile, cluster, workload, top=args.top, target=target, objective=args.objective,
                     constraints=constraints)

@@ -19,8 +19,19 @@ EMIT_FILES = {"accelerate": "accelerate.yaml", "deepspeed": "ds_config.json", "l
 """Runtime → the file ``--emit`` writes when ``--output`` is not given."""
 
 
+EMIT_TARGETS = {"accelerate": ("accelerate", "deepspeed"), "deepspeed": ("deepspeed",), "lightning": ("lightning",)}
+"""Runtime → the ``--target``s whose plans its config can run (Accelerate runs DeepSpeed's too)."""
+
+
 def search_target(*, emit: str | None, target: str | None) -> str:
-    """The target the search serves: ``--target``, else the ``--emit`` runtime, else ``any``."""
+    """The target the search serves: ``--target``, else the ``--emit`` runtime, else ``any``.
+    :class:`UsageError` for a ``--target`` whose plans the ``--emit`` config cannot run."""
+    if emit and target and target not in EMIT_TARGETS[emit]:
+        from stratagem.errors import UsageError
+
+        raise UsageError(f"--emit {emit} writes a config for plans {emit} runs, and --target {target} asks for "
+                         f"plans {'any runtime' if target == 'any' else target} can run\nHINT: leave --target "
+                         f"out (it follows --emit), or give --target {' or '.join(EMIT_TARGETS[emit])}")
     return target or emit or "any"
 
 

@@ -114,3 +114,14 @@ def test_a_billion_samples_per_step_are_searched_in_seconds():
     advice = advise(profile, parse_cluster("2xcpu"), Workload(global_batch_size=10**9, seq_len=32), top=1)
     assert advice.best is not None and advice.best.plan.global_batch_size == 10**9
     assert advice.search_seconds < 30  # was 104 s: the micro-batch enumeration's divisors took O(batch) steps
+
+
+@pytest.mark.parametrize(("emit", "target"), [("deepspeed", "accelerate"), ("deepspeed", "lightning"),
+                                              ("lightning", "any")])
+def test_a_target_whose_plans_the_emitted_config_cannot_run_exits_2_before_profiling(capsys, emit, target):
+    """``--emit deepspeed --target accelerate`` had written a DeepSpeed config for a plan chosen for
+    Accelerate; ``--target lightning`` printed the whole report, then failed."""
+    argv = ["advise", "--model", "llama-tiny", "--cluster", "2xcpu", "--emit", emit, "--target", target]
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert f"--emit {emit} writes a config" in err and "HINT: leave --target out" in err and not out
