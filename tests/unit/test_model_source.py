@@ -72,3 +72,26 @@ def test_a_model_type_without_sdpa_is_built_with_eager_attention_and_says_so(tmp
     assert any("runs eager" in note for note in profile.notes)
     # the scores and their product with the values: two batched GEMMs of 2·s²·d per head and sample
     assert profile.blocks[0].attention_fwd_flops == 2 * (2 * 2 * 32 * 32 * 64)
+
+
+def test_a_model_without_attention_gets_no_note_about_it(tmp_path):
+    """Mamba has no SDPA path because it has no attention: no note says its attention runs eager."""
+    pytest.importorskip("transformers")
+    mamba = {"model_type": "mamba", "hidden_size": 32, "num_hidden_layers": 2, "vocab_size": 100, "state_size": 4}
+    (tmp_path / "config.json").write_text(json.dumps(mamba))
+    source = load_model(f"hf:{tmp_path}", batch_size=2, seq_len=8)
+    assert not any("attention" in note for note in source.notes)
+
+
+def test_a_sequence_longer_than_learned_positions_is_a_usage_error_and_an_encoder_says_how_it_is_built(tmp_path):
+    """BERT learns 64 positions here: 128 tokens have none (it had failed with a reshape error); it
+    is profiled as the causal language model transformers builds of it, and says so."""
+    pytest.importorskip("transformers")
+    bert = {"model_type": "bert", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 64}
+    (tmp_path / "config.json").write_text(json.dumps(bert))
+    with pytest.raises(UsageError, match="(?s)--seq-len 128 is longer than the 64 positions.*HINT: --seq-len 64"):
+        load_model(f"hf:{tmp_path}", batch_size=2, seq_len=128)
+    source = load_model(f"hf:{tmp_path}", batch_size=2, seq_len=64)
+    assert source.module.config.is_decoder
+    assert any("masked language models too" in note and "BertLMHeadModel" in note for note in source.notes)

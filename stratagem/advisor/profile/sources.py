@@ -405,9 +405,26 @@ def build_causal_lm(config: Any, **kwargs: Any) -> tuple[nn.Module, str | None]:
     model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
     if model_class is None or getattr(model_class, "_supports_sdpa", True):
         return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", **kwargs), None
-    note = (f"{model_class.__name__} has no SDPA attention in transformers: its attention runs eager "
-            "(the scores written out, an explicit softmax), and is profiled so")
-    return AutoModelForCausalLM.from_config(config, attn_implementation="eager", **kwargs), note
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", **kwargs)
+    if not any("attention" in type(module).__name__.lower() for module in model.modules()):
+        return model, None  # no attention to run (Mamba's state-space layers)
+    return model, (f"{model_class.__name__} has no SDPA attention in transformers: its attention runs eager "
+                   "(the scores written out, an explicit softmax), and is profiled so.")
+
+
+POSITION_OFFSETS = (0, 2)
+"""Rows a learned position table holds beyond ``max_position_embeddings`` (OPT's: 2)."""
+
+
+def _check_positions(module: nn.Module, positions: Any, seq_len: int, where: str) -> None:
+    """:class:`UsageError` when ``seq_len`` exceeds the ``positions`` of a learned position table
+    (an embedding of that many rows: GPT-2's, OPT's, BERT's), which has no row for the rest;
+    rotary and ALiBi models take any length."""
+    if not isinstance(positions, int) or seq_len <= positions:
+        return
+    if any(isinstance(m, nn.Embedding) and m.num_embeddings - positions in POSITION_OFFSETS for m in module.modules()):
+        raise UsageError(f"--seq-len {seq_len} is longer than the {positions} positions the model of {where} "
+                         f"learns (max_position_embeddings)\nHINT: --seq-len {positions} or less")
 
 
 def _from_hf_config(path: str, *, batch_size: int, seq_len: int | None) -> ModelSource:
@@ -415,6 +432,11 @@ def _from_hf_config(path: str, *, batch_size: int, seq_len: int | None) -> Model
     config = build_hf_config(data, str(config_path))
     positions = getattr(config.get_text_config(decoder=True), "max_position_embeddings", None)
     seq_len = seq_len or min(positions if isinstance(positions, int) and positions > 0 else 2048, 4096)
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    masked = data["model_type"] in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    if masked:  # an encoder built as the causal language model transformers makes of it: a decoder
+        config.get_text_config(decoder=True).is_decoder = True
     try:
         with torch.device("meta"):
             module, note = build_causal_lm(config)
@@ -423,9 +445,16 @@ def _from_hf_config(path: str, *, batch_size: int, seq_len: int | None) -> Model
         raise UsageError(f"transformers cannot build the causal language model of {config_path}: {_describe(err)}\n"
                          "HINT: check that transformers can build this model type "
                          "(AutoModelForCausalLM.from_config) and the config's sizes") from None
+    _check_positions(module, positions, seq_len, str(config_path))
     named = data.get("_name_or_path")
     name = named if isinstance(named, str) and named else str(config_path.parent if config_path.name == "config.json"
                                                                else config_path)
+    notes = (note,) if note else ()
+    if masked:
+        notes += (f"{data['model_type']} models train as masked language models too; this one is profiled as "
+                  f"AutoModelForCausalLM builds it ({type(module).__name__}), with causal attention, where masked "
+                  "language modelling attends both ways (the same weights and activations, the attention core's "
+                  "FLOPs twice under flash attention).",)
     return ModelSource(name=f"hf:{name}", module=module,
                        example_inputs={"input_ids": ids, "labels": ids, "use_cache": False}, loss_fn=None,
-                       notes=(note,) if note else ())
+                       notes=notes)
