@@ -376,7 +376,8 @@ def read_hf_config(path: str) -> tuple[Path, dict[str, Any]]:
 
 def build_hf_config(data: Mapping[str, Any], where: str) -> PretrainedConfig:
     """The transformers config of a checked ``data`` (:func:`check_hf_config` runs first), its
-    resolved sizes (defaults included) checked too; whatever transformers raises becomes a UsageError."""
+    resolved sizes (defaults included) checked too, an encoder's made a decoder (:func:`is_encoder`);
+    whatever transformers raises becomes a UsageError."""
     if importlib.util.find_spec("transformers") is None:
         raise UsageError("hf: models need transformers\nHINT: pip install 'stratagem[hf]'")
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -392,7 +393,17 @@ def build_hf_config(data: Mapping[str, Any], where: str) -> PretrainedConfig:
         raise UsageError(f"transformers cannot read {where}: {_describe(err)}\n"
                          "HINT: check the config against the model type's documented fields") from None
     check_resolved_config(text, data, where)
+    if is_encoder(data):  # built as the causal language model transformers makes of it: a decoder
+        text.is_decoder = True
     return config
+
+
+def is_encoder(data: Mapping[str, Any]) -> bool:
+    """Whether a config's model type also trains as a masked language model (BERT, RoBERTa, ...):
+    an encoder, which :func:`build_hf_config` makes a decoder for the causal language model."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    return data["model_type"] in MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
 
 def build_causal_lm(config: Any, **kwargs: Any) -> tuple[nn.Module, str | None]:
@@ -432,11 +443,6 @@ def _from_hf_config(path: str, *, batch_size: int, seq_len: int | None) -> Model
     config = build_hf_config(data, str(config_path))
     positions = getattr(config.get_text_config(decoder=True), "max_position_embeddings", None)
     seq_len = seq_len or min(positions if isinstance(positions, int) and positions > 0 else 2048, 4096)
-    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
-
-    masked = data["model_type"] in MODEL_FOR_MASKED_LM_MAPPING_NAMES
-    if masked:  # an encoder built as the causal language model transformers makes of it: a decoder
-        config.get_text_config(decoder=True).is_decoder = True
     try:
         with torch.device("meta"):
             module, note = build_causal_lm(config)
@@ -450,7 +456,7 @@ def _from_hf_config(path: str, *, batch_size: int, seq_len: int | None) -> Model
     name = named if isinstance(named, str) and named else str(config_path.parent if config_path.name == "config.json"
                                                                else config_path)
     notes = (note,) if note else ()
-    if masked:
+    if is_encoder(data):
         notes += (f"{data['model_type']} models train as masked language models too; this one is profiled as "
                   f"AutoModelForCausalLM builds it ({type(module).__name__}), with causal attention, where masked "
                   "language modelling attends both ways (the same weights and activations, the attention core's "
