@@ -68,7 +68,7 @@ def test_a_plan_loader_refuses_what_is_no_plan(tmp_path):
 
 CLUSTERS = {
     "8·10^20 GPUs": ("99999999999999999999x8xH100:ib-ndr", "more ranks than any cluster holds"),
-    "10^11 NICs": ("2x8xH100:ib-ndr-x99999999999", "more than any node carries"),
+    "10^11 NICs": ("2x8xH100:ib-ndr-x99999999999", "more than one per device of the largest node"),
     "a letter no catalog name has": ("8xH100ü", "cannot read cluster spec"),
     "2,048 GPUs in a node": ("2048xH100", "more than any node or NVLink domain holds"),
 }
@@ -125,3 +125,13 @@ def test_a_target_whose_plans_the_emitted_config_cannot_run_exits_2_before_profi
     assert main(argv) == 2
     out, err = capsys.readouterr()
     assert f"--emit {emit} writes a config" in err and "HINT: leave --target out" in err and not out
+
+
+def test_a_spec_with_three_counts_says_the_form(capsys):
+    assert main(["hardware", "--cluster", "3x3x3xH100"]) == 2
+    assert "has more than two counts" in capsys.readouterr().err
+
+
+def test_a_gb200_nvl72_rack_takes_one_nic_per_gpu():
+    """The network's default, one NIC per GPU, is 72 on an NVL72 rack (it had been refused: at most 64)."""
+    assert parse_cluster("2x72xGB200:ib-ndr").node.network.nics_per_node == 72

@@ -33,8 +33,9 @@ _CHARACTERS = re.compile(r"^[A-Za-z0-9.+:_-]+$")  # what catalog names, counts a
 FORM = "[NODES x] [DEVICES x] DEVICE[+bridge][:NETWORK[-xNICS]], e.g. '4x8xH100-SXM5-80GB:ib-ndr'"
 MAX_DEVICES_PER_NODE = 1024
 """Devices a node may hold: above the largest NVLink domains (72 GPUs built, 576 announced)."""
-MAX_NICS_PER_NODE = 64
-"""NICs a node may carry: above any node built (DGX: 8 compute NICs; AWS p5: 32 EFA)."""
+MAX_NICS_PER_NODE = MAX_DEVICES_PER_NODE
+"""NICs a node may carry: one per device of the largest node (DGX: 8 compute NICs; AWS p5: 32 EFA;
+a GB200 NVL72 rack: 72, one per GPU)."""
 TPU_NOTES = (
     "TPU chips: stratagem's plugins and exported configs apply plans with torch.distributed on CUDA GPUs "
     "or CPU ranks; applying this plan on TPUs needs torch_xla (its SPMD sharding or FSDPv2), so --emit "
@@ -80,6 +81,9 @@ def _node(spec: str, *, device: str, num_devices: int, bridge: bool) -> NodeSpec
         return cpu_node(probe_host(), num_ranks=num_devices, network=None)
     entry = lookup.find_gpu(device)
     if entry is None:
+        if re.match(r"^\d+x", device, re.IGNORECASE):
+            raise UsageError(f"{spec!r} has more than two counts; a cluster is {FORM}\n"
+                             "HINT: the nodes, then the devices per node, then the device: e.g. '4x8xH100'")
         raise UsageError(
             f"unknown device {device!r} in {spec!r}: known: {', '.join(lookup.gpu_names())}; TPUs: "
             f"{', '.join(lookup.tpu_names())}; cpu\nHINT: use a catalog name or a short name "
@@ -143,7 +147,7 @@ def parse_network(text: str, *, spec: str, node: NodeSpec) -> NetworkSpec:
     if nics < 1:
         raise UsageError(f"NIC count in {text!r} must be at least 1\nHINT: e.g. '{name}-x4'")
     check_positive(f"the NICs per node of {shown(spec)}", nics, maximum=MAX_NICS_PER_NODE,
-                   why="more than any node carries (DGX: 8 compute NICs; AWS p5: 32 EFA)")
+                   why="more than one per device of the largest node")
     return lookup.network_from_name(name, nics_per_node=nics)
 
 
