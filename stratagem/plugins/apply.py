@@ -43,13 +43,12 @@ from stratagem.plugins.mesh import check_world_size, submesh
 from stratagem.plugins.pipeline import (
     Pipeline,
     build_schedule,
-    check_traced_stage_plan,
     first_last_group,
-    rebuild_generated_code,
     split_stages,
     tied_parameters,
     unwrap,
 )
+from stratagem.plugins.traced_stages import check_traced_stage_plan, rebuild_generated_code
 from stratagem.plugins.precision import apply_param_dtype, fp32_norm_names
 from stratagem.plugins.tensor_parallel import (
     apply_tensor_parallel,

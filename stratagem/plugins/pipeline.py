@@ -16,11 +16,8 @@ into the unsplit model. Two ways to build a stage:
   ``nn.Identity``). The stage is a shallow copy of the model with the other blocks dropped
   (kept blocks keep their indices), so tensor parallelism, activation checkpointing and
   per-block FSDP apply to it unchanged;
-* by tracing, for any other model whose forward runs its blocks in order (ViT, ResNet):
-  ``torch.distributed.pipelining.pipeline`` exports the forward and splits the graph before
-  each stage's first block; a model that does not export gets a :class:`UsageError`. A traced stage calls no submodule ``forward``, so it
-  takes neither tensor parallelism nor per-block checkpointing or FSDP units (FSDP shards the
-  stage as one unit).
+* by tracing, for any other model whose forward runs its blocks in order (ViT, ResNet, Hugging
+  Face models outside those families): :mod:`stratagem.plugins.traced_stages`.
 
 Schedules (``plan.pp_schedule``): ``gpipe`` → ``ScheduleGPipe``, ``1f1b`` → ``Schedule1F1B``,
 ``interleaved-1f1b`` → ``ScheduleInterleaved1F1B``, ``interleaved-zb`` →
@@ -38,7 +35,6 @@ copies kept equal (:func:`tied_parameters`, :class:`Pipeline`; docs/design.md, "
 from __future__ import annotations
 
 import copy
-import gc
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -55,8 +51,6 @@ from torch.distributed.pipelining import (
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
     ScheduleInterleavedZeroBubble,
-    SplitPoint,
-    pipeline,
 )
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils._pytree import tree_leaves, tree_map_only
@@ -65,18 +59,17 @@ from stratagem.plan import MeshAxis, Plan
 from stratagem.errors import UsageError
 from stratagem.plugins.blocks import find_blocks
 from stratagem.plugins.precision import autocast_context
+from stratagem.plugins.traced_stages import traced_stages
 from stratagem.plan.stages import (
     TIED_OFFLOAD,
-    TRACED_STAGE_LIMITS,
     RemovalConvention,
     removal_convention,
     tied_copies_allow,
     tied_weights,
-    traced_stages_allow,
 )
 
-__all__ = ["Pipeline", "build_schedule", "first_last_group", "rank_module", "rebuild_generated_code", "split_stages",
-           "stage_indices", "tied_parameters"]
+__all__ = ["Pipeline", "build_schedule", "first_last_group", "rank_module", "split_stages", "stage_indices",
+           "tied_parameters"]
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +99,7 @@ def split_stages(module: nn.Module, plan: Plan, *, pp_rank: int,
         stages = [_removal_stage(module, plan, convention, bounds, s) for s in mine]
         how = "removal"
     else:
-        stages = _traced_stages(module, plan, bounds, mine, example_inputs)
+        stages = traced_stages(module, plan, bounds, mine, example_inputs)
         how = "tracing"
     log.info("pipeline: rank %d runs stages %s (blocks %s) built by %s", pp_rank, mine,
              [f"{bounds[s]}-{bounds[s + 1] - 1}" for s in mine], how)
@@ -201,92 +194,6 @@ def _set_submodule(root: nn.Module, fqn: str, child: nn.Module | None) -> None:
         _set_submodule(root, parent_name, parent)
         root = parent
     root._modules[name] = child
-
-
-def _traced_stages(module: nn.Module, plan: Plan, bounds: list[int], mine: tuple[int, ...],
-                   example_inputs: tuple[Tensor, ...]) -> list[nn.Module]:
-    split = {f"{plan.block_container}.{bounds[s]}": SplitPoint.BEGINNING for s in range(1, plan.num_stages)}
-    own_forward = {fqn: module.get_submodule(fqn).__dict__.get("forward") for fqn in split}
-    # A Hugging Face model returns its KV cache, which torch.export refuses in an output and
-    # training does not use: traced without it, the stages never make one.
-    config = getattr(module, "config", None)
-    use_cache = getattr(config, "use_cache", None)
-    try:
-        if use_cache:
-            config.use_cache = False
-        pipe = pipeline(module, mb_args=tuple(example_inputs), split_spec=split)
-    except Exception as err:  # export failures carry pages of graph; the first line says it
-        first = (str(err).strip().splitlines() or [""])[0]
-        raise UsageError(f"{type(module).__name__} could not be traced into pipeline stages: "
-                         f"{type(err).__name__}: {first}\nHINT: pick a plan with pp=1 (the model's "
-                         "forward must run its blocks in order and be exportable with torch.export)") from err
-    finally:
-        if use_cache:
-            config.use_cache = use_cache
-        for fqn, forward in own_forward.items():  # pipeline() marks split points by replacing forward
-            block = module.get_submodule(fqn)
-            block.__dict__.pop("_orig_forward", None)
-            block.__dict__.pop("forward", None)
-            if forward is not None:
-                block.forward = forward
-    if pipe.num_stages != plan.num_stages:
-        raise UsageError(f"tracing {type(module).__name__} gave {pipe.num_stages} stages, the plan has "
-                         f"{plan.num_stages}: its forward does not run {plan.block_container!r} in order\n"
-                         "HINT: pick a plan with pp=1")
-    stages = [pipe.get_stage_module(s) for s in mine]
-    transient = _non_persistent_buffers(module)
-    for stage in stages:
-        _run_generated_code(stage)
-        _keep_out_of_state_dict(stage, transient)
-    del pipe
-    gc.collect()  # export leaves graph modules of the whole model in reference cycles, holding its parameters
-    return stages
-
-
-def _non_persistent_buffers(module: nn.Module) -> set[str]:
-    """The names of ``module``'s buffers kept out of its state dict (a Hugging Face rotary
-    embedding's ``inv_freq``)."""
-    return {f"{prefix}.{name}" if prefix else name for prefix, submodule in module.named_modules()
-            for name in submodule._buffers if name in submodule._non_persistent_buffers_set}
-
-
-def _keep_out_of_state_dict(stage: nn.Module, names: set[str]) -> None:
-    """Keep the buffers of ``stage`` called ``names`` out of its state dict, as the model kept them:
-    export makes every buffer of a traced stage persistent, and its checkpoint would hold keys the
-    model's has not."""
-    for prefix, submodule in stage.named_modules():
-        for name in submodule._buffers:
-            if (f"{prefix}.{name}" if prefix else name) in names:
-                submodule._non_persistent_buffers_set.add(name)
-
-
-def _run_generated_code(stage: nn.Module) -> None:
-    """Make a traced stage's submodules run their graphs' generated Python code rather than
-    ``torch.fx.Interpreter``, which unflattened export modules default to (one Python call per
-    graph node, on top of the operator's own dispatch)."""
-    for submodule in stage.modules():
-        if hasattr(submodule, "_run_with_interpreter"):
-            submodule._run_with_interpreter = False
-
-
-def rebuild_generated_code(stage: nn.Module) -> None:
-    """Rebuild the generated-code GraphModule each traced submodule keeps (its ``graph_module``,
-    whose class's ``forward`` it runs on itself) from the submodule as the plan left it. That
-    GraphModule holds its own references to the parameters it was built with, which FSDP then
-    replaces with shards: the stage's whole unsharded parameters stayed alive beside them
-    (docs/design.md, "Pipeline stages")."""
-    for submodule in stage.modules():
-        if submodule.__dict__.get("graph_module") is not None:
-            submodule.__dict__["graph_module"] = torch.fx.GraphModule(submodule, submodule.graph)
-
-
-def check_traced_stage_plan(plan: Plan) -> None:
-    """Raise :class:`UsageError` for what a traced stage cannot take (see the module docstring)."""
-    if not traced_stages_allow(tp=plan.tp, activation_checkpointing=plan.activation_checkpointing,
-                               compile=plan.compile):
-        raise UsageError(f"plan {plan.name}: this model's pipeline stages are traced graphs, and "
-                         f"{TRACED_STAGE_LIMITS}\nHINT: use tp=1, activation_checkpointing='none' and "
-                         "compile=false with pp>1 for this model")
 
 
 def build_schedule(stage_modules: list[nn.Module], plan: Plan, mesh: DeviceMesh, *,

@@ -135,3 +135,13 @@ def test_a_spec_with_three_counts_says_the_form(capsys):
 def test_a_gb200_nvl72_rack_takes_one_nic_per_gpu():
     """The network's default, one NIC per GPU, is 72 on an NVL72 rack (it had been refused: at most 64)."""
     assert parse_cluster("2x72xGB200:ib-ndr").node.network.nics_per_node == 72
+
+
+def test_cpu_ranks_that_outnumber_the_cores_share_their_rate():
+    """64 ranks on a 2-core host had each been given a whole core: 32 times the host's rate."""
+    from stratagem.advisor.hardware.host import probe_host
+
+    cores = probe_host().num_cores
+    one, many = parse_cluster("1xcpu"), parse_cluster(f"{4 * cores}xcpu")
+    assert many.device.peak_fp32 * 4 * cores == pytest.approx(one.device.peak_fp32)
+    assert any("share this host's" in note for note in many.notes)

@@ -204,13 +204,15 @@ def default_nics(name: str, *, num_devices: int, is_gpu: bool) -> int:
 
 
 def cpu_device(host: HostSpec, *, num_ranks: int) -> DeviceSpec:
-    """One gloo rank's share of ``host`` when ``num_ranks`` ranks share it."""
+    """One gloo rank's share of ``host`` when ``num_ranks`` ranks share it: its whole cores (the
+    threads it runs), or where ranks outnumber the cores, its turn on one (their rates divided)."""
     cores = max(1, host.num_cores // num_ranks)
-    flops = cores * catalog.CPU_FLOPS_PER_CORE.value
+    share = min(cores, host.num_cores / num_ranks)
+    flops = share * catalog.CPU_FLOPS_PER_CORE.value
     return DeviceSpec(
         name="cpu", kind="cpu", vendor=host.cpu_name or "cpu",
         memory_bytes=host.memory_bytes // num_ranks,
-        memory_bandwidth=cores * catalog.CPU_MEMORY_BW_PER_CORE.value,
+        memory_bandwidth=share * catalog.CPU_MEMORY_BW_PER_CORE.value,
         peak_fp32=flops, peak_tf32=flops, peak_bf16=flops, peak_fp16=flops, num_cores=cores,
         estimated=("memory_bandwidth", "peak_fp32", "peak_tf32", "peak_bf16", "peak_fp16"),
     )

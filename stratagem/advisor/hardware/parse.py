@@ -69,7 +69,11 @@ def parse_cluster(spec: str) -> Cluster:
     check_positive(f"the world size of {shown(spec)}", num_nodes * num_devices, maximum=MAX_WORLD_SIZE,
                    why="more ranks than any cluster holds")
     node = _node(spec, device=device, num_devices=num_devices, bridge=bool(bridge))
-    return Cluster(num_nodes=num_nodes,
+    host = node.host
+    shared = (f"{num_devices} CPU ranks share this host's {host.num_cores} cores: each runs at "
+              f"{host.num_cores}/{num_devices} of one core's rate",) if (
+        node.device.kind == "cpu" and host is not None and num_devices > host.num_cores) else ()
+    return Cluster(num_nodes=num_nodes, notes=shared,
                    node=_with_network(spec, node=node, network=network, num_nodes=num_nodes))
 
 
