@@ -10,6 +10,7 @@ from stratagem.advisor.search.advice import Advice
 from stratagem.advisor.cost.estimate import Estimate
 from stratagem.advisor.search.explain import explain_target_cost
 from stratagem.advisor.cost.memory import usable_bytes
+from stratagem.advisor.cost.compute import COMPILE_SECONDS_PER_BLOCK_KIND
 from stratagem.units import format_bytes, format_count, format_params, format_seconds
 
 if TYPE_CHECKING:
@@ -143,7 +144,8 @@ def step_note(estimate: Estimate) -> str:
         notes.append(f"costed on pipeline rank {time.paced_rank} of {plan.pp}{holds.get(time.paced_rank, '')}: "
                      "the slowest")
     if time.compile_once:
-        notes.append(f"plus about {format_seconds(time.compile_once)} compiling its blocks once, before the first step")
+        notes.append(f"plus about {time.compile_once:.0f} s compiling its blocks once, before the first step "
+                     f"(estimated at {COMPILE_SECONDS_PER_BLOCK_KIND:.0f} s a kind of block)")
     return f" ({'; '.join(notes)})" if notes else ""
 
 
