@@ -57,10 +57,10 @@ def _across_rows(shape: tuple[int, ...], out: tuple[int, ...]) -> bool:
     ``shape`` keeps in order, other than its leading ones. Where sizes coincide (``[C]`` from
     ``[C, C]``: OPT's ``[tokens, width]`` with as many tokens as its width), the trailing ones win:
     a bias's gradient."""
-    kept = out
-    while len(kept) > 1 and kept[0] == 1:
-        kept = kept[1:]
-    if 0 < len(kept) < len(shape) and kept == shape[-len(kept):]:
+    trailing = out
+    while len(trailing) > 1 and trailing[0] == 1:
+        trailing = trailing[1:]
+    if 0 < len(trailing) < len(shape) and trailing == shape[-len(trailing):]:
         return True
     if len(out) == len(shape):
         if any(o not in (1, n) for n, o in zip(shape, out)):
@@ -72,6 +72,7 @@ def _across_rows(shape: tuple[int, ...], out: tuple[int, ...]) -> bool:
         return False
     rest = iter(shape)
     return all(any(n == o for n in rest) for o in out)  # out's sizes in order among shape's
+
 
 Group = tuple[str, bool]
 """Where an operator runs: its segment and whether in backward."""
@@ -139,8 +140,8 @@ class FusionTracker:
            sums: list[tuple[Ref, int]] = (), cast: Hashable | None = None) -> None:
         """One operator of ``group``: the storages it reads (each a :class:`Read`, or a storage and
         its bytes) and writes, with their bytes; ``sums``: those of ``writes`` that sum an input
-        across rows (:func:`sums_across_rows`: a bias's gradient, BatchNorm's statistics); ``cast``: what a cast
-        makes (dtype, shape), for a cast of what another cast of its group already made (autocast
+        across rows (:func:`sums_across_rows`: a bias's gradient, BatchNorm's statistics); ``cast``:
+        what a cast makes (dtype, shape), for a cast of what another cast of its group already made (autocast
         casts an activation for each operator that takes it; a compiler once), which is that
         cast's result and no operator."""
         reads = [Read(self._same.get(ref, ref), *rest) for ref, *rest in reads]
