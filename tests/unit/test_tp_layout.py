@@ -107,6 +107,18 @@ def test_hugging_face_llama_layout(tmp_path):
     assert layout["model.embed_tokens"] == "vocab_embedding" and layout["lm_head"] == "vocab_head"
 
 
+def test_one_key_value_head_is_why_no_split_is_offered(tmp_path):
+    """Multi-query attention (Gemma 3 1B's one key/value head): the two-way split fails where the
+    key's heads are reshaped, and the reason says so rather than quoting the reshape."""
+    pytest.importorskip("transformers")
+    config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+              "num_key_value_heads": 1, "num_hidden_layers": 2, "vocab_size": 100, "max_position_embeddings": 64}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    profile = profile_spec(f"hf:{tmp_path}", seq_len=16, cache=False)
+    assert profile.tp_layout == ()
+    assert profile.tp_unavailable.startswith("its 1 key/value head cannot be split two ways")
+
+
 class FixedHeads(nn.Module):
     """Attention that hard-codes its head count: splitting its projections would be wrong."""
 
