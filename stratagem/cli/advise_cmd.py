@@ -21,6 +21,7 @@ from stratagem.cli.common import (
     compile_constraints,
     file_name,
     model_workload,
+    profile_phase,
     positive_int,
 )
 from stratagem.cli.emit import EMIT_FILES, export_config, search_target
@@ -72,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
     from stratagem.advisor.calibrate import calibrated
     from stratagem.advisor.hardware import parse_cluster
     from stratagem.advisor.search.advice import advise
+    from stratagem.progress import Progress
 
     check_writable(args.output, "the config" if args.emit else "the report")
     target = search_target(emit=args.emit, target=args.target)
@@ -90,12 +92,17 @@ def run(args: argparse.Namespace) -> int:
         check_this_host(cluster)
     if args.calibration:
         cluster = calibrated(cluster)
-    profile, workload = model_workload(args, cluster)
     constraints = compile_constraints(args)
-    advice = advise(profile, cluster, workload, top=args.top, target=target, objective=args.objective,
-                    constraints=constraints)
-    if target != "any":  # what the target's restriction costs
-        advice = advice.against(advise(profile, cluster, workload, top=1, target="any", constraints=constraints).best)
+    with Progress() as display:  # on stderr: the report goes to stdout once it is done
+        with display.phase("profile", profile_phase(args)):
+            profile, workload = model_workload(args, cluster)
+        with display.phase("search", f"plans for {cluster.spec}, global batch {workload.global_batch_size}") as phase:
+            advice = advise(profile, cluster, workload, top=args.top, target=target, objective=args.objective,
+                            constraints=constraints)
+            if target != "any":  # what the target's restriction costs
+                advice = advice.against(advise(profile, cluster, workload, top=1, target="any",
+                                               constraints=constraints).best)
+            phase.done(f"{advice.num_evaluated} plans costed")
     _write(advice, args.format, None if args.emit else args.output)
     if args.emit and advice.best:
         export_config(args.emit, advice, args.output)

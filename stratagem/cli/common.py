@@ -62,6 +62,11 @@ def compile_constraints(args: argparse.Namespace) -> dict[str, bool]:
     return {} if args.compile else {"compile": False}
 
 
+def profile_phase(args: argparse.Namespace) -> str:
+    """What the profile phase of ``advise`` and ``verify`` profiles, for their progress lines."""
+    return f"{args.model}" + (f", {args.seq_len} tokens" if args.seq_len else "") + f", {args.precision}"
+
+
 def model_workload(args: argparse.Namespace, cluster: Cluster) -> tuple[ModelProfile, Workload]:
     """The profile of ``--model`` and the workload the model arguments describe on ``cluster``."""
     from stratagem.plan import Workload

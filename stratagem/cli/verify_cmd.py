@@ -19,6 +19,7 @@ from stratagem.cli.common import (
     check_writable,
     compile_constraints,
     model_workload,
+    profile_phase,
     file_name,
     positive_int,
     seconds,
@@ -117,8 +118,7 @@ def _advise_and_verify(cluster: Cluster, args: argparse.Namespace, *, report: bo
 
     with Progress(enabled=report) as display:
         cluster = calibrated(cluster) if args.calibration else cluster
-        with display.phase("profile", f"{args.model}" + (f", {args.seq_len} tokens" if args.seq_len else "")
-                           + f", {args.precision}"):
+        with display.phase("profile", profile_phase(args)):
             profile, workload = model_workload(args, cluster)
         with display.phase("search", f"plans for {cluster.spec}, global batch {workload.global_batch_size}") as phase:
             advice = advise(profile, cluster, workload, top=args.top, target=args.target, objective=args.objective,
