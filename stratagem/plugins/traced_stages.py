@@ -8,6 +8,7 @@ compilation or FSDP units (:func:`check_traced_stage_plan`; FSDP shards the stag
 from __future__ import annotations
 
 import gc
+import inspect
 
 import torch
 from torch import Tensor, nn
@@ -21,7 +22,11 @@ __all__ = ["check_traced_stage_plan", "rebuild_generated_code", "traced_stages"]
 
 
 def traced_stages(module: nn.Module, plan: Plan, bounds: list[int], mine: tuple[int, ...],
-                   example_inputs: tuple[Tensor, ...]) -> list[nn.Module]:
+                  example_inputs: tuple[Tensor, ...]) -> list[nn.Module]:
+    """Stages ``mine`` of ``module`` traced and split before the blocks at ``bounds`` (one
+    micro-batch of ``example_inputs`` fixes the graph's shapes), each passing on what a later stage
+    reads of what came before it (:func:`_carry`). :class:`UsageError` when the model does not
+    export, or its forward does not run the blocks in order."""
     split = {f"{plan.block_container}.{bounds[s]}": SplitPoint.BEGINNING for s in range(1, plan.num_stages)}
     own_forward = {fqn: module.get_submodule(fqn).__dict__.get("forward") for fqn in split}
     # A Hugging Face model returns its KV cache, which torch.export refuses in an output and
@@ -50,14 +55,36 @@ def traced_stages(module: nn.Module, plan: Plan, bounds: list[int], mine: tuple[
         raise UsageError(f"tracing {type(module).__name__} gave {pipe.num_stages} stages, the plan has "
                          f"{plan.num_stages}: its forward does not run {plan.block_container!r} in order\n"
                          "HINT: pick a plan with pp=1")
+    inputs = [list(inspect.signature(pipe.get_stage_module(s).forward).parameters) for s in range(pipe.num_stages)]
     stages = [pipe.get_stage_module(s) for s in mine]
     transient = _non_persistent_buffers(module)
-    for stage in stages:
+    for index, stage in zip(mine, stages):
         _run_generated_code(stage)
         _keep_out_of_state_dict(stage, transient)
+        if index + 1 < pipe.num_stages:
+            _carry(stage, inputs[index], inputs[index + 1])
     del pipe
     gc.collect()  # export leaves graph modules of the whole model in reference cycles, holding its parameters
     return stages
+
+
+def _carry(stage: nn.Module, own: list[str], following: list[str]) -> None:
+    """Make ``stage`` hand the next stage, besides its outputs, the inputs it takes too (by their
+    names in the traced graph, ``own`` and ``following``): the split gives a stage only what the
+    one before it computes, and a value computed before the first split and read by every block
+    (a Hugging Face model's rotary tables and mask) reaches the second stage alone, so a third
+    failed for want of it. Its outputs and the carried inputs go in the order the next stage
+    takes them."""
+    if not set(own) & set(following):
+        return
+    forward = stage.forward
+
+    def forward_and_carry(*args: Tensor) -> tuple[Tensor, ...]:
+        out = forward(*args)
+        computed = iter(out if isinstance(out, tuple) else (out,))
+        return tuple(args[own.index(name)] if name in own else next(computed) for name in following)
+
+    stage.forward = forward_and_carry
 
 
 def _non_persistent_buffers(module: nn.Module) -> set[str]:

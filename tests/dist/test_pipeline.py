@@ -226,6 +226,21 @@ def test_stages_chain_to_the_whole_model_under_its_own_names(name):
     assert not any(getattr(m, "_run_with_interpreter", False) for s in (first, last) for m in s.modules())
 
 
+def test_traced_stages_carry_what_later_stages_read():
+    """Phi3's rotary tables and mask are computed before the first block and read by every block:
+    traced into four stages (two per rank, interleaved), each stage hands them on with its output,
+    where the third had been called without them."""
+    model, x = _hf_phi3(), torch.randint(0, 128, (2, 16))
+    whole = model(x).logits
+    plan = Plan(pp=2, pp_virtual=2, pp_schedule="interleaved-1f1b", microbatches=2, precision="fp32",
+                block_container="model.layers", stage_blocks=(1, 1, 1, 1))
+    (first, third), (second, fourth) = (split_stages(model, plan, pp_rank=r, example_inputs=(x,)) for r in range(2))
+    out = x
+    for stage in (first, second, third, fourth):
+        out = stage(*out) if isinstance(out, tuple) else stage(out)
+    torch.testing.assert_close(out[0] if isinstance(out, tuple) else out, whole, rtol=0, atol=0)
+
+
 def test_tied_weights_a_pipeline_can_keep_and_those_it_cannot():
     """A tied embedding and head (outside the blocks) are copied to the first and last stage; a
     weight blocks share would be split by the stages, and offloaded copies cannot be summed on the
