@@ -98,7 +98,12 @@ def _read(value: str, label: str) -> GivenPlan | str:
 
 def _names_a_plan(value: str) -> bool:
     text = value.strip()
-    return not (text.startswith("{") or "/" in text or text.endswith(".json") or _is_file(text))
+    return not (_inline(text) or "/" in text or text.endswith(".json") or _is_file(text))
+
+
+def _inline(value: str) -> bool:
+    """Whether ``--plan`` gives JSON inline: an object, or a list (which the plan reader refuses)."""
+    return value.lstrip().startswith(("{", "["))
 
 
 def _is_file(text: str) -> bool:
@@ -109,8 +114,8 @@ def _is_file(text: str) -> bool:
 
 
 def _plan_text(value: str, label: str) -> str:
-    """The JSON of ``--plan``: inline when it starts with ``{``, else the file it names."""
-    if value.lstrip().startswith("{"):
+    """The JSON of ``--plan``: inline (:func:`_inline`), else the file it names."""
+    if _inline(value):
         return value
     try:
         return Path(value).read_text(encoding="utf-8")
@@ -124,7 +129,7 @@ def _plan_text(value: str, label: str) -> str:
 def _source(value: str) -> str:
     if _names_a_plan(value):
         return "by name"
-    return "inline" if value.lstrip().startswith("{") else value
+    return "inline" if _inline(value) else value
 
 
 def _best_plan(profile: ModelProfile, cluster: Cluster, workload: Workload, objective: str, title: str) -> Plan:

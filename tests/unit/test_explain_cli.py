@@ -79,6 +79,7 @@ def test_a_plan_file_from_advise(capsys, tmp_path):
     ('{"pp": 2, "dp_shard": 4, "zero": 3, "offload": "params", "microbatches": 2}',
      "cannot run here: CPU offload of a pipeline's tied weights"),
     ('{"dp": 8}', "unknown Plan field(s) dp"),
+    ("[1, 2]", "a plan must be a JSON object, got list"),  # inline JSON, not a plan's name
     ('{"dp_replicate": 8, "micro_batch_size": 4, "block_container": "transformer.h"}',
      "names block_container='transformer.h'"),  # another model's plan
     ("no/such/plan.json", "cannot read the plan file"),
