@@ -38,6 +38,14 @@ def test_cuda_picks_the_kernel_sdp_utils_allows(dtype, heads, kv_heads, head_dim
     assert cuda_backend(q, k, v, dtype=dtype, attn_mask=attn_mask, is_causal=not mask) == expected
 
 
+def test_grouped_heads_without_enable_gqa_take_the_math_path():
+    """One key/value head for eight query heads, passed without ``enable_gqa``: flash attention
+    refuses it, and only the math path's matmuls broadcast the key's head."""
+    q, k, v = _qkv(8, 1)
+    assert cuda_backend(q, k, v, dtype=torch.bfloat16, is_causal=True, enable_gqa=False) == "math"
+    assert cuda_backend(q, k, v, dtype=torch.bfloat16, is_causal=True, enable_gqa=True) == "flash"
+
+
 def test_fp32_grouped_attention_keeps_the_scores_on_a_gpu():
     """llama-tiny (4 query heads, 2 key/value heads) in fp32: a GPU's profile saves each block's
     softmax output (b·heads·s·s fp32), which the CPU flash kernel does not; under bf16 autocast

@@ -60,9 +60,11 @@ def math_attention_note(reasons: set[str]) -> str:
 
 
 def cuda_backend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, dtype: torch.dtype,
-                 attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> str:
+                 attn_mask: torch.Tensor | None = None, is_causal: bool = False, enable_gqa: bool = True) -> str:
     """The kernel CUDA's SDPA runs for these dense 4-D inputs in ``dtype``: ``"flash"``,
-    ``"efficient"`` or ``"math"`` (tried in that order, as PyTorch's default priority)."""
+    ``"efficient"`` or ``"math"`` (tried in that order, as PyTorch's default priority). Flash
+    attention takes grouped key/value heads only where the call says ``enable_gqa``
+    (``check_batch_size_and_num_heads_dense``); without it, fewer key heads broadcast on the math path."""
     if query.dim() != 4:
         return "math"
     head_dim = query.shape[-1]
@@ -70,7 +72,7 @@ def cuda_backend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
     grouped = not (query.shape[1] == key.shape[1] == value.shape[1])
     square = query.shape[-2] == key.shape[-2]
     if (dtype in FLASH_DTYPES and attn_mask is None and same_head_dims and head_dim <= FLASH_MAX_HEAD_DIM
-            and (square or not is_causal)):
+            and (square or not is_causal) and (enable_gqa or not grouped)):
         return "flash"
     aligned = head_dim * dtype.itemsize % EFFICIENT_ALIGNMENT_BYTES == 0
     if dtype in EFFICIENT_DTYPES and not grouped and aligned:
@@ -88,6 +90,9 @@ def math_reason(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, 
     if grouped and attn_mask is not None:
         return ("grouped key/value heads with an explicit mask (flash attention takes no mask, the memory-efficient "
                 "kernel no grouped heads)")
+    if grouped:
+        return ("grouped key/value heads without enable_gqa (flash attention takes them only with it, the "
+                "memory-efficient kernel not at all)")
     if query.dim() != 4:
         return f"{query.dim()}-D inputs (the fused kernels take [batch, heads, tokens, head size])"
     return (f"a head size of {query.shape[-1]} in {str(dtype).removeprefix('torch.')} (flash attention takes 16-bit "
@@ -97,7 +102,7 @@ def math_reason(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, 
 def _arguments(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None = None,
                dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
                enable_gqa: bool = False) -> tuple:
-    return query, key, value, attn_mask, dropout_p, is_causal, scale
+    return query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
 
 
 def _cuda_kernel(backend: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -129,9 +134,10 @@ class CudaAttention(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is not F.scaled_dot_product_attention:
             return func(*args, **kwargs)
-        query, key, value, attn_mask, dropout_p, is_causal, scale = _arguments(*args, **kwargs)
+        query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa = _arguments(*args, **kwargs)
         dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else query.dtype
-        backend = cuda_backend(query, key, value, dtype=dtype, attn_mask=attn_mask, is_causal=is_causal)
+        backend = cuda_backend(query, key, value, dtype=dtype, attn_mask=attn_mask, is_causal=is_causal,
+                               enable_gqa=enable_gqa)
         if backend == "math":
             self.math_reasons.add(math_reason(query, key, value, dtype=dtype, attn_mask=attn_mask))
             with sdpa_kernel(SDPBackend.MATH):
