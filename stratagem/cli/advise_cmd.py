@@ -21,8 +21,8 @@ from stratagem.cli.common import (
     compile_constraints,
     file_name,
     model_workload,
-    profile_phase,
     positive_int,
+    profile_phase,
 )
 from stratagem.cli.emit import EMIT_FILES, export_config, search_target
 

@@ -18,10 +18,10 @@ from stratagem.cli.common import (
     add_model_arguments,
     check_writable,
     compile_constraints,
-    model_workload,
-    profile_phase,
     file_name,
+    model_workload,
     positive_int,
+    profile_phase,
     seconds,
 )
 

@@ -114,7 +114,7 @@ def test_attention_a_fused_cuda_kernel_takes_keeps_no_scores(attention):
     (DeepSeek's latent attention), and SDPA on CPU tensors runs the math path, saving the s×s
     scores; CUDA runs them fused (flash attention, the memory-efficient kernel), as the profile
     now does: a block saves less beyond the plain block's than one s×s tensor (a dropout seed,
-    wider queries and keys), where the math path saved 1.7 and 1.2 MB against 0.36."""
+    wider queries and keys), where the math path keeps several."""
     x = torch.randn(2, 128, 64)
     plain = profile_model(_Layers(), (x,), precision="bf16-mixed").blocks[0]
     profile = profile_model(_Layers(**attention), (x,), precision="bf16-mixed")

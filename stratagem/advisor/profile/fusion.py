@@ -234,7 +234,8 @@ class FusionTracker:
         """Per group, the bytes and kernels of its sums across rows. Each reads what
         it needs from memory (through the group's intermediates that stay in registers, what those
         were computed from: the compiler computes them again) and writes its sum (a parameter's
-        size). Sums that read a tensor in common share their first kernel, which reads it once
+        size, or a channel's for BatchNorm's statistics). Sums that read a tensor in common share
+        their first kernel, which reads it once
         (inductor fuses them horizontally: a LayerNorm's weight and bias gradients, both
         LayerNorms' of a block), and each has a kernel of its own that adds its partial sums."""
         cluster: dict[int, int] = {}

@@ -57,8 +57,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from stratagem.advisor.profile.block_reuse import tensor_bytes
 from stratagem.advisor.profile.batch_norms import BATCH_NORM_OPS, batch_norm_call
 from stratagem.advisor.profile.convolutions import conv_layer
-from stratagem.advisor.profile.flop_formulas import FLOP_FORMULAS
 from stratagem.advisor.profile.counts import RunRecord
+from stratagem.advisor.profile.flop_formulas import FLOP_FORMULAS
 from stratagem.advisor.profile.fusion import FusionTracker, Read, region_of, sums_across_rows
 from stratagem.advisor.profile.recompute import CheckpointPolicies
 

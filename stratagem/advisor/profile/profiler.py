@@ -149,12 +149,10 @@ def _profile_step(
         if record.math_attention_reasons:
             notes.append(math_attention_note(record.math_attention_reasons))
         notes += [note for note in (record.compiled_note, record.cache_note) if note]
-        tp_layout, tp_unavailable = find_tp_layout(model, structure.container, calls, state, record.block_inputs)
+        heads, kv_heads = attention_heads(model)
+        tp_layout, tp_unavailable = find_tp_layout(model, structure.container, calls, state, record.block_inputs,
+                                                   kv_heads=kv_heads)
         vocab = _vocab_layout(model, vocab_calls, (args, kwargs), state, notes) if tp_layout else ()
-    heads, kv_heads = attention_heads(model)
-    if tp_unavailable and kv_heads and kv_heads % 2:  # what a split's failure says then is a reshape's
-        tp_unavailable = (f"its {kv_heads} key/value head{'s' * (kv_heads > 1)} cannot be split two ways "
-                          "(tensor parallelism splits the attention heads across its ranks)")
     return ModelProfile(
         name=name or type(model).__name__, precision=prec.name, kernels=kernels, batch_size=batch_size,
         seq_len=seq_len, block_container=structure.container, num_heads=heads, num_kv_heads=kv_heads,

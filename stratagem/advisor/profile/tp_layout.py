@@ -105,10 +105,13 @@ def pair_linears(calls: list[_LinearCall]) -> dict[str, str]:
 
 
 def find_tp_layout(model: nn.Module, container: str | None, recorder: LinearCallRecorder,
-                   state: dict[str, torch.Tensor], inputs: dict[str, tuple[tuple, dict]]) -> tuple[Layout, str | None]:
+                   state: dict[str, torch.Tensor], inputs: dict[str, tuple[tuple, dict]], *,
+                   kv_heads: int | None = None) -> tuple[Layout, str | None]:
     """The model's TP layout (patterns with ``*`` for the block index) and, when there is none,
-    why: each block that ran is split on its first call's ``inputs`` (:mod:`.block_inputs`). Must
-    run inside the fake mode that made ``state`` and the recorded inputs."""
+    why: each block that ran is split on its first call's ``inputs`` (:mod:`.block_inputs`); where
+    a split fails and the model's ``kv_heads`` key/value heads do not halve, that is the reason
+    (the failure itself is a reshape's). Must run inside the fake mode that made ``state`` and the
+    recorded inputs."""
     if container is None:
         return (), "the model has no repeated blocks to split"
     kinds: dict[str, dict[str, str]] = {}
@@ -126,6 +129,9 @@ def find_tp_layout(model: nn.Module, container: str | None, recorder: LinearCall
     for fqn, styles in kinds.items():
         failure = _try_split(model.get_submodule(fqn), fqn, styles, inputs[fqn], state)
         if failure:
+            if kv_heads and kv_heads % 2:
+                return (), (f"its {kv_heads} key/value head{'s' * (kv_heads > 1)} cannot be split two ways "
+                            "(tensor parallelism splits the attention heads across its ranks)")
             return (), f"splitting {fqn} two ways fails ({failure})"
     styles = next(iter(kinds.values()))
     block = model.get_submodule(next(iter(kinds)))
