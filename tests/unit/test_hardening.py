@@ -71,7 +71,15 @@ CLUSTERS = {
     "10^11 NICs": ("2x8xH100:ib-ndr-x99999999999", "more than one per device of the largest node"),
     "a letter no catalog name has": ("8xH100ü", "cannot read cluster spec"),
     "2,048 GPUs in a node": ("2048xH100", "more than any node or NVLink domain holds"),
+    "1,024 H100s in one NVLink domain": ("1024xH100", "(?s)joins at most 256.*HINT.*'128x8xH100-SXM5-80GB:ib-ndr'"),
+    "nine MI300X in one node": ("9xMI300X", "joins at most 8"),
 }
+
+
+def test_a_node_as_large_as_its_link_joins_is_read():
+    assert parse_cluster("72xGB200").node.num_devices == 72
+    assert parse_cluster("256xH100").node.num_devices == 256
+    assert parse_cluster("64xA100-PCIe").node.num_devices == 64  # no largest PCIe tree is catalogued
 
 
 @pytest.mark.parametrize(("spec", "message"), CLUSTERS.values(), ids=CLUSTERS.keys())

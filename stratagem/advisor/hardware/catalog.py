@@ -231,6 +231,7 @@ class LinkEntry(NamedTuple):
     latency: Fig
     efficiency: Fig
     topology: str  # "switch" (all-to-all), "pairs", "mesh", "cube-mesh", "tree", "loopback"
+    largest_domain: Fig | None = None  # the most devices one such link has joined (built or announced); None: no limit known
 
 
 NVLINK_PER_LINK = {  # bytes/s per link per direction, by NVLink generation
@@ -247,10 +248,10 @@ NVLINK_LATENCY = est(3e-6, LATENCY_RULE)
 PCIE_LATENCY = est(5e-6, LATENCY_RULE)
 
 
-def _nvlink(gen: int, links: int, topology: str) -> LinkEntry:
+def _nvlink(gen: int, links: int, topology: str, largest_domain: Fig) -> LinkEntry:
     bw = NVLINK_PER_LINK[gen]
     return LinkEntry(Fig(links * bw.value, f"{links} links x {bw.value / GB:g} GB/s; {bw.source}"),
-                     NVLINK_LATENCY, NVLINK_EFFICIENCY, topology)
+                     NVLINK_LATENCY, NVLINK_EFFICIENCY, topology, largest_domain)
 
 
 def _pcie(gen: int, lanes: int = 16) -> LinkEntry:
@@ -260,10 +261,14 @@ def _pcie(gen: int, lanes: int = 16) -> LinkEntry:
 
 
 LINKS: dict[str, LinkEntry] = {
-    "nvlink2-cube-mesh": _nvlink(2, 6, "cube-mesh"),  # DGX-1: not every pair is direct
-    "nvlink3-nvswitch": _nvlink(3, 12, "switch"),
-    "nvlink4-nvswitch": _nvlink(4, 18, "switch"),
-    "nvlink5-nvswitch": _nvlink(5, 18, "switch"),
+    "nvlink2-cube-mesh": _nvlink(2, 6, "cube-mesh",  # DGX-1: not every pair is direct
+                                 Fig(16, "NVIDIA DGX-2: 16 V100s on NVSwitch (DGX-1's cube mesh: 8)")),
+    "nvlink3-nvswitch": _nvlink(3, 12, "switch", Fig(16, "NVIDIA HGX A100: 4-, 8- and 16-GPU boards")),
+    "nvlink4-nvswitch": _nvlink(4, 18, "switch",
+                                Fig(256, "NVIDIA H100 whitepaper: the NVLink Switch System joins up to 256 GPUs")),
+    "nvlink5-nvswitch": _nvlink(5, 18, "switch",
+                                Fig(576, "NVIDIA Blackwell platform: NVLink domains of up to 576 GPUs "
+                                         "(GB200 NVL72 built with 72)")),
     "nvlink3-bridge": LinkEntry(est(300 * GB, A100_DS + ": bridge 600 GB/s bidirectional, pairs"),
                                 NVLINK_LATENCY, NVLINK_EFFICIENCY, "pairs"),
     "nvlink4-bridge": LinkEntry(Fig(300 * GB, H100_DS + ": bridge 600 GB/s bidirectional, pairs"),
@@ -272,7 +277,8 @@ LINKS: dict[str, LinkEntry] = {
         est(56.25 * GB, AMPERE_GA102_WP + ": bridge 112.5 GB/s bidirectional, pairs"),
         NVLINK_LATENCY, NVLINK_EFFICIENCY, "pairs"),
     "infinity-fabric": LinkEntry(est(448 * GB, MI300X_DS + ": 896 GB/s bidirectional, 7 peers"),
-                                 NVLINK_LATENCY, est(0.75, "assumed like NVLink"), "mesh"),
+                                 NVLINK_LATENCY, est(0.75, "assumed like NVLink"), "mesh",
+                                 Fig(8, MI300X_DS + ": 8 GPUs, each linked to its 7 peers")),
     "nvlink-c2c": LinkEntry(est(225 * GB, "NVLink-C2C 900 GB/s bidirectional per Grace, "
                                           "shared by two GPUs in GB200"),
                             NVLINK_LATENCY, NVLINK_EFFICIENCY, "tree"),

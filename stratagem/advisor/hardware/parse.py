@@ -98,11 +98,23 @@ def _node(spec: str, *, device: str, num_devices: int, bridge: bool) -> NodeSpec
         raise UsageError(f"{entry.name} in {spec!r} takes no NVLink bridge: bridged cards are "
                          f"{', '.join(bridged)}\nHINT: drop '+bridge'")
     link_key = entry.bridge if bridge and entry.bridge else entry.link
+    _check_domain(spec, entry.name, link_key, num_devices)
     return NodeSpec(
         device=lookup.device_from_entry(entry), num_devices=num_devices,
         link=lookup.link_from_key(link_key, num_devices=num_devices),
         host_link=lookup.host_link_from_key(entry.host_link), network=None,
     )
+
+
+def _check_domain(spec: str, device: str, link_key: str, num_devices: int) -> None:
+    """Refuse a node of more devices than its link has ever joined: the cost model would give every
+    pair of them that link's bandwidth (e.g. '1024xH100' read as one NVLink domain of 1,024 GPUs)."""
+    largest = lookup.catalog.LINKS[link_key].largest_domain
+    if largest is None or num_devices <= largest.value:
+        return
+    example = (f"e.g. '{num_devices // 8}x8x{device}:ib-ndr' for nodes of 8" if num_devices % 8 == 0 else FORM)
+    raise UsageError(f"{spec!r} is one node of {num_devices} {device} joined by {link_key}, which joins at "
+                     f"most {largest.value:g} ({largest.source})\nHINT: name the nodes and their network: {example}")
 
 
 def _tpu_slice(spec: str, entry: TpuEntry, *, num_nodes: int, num_devices: int, extra: str | None) -> Cluster:
