@@ -74,13 +74,22 @@ def test_a_model_type_without_sdpa_is_built_with_eager_attention_and_says_so(tmp
     assert profile.blocks[0].attention_fwd_flops == 2 * (2 * 2 * 32 * 32 * 64)
 
 
-def test_a_model_without_attention_gets_no_note_about_it(tmp_path):
-    """Mamba has no SDPA path because it has no attention: no note says its attention runs eager."""
+def test_a_model_without_attention_gets_no_note_about_it_and_one_about_its_reference_kernels(tmp_path):
+    """Mamba has no SDPA path because it has no attention: no note says its attention runs eager.
+    Its selective scan and convolution run transformers' reference PyTorch path in the profile
+    (mamba_ssm's kernels are CUDA-only), and the profile says so; the wrappers are put back."""
     pytest.importorskip("transformers")
+    from transformers.models.mamba import modeling_mamba
+
     mamba = {"model_type": "mamba", "hidden_size": 32, "num_hidden_layers": 2, "vocab_size": 100, "state_size": 4}
     (tmp_path / "config.json").write_text(json.dumps(mamba))
     source = load_model(f"hf:{tmp_path}", batch_size=2, seq_len=8)
     assert not any("attention" in note for note in source.notes)
+    wrapper = modeling_mamba.mamba_selective_scan
+    profile = profile_spec(f"hf:{tmp_path}", batch_size=2, seq_len=8)
+    (note,) = [note for note in profile.notes if "reference PyTorch path" in note]
+    assert "selective_scan_fn" in note and "causal_conv1d_fn" in note and "mamba_ssm" in note
+    assert modeling_mamba.mamba_selective_scan is wrapper
 
 
 def test_a_sequence_longer_than_learned_positions_is_a_usage_error_and_an_encoder_says_how_it_is_built(tmp_path):

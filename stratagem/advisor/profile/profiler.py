@@ -32,6 +32,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from stratagem.advisor.profile.attention import math_attention_note
 from stratagem.advisor.profile.convolutions import memory_format
 from stratagem.advisor.profile.counts import RunRecord, SegmentCounts
+from stratagem.advisor.profile.kernel_fallbacks import KernelFallbacks
 from stratagem.advisor.profile.measure import EMBED, HEAD, quiet_fake_tensor_log
 from stratagem.advisor.profile.step import Step, run_fake_step
 from stratagem.plan.precision import Precision, get_precision, in_compute_dtype, torch_dtype
@@ -140,7 +141,7 @@ def _profile_step(
         state = _fake_state(model, prec)
         args, kwargs = tree_map(functools.partial(_fake_like, floating=_input_dtype(prec)), (args, kwargs))
         with LinearCallRecorder(model, structure.blocks) as calls, VocabCallRecorder(model, structure.blocks) as vocab_calls, \
-                _model_errors(name or type(model).__name__):
+                KernelFallbacks(model) as fallbacks, _model_errors(name or type(model).__name__):
             record = run_fake_step(model, state, args, kwargs, blocks=structure.blocks,
                                    step=_resolve_step(loss_fn, step_fn, notes),
                                    autocast_dtype=torch_dtype(prec.compute_dtype) if prec.autocast else None,
@@ -148,7 +149,7 @@ def _profile_step(
                                    reuse_identical_blocks=reuse_identical_blocks, kernels=kernels)
         if record.math_attention_reasons:
             notes.append(math_attention_note(record.math_attention_reasons))
-        notes += [note for note in (record.compiled_note, record.cache_note) if note]
+        notes += [note for note in (record.compiled_note, record.cache_note, fallbacks.note()) if note]
         heads, kv_heads = attention_heads(model)
         tp_layout, tp_unavailable = find_tp_layout(model, structure.container, calls, state, record.block_inputs,
                                                    kv_heads=kv_heads)
