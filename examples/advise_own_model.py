@@ -36,7 +36,12 @@ class UNetish(nn.Module):
 
 
 def build(batch_size: int = 8):
-    """A factory as ``advise --model module:build`` expects: (module, example inputs, loss)."""
+    """A factory as ``advise --model module:build`` expects: (module, example inputs, loss).
+
+    It declares ``batch_size``, so it is told the batch to build (the inputs may lay it out as
+    they like); one that does not is profiled at what its first input holds in dimension 0. Its
+    loss closes over the batch's labels, so no pipeline plan is offered for it: a pipeline would
+    apply the loss to each micro-batch's output."""
     model = UNetish()
     images = torch.randn(batch_size, 3, 256, 256)
     labels = torch.randint(0, 1000, (batch_size,))

@@ -175,15 +175,18 @@ def _factory_batch(spec: str, inputs: Any) -> Batch:
 
 def _check_samples(spec: str, batch: Batch, samples: int, *, passed: bool) -> None:
     """A :class:`UsageError` unless the batch's first tensor (the one the profiler reads the
-    batch size off) holds ``samples`` samples: the plan's predictions are for that many."""
+    batch size off) holds ``samples`` samples: the plan's predictions are for that many. A
+    factory that declares ``batch_size`` was told it, as the profile was, and is trusted to
+    follow it in whatever layout its inputs take (sequence-first tokens, EmbeddingBag's flat ids)."""
+    if passed:
+        return
     tensors = [t for t in tree_flatten((batch.args, batch.kwargs))[0] if isinstance(t, Tensor) and t.dim() > 0]
     if not tensors:
         raise UsageError(f"{spec}'s example inputs hold no tensor with a batch dimension\n"
                          "HINT: return the model's inputs for one batch, e.g. (module, (x,))")
     found = int(tensors[0].shape[0])
     if found != samples:
-        hint = ("make the example inputs' first dimension batch_size" if passed else
-                "give the factory a batch_size parameter (stratagem passes it by keyword)")
+        hint = "give the factory a batch_size parameter (stratagem passes it by keyword)"
         raise UsageError(f"{spec}'s example inputs hold {found} samples, and each rank of this plan runs "
                          f"{samples} per forward (micro-batch x pipeline micro-batches)\nHINT: {hint}")
 

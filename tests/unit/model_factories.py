@@ -56,3 +56,14 @@ def mlp_keyword_inputs(batch_size: int = 2):
     """Example inputs given as keyword arguments (nn.Sequential's forward takes ``input``)."""
     model, (x,) = mlp(batch_size)
     return model, {"input": x}
+
+
+def mlp_four_samples():
+    """Four samples of its own choosing: no batch_size parameter."""
+    return mlp(4)
+
+
+def sequence_first(batch_size: int = 2, seq_len: int = 8):
+    """Tokens laid out (sequence, batch), torch's default for its transformer layers."""
+    model = nn.Sequential(nn.Embedding(32, 8), nn.Linear(8, 32))
+    return model, (torch.randint(0, 32, (seq_len, batch_size)),)

@@ -33,6 +33,27 @@ def test_factory_may_bring_its_loss_closing_over_tensors():
     assert profile.head.fwd_flops == 0 and profile.flops_per_step > 0
 
 
+def test_a_factory_s_own_batch_and_a_told_layout_are_what_the_profile_counts():
+    """A factory without batch_size chose four samples: the profile is of four, per sample as the
+    one told two. One told batch_size and seq_len is profiled at those, whatever its layout."""
+    told, own = profile_spec("model_factories:mlp", precision="fp32"), profile_spec("model_factories:mlp_four_samples",
+                                                                                   precision="fp32")
+    assert (told.batch_size, own.batch_size) == (2, 4) and own.flops_per_step == 2 * told.flops_per_step
+    first = profile_spec("model_factories:sequence_first", seq_len=16, precision="fp32")
+    assert (first.batch_size, first.seq_len) == (2, 16)
+    with pytest.raises(UsageError, match="declares no seq_len parameter: --seq-len does not apply"):
+        profile_spec("model_factories:mlp", seq_len=16)
+
+
+def test_a_factory_s_loss_or_keyword_inputs_leave_pipelines_out():
+    """A loss closing over the batch's targets cannot be applied per micro-batch (verify had
+    broadcast or failed); pipeline stages take positional inputs."""
+    assert "whole batch's output" in profile_spec("model_factories:mlp_with_targets", precision="fp32").pp_unavailable
+    assert "keyword" in profile_spec("model_factories:mlp_keyword_inputs", precision="fp32").pp_unavailable
+    own_reason = profile_spec("model_factories:tokens", precision="fp32").pp_unavailable  # no loss, positional
+    assert own_reason is None or not ("whole batch" in own_reason or "keyword" in own_reason)
+
+
 @pytest.mark.parametrize("spec, message", [
     ("model_factories:module_only", "example inputs"),
     ("model_factories:not_a_module", "must return"),

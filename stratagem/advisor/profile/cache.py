@@ -22,12 +22,17 @@ import json
 import os
 import tempfile
 import warnings
+from collections.abc import Mapping
 from dataclasses import replace
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stratagem.advisor.profile.model_profile import ModelProfile, ProfileDataError
 from stratagem.plan.precision import get_precision
+
+if TYPE_CHECKING:
+    from stratagem.advisor.profile.sources import ModelSource
 
 CACHE_ENV = "STRATAGEM_CACHE_DIR"
 _PACKAGE = Path(__file__).resolve().parents[2]
@@ -99,9 +104,25 @@ def _measure(spec: str, *, batch_size: int, seq_len: int | None, precision: str,
     from stratagem.advisor.profile.profiler import profile_model
 
     source = load_model(spec, batch_size=batch_size, seq_len=seq_len)
-    profile = profile_model(source.module, source.example_inputs, loss_fn=source.loss_fn,
-                            precision=precision, name=source.name, batch_size=batch_size, kernels=kernels)
-    return replace(profile, notes=(*source.notes, *profile.notes))
+    factory = not spec.startswith("hf:") and ":" in spec
+    # A factory that does not declare batch_size (or seq_len) chose its own: the profile reads
+    # them off its inputs. One that does is told them, whatever layout its inputs have.
+    profile = profile_model(source.module, source.example_inputs, loss_fn=source.loss_fn, precision=precision,
+                            name=source.name, batch_size=source.batch_size if factory else batch_size,
+                            seq_len=source.seq_len if factory else None, kernels=kernels)
+    return replace(profile, notes=(*source.notes, *profile.notes),
+                   pp_unavailable=profile.pp_unavailable or (_pipeline_refusal(source) if factory else None))
+
+
+def _pipeline_refusal(source: ModelSource) -> str | None:
+    """Why a factory's model cannot run as a pipeline, or None: a pipeline splits the batch into
+    micro-batches and its stages take positional inputs."""
+    if isinstance(source.example_inputs, Mapping):
+        return "its inputs are keyword arguments, and pipeline stages take positional ones"
+    if source.loss_fn is not None:
+        return ("its factory's loss_fn is a function of the whole batch's output (a loss may hold the batch's "
+                "targets), which a pipeline cannot apply to each micro-batch's")
+    return None
 
 
 def _cache_key(spec: str, *, batch_size: int, seq_len: int | None, precision: str, kernels: str) -> str | None:

@@ -6,7 +6,11 @@ Accepted forms (``load_model``):
 * ``pkg.module:factory`` — a callable returning the module, or ``(module, example_inputs)``, or
   ``(module, example_inputs, loss_fn)``; it is called under ``FakeTensorMode`` (the tensors it
   makes, weights and labels a loss closes over included, allocate nothing) and gets
-  ``batch_size``/``seq_len`` keyword arguments when it declares them (``seq_len`` only when given);
+  ``batch_size``/``seq_len`` keyword arguments when it declares them (``seq_len`` only when given,
+  and a usage error when given to one that does not declare it). The profile takes what it was
+  told as the inputs' batch and sequence, whatever their layout; a factory that declares no
+  ``batch_size`` is profiled at its first input's dimension 0. A factory's loss (which may hold
+  the batch's targets) or keyword inputs leave pipeline plans out (``profile.cache``);
 * ``hf:PATH`` — a Hugging Face config file (``config.json`` or any other name) or the folder
   holding ``config.json``, built with ``AutoModelForCausalLM.from_config`` on meta, the
   language-model head and loss included. Its shape-giving numbers are checked before anything is
@@ -46,6 +50,8 @@ class ModelSource:
     example_inputs: tuple | dict
     loss_fn: Callable[[Any], torch.Tensor] | None
     notes: tuple[str, ...] = ()
+    batch_size: int | None = None  # what the inputs hold where a factory was told (None: read off them)
+    seq_len: int | None = None
 
 
 def load_model(spec: str, *, batch_size: int = 1, seq_len: int | None = None) -> ModelSource:
@@ -152,6 +158,9 @@ def factory_arguments(spec: str, factory: Callable[..., Any], *, batch_size: int
             kwargs[name] = given[name]
         elif parameter.default is parameter.empty:
             missing.append(name)
+    if given["seq_len"] is not None and "seq_len" not in kwargs:
+        raise UsageError(f"factory {spec!r} declares no seq_len parameter: --seq-len does not apply to it\n"
+                         "HINT: leave out --seq-len, or give the factory a seq_len parameter")
     if "seq_len" in missing:
         raise UsageError(f"factory {spec!r} requires seq_len and none was given\n"
                          "HINT: pass --seq-len N (seq_len=N from Python), or give the factory's seq_len a default")
@@ -173,10 +182,10 @@ def _from_factory(spec: str, *, batch_size: int, seq_len: int | None) -> ModelSo
                 if isinstance(err, SystemExit) else
                 f"HINT: call {spec.replace(':', '.')}({_call_text(kwargs)}) yourself to see the traceback")
         raise UsageError(f"factory {spec!r} raised {_describe(err)}\n{hint}") from err
-    return _unpack_factory_result(spec, made)
+    return _unpack_factory_result(spec, made, batch_size=kwargs.get("batch_size"), seq_len=kwargs.get("seq_len"))
 
 
-def _unpack_factory_result(spec: str, made: Any) -> ModelSource:
+def _unpack_factory_result(spec: str, made: Any, *, batch_size: int | None, seq_len: int | None) -> ModelSource:
     if isinstance(made, nn.Module):
         raise UsageError(f"{spec} returned only a module; the profiler needs example inputs too\n"
                          "HINT: return (module, example_inputs) or (module, example_inputs, loss_fn)")
@@ -192,7 +201,8 @@ def _unpack_factory_result(spec: str, made: Any) -> ModelSource:
         raise UsageError(f"{spec} returned a loss of type {type(loss_fn).__name__}, not a callable\n"
                          "HINT: return loss_fn as a function of the module's output, or leave it out")
     inputs = tuple(inputs) if isinstance(inputs, list) else inputs
-    return ModelSource(name=spec, module=module, example_inputs=inputs, loss_fn=loss_fn)
+    return ModelSource(name=spec, module=module, example_inputs=inputs, loss_fn=loss_fn,
+                       batch_size=batch_size, seq_len=seq_len)
 
 
 def _describe(err: BaseException) -> str:
