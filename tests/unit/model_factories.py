@@ -67,3 +67,21 @@ def sequence_first(batch_size: int = 2, seq_len: int = 8):
     """Tokens laid out (sequence, batch), torch's default for its transformer layers."""
     model = nn.Sequential(nn.Embedding(32, 8), nn.Linear(8, 32))
     return model, (torch.randint(0, 32, (seq_len, batch_size)),)
+
+
+class _WithUnused(nn.Module):
+    """An MLP with a layer its forward never calls (an auxiliary head left in the model)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(16, 16), nn.ReLU()) for _ in range(2))
+        self.aux = nn.Linear(16, 16)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def mlp_with_unused(batch_size: int = 2):
+    return _WithUnused(), (torch.randn(batch_size, 16),)

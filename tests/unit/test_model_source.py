@@ -54,6 +54,25 @@ def test_a_factory_s_loss_or_keyword_inputs_leave_pipelines_out():
     assert own_reason is None or not ("whole batch" in own_reason or "keyword" in own_reason)
 
 
+def test_parameters_without_a_gradient_leave_ddp_out():
+    """DDP fails the second step when a parameter got no gradient in the first (verify's DDP plans
+    of such a model had all failed); FSDP's plans remain, and a DDP plan given by hand is refused."""
+    from stratagem.advisor.hardware import parse_cluster
+    from stratagem.advisor.search.advice import advise
+    from stratagem.advisor.search.targets import model_excludes
+    from stratagem.plan import Plan, Workload
+
+    profile = profile_spec("model_factories:mlp_with_unused", precision="fp32")
+    assert profile.ddp_unavailable.startswith("aux.weight, aux.bias get no gradient")
+    assert profile_spec("model_factories:mlp", precision="fp32").ddp_unavailable is None
+    cluster = parse_cluster("4xA100")
+    advice = advise(profile, cluster, Workload(global_batch_size=8, precision="fp32"), target="any")
+    assert advice.plans and not any(e.plan.uses_ddp for e in advice.plans)
+    assert any(note.startswith("No DDP plans") for note in advice.notes)
+    assert model_excludes(profile, cluster, Plan(dp_replicate=4, micro_batch_size=2, precision="fp32")).startswith(
+        "no DDP")
+
+
 @pytest.mark.parametrize("spec, message", [
     ("model_factories:module_only", "example inputs"),
     ("model_factories:not_a_module", "must return"),

@@ -93,4 +93,5 @@ class RunRecord:
     math_attention_reasons: set[str] = field(default_factory=set)  # why SDPA calls run CUDA's math path (profile.attention)
     block_inputs: dict[str, tuple[tuple, dict]] = field(default_factory=dict)  # each block's first call (block_inputs)
     compiled_note: str = ""  # what the blocks' compiled activations were not measured with, or why not (profile.compiled)
+    unused_params: tuple[str, ...] = ()  # trainable parameters the step's backward gives no gradient
     cache_note: str = ""  # the blocks ran with a key/value cache, which compiles each apart (profile.compiled)

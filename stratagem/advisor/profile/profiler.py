@@ -159,10 +159,22 @@ def _profile_step(
         seq_len=seq_len, block_container=structure.container, num_heads=heads, num_kv_heads=kv_heads,
         tp_layout=tp_layout + vocab, tp_unavailable=tp_unavailable, pp_unavailable=pp_unavailable(model, structure),
         pp_traced=removal_convention(model, block_container=structure.container) is None,
-        pp_tied_params=pp_tied_params(model, structure),
+        pp_tied_params=pp_tied_params(model, structure), ddp_unavailable=ddp_refusal(record.unused_params),
         notes=tuple(notes), profile_seconds=time.perf_counter() - started,
         **_assemble(model, structure.blocks, record, prec, notes, calls, (vocab, vocab_calls)),
     )
+
+
+def ddp_refusal(unused: tuple[str, ...]) -> str | None:
+    """Why DDP cannot train a model whose step gives the parameters ``unused`` no gradient, or None:
+    DDP waits for every parameter's gradient before it reduces, and fails the next step without
+    them (its find_unused_parameters walks the autograd graph each step, and stratagem leaves it
+    off); FSDP reduces what it has."""
+    if not unused:
+        return None
+    shown = ", ".join(unused[:4]) + (f" and {len(unused) - 4} more" if len(unused) > 4 else "")
+    return (f"{shown} get no gradient in a step, and DDP waits for every parameter's "
+            "(FSDP's plans, zero 2 or 3, take them)")
 
 
 def _vocab_layout(model: nn.Module, calls: VocabCallRecorder, inputs: Any, state: dict[str, torch.Tensor],

@@ -117,6 +117,9 @@ def run_fake_step(
                                               strict=False)
         loss.backward()
     record.block_inputs = inputs.calls
+    stood_in = tuple(f"{fqn}." for fqn in record.measured_as)  # blocks reuse ran no backward through
+    record.unused_params = tuple(name for name, t in state.items()
+                                 if t.requires_grad and t.grad is None and not name.startswith(stood_in))
     if kernels == "gpu":  # torch.compile runs on GPUs only (the search offers it nowhere else)
         measure_compiled(inputs.modules, inputs.calls, state, record, autocast_dtype=autocast_dtype)
     record.output_bytes = output.bytes()

@@ -162,6 +162,8 @@ def _model_notes(profile: ModelProfile, cluster: Cluster) -> tuple[str, ...]:
     if profile.kernels != wanted:
         notes += (f"The profile counts {profile.kernels.upper()} kernels and the cluster runs {wanted.upper()} ones "
                   f"(fused norms, dropout masks): profile with kernels={wanted!r} for its numbers.",)
+    if profile.ddp_unavailable and cluster.world_size > 1:
+        notes += (f"No DDP plans (zero 0 or 1): {profile.ddp_unavailable}.",)
     if profile.pp_unavailable and cluster.world_size > 1:
         notes += (f"No pipeline plans: {profile.pp_unavailable}.",)
     elif profile.pp_traced and cluster.world_size > 1:

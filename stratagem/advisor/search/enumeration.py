@@ -45,11 +45,13 @@ def _layouts(profile: ModelProfile, cluster: Cluster) -> Iterator[_Layout]:
     for tp in tps:
         for pp in pp_degrees(profile, world // tp):
             dp = world // (tp * pp)
-            yield _Layout(tp, pp, dp, 1, 0)
             if dp == 1:
+                yield _Layout(tp, pp, 1, 1, 0)
                 yield _Layout(tp, pp, 1, 1, 3)  # FSDP on one rank, for its CPU offload
                 continue
-            yield _Layout(tp, pp, 1, dp, 1)
+            if profile.ddp_unavailable is None:  # zero 0 and 1 data parallelism is DDP's
+                yield _Layout(tp, pp, dp, 1, 0)
+                yield _Layout(tp, pp, 1, dp, 1)
             shard_in_node = per_node // tp
             for zero in (2, 3):
                 yield _Layout(tp, pp, 1, dp, zero)
