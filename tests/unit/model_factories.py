@@ -85,3 +85,14 @@ class _WithUnused(nn.Module):
 
 def mlp_with_unused(batch_size: int = 2):
     return _WithUnused(), (torch.randn(batch_size, 16),)
+
+
+def frozen(batch_size: int = 2):
+    """No parameter requires grad: nothing to train."""
+    model, inputs = mlp(batch_size)
+    return model.requires_grad_(False), inputs
+
+
+def sparse_embedding(batch_size: int = 2):
+    """Sparse gradients, which fake tensors cannot hold."""
+    return nn.Sequential(nn.Embedding(32, 8, sparse=True), nn.Linear(8, 2)), (torch.randint(0, 32, (batch_size, 4)),)

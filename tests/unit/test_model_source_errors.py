@@ -273,3 +273,14 @@ def test_cli_prints_one_line_and_exits_2(factories, write_config, capsys):
     assert main(["advise", "--model", f"hf:{path}", "--cluster", "2xcpu"]) == 2
     err = capsys.readouterr().err
     assert path in err and "HINT:" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("spec, says", [
+    ("model_factories:frozen", "the step's loss is int 0: no trainable parameter reaches it"),
+    ("model_factories:sparse_embedding", "makes sparse gradients"),
+])
+def test_a_model_with_nothing_to_train_or_sparse_gradients_says_so(spec, says):
+    """Both had read 'failed on its example inputs' with a hint to check the inputs' shapes."""
+    with pytest.raises(UsageError, match=says) as caught:
+        profile_spec(spec, precision="fp32")
+    assert "HINT:" in str(caught.value) and "check that the inputs fit" not in str(caught.value)

@@ -224,6 +224,10 @@ def _model_errors(name: str) -> Iterator[None]:
                                   "that call torch.bmm, which autocast casts (Hugging Face: the config's "
                                   "experts_implementation 'batched_mm', which gathers each token's experts' "
                                   "weights: far more memory)", reason) from err
+        if "SparseTensorImpl" in first_line:
+            raise UsageError(f"{name} makes sparse gradients (nn.Embedding or nn.EmbeddingBag with sparse=True), "
+                             f"which the profile's fake tensors cannot hold ({first_line})\nHINT: profile it "
+                             "with sparse=False: its dense gradients are what FSDP's plans train") from err
         raise UsageError(f"{name} failed on its example inputs (fake tensors): {type(err).__name__}: "
                          f"{first_line}\nHINT: check that the inputs fit the model (batch size, "
                          "sequence length, image size) by running one real batch through it") from err

@@ -22,6 +22,7 @@ from stratagem.advisor.profile.counts import RunRecord
 from stratagem.advisor.profile.fused import FusedKernels
 from stratagem.advisor.profile.fusion import FusionTracker
 from stratagem.advisor.profile.measure import CostCounter, SavedTensorCounter
+from stratagem.errors import UsageError
 
 
 Step = Callable[..., torch.Tensor]
@@ -115,6 +116,7 @@ def run_fake_step(
         with autocast:
             loss = torch.func.functional_call(call, {f"model.{k}": v for k, v in state.items()}, args, kwargs,
                                               strict=False)
+        _check_differentiable(loss)
         loss.backward()
     record.block_inputs = inputs.calls
     stood_in = tuple(f"{fqn}." for fqn in record.measured_as)  # blocks reuse ran no backward through
@@ -128,6 +130,17 @@ def run_fake_step(
         record.segments[block].policies = policies
     _add_fused(record, counter.fusion)
     return record
+
+
+def _check_differentiable(loss: Any) -> None:
+    """A :class:`UsageError` unless ``loss`` is a tensor backward can start from."""
+    if isinstance(loss, torch.Tensor) and loss.requires_grad:
+        return
+    what = (f"a {loss.dtype} tensor that needs no gradient" if isinstance(loss, torch.Tensor)
+            else f"{type(loss).__name__} {loss!r}"[:80])
+    raise UsageError(f"the step's loss is {what}: no trainable parameter reaches it, so there is nothing to "
+                     "train\nHINT: check that some parameters require grad (not all frozen) and that the "
+                     "output the loss reads is differentiable (not argmax, not integers, not detached)")
 
 
 def _add_fused(record: RunRecord, fusion: FusionTracker) -> None:
