@@ -91,6 +91,9 @@ def _read(value: str, label: str) -> GivenPlan | str:
     path separator, no ``.json``)."""
     from stratagem.advisor.search.given_plans import read_plan
 
+    if not value.strip():
+        raise UsageError(f"plan {label}: --plan is empty\nHINT: give a plan's name as `advise` prints it, a JSON "
+                         f"file, or an inline object such as {INLINE_EXAMPLE}")
     if _names_a_plan(value):
         return value
     return read_plan(_plan_text(value, label), label=label, source=_source(value))

@@ -83,6 +83,7 @@ def test_a_plan_file_from_advise(capsys, tmp_path):
     ('{"dp_replicate": 8, "micro_batch_size": 4, "block_container": "transformer.h"}',
      "names block_container='transformer.h'"),  # another model's plan
     ("no/such/plan.json", "cannot read the plan file"),
+    ("", "--plan is empty"),  # it had been read as the current folder: "Is a directory"
 ])
 def test_plans_that_cannot_run_here_exit_2(capsys, plan, message):
     assert main(["explain", *TINY, "--plan", plan, "--plan", DDP]) == 2

@@ -73,6 +73,7 @@ CLUSTERS = {
     "2,048 GPUs in a node": ("2048xH100", "more than any node or NVLink domain holds"),
     "1,024 H100s in one NVLink domain": ("1024xH100", "(?s)joins at most 256.*HINT.*'128x8xH100-SXM5-80GB:ib-ndr'"),
     "nine MI300X in one node": ("9xMI300X", "joins at most 8"),
+    "counts and no device": ("8x", "(?s)'8x' names no device after its counts.*HINT: e.g. '8xH100'"),
 }
 
 

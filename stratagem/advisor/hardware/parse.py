@@ -85,6 +85,9 @@ def _node(spec: str, *, device: str, num_devices: int, bridge: bool) -> NodeSpec
         return cpu_node(probe_host(), num_ranks=num_devices, network=None)
     entry = lookup.find_gpu(device)
     if entry is None:
+        if re.fullmatch(r"(?:\d+x)+", device, re.IGNORECASE):
+            raise UsageError(f"{spec!r} names no device after its counts; a cluster is {FORM}\n"
+                             f"HINT: e.g. '{spec.strip()}H100'")
         if re.match(r"^\d+x", device, re.IGNORECASE):
             raise UsageError(f"{spec!r} has more than two counts; a cluster is {FORM}\n"
                              "HINT: the nodes, then the devices per node, then the device: e.g. '4x8xH100'")
@@ -139,11 +142,10 @@ def _with_network(spec: str, *, node: NodeSpec, network: str | None,
                   num_nodes: int) -> NodeSpec:
     if network is None:
         if num_nodes > 1:
-            raise UsageError(
-                f"{spec!r} spans {num_nodes} nodes but names no network between them: "
-                f"known: {', '.join(lookup.network_names())}"
-                f"\nHINT: append one, e.g. '{spec}:ib-ndr' (one NIC per GPU) or '{spec}:eth-100'"
-            )
+            example = f"'{spec}:eth-100'" if node.device.kind == "cpu" else \
+                f"'{spec}:ib-ndr' (one NIC per GPU) or '{spec}:eth-100'"
+            raise UsageError(f"{spec!r} spans {num_nodes} nodes but names no network between them: "
+                             f"known: {', '.join(lookup.network_names())}\nHINT: append one, e.g. {example}")
         return node
     return replace(node, network=parse_network(network, spec=spec, node=node))
 
