@@ -1,6 +1,6 @@
 """FLOP formulas torch's counter (:mod:`torch.utils.flop_counter`) lacks, which the profile adds
-to it: the CPU's flash-attention kernel (counted as CUDA's) and grouped GEMMs (a mixture of
-experts' in one call)."""
+to it: the CPU's flash-attention kernel (counted as CUDA's), grouped GEMMs (a mixture of
+experts' in one call) and the fused recurrent kernels (oneDNN's LSTM layer on CPU, cuDNN's RNN)."""
 
 from __future__ import annotations
 
@@ -44,5 +44,47 @@ def _grouped_mm_flops(mat_a, mat_b, *args, out_shape=None, **kwargs) -> int:
     return 2 * math.prod(out_shape) * mat_a[-1]
 
 
-FLOP_FORMULAS = {**CPU_ATTENTION_FLOPS, aten._grouped_mm: _grouped_mm_flops}
+def _rnn_flops(input, weights) -> int:
+    """The GEMMs of a recurrent kernel's forward: each token (a sequence's time step) meets
+    every 2-D weight once, 2 FLOPs per multiply-add."""
+    # Per layer and direction, per token: x·W_ihᵀ ([I] × [I, G·H]), h·W_hhᵀ ([H or P] × [H or P, G·H]),
+    # with a projection also h·W_hrᵀ ([H] × [H, P]) — G gates (LSTM 4, GRU 3), as torch's own
+    # decomposition (aten/src/ATen/native/RNN.cpp) runs them as mm/addmm; the biases (1-D) add no GEMM.
+    tokens = math.prod(input[:-1])  # [T, B, I], [B, T, I], or packed [ΣB, I]
+    return 2 * tokens * sum(math.prod(w) for w in weights if w is not None and len(w) == 2)
+
+
+def _mkldnn_rnn_layer_flops(input, w_ih, w_hh, *args, out_shape=None, **kwargs) -> int:
+    """``aten.mkldnn_rnn_layer``: one layer and direction of the CPU's LSTM (oneDNN), which runs
+    instead of the decomposition torch's counter would count (``aten.lstm`` without a projection)."""
+    return _rnn_flops(input, (w_ih, w_hh))
+
+
+def _mkldnn_rnn_layer_backward_flops(input, w_ih, w_hh, *args, out_shape=None, **kwargs) -> int:
+    """Its backward: the inputs' and the weights' gradients, twice the forward (it computes both)."""
+    return 2 * _rnn_flops(input, (w_ih, w_hh))
+
+
+def _cudnn_rnn_flops(input, weight, *args, out_shape=None, **kwargs) -> int:
+    """``aten._cudnn_rnn``: every layer and direction of a CUDA RNN, LSTM or GRU, in one call;
+    ``weight`` lists each one's W_ih, W_hh, biases and W_hr (a projection)."""
+    return _rnn_flops(input, weight)
+
+
+def _cudnn_rnn_backward_flops(input, weight, *args, out_shape=None, **kwargs) -> int:
+    """Its backward: the inputs' gradient always (it mutates the reserve), the weights' where
+    ``output_mask[3]`` asks (aten/src/ATen/native/cudnn/RNN.cpp), each as many FLOPs as the forward."""
+    output_mask = args[19] if len(args) > 19 else kwargs["output_mask"]
+    return (1 + bool(output_mask[3])) * _rnn_flops(input, weight)
+
+
+RNN_FLOPS = {
+    aten.mkldnn_rnn_layer: _mkldnn_rnn_layer_flops,
+    aten.mkldnn_rnn_layer_backward: _mkldnn_rnn_layer_backward_flops,
+    aten._cudnn_rnn: _cudnn_rnn_flops,
+    aten._cudnn_rnn_backward: _cudnn_rnn_backward_flops,
+}
+
+
+FLOP_FORMULAS = {**CPU_ATTENTION_FLOPS, **RNN_FLOPS, aten._grouped_mm: _grouped_mm_flops}
 """The FLOP formulas the profile adds to torch's counter's (:mod:`torch.utils.flop_counter`)."""
