@@ -96,3 +96,22 @@ def frozen(batch_size: int = 2):
 def sparse_embedding(batch_size: int = 2):
     """Sparse gradients, which fake tensors cannot hold."""
     return nn.Sequential(nn.Embedding(32, 8, sparse=True), nn.Linear(8, 2)), (torch.randint(0, 32, (batch_size, 4)),)
+
+
+class _StemAndBlocks(nn.Module):
+    """Blocks that are nn.Sequential, and a stem that is one too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Linear(16, 32), nn.ReLU())
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(32, 32), nn.ReLU()) for _ in range(4))
+
+    def forward(self, x):
+        x = self.stem(x)
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def stem_and_blocks(batch_size: int = 2):
+    return _StemAndBlocks(), (torch.randn(batch_size, 16),)

@@ -73,6 +73,24 @@ def test_parameters_without_a_gradient_leave_ddp_out():
         "no DDP")
 
 
+def test_blocks_whose_class_other_modules_share_leave_accelerate_s_fsdp_out():
+    """Accelerate wraps FSDP units by class name: here every nn.Sequential, the stem too, where the
+    plan's units are the blocks; its FSDP plans would train something other than what was costed."""
+    from stratagem.advisor.hardware import parse_cluster
+    from stratagem.advisor.search.advice import advise
+    from stratagem.plan import Workload
+
+    profile = profile_spec("model_factories:stem_and_blocks", precision="fp32")
+    assert profile.class_wrap_extra == "Sequential: stem"
+    assert profile_spec("model_factories:mlp_with_unused", precision="fp32").class_wrap_extra is None
+    cluster, workload = parse_cluster("8xA100"), Workload(global_batch_size=64, precision="fp32")
+    fsdp = {"zero": (2, 3)}
+    assert advise(profile, cluster, workload, target="any", constraints=fsdp).plans
+    with pytest.raises(UsageError, match="(?s)wraps units by class name.*HINT: --target any"):
+        advise(profile, cluster, workload, target="accelerate", constraints=fsdp)
+    assert not any(e.plan.uses_fsdp for e in advise(profile, cluster, workload, target="accelerate").plans)
+
+
 @pytest.mark.parametrize("spec, message", [
     ("model_factories:module_only", "example inputs"),
     ("model_factories:not_a_module", "must return"),

@@ -39,6 +39,7 @@ from stratagem.plan.precision import Precision, get_precision, in_compute_dtype,
 from stratagem.advisor.profile.model_profile import KERNELS, AttentionCall, ModelProfile, SegmentProfile, policy_field
 from stratagem.advisor.profile.structure import (
     attention_heads,
+    class_wrap_extra,
     find_blocks,
     linear_layers,
     pp_tied_params,
@@ -160,6 +161,7 @@ def _profile_step(
         tp_layout=tp_layout + vocab, tp_unavailable=tp_unavailable, pp_unavailable=pp_unavailable(model, structure),
         pp_traced=removal_convention(model, block_container=structure.container) is None,
         pp_tied_params=pp_tied_params(model, structure), ddp_unavailable=ddp_refusal(record.unused_params),
+        class_wrap_extra=class_wrap_extra(model, structure),
         notes=tuple(notes), profile_seconds=time.perf_counter() - started,
         **_assemble(model, structure.blocks, record, prec, notes, calls, (vocab, vocab_calls)),
     )

@@ -60,6 +60,20 @@ def pp_unavailable(model: nn.Module, structure: ModelStructure) -> str | None:
     return tied_weights(model, block_container=structure.container)[1]
 
 
+def class_wrap_extra(model: nn.Module, structure: ModelStructure) -> str | None:
+    """The modules other than the blocks whose class name is a block's, which wrapping FSDP units
+    by class name (Accelerate's ``TRANSFORMER_BASED_WRAP``) wraps too, e.g. ``'Sequential: stem'``;
+    None when there are none (or no blocks)."""
+    blocks = set(structure.blocks)
+    names = {type(model.get_submodule(fqn)).__name__ for fqn in blocks}
+    extra = [fqn for fqn, module in model.named_modules() if type(module).__name__ in names and fqn not in blocks]
+    if not extra:
+        return None
+    shown = ", ".join(name or "the model itself" for name in extra[:4]) + (
+        f" and {len(extra) - 4} more" if len(extra) > 4 else "")
+    return f"{'/'.join(sorted(names))}: {shown}"
+
+
 def pp_tied_params(model: nn.Module, structure: ModelStructure) -> int:
     """Elements of the weights the first and last pipeline stage each hold a copy of (a tied
     embedding and head: :func:`~stratagem.plan.stages.tied_weights`), once each; 0 without, or

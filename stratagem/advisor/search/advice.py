@@ -134,7 +134,7 @@ def advise(profile: ModelProfile, cluster: Cluster, workload: Workload, *, top: 
             step = estimate_time(profile, cluster=cluster, workload=workload, plan=plan)
             fitting.append(_Timed(plan, memory, step, tokens_per_second(profile, workload=workload, time=step)))
     if evaluated == 0:
-        raise _no_candidates(cluster, workload, excluded)
+        raise _no_candidates(cluster, workload, excluded, target)
     ranked = [evaluate(profile, cluster, workload, t.plan, runtime=runtime, memory=t.memory, time=t.time)
               for t in _distinct_layouts(rank_estimates(fitting, objective))]
     reasons = explain_ranking(ranked) if ranked else ()
@@ -204,14 +204,20 @@ def _dynamic_shape_note(profile: ModelProfile, ranked: list) -> tuple[str, ...]:
             "a step measured, nearly twice the prediction, and over a minute compiling).",)
 
 
-def _no_candidates(cluster: Cluster, workload: Workload, excluded: Counter) -> UsageError:
-    """Not a memory problem: no plan at all can run this workload here (or for this target)."""
+def _no_candidates(cluster: Cluster, workload: Workload, excluded: Counter, target: str) -> UsageError:
+    """Not a memory problem: no plan at all can run this workload here (or for this target). A
+    global batch that does not divide over every rank leaves only layouts with tensor or pipeline
+    parallelism, which the reasons counted then concern: said first."""
+    batch, world = workload.global_batch_size, cluster.world_size
     why = "; ".join(f"{reason} ({count})" for reason, count in excluded.most_common(3)) or "none"
-    return UsageError(
-        f"no plan can train a global batch of {workload.global_batch_size} on {cluster.world_size} "
-        f"devices: every layout was left out (most often: {why})\n"
-        f"HINT: use a global batch divisible by the data-parallel degree, e.g. a multiple of "
-        f"{cluster.world_size}, with enough micro-batches per replica to fill a pipeline")
+    split = "" if batch % world == 0 else (
+        f"{batch} samples do not divide over {world} data-parallel ranks, which leaves layouts with tensor or "
+        "pipeline parallelism, and ")
+    hint = (f"use a global batch divisible by the data-parallel degree, e.g. a multiple of {world}" if split
+            else "--target any for the plans any runtime can run" if target != "any"
+            else "the reasons above are what rules each layout out")
+    return UsageError(f"no plan can train a global batch of {batch} on {world} devices: {split}every layout was "
+                      f"left out (most often: {why})\nHINT: {hint}")
 
 
 def _objective_note(objective: str) -> tuple[str, ...]:

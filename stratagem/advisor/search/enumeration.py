@@ -123,7 +123,8 @@ def search_plans(profile: ModelProfile, cluster: Cluster, workload: Workload, *,
         if autocast := autocast_excludes(profile, first):
             excluded[f"not runnable {autocast}"] += len(batchings)
             continue
-        reason = target and target_excludes(target, first, on_gpu=cluster.is_accelerator, traced=profile.pp_traced)
+        reason = target and target_excludes(target, first, on_gpu=cluster.is_accelerator, traced=profile.pp_traced,
+                                            class_wrap_extra=profile.class_wrap_extra)
         if reason:
             excluded[f"not runnable by {target}: {reason}"] += len(batchings)
             continue

@@ -34,10 +34,11 @@ def runtime_for(target: str) -> str:
     return "deepspeed" if target == "deepspeed" else "torch"
 
 
-def target_excludes(target: str, plan: Plan, *, on_gpu: bool = True, traced: bool = False) -> str | None:
+def target_excludes(target: str, plan: Plan, *, on_gpu: bool = True, traced: bool = False,
+                    class_wrap_extra: str | None = None) -> str | None:
     """Why ``target`` cannot run ``plan`` (on GPUs, or on CPU ranks when not ``on_gpu``; for a
-    model whose pipeline stages are ``traced``, see ``ModelProfile.pp_traced``), or None when it
-    can."""
+    model whose pipeline stages are ``traced``, see ``ModelProfile.pp_traced``; whose blocks' class
+    names other modules have too, ``ModelProfile.class_wrap_extra``), or None when it can."""
     if plan.tp > 1 and plan.uses_ddp:
         return "DDP over tensor-parallel weights (DDP takes no DTensor parameters; FSDP/HSDP does)"
     if plan.offload == "optimizer" and target != "deepspeed":
@@ -47,6 +48,8 @@ def target_excludes(target: str, plan: Plan, *, on_gpu: bool = True, traced: boo
             return "tensor parallelism (Accelerate needs a model carrying a TP plan)"
         if not on_gpu and plan.uses_fsdp:
             return "FSDP on CPU ranks (Accelerate runs only DDP there)"
+        if plan.uses_fsdp and class_wrap_extra:
+            return f"FSDP (Accelerate wraps units by class name, which other modules share with the blocks: {class_wrap_extra})"
         return accelerate_excludes(plan)
     if target == "lightning" and plan.pp_virtual > 1 and plan.uses_fsdp:
         return "interleaved stages under FSDP (the auto-parallel strategy holds a rank's stages in one module)"
