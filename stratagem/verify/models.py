@@ -29,13 +29,13 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from stratagem.advisor.profile.sources import (
     build_causal_lm,
     build_hf_config,
     factory_arguments,
+    factory_fake_mode,
     load_factory,
     read_hf_config,
 )
@@ -133,7 +133,7 @@ def _factory_model(spec: str, *, seq_len: int | None) -> RealModel:
                              "HINT: call it yourself to see the traceback") from err
 
     def prepare(samples: int) -> None:
-        with FakeTensorMode(allow_non_fake_inputs=True):  # as advise calls it: nothing allocated
+        with factory_fake_mode():  # as advise calls it: nothing allocated
             call(samples, "under FakeTensorMode")
 
     def build(samples: int, _: Batch | None) -> Built:

@@ -115,3 +115,9 @@ class _StemAndBlocks(nn.Module):
 
 def stem_and_blocks(batch_size: int = 2):
     return _StemAndBlocks(), (torch.randn(batch_size, 16),)
+
+
+def encoder(batch_size: int = 2, seq_len: int = 8):
+    """nn.TransformerEncoder deep-copies its layer: torch warns of a fake tensor's data pointer."""
+    layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    return nn.TransformerEncoder(layer, 2, enable_nested_tensor=False), (torch.randn(batch_size, seq_len, 16),)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 from torch._subclasses.fake_tensor import FakeTensor
@@ -89,6 +90,13 @@ def test_blocks_whose_class_other_modules_share_leave_accelerate_s_fsdp_out():
     with pytest.raises(UsageError, match="(?s)wraps units by class name.*HINT: --target any"):
         advise(profile, cluster, workload, target="accelerate", constraints=fsdp)
     assert not any(e.plan.uses_fsdp for e in advise(profile, cluster, workload, target="accelerate").plans)
+
+
+def test_a_factory_that_deep_copies_fake_parameters_profiles_without_torch_s_warning():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load_model("model_factories:encoder", batch_size=2)
+    assert not [w for w in caught if "data pointer of FakeTensor" in str(w.message)]
 
 
 @pytest.mark.parametrize("spec, message", [

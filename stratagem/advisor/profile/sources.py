@@ -26,7 +26,9 @@ import difflib
 import importlib.util
 import inspect
 import json
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -171,11 +173,21 @@ def factory_arguments(spec: str, factory: Callable[..., Any], *, batch_size: int
     return kwargs
 
 
+@contextmanager
+def factory_fake_mode() -> Iterator[None]:
+    """The FakeTensorMode a factory runs under, without the warning torch gives when a module
+    deep-copies its fake parameters (``nn.TransformerEncoder`` clones its layer): ``data_ptr``
+    of a fake tensor is read there and nowhere that matters."""
+    with warnings.catch_warnings(), FakeTensorMode(allow_non_fake_inputs=True):
+        warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor", category=UserWarning)
+        yield
+
+
 def _from_factory(spec: str, *, batch_size: int, seq_len: int | None) -> ModelSource:
     factory = load_factory(spec)
     kwargs = factory_arguments(spec, factory, batch_size=batch_size, seq_len=seq_len)
     try:
-        with FakeTensorMode(allow_non_fake_inputs=True):
+        with factory_fake_mode():
             made = factory(**kwargs)
     except (Exception, SystemExit) as err:  # KeyboardInterrupt still stops the run
         hint = ("HINT: a factory must return the model, not exit: find the sys.exit() it reaches"
