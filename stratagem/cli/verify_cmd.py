@@ -56,7 +56,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--top", type=positive_int, default=3, metavar="K", help="plans to run (default: 3)")
     parser.add_argument("--target", choices=TARGETS, default="any", help="runtime the plans must suit (default: any)")
     parser.add_argument("--steps", type=STEPS, default=3, help="measured steps per plan (default: 3)")
-    parser.add_argument("--warmup", type=WARMUP_STEPS, default=1, metavar="N", help="warm-up steps before measuring (default: 1); every plan runs at least the steps its "
+    parser.add_argument("--warmup", type=WARMUP_STEPS, default=1, metavar="N",
+                        help="warm-up steps before measuring (default: 1); every plan runs at least the steps its "
                         "memory peak is read over, then one more, whatever N is")
     parser.add_argument("--repeats", type=REPEATS, default=1, metavar="N",
                         help="run every plan N times in fresh processes, round by round, and pool their steps "

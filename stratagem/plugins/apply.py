@@ -182,8 +182,12 @@ def _module_mismatches(module: nn.Module, plan: Plan) -> list[str]:
             blocks = list(module.get_submodule(plan.block_container).children())
         except AttributeError:
             lists = [name for name, sub in module.named_modules() if isinstance(sub, nn.ModuleList)]
+            held = [name for name in lists if name.endswith(f".{plan.block_container}")]
+            within = (f"; a plan for the model it holds as {held[0].removesuffix(plan.block_container)[:-1]!r}? "
+                      f"Prefix block_container and tp_layout's patterns with "
+                      f"{held[0].removesuffix(plan.block_container)!r}") if len(held) == 1 else ""
             problems.append(f"block_container {plan.block_container!r} is not one of its submodules (its module "
-                            f"lists: {', '.join(map(repr, lists)) or 'none'})")
+                            f"lists: {', '.join(map(repr, lists)) or 'none'}{within})")
         else:
             if not blocks:
                 problems.append(f"block_container {plan.block_container!r} holds no blocks")

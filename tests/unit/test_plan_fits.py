@@ -40,6 +40,18 @@ def test_a_plan_naming_modules_the_model_lacks_names_them_all():
         assert text in message
 
 
+def test_a_plan_for_a_model_held_inside_this_one_says_the_prefix():
+    """`advise --emit lightning` for a factory's model names its blocks 'layers'; a LightningModule
+    holding that model as 'model' has them at 'model.layers'."""
+    from torch import nn
+
+    wrapper = nn.Module()
+    wrapper.model = llama_tiny()
+    with pytest.raises(UsageError, match=re.escape("as 'model'? Prefix block_container and tp_layout's patterns "
+                                                   "with 'model.'")):
+        check_plan_fits(wrapper, Plan(tp=2, block_container="layers", tp_layout=LLAMA_LAYOUT))
+
+
 @pytest.mark.parametrize(("plan", "world_size", "expected"), [
     (Plan(tp=2, block_container="layers", tp_layout=(*LLAMA_LAYOUT, ("layers.*.attention.wqkv", "colwise"))), None,
      "tp_layout names modules it lacks: 'layers.*.attention.wqkv'"),

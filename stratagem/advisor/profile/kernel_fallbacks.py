@@ -45,7 +45,8 @@ def _fallback(value: Any) -> Fallback | None:
         return None
     package = closure["package"]  # an import name; the pip name where transformers maps one (fla)
     distribution = value.__globals__.get("_PACKAGE_TO_DISTRIBUTION", {}).get(package, package)
-    return Fallback(closure["torch_function"], closure["func_name"], distribution, bool(closure["is_new_implementation"]))
+    return Fallback(closure["torch_function"], closure["func_name"], distribution,
+                    bool(closure["is_new_implementation"]))
 
 
 class KernelFallbacks:
