@@ -55,6 +55,7 @@ from stratagem.integrations.planning import (
     release_at_exit,
     sampler_kwargs,
     stratagem_precision,
+    workload_optimizer,
 )
 from stratagem.integrations.steps import fabric_step
 from stratagem.plugins import apply_plan, build_mesh, build_optimizer
@@ -105,7 +106,9 @@ class AutoParallelFabricStrategy(ModelParallelStrategy):
             is not given, the module's ``example_input_array`` (one rank's batch of ``forward``'s
             inputs: a tensor, a tuple of positional or a dict of keyword arguments), asks the
             advisor for the best plan on the gathered cluster for a global batch of that batch ×
-            world size (``micro_batch_size`` at that batch, ``grad_accum`` 1), and broadcasts it.
+            world size (``micro_batch_size`` at that batch, ``grad_accum`` 1) and the optimizer
+            given with the model, ``fabric.setup(model, optimizer)`` (SGD or Adam(W); AdamW for
+            another, or when the model is set up alone: the notes say), and broadcasts it.
             :attr:`advice` keeps rank 0's advice.
         example_inputs: inputs to profile on when no plan is given (see ``plan``).
         loss_fn: ``loss_fn(output) -> scalar``, the loss the training loop computes from the
@@ -159,6 +162,7 @@ class AutoParallelFabricStrategy(ModelParallelStrategy):
         self._verbose = verbose
         self._backward_sync_control = _PlanBackwardSyncControl()
         self._module: nn.Module | None = None
+        self._given: list[Optimizer] = []  # set up with the module: the optimizers the advice costs
 
     @property
     def plan(self) -> Plan:
@@ -206,10 +210,12 @@ class AutoParallelFabricStrategy(ModelParallelStrategy):
         if self._plan is None:
             inputs = self._profiled_inputs(module)  # on every rank: choose_plan profiles on rank 0 only
             example = inputs if self._loss_fn is None else fabric_step(inputs, self._loss_fn)
+            given = self._given
             self._plan, self._advice = choose_plan(
                 module, lambda: example, precision=stratagem_precision(self.precision.precision),
                 target=self._target, objective=self._objective, constraints=self._constraints,
-                verbose=self._verbose, node_rank=self.node_rank, pipelined=_without_pipelines)
+                verbose=self._verbose, node_rank=self.node_rank, pipelined=_without_pipelines,
+                optimizer=lambda: workload_optimizer(lambda: given, "fabric.setup(model, optimizer)"))
         if self.plan.pp > 1:
             raise UsageError(f"plan {self.plan.name} is a pipeline, which the Fabric strategy does not run yet\n"
                              "HINT: pin a plan with pp=1")
@@ -242,7 +248,11 @@ class AutoParallelFabricStrategy(ModelParallelStrategy):
         names = {param: name for name, param in module.named_parameters()}
         for optimizer in optimizers:
             _check_fresh(optimizer, names)
-        module = self.setup_module(module)
+        self._given = optimizers
+        try:
+            module = self.setup_module(module)
+        finally:
+            self._given = []
         if self.plan.shards_optimizer_only:
             if scheduler is not None:
                 raise UsageError("a zero=1 plan rebuilds the optimizer around ZeroRedundancyOptimizer, so a "

@@ -47,6 +47,7 @@ from stratagem.integrations.launchers import TrainerLauncher
 from stratagem.integrations.planning import (
     PlanPrecision,
     check_choice,
+    check_plan_accumulation,
     check_plan_precision,
     choose_plan,
     constructor_options,
@@ -55,6 +56,7 @@ from stratagem.integrations.planning import (
     release_at_exit,
     sampler_kwargs,
     stratagem_precision,
+    workload_optimizer,
 )
 from stratagem.integrations.steps import forward_inputs, lightning_step
 from stratagem.plugins import apply_plan, build_mesh, build_optimizer
@@ -97,9 +99,14 @@ class AutoParallelStrategy(ModelParallelStrategy):
             tensors: the loss and all the step computes around forward); else, or when the step
             cannot run on fake tensors (the advice's notes say why), forward alone on
             ``example_input_array`` (one rank's batch of ``forward``'s inputs) or else on what
-            ``forward`` gets from the stage's first batch. It advises for a global batch of that
-            batch × world size (``grad_accum`` 1: batches reach the model unchanged) and
-            broadcasts the plan; :attr:`advice` keeps rank 0's advice.
+            ``forward`` gets from the stage's first batch. It advises for an optimizer step's
+            global batch, that batch × data-parallel ranks × ``accumulate_grad_batches`` (the
+            plan's ``grad_accum``; no pipeline plans where it is > 1), and the optimizer an extra
+            ``configure_optimizers()`` call returns on the unsharded module (SGD or Adam(W); AdamW
+            where it fails or returns another, the notes say), and broadcasts the plan;
+            :attr:`advice` keeps rank 0's advice. Lightning accumulates, not the strategy: a pinned
+            plan's ``grad_accum`` must be ``accumulate_grad_batches`` or 1 (a plan for one batch).
+            The value at ``setup`` counts, not a ``GradientAccumulationScheduler``'s later ones.
         target, objective, constraints: steer that choice: the runtime plans must run on,
             ``"throughput"`` or ``"memory"``, Plan fields to pin (``{"zero": 3}``).
         verbose: print the advisor's table and the chosen plan on rank 0.
@@ -197,13 +204,18 @@ class AutoParallelStrategy(ModelParallelStrategy):
 
     def _apply(self, trainer: Trainer, module: LightningModule) -> None:
         precision = stratagem_precision(self.precision_plugin.precision)
+        fitting = trainer.state.fn == TrainerFn.FITTING  # an optimizer steps, accumulating batches
+        accumulate = trainer.accumulate_grad_batches if fitting else 1
         if self._plan is None:
+            source = f"{type(module).__name__}.configure_optimizers"  # what the advice's notes name
             self._plan, self._advice = choose_plan(
                 module, lambda: self._profiled(trainer, module), precision=precision, target=self._target,
-                objective=self._objective, constraints=self._constraints, verbose=self._verbose,
-                node_rank=self.node_rank, pipelined=lambda profile: _as_pipelined(module, profile))
+                objective=self._objective, constraints=self._constraints, verbose=self._verbose, accumulate=accumulate,
+                node_rank=self.node_rank, pipelined=lambda profile: _as_pipelined(module, profile),
+                optimizer=(lambda: workload_optimizer(module.configure_optimizers, source)) if fitting else None)
         else:
             check_plan_precision(self._plan, self.precision_plugin.precision)
+            check_plan_accumulation(self._plan, accumulate)
             if (reason := target_excludes("lightning", self._plan)) is not None:
                 raise UsageError(f"the auto-parallel strategy cannot run plan {self._plan.name}: {reason}\n"
                                  "HINT: advise with --target lightning for plans it runs")

@@ -1,6 +1,7 @@
-"""What the Lightning and Fabric strategies share: reading a pinned Plan, choosing one on rank 0,
-the plan's precision plugin behaviour, ZeRO-1's rebuilt optimizer, the data-parallel sampler, and
-releasing the process group cleanly. Imports neither Lightning nor Fabric.
+"""What the Lightning and Fabric strategies share: reading a pinned Plan, choosing one on rank 0
+(for the batch the run steps with and the optimizer it steps), the plan's precision plugin
+behaviour, ZeRO-1's rebuilt optimizer, the data-parallel sampler, and releasing the process group
+cleanly. Imports neither Lightning nor Fabric.
 """
 
 from __future__ import annotations
@@ -8,11 +9,13 @@ from __future__ import annotations
 import atexit
 import inspect
 import json
+import logging
 import os
 import sys
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,9 +33,11 @@ if TYPE_CHECKING:
     from stratagem.advisor.profile.model_profile import ModelProfile
     from stratagem.advisor.search.advice import Advice
 
-__all__ = ["LIGHTNING_PRECISIONS", "PlanPrecision", "check_choice", "check_plan_precision", "choose_plan",
-           "constructor_options", "load_plan", "plan_hyperparams", "release_at_exit", "sampler_kwargs",
-           "stratagem_precision"]
+__all__ = ["LIGHTNING_PRECISIONS", "PlanPrecision", "check_choice", "check_plan_accumulation", "check_plan_precision",
+           "choose_plan", "constructor_options", "load_plan", "plan_hyperparams", "release_at_exit",
+           "sampler_kwargs", "stratagem_precision", "workload_optimizer"]
+
+log = logging.getLogger(__name__)
 
 LIGHTNING_PRECISIONS = {"32-true": "fp32", "bf16-mixed": "bf16-mixed", "bf16-true": "bf16-true"}
 """Lightning's (and Fabric's) precision names the strategies run, and stratagem's name for each.
@@ -71,6 +76,16 @@ def check_plan_precision(plan: Plan, lightning_precision: str) -> None:
     if plan.precision != stratagem_precision(lightning_precision):
         raise UsageError(f"the plan trains in {plan.precision} but the run is set to {lightning_precision}\n"
                          "HINT: make precision=... the plan's")
+
+
+def check_plan_accumulation(plan: Plan, accumulate: int) -> None:
+    """A pinned plan's ``grad_accum`` must be what the run accumulates, Lightning's
+    ``accumulate_grad_batches`` (the strategy accumulates nothing by itself), or 1: a plan for one
+    batch, whose gradients the Trainer then accumulates over ``accumulate`` batches."""
+    if plan.grad_accum not in (1, accumulate):
+        raise UsageError(f"plan {plan.name} accumulates gradients over {plan.grad_accum} batches, but the run's "
+                         f"accumulate_grad_batches is {accumulate}: the strategy does not accumulate by itself, "
+                         f"Lightning does\nHINT: Trainer(accumulate_grad_batches={plan.grad_accum})")
 
 
 class PlanPrecision:
@@ -117,7 +132,8 @@ def constructor_options(optimizer: Optimizer) -> dict[str, Any]:
 
 def check_choice(*, target: str, objective: str, constraints: Mapping[str, Any] | None) -> dict[str, Any]:
     """Validate what a strategy was asked to choose by (before any process starts); returns the
-    constraints as a dict. ``micro_batch_size`` and ``grad_accum`` are the dataloader's to set."""
+    constraints as a dict. ``micro_batch_size`` and ``grad_accum`` are the run's to set: the
+    dataloader's batch size and Lightning's ``accumulate_grad_batches``."""
     from stratagem.advisor.search.advice import OBJECTIVES
     from stratagem.advisor.search.targets import check_target
 
@@ -128,8 +144,9 @@ def check_choice(*, target: str, objective: str, constraints: Mapping[str, Any] 
     fixed = sorted({"micro_batch_size", "grad_accum"} & set(constraints))
     if fixed:
         raise UsageError(f"constraints on {', '.join(fixed)}: the dataloader's batches reach the model unchanged, so "
-                         "its batch size is the micro-batch and nothing accumulates\nHINT: change the batch size "
-                         "of the dataloader (and example_input_array) instead")
+                         "its batch size is the micro-batch, and gradients accumulate over the Trainer's "
+                         "accumulate_grad_batches (none under Fabric)\nHINT: change the batch size of the dataloader "
+                         "(and example_input_array), or accumulate_grad_batches, instead")
     unknown = sorted(set(constraints) - set(Plan.__dataclass_fields__))
     if unknown:
         raise UsageError(f"unknown constraint(s) {', '.join(unknown)}; they pin Plan fields such as tp or zero")
@@ -138,20 +155,27 @@ def check_choice(*, target: str, objective: str, constraints: Mapping[str, Any] 
 
 def choose_plan(module: nn.Module, example_inputs: Callable[[], Any], *, precision: str, target: str,
                 verbose: bool, objective: str = "throughput", constraints: Mapping[str, Any] | None = None,
-                node_rank: int | None = None,
-                pipelined: Callable[[ModelProfile], ModelProfile] | None = None) -> tuple[Plan, Advice | None]:
+                node_rank: int | None = None, pipelined: Callable[[ModelProfile], ModelProfile] | None = None,
+                accumulate: int = 1, optimizer: Callable[[], tuple[str, tuple[str, ...]]] | None = None,
+                ) -> tuple[Plan, Advice | None]:
     """Every rank probes its hardware; rank 0 profiles ``module`` on ``example_inputs()`` (called
     on rank 0 only: a :class:`~stratagem.integrations.steps.TrainingStep` to trace, or one rank's
     batch of forward's inputs, a tensor, a tuple of positional or a dict of keyword arguments; see
     :func:`~stratagem.integrations.steps.profile_for_plan`), advises for the gathered cluster and
-    a global batch of that batch × world size, and broadcasts the best plan. A collective: call it
-    on every rank. Returns the plan, and on rank 0 the advice it was chosen from (None elsewhere).
+    the global batch one optimizer step takes (that batch × the data-parallel degree ×
+    ``accumulate``), and broadcasts the best plan. A collective: call it on every rank. Returns the
+    plan, and on rank 0 the advice it was chosen from (None elsewhere).
 
-    The dataloader's batches reach the model unchanged, so nothing accumulates (``grad_accum``
-    1) and one batch is one rank's step: without a pipeline it is the micro-batch; a pipeline
-    splits it into ``microbatches`` and its ranks share it (the global batch is the batch × the
-    data-parallel degree). Each pipeline shape is searched on its own and the best plan over all
-    is taken (:func:`_advise`). ``objective`` and ``constraints`` (Plan fields
+    The dataloader's batches reach the model unchanged, and gradients accumulate over
+    ``accumulate`` of them (Lightning's ``accumulate_grad_batches``: the plan's ``grad_accum``).
+    Without a pipeline a batch is the micro-batch; a pipeline splits it into ``microbatches``, and
+    its ranks share it as a tensor-parallel group's do (the global batch is the batch × the
+    data-parallel degree). Each tensor-parallel degree and pipeline shape is searched on its own
+    and the best plan over all is taken (:func:`_advise`); the
+    advisor's pipeline plans accumulate nothing, so with ``accumulate`` > 1 only plans without a
+    pipeline are searched (the notes say so). ``optimizer()``, called on rank 0, gives the
+    Workload's optimizer and notes for the advice (:func:`workload_optimizer`; None: AdamW, as
+    ``Workload`` assumes). ``objective`` and ``constraints`` (Plan fields
     pinned, as :func:`~stratagem.advisor.search.advice.advise` takes them) steer the search. Ranks with
     the same ``node_rank`` (the strategy's; default:
     :func:`~stratagem.advisor.hardware.gather.this_node`) count as one node. ``pipelined`` gives
@@ -166,8 +190,9 @@ def choose_plan(module: nn.Module, example_inputs: Callable[[], Any], *, precisi
     chosen: list[str | None] = [None]
     advice = None
     if dist.get_rank() == 0:
-        advice = _advise(module, example_inputs(), cluster, precision=precision, target=target, objective=objective,
-                         constraints=dict(constraints or {}), verbose=verbose, pipelined=pipelined)
+        advice = _advise(module, example_inputs(), cluster, world=dist.get_world_size(), precision=precision,
+                         target=target, objective=objective, constraints=dict(constraints or {}), verbose=verbose,
+                         pipelined=pipelined, accumulate=accumulate, optimizer=optimizer)
         assert advice.best is not None  # _advise raises when no plan fits
         chosen[0] = advice.best.plan.to_json()
     dist.broadcast_object_list(chosen, src=0)
@@ -175,31 +200,41 @@ def choose_plan(module: nn.Module, example_inputs: Callable[[], Any], *, precisi
     return Plan.from_json(chosen[0]), advice
 
 
-def _advise(module: nn.Module, example_inputs: Any, cluster: Any, *, precision: str, target: str, objective: str,
-            constraints: dict[str, Any], verbose: bool,
-            pipelined: Callable[[ModelProfile], ModelProfile] | None) -> Advice:
-    """The advice (its best plan the one to apply) for ``module`` profiled on ``example_inputs``."""
+def _advise(module: nn.Module, example_inputs: Any, cluster: Any, *, world: int, precision: str, target: str,
+            objective: str, constraints: dict[str, Any], verbose: bool,
+            pipelined: Callable[[ModelProfile], ModelProfile] | None, accumulate: int = 1,
+            optimizer: Callable[[], tuple[str, tuple[str, ...]]] | None = None) -> Advice:
+    """The advice (its best plan the one to apply) for ``module`` profiled on ``example_inputs``,
+    on ``world`` ranks accumulating ``accumulate`` batches a step (see :func:`choose_plan`)."""
     from stratagem.advisor.profile.model_profile import kernels_for
     from stratagem.advisor.report.render import render_table
     from stratagem.advisor.search.advice import advise, rank_estimates
+    from stratagem.advisor.search.targets import tp_degrees
     from stratagem.integrations.steps import profile_for_plan
 
     profile = profile_for_plan(module, example_inputs, precision=precision,
                                kernels=kernels_for(accelerator=cluster.is_accelerator))
     if pipelined is not None:
         profile = pipelined(profile)
-    shapes = _pipeline_shapes(profile, dist.get_world_size(), constraints)
-    if not shapes:
-        raise UsageError(f"the constraints pp={constraints.get('pp', 1)}, microbatches={constraints.get('microbatches', 1)} "
-                         f"cannot run one dataloader batch of {profile.batch_size}: a pipeline splits the batch into its "
-                         "micro-batches, at least one per stage\nHINT: pick microbatches dividing the batch size and "
-                         "at least pp, or change the batch size")
+    named: dict[str, str] = {}
+    if optimizer is not None:
+        named["optimizer"], notes = optimizer()
+        profile = replace(profile, notes=(*profile.notes, *notes))
+    if accumulate > 1 and profile.pp_unavailable is None:
+        profile = replace(profile, pp_unavailable=f"accumulate_grad_batches={accumulate} accumulates gradients "
+                          "over batches, which the advisor's pipeline plans do not; a pinned pipeline plan (plan=...) "
+                          "does")
+    shapes = _pipeline_shapes(profile, world, constraints)
     advices, errors = [], []
-    for pp, microbatches in shapes:
-        workload = Workload(global_batch_size=profile.batch_size * dist.get_world_size() // pp,
-                            seq_len=profile.seq_len, precision=precision)
-        shape = {"pp": pp, "microbatches": microbatches, "micro_batch_size": profile.batch_size // microbatches,
-                 "grad_accum": 1}
+    tps = [tp for tp in tp_degrees(profile, cluster.devices_per_node)[0] if constraints.get("tp", tp) == tp]
+    for tp, (pp, microbatches) in ((tp, shape) for tp in tps for shape in shapes if world % (tp * shape[0]) == 0):
+        # the ranks of a tensor-parallel group and of a pipeline share a batch: the global batch
+        # is one per data-parallel rank
+        workload = Workload(global_batch_size=profile.batch_size * world // (tp * pp) * accumulate,
+                            seq_len=profile.seq_len, precision=precision, **named)
+        shape = {"tp": tp, "pp": pp, "microbatches": microbatches,
+                 "micro_batch_size": profile.batch_size // microbatches,
+                 "grad_accum": accumulate}  # pp > 1 only where accumulate is 1
         try:
             advices.append(advise(profile, cluster, workload, target=target, objective=objective,
                                   constraints={**constraints, **shape}))
@@ -225,15 +260,88 @@ def _pipeline_shapes(profile: ModelProfile, world: int, constraints: Mapping[str
     """(pp, microbatches) pairs a dataloader batch of ``profile.batch_size`` can run as: no
     pipeline, and each pipeline degree dividing the world with each number of micro-batches
     dividing the batch, at least one per stage (fewer leave stages idle for the whole step), as
-    far as ``constraints`` pin them."""
+    far as ``constraints`` pin them; a UsageError where none is left."""
     from stratagem.advisor.search.targets import divisors
 
     shapes = [(1, 1)]
     if profile.pp_unavailable is None:
         shapes += [(pp, m) for pp in divisors(world)[1:] if pp <= len(profile.blocks)
                    for m in divisors(profile.batch_size) if m >= pp]
-    return [(pp, m) for pp, m in shapes
-            if constraints.get("pp", pp) == pp and constraints.get("microbatches", m) == m]
+    shapes = [(pp, m) for pp, m in shapes if constraints.get("pp", pp) == pp and constraints.get("microbatches", m) == m]
+    pinned = f"pp={constraints.get('pp', 1)}, microbatches={constraints.get('microbatches', 1)}"
+    if not shapes and profile.pp_unavailable is not None:
+        raise UsageError(f"the constraints pin a pipeline ({pinned}), but no pipeline plans are searched: "
+                         f"{profile.pp_unavailable}\nHINT: drop the pp and microbatches constraints")
+    if not shapes:
+        raise UsageError(f"the constraints {pinned} cannot run one dataloader batch of {profile.batch_size}: a "
+                         "pipeline splits the batch into its micro-batches, at least one per stage\nHINT: pick "
+                         "microbatches dividing the batch size and at least pp, or change the batch size")
+    return shapes
+
+
+_COSTED = (("adamw", ("Adam", "AdamW")), ("sgd", ("SGD",)))
+"""The cost model's optimizers (:data:`~stratagem.plan.workload.OPTIMIZERS`) and the torch.optim
+classes (and their subclasses) each prices: Adam keeps AdamW's two states and runs its step."""
+
+
+def workload_optimizer(make: Callable[[], Any], source: str) -> tuple[str, tuple[str, ...]]:
+    """The Workload's optimizer for what ``make()`` returns: a torch optimizer, or optimizers in a
+    list, tuple or dict as ``configure_optimizers`` returns them (schedulers beside them are
+    skipped), and notes for the advice where that is an assumption. When ``make`` raises, or
+    returns no optimizer, one the cost model does not price or several it prices differently,
+    it is AdamW, ``Workload``'s default; ``source`` names ``make`` in the notes."""
+    default = Workload.__dataclass_fields__["optimizer"].default
+    assumed = f"the advice assumes {default} (its states and step)"
+    try:
+        found = _optimizers_in(make())
+    except Exception as err:  # noqa: BLE001  (any failure: the default, and the note says why)
+        message = (str(err).strip().splitlines() or [""])[0]
+        note = f"{source} raised {type(err).__name__}: {message}, so the optimizer is unknown and {assumed}"
+        log.warning("auto-parallel: %s", note)
+        return default, (note,)
+    names = {_costed_name(optimizer) for optimizer in found}
+    classes = ", ".join(dict.fromkeys(type(optimizer).__name__ for optimizer in found))
+    if len(names) == 1 and None not in names:
+        return (name := names.pop()), _state_notes(name, found, classes, source)
+    if not found:
+        note = f"No torch optimizer came from {source}, so {assumed}"
+    elif None in names:
+        known = " and ".join("/".join(types) for _, types in _COSTED)
+        note = f"{source} gives {classes}, which the cost model does not price (it knows {known}), so {assumed}"
+    else:
+        note = (f"{source} gives {len(found)} optimizers ({classes}), and the cost model prices one for all "
+                f"parameters, so {assumed}")
+    return default, (note,)
+
+
+def _state_notes(name: str, found: list[Any], classes: str, source: str) -> tuple[str, ...]:
+    """What the cost model's ``name`` misses of the states of the optimizers ``found``."""
+    groups = [group for optimizer in found for group in optimizer.param_groups]
+    if name == "sgd" and any(not group.get("momentum") for group in groups):
+        return ((f"{source} gives SGD without momentum, which keeps no state; the cost model counts SGD's "
+                 "momentum buffer, so the optimizer states are an upper bound"),)
+    if name == "adamw" and any(group.get("amsgrad") for group in groups):
+        return (f"{source} gives {classes} with amsgrad, whose third state per parameter the cost model omits",)
+    return ()
+
+
+def _optimizers_in(returned: Any) -> list[Any]:
+    """The torch optimizers in what ``configure_optimizers`` returned, in order."""
+    if isinstance(returned, torch.optim.Optimizer):
+        return [returned]
+    if isinstance(returned, Mapping):
+        return _optimizers_in(returned.get("optimizer"))
+    if isinstance(returned, (list, tuple)):
+        return [optimizer for item in returned for optimizer in _optimizers_in(item)]
+    return []
+
+
+def _costed_name(optimizer: Any) -> str | None:
+    """The cost model's name for ``optimizer`` (see :data:`_COSTED`); None when it prices none."""
+    for name, types in _COSTED:
+        if isinstance(optimizer, tuple(getattr(torch.optim, cls) for cls in types)):
+            return name
+    return None
 
 
 def plan_hyperparams(plan: Plan) -> dict[str, Any]:

@@ -161,7 +161,8 @@ def test_a_dataloader_batch_runs_unpiped_or_split_into_micro_batches() -> None:
     profile = dataclasses.replace(profile_spec("llama-tiny"), batch_size=4)
     assert _pipeline_shapes(profile, 4, {}) == [(1, 1), (2, 2), (2, 4), (4, 4)]
     assert _pipeline_shapes(profile, 4, {"pp": 2}) == [(2, 2), (2, 4)]
-    assert _pipeline_shapes(profile, 4, {"microbatches": 3}) == []
+    with pytest.raises(UsageError, match="microbatches=3 cannot run one dataloader batch of 4"):
+        _pipeline_shapes(profile, 4, {"microbatches": 3})
     assert _pipeline_shapes(dataclasses.replace(profile, pp_unavailable="tied"), 4, {}) == [(1, 1)]
 
 
