@@ -84,6 +84,15 @@ def test_advise_on_tpus_says_torch_xla_applies_the_plan(capsys):
     assert any("torch_xla" in note for note in data["notes"])
 
 
+@pytest.mark.parametrize(("cluster", "noun"), [("4xTPU-v5e", "TPU chip"), ("2xcpu", "rank"), ("2xA100", "GPU")])
+def test_the_report_names_what_a_rank_runs_on(capsys, cluster, noun):
+    """Every report had said "per GPU", TPU slices and CPU ranks too."""
+    assert main(["advise", "--model", "gpt2-tiny", "--cluster", cluster, "--global-batch-size", "8"]) == 0
+    out = capsys.readouterr().out
+    assert f"memory / {noun}" in out and f"Memory per {noun}" in out
+    assert noun == "GPU" or not ("per GPU" in out or "/ GPU" in out)
+
+
 @pytest.mark.parametrize("extra", [["--emit", "accelerate"], ["--emit", "deepspeed"], ["--emit", "lightning"],
                                    ["--verify", "1"]])
 def test_emit_and_verify_refuse_a_tpu_cluster(extra, capsys, tmp_path):

@@ -29,4 +29,5 @@ def evaluate(profile: ModelProfile, cluster: Cluster, workload: Workload, plan: 
         throughput=tokens_per_second(profile, workload=workload, time=time),
         throughput_unit="tokens/s" if (workload.seq_len or profile.seq_len) else "samples/s",
         mfu=mfu(profile, cluster=cluster, workload=workload, plan=plan, time=time),
+        device=cluster.device.noun,
     )

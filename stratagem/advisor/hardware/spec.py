@@ -55,6 +55,11 @@ class DeviceSpec:
         for a CPU rank, which runs each operator as the host launches it."""
         return self.kind != "cpu"
 
+    @property
+    def noun(self) -> str:
+        """What reports call one of these: ``'GPU'``, ``'TPU chip'`` or ``'rank'`` (a CPU rank)."""
+        return {"gpu": "GPU", "tpu": "TPU chip"}.get(self.kind, "rank")
+
     def peak_flops(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype`` (one of fp32, tf32, bf16, fp16)."""
         if dtype not in DTYPES:

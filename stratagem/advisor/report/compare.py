@@ -41,7 +41,7 @@ def comparison_rows(comparison: Comparison) -> list[Row]:
     rows += [_term_row("time", x, y, format_seconds) for x, y in zip(time_terms(a), time_terms(b))]
     unit = a.throughput_unit
     rows += [
-        Row("total", "memory", "memory / GPU", (a.memory.total, b.memory.total),
+        Row("total", "memory", f"memory / {a.device}", (a.memory.total, b.memory.total),
             (memory_cell(a), memory_cell(b), _signed(b.memory.total - a.memory.total, format_bytes))),
         _row("total", "step_seconds", "step", a.time.step_seconds, b.time.step_seconds, format_seconds),
         Row("total", "throughput", unit, (a.throughput, b.throughput),
@@ -96,7 +96,7 @@ def render_comparison_table(comparison: Comparison) -> RenderableType:
             if section is not None:
                 table.add_section()
             section = row.section
-            heading = {"memory": "Memory per GPU", "time": "Time per step"}.get(section)
+            heading = {"memory": f"Memory per {comparison.estimates[0].device}", "time": "Time per step"}.get(section)
             if heading:
                 table.add_row(Text(heading, style="bold"))
         style = None if any(row.values) else "dim"

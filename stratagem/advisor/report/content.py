@@ -37,7 +37,7 @@ TIME_TERMS: dict[str, tuple[str, str]] = {
     "offload": ("offload", "#edc948"),
     "dispatch": ("op dispatch", "#79706e"),
 }
-PLAN_COLUMNS = ("#", "plan", "memory / GPU", "step", "{unit}", "MFU")
+PLAN_COLUMNS = ("#", "plan", "memory / {device}", "step", "{unit}", "MFU")
 OVERLAP_NOTE = "comm: exposed part (of: before overlap)"
 
 
@@ -72,7 +72,7 @@ def throughput_unit(advice: Advice) -> str:
 
 def plan_columns(advice: Advice) -> tuple[str, ...]:
     """Headers of the ranked-plans table."""
-    return tuple(c.format(unit=throughput_unit(advice)) for c in PLAN_COLUMNS)
+    return tuple(c.format(unit=throughput_unit(advice), device=advice.cluster.device.noun) for c in PLAN_COLUMNS)
 
 
 def plan_row(rank: int, estimate: Estimate) -> tuple[str, ...]:
@@ -105,8 +105,7 @@ def time_terms(estimate: Estimate) -> list[Term]:
 def title(advice: Advice | Comparison) -> str:
     """``'gpt2 (124.4M parameters) on 2x8xH100-SXM5-80GB:ib-ndr-x8 (16 GPUs)'``."""
     cluster = advice.cluster
-    kind = "GPU" if cluster.is_gpu else "TPU chip" if cluster.is_tpu else "rank"
-    kind += "s" if cluster.world_size > 1 else ""
+    kind = cluster.device.noun + ("s" if cluster.world_size > 1 else "")
     return (f"{advice.profile.name} ({format_params(advice.profile.num_params)} parameters) "
             f"on {cluster.spec} ({cluster.world_size} {kind})")
 
@@ -125,11 +124,11 @@ def winner_line(estimate: Estimate) -> str:
 
 
 def offload_note(estimate: Estimate) -> str:
-    """What a plan keeps in host memory per GPU, against its share of the host; '' without offload."""
+    """What a plan keeps in host memory per rank, against its share of the host; '' without offload."""
     if not estimate.memory.host:
         return ""
     return (f"; {format_bytes(estimate.memory.host)} offloaded to host memory "
-            f"(of {format_bytes(estimate.host_capacity_bytes)} per GPU)")
+            f"(of {format_bytes(estimate.host_capacity_bytes)} per {estimate.device})")
 
 
 def step_note(estimate: Estimate) -> str:

@@ -89,14 +89,14 @@ def _plans_table(advice: Advice) -> str:
 
 def _figures(advice: Advice) -> str:
     labelled = [(f"#{rank} {e.plan.name}", e) for rank, e in enumerate(advice.plans, 1)]
-    capacity = advice.plans[0].capacity_bytes
-    memory = stacked_bars([(label, memory_terms(e)) for label, e in labelled], label="memory per GPU by plan",
+    capacity, device = advice.plans[0].capacity_bytes, advice.plans[0].device
+    memory = stacked_bars([(label, memory_terms(e)) for label, e in labelled], label=f"memory per {device} by plan",
                           fmt=format_bytes,
                           tick_unit=2**30 if capacity >= 2**30 else 2**20,
-                          marker=(capacity, f"usable {format_bytes(capacity)} per GPU"))
+                          marker=(capacity, f"usable {format_bytes(capacity)} per {device}"))
     time = stacked_bars([(label, time_terms(e)) for label, e in labelled], label="time per step by plan",
                         fmt=format_seconds)
-    return (f"<h2>Memory per GPU</h2>{_legend(MEMORY_TERMS.values())}{memory}"
+    return (f"<h2>Memory per {device}</h2>{_legend(MEMORY_TERMS.values())}{memory}"
             '<p class="caption">Peak bytes on the fullest pipeline rank, '
             "against the memory a plan may use (device memory less a reserve).</p>"
             f"<h2>Time per step</h2>{_legend(TIME_TERMS.values())}{time}"
@@ -105,7 +105,7 @@ def _figures(advice: Advice) -> str:
 
 
 def _breakdowns(best: Estimate) -> str:
-    memory = _term_table("Memory per GPU, winner", memory_terms(best), winner_line(best))
+    memory = _term_table(f"Memory per {best.device}, winner", memory_terms(best), winner_line(best))
     time = _term_table("Time per step, winner", time_terms(best),
                        f"step {format_seconds(best.time.step_seconds)}{step_note(best)}")
     return f'<h2>Breakdown of <code>{escape(best.plan.name)}</code></h2><div class="split">{memory}{time}</div>'

@@ -62,7 +62,7 @@ def render_markdown(advice: Advice) -> str:
         lines += ["## Top plans", "", *_md_table(plan_columns(advice), rows, left=(1,))]
         lines += _md_section("Why", advice.reasons)
         lines += [f"## Breakdown of `{best.plan.name}`", ""]
-        lines += [f"Memory per GPU: {winner_line(best)}", "", *_md_terms(memory_terms(best))]
+        lines += [f"Memory per {best.device}: {winner_line(best)}", "", *_md_terms(memory_terms(best))]
         lines += [f"Time per step: {format_seconds(best.time.step_seconds)}{step_note(best)}", "",
                   *_md_terms(time_terms(best))]
     lines += _md_section("Left out", excluded_lines(advice)) + _md_section("Notes", advice.notes)
@@ -113,7 +113,8 @@ def _wrap_name(name: str, width: int) -> str:
 
 def _breakdown_tables(best: Estimate) -> RenderableType:
     capacity = f"of {format_bytes(best.capacity_bytes)} usable"
-    memory = _term_table("Memory per GPU", memory_terms(best), ("total", format_bytes(best.memory.total), capacity))
+    memory = _term_table(f"Memory per {best.device}", memory_terms(best),
+                         ("total", format_bytes(best.memory.total), capacity))
     time = _term_table("Time per step", time_terms(best), ("step", format_seconds(best.time.step_seconds), ""),
                        caption=step_note(best).strip())  # long: a cell of it would squeeze the figures
     heading = Text.assemble(("Winner: ", "bold"), (best.plan.name, "bold green"))

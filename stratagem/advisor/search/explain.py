@@ -66,7 +66,7 @@ def explain_winner(best: Estimate) -> str:
     used = best.memory.total / best.capacity_bytes
     if used > MEMORY_BOUND:
         return (f"Memory binds {best.plan.name}: it uses {format_bytes(best.memory.total)} of "
-                f"{format_bytes(best.capacity_bytes)} usable per GPU ({used:.0%}), so nothing larger fits.")
+                f"{format_bytes(best.capacity_bytes)} usable per {best.device} ({used:.0%}), so nothing larger fits.")
     terms = _terms(best)
     if terms["compute"] / step > COMPUTE_BOUND:
         return (f"{best.plan.name} is compute-bound: {terms['compute'] / step:.0%} of its "
@@ -121,7 +121,7 @@ def explain_comparison(a: Estimate, b: Estimate, *, winner: int | None, labels: 
         return (f"{labels[0]} and {labels[1]} are the same plan, {a.plan.name}.",)
     if winner is None:
         if min(a.memory.total, b.memory.total) > a.capacity_bytes:  # both short of device memory
-            return (f"Neither fits the {format_bytes(a.capacity_bytes)} usable per GPU: {labels[0]} needs "
+            return (f"Neither fits the {format_bytes(a.capacity_bytes)} usable per {a.device}: {labels[0]} needs "
                     f"{format_bytes(a.memory.total - a.capacity_bytes)} more, {labels[1]} "
                     f"{format_bytes(b.memory.total - b.capacity_bytes)} more.",)
         return (f"Neither fits: {labels[0]} needs {_overflow(a)}; {labels[1]} {_overflow(b)}.",)
@@ -132,7 +132,7 @@ def explain_comparison(a: Estimate, b: Estimate, *, winner: int | None, labels: 
                  f"{format_seconds(win.time.step_seconds)} for {w}.")
         return tuple(s for s in (verdict, _memory_terms(w, win, l, lose), after) if s)
     if objective == "memory":
-        verdict = (f"{w} wins on memory: {format_bytes(win.memory.total)} per GPU against "
+        verdict = (f"{w} wins on memory: {format_bytes(win.memory.total)} per {win.device} against "
                    f"{format_bytes(lose.memory.total)} for {l}.")
         return tuple(s for s in (verdict, _memory_terms(w, win, l, lose), _time_side(w, win, l, lose)) if s)
     slower = lose.time.step_seconds / win.time.step_seconds - 1
@@ -151,7 +151,7 @@ def _overflow(estimate: Estimate) -> str:
     """How far a plan that does not fit overshoots, on the device or in host memory."""
     memory, capacity = estimate.memory, estimate.capacity_bytes
     if memory.total > capacity:
-        return (f"{format_bytes(memory.total)} per GPU, {format_bytes(memory.total - capacity)} over the "
+        return (f"{format_bytes(memory.total)} per {estimate.device}, {format_bytes(memory.total - capacity)} over the "
                 f"{format_bytes(capacity)} usable")
     return (f"{format_bytes(memory.host)} of host memory for offloaded states, "
             f"{format_bytes(memory.host - estimate.host_capacity_bytes)} over its "
@@ -177,7 +177,7 @@ def _time_terms(w: str, win: Estimate, l: str, lose: Estimate) -> str | None:
 def _memory_terms(w: str, win: Estimate, l: str, lose: Estimate) -> str | None:
     """``"B's activations take 30.0 GiB more per GPU and its parameters 2.0 GiB; A's ..."``."""
     deciding = _deciding(*({k: getattr(e.memory, k) for k in MEMORY_LABELS} for e in (win, lose)))
-    return _differences(w, l, deciding, MEMORY_LABELS, format_bytes, verb="take", first=" more per GPU",
+    return _differences(w, l, deciding, MEMORY_LABELS, format_bytes, verb="take", first=f" more per {win.device}",
                         others=" more")
 
 
@@ -198,7 +198,7 @@ def _differences(w: str, l: str, deciding: tuple[list[tuple[str, float]], list[t
 def _memory_side(w: str, win: Estimate, l: str, lose: Estimate) -> str:
     """Both plans' memory, and which needs less: the other side of a speed verdict."""
     less = w if win.memory.total <= lose.memory.total else l
-    return (f"Memory per GPU: {w} {format_bytes(win.memory.total)}, {l} {format_bytes(lose.memory.total)} of "
+    return (f"Memory per {win.device}: {w} {format_bytes(win.memory.total)}, {l} {format_bytes(lose.memory.total)} of "
             f"{format_bytes(win.capacity_bytes)} usable; {less} needs "
             f"{format_bytes(abs(win.memory.total - lose.memory.total))} less.")
 
@@ -235,12 +235,12 @@ def _shortfall(plan: Plan, memory: MemoryBreakdown, cluster: Cluster) -> str:
     host = usable_host_bytes_per_rank(cluster)
     parts = []
     if memory.total > device:
-        parts.append(f"needs {format_bytes(memory.total)} per GPU where {cluster.device.name} offers "
+        parts.append(f"needs {format_bytes(memory.total)} per {cluster.device.noun} where {cluster.device.name} offers "
                      f"{format_bytes(device)} usable")
     if memory.host > host:
         known = "" if cluster.node.host else f" (assumed {HOST_MEMORY_PER_DEVICE_MEMORY:g}× device memory)"
-        parts.append(f"offloads {format_bytes(memory.host)} per GPU to host memory, which holds "
-                     f"{format_bytes(host)} per GPU{known}")
+        parts.append(f"offloads {format_bytes(memory.host)} per {cluster.device.noun} to host memory, which holds "
+                     f"{format_bytes(host)} per {cluster.device.noun}{known}")
     return f"The leanest plan found, {plan.name}, {' and '.join(parts)}."
 
 
@@ -258,7 +258,8 @@ def _more_devices(profile: ModelProfile, cluster: Cluster, workload: Workload, *
                             f"e.g. as {plan.name}.")
                 where = (f"one node of {bigger.devices_per_node}" if bigger.num_nodes == 1
                          else f"{bigger.num_nodes} nodes of {bigger.devices_per_node}")
-                return f"It would fit on {where} {cluster.device.name} ({bigger.world_size} GPUs), e.g. as {plan.name}."
+                return (f"It would fit on {where} {cluster.device.name} ({bigger.world_size} {cluster.device.noun}s), "
+                        f"e.g. as {plan.name}.")
     return None
 
 
