@@ -117,6 +117,7 @@ def test_a_name_no_plan_has_says_the_closest_and_a_name_needs_the_batch(capsys):
     assert main(["explain", *TINY, "--global-batch-size", "32", "--plan", "fsdp8 zero3 mb=3"]) == 2
     err = capsys.readouterr().err
     assert "no plan named 'fsdp8 zero3 mb=3'" in err and "HINT: the closest: " in err and "fsdp8 zero3" in err
+    assert "it builds fsdp8 zero3 with each data-parallel rank taking 4 samples a step" in err  # 32 over 8
     assert main(["explain", *TINY, "--plan", "fsdp8 zero3 mb=4"]) == 2
     assert "does not say its global batch" in capsys.readouterr().err
     assert main(["explain", *TINY, "--global-batch-size", "32", "--plan", "a" * 5000]) == 2  # no file could have it

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -63,18 +64,36 @@ def named_plan(name: str, profile: ModelProfile, cluster: Cluster, workload: Wor
     search builds for the workload: complete as the search builds it. A :class:`UsageError` naming
     the closest names when there is none."""
     wanted = _plain_name(name)
-    names = []
+    plans = []
     for group in search_plans(profile, cluster, workload):
         for plan in group:
             if _plain_name(plan.name) == wanted:
                 return plan
-            names.append(plan.name)
+            plans.append(plan)
+    names = [plan.name for plan in plans]
     close = difflib.get_close_matches(name, names, n=3, cutoff=0.5) if len(name) <= _LONGEST_NAME else []
     raise UsageError(f"plan {label}: no plan named {shown(name)} among the {len(names):,} the search builds for "
-                     f"{profile.name} on {cluster.spec} at a global batch of {workload.global_batch_size}\n"
+                     f"{profile.name} on {cluster.spec} at a global batch of {workload.global_batch_size}"
+                     f"{_batching(wanted, plans)}\n"
                      "HINT: " + (f"the closest: {'; '.join(close)}" if close else
                                  "`stratagem advise --format json` lists plans by name")
                      + "; or give the plan's fields as JSON")
+
+
+_BATCHING = re.compile(r"\s*\b(?:mb|ga|m)=\d+")
+"""The batching of a plan's name: micro-batch, gradient accumulation, pipeline micro-batches."""
+
+
+def _batching(wanted: str, plans: list[Plan]) -> str:
+    """Where the search builds the plan ``wanted`` names with another batching: what each
+    data-parallel rank takes a step, which micro-batch × accumulation × micro-batches must make."""
+    stem = _BATCHING.sub("", wanted)
+    same = next((p for p in plans if _BATCHING.sub("", _plain_name(p.name)) == stem), None)
+    if same is None:
+        return ""
+    per_rank = same.micro_batch_size * same.grad_accum * same.microbatches
+    return (f"; it builds {stem} with each data-parallel rank taking {per_rank} samples a step, which mb × ga "
+            f"(× m) must make")
 
 
 _LONGEST_NAME = 200
