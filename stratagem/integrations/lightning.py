@@ -58,7 +58,7 @@ from stratagem.integrations.planning import (
     stratagem_precision,
     workload_optimizer,
 )
-from stratagem.integrations.steps import forward_inputs, lightning_step
+from stratagem.integrations.steps import forward_inputs, lightning_step, positional
 from stratagem.plugins import apply_plan, build_mesh, build_optimizer
 from stratagem.plugins.blocks import module_lists
 from stratagem.plugins.materialize import has_meta_tensors, initialises_after_sharding, materialize
@@ -248,7 +248,7 @@ class AutoParallelStrategy(ModelParallelStrategy):
         if traced and (reason := target_excludes("lightning", plan, traced=True)) is not None:
             raise UsageError(f"the auto-parallel strategy cannot run plan {plan.name} on {type(child).__name__}, whose "
                              f"pipeline stages are traced: {reason}\nHINT: pick a gpipe or 1f1b plan")
-        example = forward_inputs(child, lambda: module(*_as_args(self._example_inputs(trainer, module))))
+        example = forward_inputs(child, lambda: module(*positional(self._example_inputs(trainer, module))))
         if not isinstance(example, tuple):
             raise UsageError(f"pipeline stages take positional inputs; {name}.forward was given keyword ones")
         example = tuple(t[:plan.micro_batch_size] for t in example)
@@ -376,7 +376,7 @@ class AutoParallelStrategy(ModelParallelStrategy):
         # A pipeline predicts with the child's inputs, without the target or loss_fn.
         if self._pipeline is not None:
             batch = args[0]
-            inputs = tuple(batch[:self._num_inputs]) if isinstance(batch, (tuple, list)) else (batch,)
+            inputs = positional(batch)[:self._num_inputs]
             return self._pipeline.predict(*inputs)
         return self._step("predict_step", self.precision_plugin.predict_step_context, args, kwargs)
 
@@ -467,11 +467,13 @@ def _pipelined_child(module: LightningModule, plan: Plan) -> tuple[str, Plan]:
 
 def _as_pipelined(module: LightningModule, profile: ModelProfile) -> ModelProfile:
     """``profile`` (of ``module``) with the pipeline facts of what pipeline plans split: the
-    child holding the blocks (see :func:`_pipelined_child`)."""
+    child holding the blocks (see :func:`_pipelined_child`), and the loss its last stage computes."""
     name, container = _child_path(profile.block_container)
-    if not container:
-        return dataclasses.replace(profile, pp_unavailable=profile.pp_unavailable or "the auto-parallel strategy "
-                                   "splits a child module holding the blocks, and they are not in one")
+    why = ("the auto-parallel strategy splits a child module holding the blocks, and they are not in one"
+           if not container else None if callable(getattr(module, "loss_fn", None)) else
+           f"the last stage computes the loss with loss_fn(output, target), which {type(module).__name__} lacks")
+    if why:
+        return dataclasses.replace(profile, pp_unavailable=profile.pp_unavailable or why)
     traced = removal_convention(module.get_submodule(name), block_container=container) is None
     return dataclasses.replace(profile, pp_traced=traced)
 
@@ -481,10 +483,6 @@ def _child_path(block_container: str | None) -> tuple[str, str]:
     (``"model.layers"`` → ``("model", "layers")``); the second is empty when there is no child."""
     name, _, container = (block_container or "").partition(".")
     return name, container
-
-
-def _as_args(inputs: Any) -> tuple[Any, ...]:
-    return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
 
 
 def _unwrap(optimizer: Optimizer) -> Optimizer:

@@ -24,7 +24,8 @@ from stratagem.errors import UsageError
 if TYPE_CHECKING:
     from stratagem.advisor.profile.model_profile import ModelProfile
 
-__all__ = ["TrainingStep", "as_inputs", "fabric_step", "forward_inputs", "lightning_step", "profile_for_plan"]
+__all__ = ["TrainingStep", "as_inputs", "fabric_step", "forward_inputs", "lightning_step", "positional",
+           "profile_for_plan"]
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,11 @@ class _Captured(Exception):
     def __init__(self, inputs: Any) -> None:
         super().__init__()
         self.inputs = inputs
+
+
+def positional(inputs: Any) -> tuple[Any, ...]:
+    """``inputs`` as positional arguments: a tuple or list's items, else the one value."""
+    return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
 
 
 def forward_inputs(module: nn.Module, step: Callable[[], Any]) -> tuple[Any, ...] | dict[str, Any]:

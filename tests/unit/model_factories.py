@@ -121,3 +121,21 @@ def encoder(batch_size: int = 2, seq_len: int = 8):
     """nn.TransformerEncoder deep-copies its layer: torch warns of a fake tensor's data pointer."""
     layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
     return nn.TransformerEncoder(layer, 2, enable_nested_tensor=False), (torch.randn(batch_size, seq_len, 16),)
+
+
+class _FeedForwards(nn.Module):
+    """Residual feed-forward blocks on 2-D activations: tensor parallelism splits them, sequence
+    parallelism has no sequence to split."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 16)) for _ in range(4))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = x + layer(x)
+        return x
+
+
+def feed_forwards(batch_size: int = 2):
+    return _FeedForwards(), (torch.randn(batch_size, 16),)

@@ -74,6 +74,24 @@ def test_parameters_without_a_gradient_leave_ddp_out():
         "no DDP")
 
 
+def test_blocks_on_2d_activations_get_tensor_but_not_sequence_parallelism():
+    """Sequence parallelism shards dimension 1 of the blocks' inputs: a [batch, width] input has
+    none (verify's tp2+sp plan of such a model had failed with a matmul shape error)."""
+    from stratagem.advisor.hardware import parse_cluster
+    from stratagem.advisor.search.advice import advise
+    from stratagem.advisor.search.targets import model_excludes
+    from stratagem.plan import Plan, Workload
+
+    profile = profile_spec("model_factories:feed_forwards", precision="fp32")
+    assert profile.sp_unavailable == "the blocks' inputs ([2, 16]) have no sequence dimension for it to split"
+    cluster = parse_cluster("8xA100")
+    advice = advise(profile, cluster, Workload(global_batch_size=64, precision="fp32"), constraints={"tp": 2})
+    assert advice.plans and not any(e.plan.sequence_parallel for e in advice.plans)
+    assert any(note.startswith("No sequence-parallel plans") for note in advice.notes)
+    plan = Plan(tp=2, dp_replicate=4, sequence_parallel=True, micro_batch_size=16, precision="fp32")
+    assert model_excludes(profile, cluster, plan).startswith("no sequence parallelism")
+
+
 def test_blocks_whose_class_other_modules_share_leave_accelerate_s_fsdp_out():
     """Accelerate wraps FSDP units by class name: here every nn.Sequential, the stem too, where the
     plan's units are the blocks; its FSDP plans would train something other than what was costed."""

@@ -166,6 +166,29 @@ def test_a_dataloader_batch_runs_unpiped_or_split_into_micro_batches() -> None:
     assert _pipeline_shapes(dataclasses.replace(profile, pp_unavailable="tied"), 4, {}) == [(1, 1)]
 
 
+def test_a_module_without_loss_fn_gets_no_pipeline_plans() -> None:
+    """The strategy's last pipeline stage computes the loss with the module's loss_fn: without one
+    a chosen pipeline plan had failed in setup."""
+    import dataclasses
+
+    from stratagem.advisor.profile.cache import profile_spec
+    from stratagem.integrations.lightning import _as_pipelined
+
+    class NoLoss(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = get_preset("llama-tiny").build()
+
+    class WithLoss(NoLoss):
+        def loss_fn(self, output, target):
+            return output.float().mean()
+
+    profile = dataclasses.replace(profile_spec("llama-tiny"), block_container="model.layers")
+    assert profile.pp_unavailable is None
+    assert _as_pipelined(NoLoss(), profile).pp_unavailable.endswith("loss_fn(output, target), which NoLoss lacks")
+    assert _as_pipelined(WithLoss(), profile).pp_unavailable is None
+
+
 class _Llama(pl.LightningModule):
     """llama-tiny whose training_step logs, keeps its losses and returns a dict."""
 

@@ -29,7 +29,7 @@ def kernels_for(*, accelerator: bool) -> str:
     return "gpu" if accelerator else "cpu"
 
 
-SCHEMA_VERSION = 15
+SCHEMA_VERSION = 16
 """Version of the layout ``ModelProfile.to_dict`` writes and ``from_dict`` reads. Bump it whenever
 a field of ModelProfile, SegmentProfile, LinearLayer, ConvLayer, BatchNormCall or AttentionCall is added, removed, renamed or changes
 meaning (tests/unit/test_profile_cache_checks.py pins the fields to this number)."""
@@ -264,6 +264,7 @@ class ModelProfile:
     pp_tied_params: int = 0  # elements of the tied weights the first and last stage each copy (structure.pp_tied_params)
     ddp_unavailable: str | None = None  # why DDP cannot train it: parameters without a gradient (profiler.ddp_refusal)
     class_wrap_extra: str | None = None  # modules beside the blocks of a block's class name (structure.class_wrap_extra)
+    sp_unavailable: str | None = None  # why sequence parallelism cannot split the blocks' inputs (profiler.sp_refusal)
     notes: tuple[str, ...] = ()
     profile_seconds: float = 0.0
     # The same step with parameters in the compute dtype and no autocast: how FSDP2's mixed
@@ -345,6 +346,7 @@ class ModelProfile:
             "pp_tied_params": self.pp_tied_params,
             "ddp_unavailable": self.ddp_unavailable,
             "class_wrap_extra": self.class_wrap_extra,
+            "sp_unavailable": self.sp_unavailable,
             "embed": self.embed.to_dict(),
             "blocks": [b.to_dict() for b in self.blocks],
             "head": self.head.to_dict(),

@@ -161,10 +161,20 @@ def _profile_step(
         tp_layout=tp_layout + vocab, tp_unavailable=tp_unavailable, pp_unavailable=pp_unavailable(model, structure),
         pp_traced=removal_convention(model, block_container=structure.container) is None,
         pp_tied_params=pp_tied_params(model, structure), ddp_unavailable=ddp_refusal(record.unused_params),
-        class_wrap_extra=class_wrap_extra(model, structure),
+        class_wrap_extra=class_wrap_extra(model, structure), sp_unavailable=sp_refusal(record.block_inputs),
         notes=tuple(notes), profile_seconds=time.perf_counter() - started,
         **_assemble(model, structure.blocks, record, prec, notes, calls, (vocab, vocab_calls)),
     )
+
+
+def sp_refusal(block_inputs: dict[str, tuple[tuple, dict]]) -> str | None:
+    """Why sequence parallelism cannot split the blocks' inputs, or None: it shards their dimension
+    1, the sequence of ``[batch, sequence, width]`` activations, which a 2-D input lacks."""
+    first = next((leaf for args, kwargs in block_inputs.values() for leaf in tree_flatten((args, kwargs))[0]
+                  if isinstance(leaf, torch.Tensor) and leaf.is_floating_point()), None)
+    if first is None or first.dim() >= 3:
+        return None
+    return f"the blocks' inputs ({list(first.shape)}) have no sequence dimension for it to split"
 
 
 def ddp_refusal(unused: tuple[str, ...]) -> str | None:

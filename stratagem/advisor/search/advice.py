@@ -154,7 +154,8 @@ def advise(profile: ModelProfile, cluster: Cluster, workload: Workload, *, top: 
 def _model_notes(profile: ModelProfile, cluster: Cluster) -> tuple[str, ...]:
     """What the model itself rules out, and what its profile does not describe, said once."""
     _, no_tp = tp_degrees(profile, cluster.devices_per_node)
-    notes = (f"No tensor-parallel plans: {no_tp}.",) if no_tp else ()
+    notes = (f"No tensor-parallel plans: {no_tp}.",) if no_tp else (
+        (f"No sequence-parallel plans: {profile.sp_unavailable}.",) if profile.sp_unavailable else ())
     notes += latency_unknown_note(profile, cluster)
     if not cluster.is_accelerator and profile.block_container is not None:
         notes += (COMPILE_ON_CPU,)

@@ -144,7 +144,7 @@ def _layout_groups(profile: ModelProfile, cluster: Cluster, workload: Workload, 
             excluded[f"data-parallel degree not dividing the global batch ({workload.global_batch_size})"] += 1
             continue
         local = workload.global_batch_size // dp
-        for sp in (False, True) if layout.tp > 1 else (False,):
+        for sp in (False, True) if layout.tp > 1 and profile.sp_unavailable is None else (False,):
             for schedule, v in _schedules(layout.pp, len(profile.blocks)):
                 shared = dict(tp=layout.tp, pp=layout.pp, dp_replicate=layout.dp_replicate,
                               dp_shard=layout.dp_shard, zero=layout.zero, sequence_parallel=sp,

@@ -106,6 +106,8 @@ def model_excludes(profile: ModelProfile, cluster: Cluster, plan: Plan) -> str |
                              f"{cluster.devices_per_node} are {', '.join(map(str, degrees))}")
     if plan.pp > 1 and profile.pp_unavailable:
         return f"no pipeline: {profile.pp_unavailable}"
+    if plan.sequence_parallel and profile.sp_unavailable:
+        return f"no sequence parallelism: {profile.sp_unavailable}"
     if plan.uses_ddp and profile.ddp_unavailable:
         return f"no DDP (zero 0 or 1): {profile.ddp_unavailable}"
     if profile.pp_tied_params and not tied_copies_allow(pp=plan.pp, offload=plan.offload):
