@@ -42,6 +42,8 @@ def test_a_factory_s_own_batch_and_a_told_layout_are_what_the_profile_counts():
     assert (told.batch_size, own.batch_size) == (2, 4) and own.flops_per_step == 2 * told.flops_per_step
     first = profile_spec("model_factories:sequence_first", seq_len=16, precision="fp32")
     assert (first.batch_size, first.seq_len) == (2, 16)
+    assert profile_spec("model_factories:sequence_first", precision="fp32").seq_len == 8  # its own default
+    assert "dimension 0 (16) is not the batch of 2" in first.pp_unavailable  # a pipeline would split the sequence
     with pytest.raises(UsageError, match="declares no seq_len parameter: --seq-len does not apply"):
         profile_spec("model_factories:mlp", seq_len=16)
 

@@ -119,6 +119,11 @@ def _pipeline_refusal(source: ModelSource) -> str | None:
     micro-batches and its stages take positional inputs."""
     if isinstance(source.example_inputs, Mapping):
         return "its inputs are keyword arguments, and pipeline stages take positional ones"
+    inputs = source.example_inputs if isinstance(source.example_inputs, tuple) else (source.example_inputs,)
+    first = next((x for x in inputs if getattr(x, "dim", lambda: 0)() > 0), None)  # a tensor with a batch
+    if source.batch_size is not None and first is not None and first.shape[0] != source.batch_size:
+        return (f"its first input's dimension 0 ({first.shape[0]}) is not the batch of {source.batch_size} it was "
+                "told, and a pipeline splits that dimension into micro-batches")
     if source.loss_fn is not None:
         return ("its factory's loss_fn is a function of the whole batch's output (a loss may hold the batch's "
                 "targets), which a pipeline cannot apply to each micro-batch's")

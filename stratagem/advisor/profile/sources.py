@@ -8,9 +8,10 @@ Accepted forms (``load_model``):
   makes, weights and labels a loss closes over included, allocate nothing) and gets
   ``batch_size``/``seq_len`` keyword arguments when it declares them (``seq_len`` only when given,
   and a usage error when given to one that does not declare it). The profile takes what it was
-  told as the inputs' batch and sequence, whatever their layout; a factory that declares no
-  ``batch_size`` is profiled at its first input's dimension 0. A factory's loss (which may hold
-  the batch's targets) or keyword inputs leave pipeline plans out (``profile.cache``);
+  told (or the ``seq_len`` default it declares) as the inputs' batch and sequence, whatever their
+  layout; a factory that declares no ``batch_size`` is profiled at its first input's dimension 0.
+  A factory's loss (which may hold the batch's targets), keyword inputs, or a first input whose
+  dimension 0 is not the batch leave pipeline plans out (``profile.cache``);
 * ``hf:PATH`` — a Hugging Face config file (``config.json`` or any other name) or the folder
   holding ``config.json``, built with ``AutoModelForCausalLM.from_config`` on meta, the
   language-model head and loss included. Its shape-giving numbers are checked before anything is
@@ -194,7 +195,18 @@ def _from_factory(spec: str, *, batch_size: int, seq_len: int | None) -> ModelSo
                 if isinstance(err, SystemExit) else
                 f"HINT: call {spec.replace(':', '.')}({_call_text(kwargs)}) yourself to see the traceback")
         raise UsageError(f"factory {spec!r} raised {_describe(err)}\n{hint}") from err
-    return _unpack_factory_result(spec, made, batch_size=kwargs.get("batch_size"), seq_len=kwargs.get("seq_len"))
+    return _unpack_factory_result(spec, made, batch_size=kwargs.get("batch_size"),
+                                  seq_len=kwargs.get("seq_len", _default(factory, "seq_len")))
+
+
+def _default(factory: Callable[..., Any], name: str) -> int | None:
+    """The integer default of ``factory``'s parameter ``name``, or None: what it builds when not told."""
+    try:
+        parameter = inspect.signature(factory).parameters.get(name)
+    except (TypeError, ValueError):
+        return None
+    default = parameter.default if parameter is not None else None
+    return default if isinstance(default, int) and not isinstance(default, bool) and default > 0 else None
 
 
 def _unpack_factory_result(spec: str, made: Any, *, batch_size: int | None, seq_len: int | None) -> ModelSource:
