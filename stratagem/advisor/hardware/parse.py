@@ -68,7 +68,7 @@ def parse_cluster(spec: str) -> Cluster:
                    why="more than any node or NVLink domain holds")
     check_positive(f"the world size of {shown(spec)}", num_nodes * num_devices, maximum=MAX_WORLD_SIZE,
                    why="more ranks than any cluster holds")
-    node = _node(spec, device=device, num_devices=num_devices, bridge=bool(bridge))
+    node = _node(spec, device=device, num_devices=num_devices, bridge=bool(bridge), num_nodes=num_nodes)
     host = node.host
     shared = (f"{num_devices} CPU ranks share this host's {host.num_cores} cores: each runs at "
               f"{host.num_cores}/{num_devices} of one core's rate",) if (
@@ -77,7 +77,7 @@ def parse_cluster(spec: str) -> Cluster:
                    node=_with_network(spec, node=node, network=network, num_nodes=num_nodes))
 
 
-def _node(spec: str, *, device: str, num_devices: int, bridge: bool) -> NodeSpec:
+def _node(spec: str, *, device: str, num_devices: int, bridge: bool, num_nodes: int) -> NodeSpec:
     if device.lower() == "cpu":
         if bridge:
             raise UsageError(f"'+bridge' in {spec!r} applies to GPUs, not cpu"
@@ -101,7 +101,7 @@ def _node(spec: str, *, device: str, num_devices: int, bridge: bool) -> NodeSpec
         raise UsageError(f"{entry.name} in {spec!r} takes no NVLink bridge: bridged cards are "
                          f"{', '.join(bridged)}\nHINT: drop '+bridge'")
     link_key = entry.bridge if bridge and entry.bridge else entry.link
-    _check_domain(spec, entry.name, link_key, num_devices)
+    _check_domain(spec, entry.name, link_key, num_devices, num_nodes)
     return NodeSpec(
         device=lookup.device_from_entry(entry), num_devices=num_devices,
         link=lookup.link_from_key(link_key, num_devices=num_devices),
@@ -109,15 +109,16 @@ def _node(spec: str, *, device: str, num_devices: int, bridge: bool) -> NodeSpec
     )
 
 
-def _check_domain(spec: str, device: str, link_key: str, num_devices: int) -> None:
+def _check_domain(spec: str, device: str, link_key: str, num_devices: int, num_nodes: int) -> None:
     """Refuse a node of more devices than its link has ever joined: the cost model would give every
     pair of them that link's bandwidth (e.g. '1024xH100' read as one NVLink domain of 1,024 GPUs)."""
     largest = lookup.catalog.LINKS[link_key].largest_domain
     if largest is None or num_devices <= largest.value:
         return
-    example = (f"e.g. '{num_devices // 8}x8x{device}:ib-ndr' for nodes of 8" if num_devices % 8 == 0 else FORM)
-    raise UsageError(f"{spec!r} is one node of {num_devices} {device} joined by {link_key}, which joins at "
-                     f"most {largest.value:g} ({largest.source})\nHINT: name the nodes and their network: {example}")
+    total = num_nodes * num_devices
+    example = f"e.g. '{total // 8}x8x{device}:ib-ndr' for nodes of 8" if total % 8 == 0 else FORM
+    raise UsageError(f"{spec!r} puts {num_devices} {device} in a node, joined by {link_key}, which joins at most "
+                     f"{largest.value:g} ({largest.source})\nHINT: name the nodes and their network: {example}")
 
 
 def _tpu_slice(spec: str, entry: TpuEntry, *, num_nodes: int, num_devices: int, extra: str | None) -> Cluster:
