@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from stratagem.advisor.search.advice import Advice
+    from stratagem.advisor.profile.model_profile import ModelProfile
     from stratagem.advisor.hardware import Cluster
     from stratagem.progress import Progress
     from stratagem.verify import Verified
@@ -124,7 +125,7 @@ def _advise_and_verify(cluster: Cluster, args: argparse.Namespace, *, report: bo
             profile, workload = model_workload(args, cluster)
         with display.phase("search", f"plans for {cluster.spec}, global batch {workload.global_batch_size}") as phase:
             advice = advise(profile, cluster, workload, top=args.top, target=args.target, objective=args.objective,
-                            constraints=compile_constraints(args))
+                            constraints={**compile_constraints(args), **_fixed_batch(args.model, profile)})
             phase.done(f"{advice.num_evaluated} plans costed, {len(advice.plans)} to run")
         if advice.best is None:
             from stratagem.advisor.report.render import render_table
@@ -135,6 +136,17 @@ def _advise_and_verify(cluster: Cluster, args: argparse.Namespace, *, report: bo
                 Console().print(render_table(advice))
             return EXIT_NOTHING_FITS
         return verify_advice(advice, args, top=args.top, output=args.output, report=report, display=display)
+
+
+def _fixed_batch(spec: str, profile: ModelProfile) -> dict[str, int]:
+    """The plans a factory without a ``batch_size`` parameter can feed, as search constraints: each
+    forward takes the batch its inputs hold (no plan ranked could run it otherwise)."""
+    from stratagem.advisor.profile.sources import factory_arguments, load_factory
+
+    if spec.startswith("hf:") or ":" not in spec:
+        return {}
+    takes_batch = "batch_size" in factory_arguments(spec, load_factory(spec), batch_size=1, seq_len=None)
+    return {} if takes_batch else {"micro_batch_size": profile.batch_size, "microbatches": 1}
 
 
 def verify_advice(advice: Advice, args: argparse.Namespace, *, top: int, output: Path | None,

@@ -40,6 +40,7 @@ def test_a_factory_s_own_batch_and_a_told_layout_are_what_the_profile_counts():
     told, own = profile_spec("model_factories:mlp", precision="fp32"), profile_spec("model_factories:mlp_four_samples",
                                                                                    precision="fp32")
     assert (told.batch_size, own.batch_size) == (2, 4) and own.flops_per_step == 2 * told.flops_per_step
+    assert "declares no batch_size parameter: profiled at the 4 samples its inputs hold, not the 2" in own.notes[0]
     first = profile_spec("model_factories:sequence_first", seq_len=16, precision="fp32")
     assert (first.batch_size, first.seq_len) == (2, 16)
     assert profile_spec("model_factories:sequence_first", precision="fp32").seq_len == 8  # its own default

@@ -45,6 +45,18 @@ def test_a_factory_s_batch_that_does_not_fit_the_plan_is_a_usage_error() -> None
         model.build(4, None)
 
 
+def test_verify_ranks_only_plans_a_factory_s_own_batch_can_feed() -> None:
+    """A factory without batch_size makes the batch it makes: each plan's forward must take it
+    (verify of such a CNN at --global-batch-size 16 had ranked two plans of 8, and both failed)."""
+    from stratagem.advisor.profile.cache import profile_spec
+    from stratagem.cli.verify_cmd import _fixed_batch
+
+    own = profile_spec("model_factories:mlp_four_samples", precision="fp32")
+    assert _fixed_batch("model_factories:mlp_four_samples", own) == {"micro_batch_size": 4, "microbatches": 1}
+    told = profile_spec("model_factories:mlp", precision="fp32")
+    assert _fixed_batch("model_factories:mlp", told) == {} and _fixed_batch("gpt2-tiny", told) == {}
+
+
 def test_the_fallback_loss_is_the_profiler_s() -> None:
     class Output:
         loss = torch.tensor(3.0)

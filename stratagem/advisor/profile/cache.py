@@ -110,7 +110,9 @@ def _measure(spec: str, *, batch_size: int, seq_len: int | None, precision: str,
     profile = profile_model(source.module, source.example_inputs, loss_fn=source.loss_fn, precision=precision,
                             name=source.name, batch_size=source.batch_size if factory else batch_size,
                             seq_len=source.seq_len if factory else None, kernels=kernels)
-    return replace(profile, notes=(*source.notes, *profile.notes),
+    own = (f"{spec} declares no batch_size parameter: profiled at the {profile.batch_size} samples its inputs "
+           f"hold, not the {batch_size} asked for",) if factory and profile.batch_size != batch_size else ()
+    return replace(profile, notes=(*source.notes, *own, *profile.notes),
                    pp_unavailable=profile.pp_unavailable or (_pipeline_refusal(source) if factory else None))
 
 
