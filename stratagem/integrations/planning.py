@@ -243,7 +243,7 @@ def _advise(module: nn.Module, example_inputs: Any, cluster: Any, *, world: int,
     if not advices:
         raise errors[0]
     best = rank_estimates([a.best for a in advices if a.best is not None], objective)
-    advice = next((a for a in advices if best and a.best is best[0]), advices[0])
+    advice = _without_shape_pins(next((a for a in advices if best and a.best is best[0]), advices[0]), constraints)
     if verbose:
         from rich.console import Console
 
@@ -254,6 +254,13 @@ def _advise(module: nn.Module, example_inputs: Any, cluster: Any, *, world: int,
     if verbose:
         print(f"auto-parallel: chose plan {advice.best.plan.name}", flush=True)
     return advice
+
+
+def _without_shape_pins(advice: Advice, constraints: Mapping[str, Any]) -> Advice:
+    """``advice`` less the plans it left out for the tensor-parallel degree and pipeline shape its
+    search was pinned to: other shapes' searches took those, and the user pinned none of them."""
+    pinned = tuple(f"constraint {name} in" for name in ("tp", "pp", "microbatches") if name not in constraints)
+    return replace(advice, excluded={why: n for why, n in advice.excluded.items() if not why.startswith(pinned)})
 
 
 def _pipeline_shapes(profile: ModelProfile, world: int, constraints: Mapping[str, Any]) -> list[tuple[int, int]]:

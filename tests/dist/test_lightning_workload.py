@@ -156,6 +156,11 @@ def test_a_tensor_parallel_group_shares_its_batch_so_tp_plans_are_searched() -> 
     advice = advise_for(preset.build(), tokens, constraints={"tp": 2})
     assert advice.best.plan.tp == 2 and advice.workload.global_batch_size == 2
     assert advice.best.plan.grad_accum == 1 and advice.best.plan.micro_batch_size == 2
+    # each shape's search is pinned to its tp and pp: the advice shown lists no pin the user did not set
+    unpinned = advise_for(preset.build(), tokens).excluded
+    assert not any(why.startswith(("constraint tp in", "constraint pp in", "constraint microbatches in"))
+                   for why in unpinned)
+    assert any(why.startswith("constraint tp in [2]") for why in advice.excluded)  # the user's own pin
 
 
 def test_a_pinned_plans_accumulation_is_the_trainers_or_one_batchs() -> None:
