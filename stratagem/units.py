@@ -1,4 +1,4 @@
-"""Human-readable numbers: bytes in binary units, counts and FLOPs in decimal ones, seconds."""
+"""Human-readable numbers (bytes in binary units, counts and FLOPs in decimal ones, seconds) and lists."""
 
 from __future__ import annotations
 
@@ -43,3 +43,9 @@ def format_seconds(seconds: float) -> str:
             decimals = 2 if abs(value) < 10 else 1 if abs(value) < 100 else 0
             return f"{value:.{decimals}f} {unit}"
     raise AssertionError("unreachable")
+
+
+def format_list(items: list[str] | tuple[str, ...], first: int = 4) -> str:
+    """The first ``first`` of ``items``, then how many more: ``'a, b, c, d and 2 more'``."""
+    more = len(items) - first
+    return ", ".join(items[:first]) + (f" and {more} more" if more > 0 else "")

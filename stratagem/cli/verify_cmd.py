@@ -141,9 +141,10 @@ def _advise_and_verify(cluster: Cluster, args: argparse.Namespace, *, report: bo
 def _fixed_batch(spec: str, profile: ModelProfile) -> dict[str, int]:
     """The plans a factory without a ``batch_size`` parameter can feed, as search constraints: each
     forward takes the batch its inputs hold (no plan ranked could run it otherwise)."""
+    from stratagem.advisor.profile.cache import is_factory
     from stratagem.advisor.profile.sources import factory_arguments, load_factory
 
-    if spec.startswith("hf:") or ":" not in spec:
+    if not is_factory(spec):
         return {}
     takes_batch = "batch_size" in factory_arguments(spec, load_factory(spec), batch_size=1, seq_len=None)
     return {} if takes_batch else {"micro_batch_size": profile.batch_size, "microbatches": 1}

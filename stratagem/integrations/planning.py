@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from stratagem.distributed import leave_process_group, naming_lost_peers
 from stratagem.plan import MeshAxis, Plan, Workload
+from stratagem.plan.workload import OPTIMIZER_CLASSES
 from stratagem.errors import UsageError
 
 if TYPE_CHECKING:
@@ -208,7 +209,7 @@ def _advise(module: nn.Module, example_inputs: Any, cluster: Any, *, world: int,
     on ``world`` ranks accumulating ``accumulate`` batches a step (see :func:`choose_plan`)."""
     from stratagem.advisor.profile.model_profile import kernels_for
     from stratagem.advisor.report.render import render_table
-    from stratagem.advisor.search.advice import advise, rank_estimates
+    from stratagem.advisor.search.advice import advise, rank_estimates, without_constraints
     from stratagem.advisor.search.targets import tp_degrees
     from stratagem.integrations.steps import profile_for_plan
 
@@ -243,7 +244,9 @@ def _advise(module: nn.Module, example_inputs: Any, cluster: Any, *, world: int,
     if not advices:
         raise errors[0]
     best = rank_estimates([a.best for a in advices if a.best is not None], objective)
-    advice = _without_shape_pins(next((a for a in advices if best and a.best is best[0]), advices[0]), constraints)
+    advice = next((a for a in advices if best and a.best is best[0]), advices[0])
+    # each shape's search pinned its tp and pp: the user pinned none of those the advice would list
+    advice = without_constraints(advice, [name for name in ("tp", "pp", "microbatches") if name not in constraints])
     if verbose:
         from rich.console import Console
 
@@ -254,13 +257,6 @@ def _advise(module: nn.Module, example_inputs: Any, cluster: Any, *, world: int,
     if verbose:
         print(f"auto-parallel: chose plan {advice.best.plan.name}", flush=True)
     return advice
-
-
-def _without_shape_pins(advice: Advice, constraints: Mapping[str, Any]) -> Advice:
-    """``advice`` less the plans it left out for the tensor-parallel degree and pipeline shape its
-    search was pinned to: other shapes' searches took those, and the user pinned none of them."""
-    pinned = tuple(f"constraint {name} in" for name in ("tp", "pp", "microbatches") if name not in constraints)
-    return replace(advice, excluded={why: n for why, n in advice.excluded.items() if not why.startswith(pinned)})
 
 
 def _pipeline_shapes(profile: ModelProfile, world: int, constraints: Mapping[str, Any]) -> list[tuple[int, int]]:
@@ -286,11 +282,6 @@ def _pipeline_shapes(profile: ModelProfile, world: int, constraints: Mapping[str
     return shapes
 
 
-_COSTED = (("adamw", ("Adam", "AdamW")), ("sgd", ("SGD",)))
-"""The cost model's optimizers (:data:`~stratagem.plan.workload.OPTIMIZERS`) and the torch.optim
-classes (and their subclasses) each prices: Adam keeps AdamW's two states and runs its step."""
-
-
 def workload_optimizer(make: Callable[[], Any], source: str) -> tuple[str, tuple[str, ...]]:
     """The Workload's optimizer for what ``make()`` returns: a torch optimizer, or optimizers in a
     list, tuple or dict as ``configure_optimizers`` returns them (schedulers beside them are
@@ -313,7 +304,7 @@ def workload_optimizer(make: Callable[[], Any], source: str) -> tuple[str, tuple
     if not found:
         note = f"No torch optimizer came from {source}, so {assumed}"
     elif None in names:
-        known = " and ".join("/".join(types) for _, types in _COSTED)
+        known = " and ".join("/".join(types) for types in OPTIMIZER_CLASSES.values())
         note = f"{source} gives {classes}, which the cost model does not price (it knows {known}), so {assumed}"
     else:
         note = (f"{source} gives {len(found)} optimizers ({classes}), and the cost model prices one for all "
@@ -344,8 +335,9 @@ def _optimizers_in(returned: Any) -> list[Any]:
 
 
 def _costed_name(optimizer: Any) -> str | None:
-    """The cost model's name for ``optimizer`` (see :data:`_COSTED`); None when it prices none."""
-    for name, types in _COSTED:
+    """The cost model's name for ``optimizer`` (:data:`~stratagem.plan.workload.OPTIMIZER_CLASSES`);
+    None when it prices none."""
+    for name, types in OPTIMIZER_CLASSES.items():
         if isinstance(optimizer, tuple(getattr(torch.optim, cls) for cls in types)):
             return name
     return None

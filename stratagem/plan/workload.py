@@ -8,7 +8,10 @@ from typing import Any
 from stratagem.plan.checks import MAX_SAMPLES, check_choice, check_positive
 from stratagem.plan.precision import PRECISIONS
 
-OPTIMIZERS = ("adamw", "sgd")
+OPTIMIZER_CLASSES = {"adamw": ("AdamW", "Adam"), "sgd": ("SGD",)}
+"""The cost model's optimizers, each with the torch.optim classes (and their subclasses) it prices,
+the first the one ``calibrate`` times: Adam keeps AdamW's two states and runs its step."""
+OPTIMIZERS = tuple(OPTIMIZER_CLASSES)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

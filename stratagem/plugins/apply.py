@@ -182,10 +182,10 @@ def _module_mismatches(module: nn.Module, plan: Plan) -> list[str]:
             blocks = list(module.get_submodule(plan.block_container).children())
         except AttributeError:
             lists = [name for name, sub in module.named_modules() if isinstance(sub, nn.ModuleList)]
-            held = [name for name in lists if name.endswith(f".{plan.block_container}")]
-            within = (f"; a plan for the model it holds as {held[0].removesuffix(plan.block_container)[:-1]!r}? "
-                      f"Prefix block_container and tp_layout's patterns with "
-                      f"{held[0].removesuffix(plan.block_container)!r}") if len(held) == 1 else ""
+            prefixes = [name.removesuffix(plan.block_container) for name in lists
+                        if name.endswith(f".{plan.block_container}")]
+            within = (f"; a plan for the model it holds as {prefixes[0][:-1]!r}? Prefix block_container and "
+                      f"tp_layout's patterns with {prefixes[0]!r}") if len(prefixes) == 1 else ""
             problems.append(f"block_container {plan.block_container!r} is not one of its submodules (its module "
                             f"lists: {', '.join(map(repr, lists)) or 'none'}{within})")
         else:

@@ -22,6 +22,7 @@ import uuid
 from pathlib import Path
 
 from stratagem.errors import UsageError
+from stratagem.units import format_list
 
 __all__ = ["MANIFEST_FILE", "META_FILE", "mark_complete", "missing_parts", "new_partial_dir", "resolve", "swap_in"]
 
@@ -56,7 +57,7 @@ def new_partial_dir(path: Path) -> Path:
         foreign = sorted(entry.name for entry in directory.iterdir()
                          if not (entry.is_file() and _is_checkpoint_file(entry.name))) if directory.is_dir() else []
         if foreign:
-            shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+            shown = format_list(foreign, first=3)
             where = "the directory" if directory == path else f"{directory} (where a save keeps the one it replaces)"
             raise UsageError(f"cannot save a sharded checkpoint to {path}: {where} holds {shown}, which no "
                              "checkpoint writes, and a save removes that directory\n"

@@ -40,7 +40,7 @@ def make_estimate(plan: Plan, *, gib: float = 40.0, step: float = 1.2, capacity_
                          tp_comm=0.1 * step, pp_comm=0.0, bubble=bubble, optimizer=0.05 * step, offload=0.0,
                          dp_comm_total=0.3 * step)
     return Estimate(plan=plan, memory=memory, time=time, capacity_bytes=capacity_gib * GiB, host_capacity_bytes=1e12,
-                    throughput=64 * 64 / step, throughput_unit="tokens/s", mfu=0.41)
+                    throughput=64 * 64 / step, throughput_unit="tokens/s", mfu=0.41, device="GPU")
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from stratagem.advisor.calibrate.benchmarks import interleaved
+from stratagem.plan.workload import OPTIMIZER_CLASSES
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -20,7 +21,7 @@ __all__ = ["SMALL_STEP_TENSORS", "optimizer_class", "optimizer_seconds", "small_
 def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
     """The torch.optim class of an optimizer the cost model knows by ``name``
     (:data:`~stratagem.plan.OPTIMIZERS`)."""
-    return {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[name]
+    return getattr(torch.optim, OPTIMIZER_CLASSES[name][0])
 
 
 OPTIMIZER_SMALL_TENSORS = (512, 64)

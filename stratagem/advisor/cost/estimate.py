@@ -80,7 +80,7 @@ class Estimate:
     throughput: float  # tokens/s for sequence models, samples/s otherwise
     throughput_unit: str  # "tokens/s" or "samples/s"
     mfu: float  # model FLOPs (no recompute) per second / (world × peak), 0..1
-    device: str = "GPU"  # what one rank runs on, as reports name it (DeviceSpec.noun)
+    device: str  # what one rank runs on, as reports name it (DeviceSpec.noun)
 
     @property
     def fits(self) -> bool:

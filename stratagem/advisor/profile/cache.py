@@ -104,7 +104,7 @@ def _measure(spec: str, *, batch_size: int, seq_len: int | None, precision: str,
     from stratagem.advisor.profile.profiler import profile_model
 
     source = load_model(spec, batch_size=batch_size, seq_len=seq_len)
-    factory = not spec.startswith("hf:") and ":" in spec
+    factory = is_factory(spec)
     # A factory that does not declare batch_size (or seq_len) chose its own: the profile reads
     # them off its inputs. One that does is told them, whatever layout its inputs have.
     profile = profile_model(source.module, source.example_inputs, loss_fn=source.loss_fn, precision=precision,
@@ -114,6 +114,11 @@ def _measure(spec: str, *, batch_size: int, seq_len: int | None, precision: str,
            f"hold, not the {batch_size} asked for",) if factory and profile.batch_size != batch_size else ()
     return replace(profile, notes=(*source.notes, *own, *profile.notes),
                    pp_unavailable=profile.pp_unavailable or (_pipeline_refusal(source) if factory else None))
+
+
+def is_factory(spec: str) -> bool:
+    """Whether ``spec`` names a factory, ``pkg.module:factory`` (not a preset or an ``hf:`` config)."""
+    return not spec.startswith("hf:") and ":" in spec
 
 
 def _pipeline_refusal(source: ModelSource) -> str | None:
@@ -140,7 +145,7 @@ def _cache_key(spec: str, *, batch_size: int, seq_len: int | None, precision: st
         except (OSError, ValueError):
             return None  # missing or unreadable: let loading say what is wrong
         model = f"hf:{hashlib.sha256(contents).hexdigest()}:{_version('transformers')}"
-    elif ":" in spec:
+    elif is_factory(spec):
         return None
     else:
         model = f"preset:{spec}"

@@ -48,6 +48,7 @@ from stratagem.advisor.profile.structure import (
 from stratagem.advisor.profile.tp_layout import LinearCallRecorder, find_tp_layout
 from stratagem.advisor.profile.vocab_layout import VocabCallRecorder, find_vocab_layout, vocab_segment_fields
 from stratagem.errors import UsageError
+from stratagem.units import format_list
 from stratagem.plan.stages import removal_convention
 
 __all__ = ["ModelProfile", "SegmentProfile", "input_shape", "profile_model"]
@@ -184,8 +185,7 @@ def ddp_refusal(unused: tuple[str, ...]) -> str | None:
     off); FSDP reduces what it has."""
     if not unused:
         return None
-    shown = ", ".join(unused[:4]) + (f" and {len(unused) - 4} more" if len(unused) > 4 else "")
-    return (f"{shown} get no gradient in a step, and DDP waits for every parameter's "
+    return (f"{format_list(unused)} get no gradient in a step, and DDP waits for every parameter's "
             "(FSDP's plans, zero 2 or 3, take them)")
 
 

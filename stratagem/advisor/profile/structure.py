@@ -14,6 +14,7 @@ from torch import nn
 
 from stratagem.advisor.profile.model_profile import LinearLayer
 from stratagem.plan.stages import tied_weights
+from stratagem.units import format_list
 
 # Attribute names under which attention modules commonly keep their head counts (reference
 # presets, nn.MultiheadAttention, Hugging Face, nanoGPT-style code).
@@ -69,9 +70,7 @@ def class_wrap_extra(model: nn.Module, structure: ModelStructure) -> str | None:
     extra = [fqn for fqn, module in model.named_modules() if type(module).__name__ in names and fqn not in blocks]
     if not extra:
         return None
-    shown = ", ".join(name or "the model itself" for name in extra[:4]) + (
-        f" and {len(extra) - 4} more" if len(extra) > 4 else "")
-    return f"{'/'.join(sorted(names))}: {shown}"
+    return f"{'/'.join(sorted(names))}: {format_list([name or 'the model itself' for name in extra])}"
 
 
 def pp_tied_params(model: nn.Module, structure: ModelStructure) -> int:

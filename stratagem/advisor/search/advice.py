@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
@@ -267,5 +268,16 @@ def _check_constraints(constraints: dict) -> dict[str, tuple]:
 def _pinned_out(plan: Plan, pinned: dict[str, tuple]) -> str | None:
     for name, allowed in pinned.items():
         if getattr(plan, name) not in allowed:
-            return f"constraint {name} in {list(allowed)}"
+            return f"{_CONSTRAINT}{name} in {list(allowed)}"
     return None
+
+
+_CONSTRAINT = "constraint "
+"""How ``excluded`` names the plans a constraint left out: ``'constraint tp in [2]'``."""
+
+
+def without_constraints(advice: Advice, names: Collection[str]) -> Advice:
+    """``advice`` less what the constraints on ``names`` left out (a caller's own pins, such as
+    the strategies' search of one tensor-parallel degree and pipeline shape at a time)."""
+    pinned = tuple(f"{_CONSTRAINT}{name} in" for name in names)
+    return replace(advice, excluded={why: n for why, n in advice.excluded.items() if not why.startswith(pinned)})
