@@ -226,6 +226,8 @@ class _Routed(nn.Module):
 @pytest.mark.parametrize(("values", "said"), [(False, "aten.nonzero.*shape depends on the data"),
                                               (True, "aten._local_scalar_dense.*value read from a tensor")])
 def test_a_forward_that_reads_values_is_a_usage_error_that_says_so(values, said, capfd):
+    """It names the op, what it means, and the model's line that read the value."""
+    said += r".*, at \S*test_profile.py:\d+ in forward\)"
     with pytest.raises(UsageError, match=f"(?s)forward depends on its tensors' values.*{said}.*HINT: give every shape"):
         profile_model(_Routed(values), (torch.randn(8, 4),), precision="fp32")
     assert "Traceback" not in capfd.readouterr().err

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
+import sys
 import time
 import traceback
+from pathlib import Path
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, replace
 from typing import Any
@@ -33,6 +36,7 @@ from stratagem.advisor.profile.attention import math_attention_note
 from stratagem.advisor.profile.convolutions import memory_format
 from stratagem.advisor.profile.counts import RunRecord, SegmentCounts
 from stratagem.advisor.profile.kernel_fallbacks import KernelFallbacks
+from stratagem.advisor.profile.value_reads import ValueReads
 from stratagem.advisor.profile.measure import EMBED, HEAD, quiet_fake_tensor_log
 from stratagem.advisor.profile.step import Step, run_fake_step
 from stratagem.plan.precision import Precision, get_precision, in_compute_dtype, torch_dtype
@@ -143,7 +147,7 @@ def _profile_step(
         state = _fake_state(model, prec)
         args, kwargs = tree_map(functools.partial(_fake_like, floating=_input_dtype(prec)), (args, kwargs))
         with LinearCallRecorder(model, structure.blocks) as calls, VocabCallRecorder(model, structure.blocks) as vocab_calls, \
-                KernelFallbacks(model) as fallbacks, _model_errors(name or type(model).__name__):
+                KernelFallbacks(model) as fallbacks, ValueReads() as value_reads, _model_errors(name or type(model).__name__):
             record = run_fake_step(model, state, args, kwargs, blocks=structure.blocks,
                                    step=_resolve_step(loss_fn, step_fn, notes),
                                    autocast_dtype=torch_dtype(prec.compute_dtype) if prec.autocast else None,
@@ -151,7 +155,7 @@ def _profile_step(
                                    reuse_identical_blocks=reuse_identical_blocks, kernels=kernels)
         if record.math_attention_reasons:
             notes.append(math_attention_note(record.math_attention_reasons))
-        notes += [note for note in (record.compiled_note, record.cache_note, fallbacks.note()) if note]
+        notes += [note for note in (record.compiled_note, record.cache_note, fallbacks.note(), value_reads.note()) if note]
         heads, kv_heads = attention_heads(model)
         tp_layout, tp_unavailable = find_tp_layout(model, structure.container, calls, state, record.block_inputs,
                                                    kv_heads=kv_heads)
@@ -209,6 +213,21 @@ _DATA_DEPENDENT = {
 }
 
 
+def _where(err: BaseException) -> str:
+    """", at FILE:LINE in FUNCTION": the innermost frame of ``err``'s traceback outside torch, this
+    package and contextlib (the model's code, or a library's it calls), a package's file from the
+    package's folder on; "" if every frame is theirs."""
+    ours = tuple(os.path.join(folder, "") for folder in (Path(torch.__file__).parent, Path(__file__).parents[2]))
+    frames = [frame for frame in traceback.extract_tb(err.__traceback__)
+              if not frame.filename.startswith(ours) and frame.filename != contextlib.__file__]
+    if not frames:
+        return ""
+    path = Path(frames[-1].filename)
+    short = next((path.relative_to(folder) for folder in map(Path, sys.path)
+                  if folder.name in ("site-packages", "dist-packages") and path.is_relative_to(folder)), path)
+    return f", at {short}:{frames[-1].lineno} in {frames[-1].name}"
+
+
 @contextlib.contextmanager
 def _model_errors(name: str) -> Iterator[None]:
     """A model that fails on its example inputs is the user's to fix: say so without a traceback."""
@@ -220,7 +239,7 @@ def _model_errors(name: str) -> Iterator[None]:
     except (DynamicOutputShapeException, DataDependentOutputException) as err:
         op = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise UsageError(f"{name}'s forward depends on its tensors' values ({op}: "
-                         f"{_DATA_DEPENDENT[type(err)]}), which profiling on fake tensors cannot see"
+                         f"{_DATA_DEPENDENT[type(err)]}{_where(err)}), which profiling on fake tensors cannot see"
                          "\nHINT: give every shape and branch of forward from the inputs' shapes alone: "
                          "route tokens to experts by sorting them (argsort) and splitting them by counts "
                          "that fake tensors take as balanced, as stratagem.models.moe.MoEFeedForward does "

@@ -1,0 +1,104 @@
+"""Values a model's forward reads from its tensors, answered on fake tensors as a real step answers them.
+
+Fake tensors hold no values, so a forward that branches on one cannot be profiled, yet two such
+branches are common in Hugging Face models and have one answer for the step being planned:
+
+* **Attention masks that pad nothing.** Before it drops an attention mask and lets SDPA apply
+  causality itself (``is_causal``: the flash kernel), transformers asks whether the mask holds only
+  ones: ``torch.all(mask == 1)`` in ``AttentionMaskConverter._ignore_causal_mask_sdpa`` (4.x models
+  that build their own mask, OPT's of ones where none is given), ``padding_mask.all()`` in
+  ``masking_utils._ignore_causal_mask_sdpa``. 4.x reads the value (transformers 4.57's OPT failed to
+  profile); 5.x skips the check on fake tensors and keeps the mask, which a real step of the same
+  batch drops. The profile's batches pad nothing: :class:`ValueReads` hands the checks no mask
+  where a fake one was given.
+* **LayerDrop's draw.** Some 60 transformers models (BART, Whisper, OPT in 4.x) draw
+  ``torch.rand([])`` before each layer and skip it when the draw falls below ``config.layerdrop``,
+  0 by default. A draw of one element is made a constant at the top of its range (the largest
+  value below 1 in its dtype): a real draw, below no probability under 1, so every layer runs:
+  the step without LayerDrop, and an upper bound on one with it.
+
+The profile notes each answer it gave (docs/cost-model.md, "Values read in forward").
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import is_fake
+from torch.overrides import TorchFunctionMode
+
+_MASK_CHECKS = (("transformers.modeling_attn_mask_utils", "AttentionMaskConverter", "_ignore_causal_mask_sdpa"),
+                ("transformers.masking_utils", None, "_ignore_causal_mask_sdpa"))
+"""(module, class or None, function): transformers' checks whose first argument is the mask."""
+
+
+class ValueReads(TorchFunctionMode):
+    """While entered, transformers' mask checks take a fake mask for one that pads nothing, and a
+    ``torch.rand`` of one element is the largest value below 1 (module docstring); :meth:`note`
+    says which of them the step met."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.masks = self.draws = 0
+        self._patched: list[tuple[Any, str, Any]] = []
+
+    def __enter__(self) -> ValueReads:
+        for module_name, class_name, name in _MASK_CHECKS:
+            module = sys.modules.get(module_name)  # a model that never imported it never calls it
+            owner = getattr(module, class_name, None) if class_name else module
+            if owner is None or name not in vars(owner):
+                continue
+            original = vars(owner)[name]
+            static = isinstance(original, staticmethod)
+            wrapped = self._unpadded(original.__func__ if static else original)
+            setattr(owner, name, staticmethod(wrapped) if static else wrapped)
+            self._patched.append((owner, name, original))
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        for owner, name, original in self._patched:
+            setattr(owner, name, original)
+        self._patched.clear()
+        super().__exit__(*exc)
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.rand and not kwargs.get("out") and math.prod(_size(args)) == 1:
+            self.draws += 1
+            dtype = kwargs.get("dtype") or torch.get_default_dtype()
+            top = torch.tensor(1 - torch.finfo(dtype).eps / 2, dtype=dtype, device=kwargs.get("device"))
+            return top.reshape(_size(args))  # a constant the fake mode carries through comparisons
+        return func(*args, **kwargs)
+
+    def _unpadded(self, check: Callable[..., bool]) -> Callable[..., bool]:
+        @functools.wraps(check)
+        def run(mask: torch.Tensor | None, *args: Any, **kwargs: Any) -> bool:
+            if isinstance(mask, torch.Tensor) and is_fake(mask) and mask.dim() == 2:
+                self.masks += 1
+                mask = None
+            return check(mask, *args, **kwargs)
+
+        return run
+
+    def note(self) -> str | None:
+        """What the profile took the values it could not read to be; None if it read none."""
+        said = []
+        if self.masks:
+            said.append("transformers drops an attention mask that pads nothing and runs SDPA causal, as the "
+                        "profile's batch does (batches with padding keep the mask, and SDPA a slower kernel)")
+        if self.draws:
+            said.append(f"{self.draws} random scalars drawn in the step (LayerDrop's) were taken as the largest "
+                        "value below 1: every layer runs, an upper bound where config.layerdrop > 0")
+        return "; ".join(said) or None
+
+
+def _size(args: tuple) -> tuple[int, ...]:
+    """The size ``torch.rand(*args)`` draws: its integers, or the one sequence of them it was given."""
+    if len(args) == 1 and isinstance(args[0], (tuple, list, torch.Size)):
+        return tuple(args[0])
+    return tuple(a for a in args if isinstance(a, int))
