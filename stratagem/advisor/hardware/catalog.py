@@ -80,6 +80,9 @@ MAMF = ("maximum achievable matmul FLOPS, bf16, best shape found (Bekman, ml-eng
 H100_LATENCY = ("bench/batch_norm_rate.py on one H100 SXM5 80GB (2026-11-26): ATen's batch-statistics kernel read "
                 "(256, 64, 112, 112) in bfloat16, 411 MB, in 2.62 ms, one 2-byte load in flight per thread of "
                 "64 blocks of 512; less the bytes at 0.7 of 3.35 TB/s (docs/cost-model.md, \"BatchNorm's kernels\")")
+H200_LATENCY = ("stratagem calibrate on one H200 (2026-11-28, torch 2.11, CUDA 13; bench/calibrations/"
+                "h200-sxm-141gb-2026-11-28.json): ATen's BatchNorm statistics kernel with few loads in flight, less "
+                "its bytes at the measured copy rate (docs/cost-model.md, \"BatchNorm's kernels\")")
 H200_MATMUL = "stratagem calibrate on one H200 (torch 2.11, CUDA 13; bf16 671-704 TFLOP/s from n = 2048): docs/benchmarks.md"
 
 
@@ -166,7 +169,8 @@ GPUS: tuple[GpuEntry, ...] = (
              fp32=Fig(67 * TFLOPS, H200_DS), tf32=Fig(495 * TFLOPS, H200_DS),
              bf16=Fig(989 * TFLOPS, H200_DS), fp16=Fig(989 * TFLOPS, H200_DS),
              link="nvlink4-nvswitch", host_link="pcie-gen5",
-             sms=est(132, H200_SMS), matmul=Fig(704 * TFLOPS, H200_MATMUL)),
+             sms=est(132, H200_SMS), matmul=Fig(704 * TFLOPS, H200_MATMUL),
+             memory_latency=Fig(459e-9, H200_LATENCY)),
     GpuEntry(name="B200", aliases=("B200-SXM", "B200-180GB"),
              nvml_names=("NVIDIA B200",), compute_capability=(10, 0),
              memory=Fig(180 * GIB, B200_DS), memory_bandwidth=est(8000 * GB, B200_DS),
