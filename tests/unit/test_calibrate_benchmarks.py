@@ -8,7 +8,12 @@ import weakref
 import torch
 
 from stratagem.advisor.calibrate.benchmarks import interleaved, repeated
-from stratagem.advisor.calibrate.optimizers import optimizer_seconds, small_step_seconds
+from stratagem.advisor.calibrate.optimizers import (
+    HOST_OPTIMIZER_BYTES,
+    host_optimizer_shape,
+    optimizer_seconds,
+    small_step_seconds,
+)
 
 
 def test_interleaved_rounds_keep_ratios_on_a_drifting_host(one_rank):
@@ -85,3 +90,15 @@ def test_bytes_move_no_faster_than_a_copy_and_the_floor_is_said() -> None:
     assert op_byte_seconds_at_least_a_copy(0.0, bandwidth) == (1 / bandwidth, (COPY_RATE_FLOOR_NOTE,))
     assert op_byte_seconds_at_least_a_copy(3 / bandwidth, bandwidth) == (3 / bandwidth, ())
     assert op_byte_seconds_at_least_a_copy(None, bandwidth) == (1 / bandwidth, ())
+
+
+def test_the_hosts_optimizer_is_timed_over_tensors_larger_than_its_cache():
+    """Each tensor of the host's large step is as large as the last-level caches in fp32 (16 bytes a
+    parameter with its gradient and AdamW states): 320 MiB of L3 (a large Xeon's) gives two tensors
+    of 320 MiB, where the 256 MiB it had timed in eight tensors fit the cache; within an eighth of
+    each rank's share of the free memory, and never under 256 MiB in all."""
+    tensors, params = host_optimizer_shape(320 * 2**20, 2**40, ranks=8)
+    assert (tensors, 4 * params // tensors) == (2, 320 * 2**20)
+    assert host_optimizer_shape(320 * 2**20, 64 * 2**30, ranks=8) == (2, 2**30 // 16)  # the memory's eighth
+    assert host_optimizer_shape(None, 2**40, ranks=1) == (2, HOST_OPTIMIZER_BYTES // 16)
+    assert host_optimizer_shape(2**20, 2**30, ranks=64) == (2, HOST_OPTIMIZER_BYTES // 16)

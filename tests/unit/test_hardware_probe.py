@@ -16,6 +16,7 @@ from fake_nvml import (
 )
 
 from stratagem.advisor.hardware import probe_local
+from stratagem.advisor.hardware.host import last_level_cache_bytes
 
 
 @pytest.fixture
@@ -126,3 +127,28 @@ def test_real_machine_without_driver_is_a_cpu_cluster():
     assert cluster.device.kind == "cpu" and cluster.device.num_cores >= 1
     assert cluster.device.memory_bytes == cluster.node.host.memory_bytes > 0
     assert any("NVML" in note for note in cluster.notes)
+
+
+def _cache(cpus, cpu: int, index: int, level: int, kind: str, size: str, shared: str) -> None:
+    folder = cpus / f"cpu{cpu}" / "cache" / f"index{index}"
+    folder.mkdir(parents=True)
+    for name, text in (("level", str(level)), ("type", kind), ("size", size), ("shared_cpu_list", shared)):
+        (folder / name).write_text(text + "\n")
+
+
+def test_last_level_caches_count_each_socket_once(tmp_path):
+    """A fake sysfs of two sockets of two cores: each core's L1 and L2 its own, each socket's L3
+    shared by its cores; the L3s count once each (2 × 32 MiB), the instruction cache never."""
+    for cpu in range(4):
+        _cache(tmp_path, cpu, 0, 1, "Data", "48K", str(cpu))
+        _cache(tmp_path, cpu, 1, 1, "Instruction", "32K", str(cpu))
+        _cache(tmp_path, cpu, 2, 2, "Unified", "2048K", str(cpu))
+        _cache(tmp_path, cpu, 3, 3, "Unified", "32768K", "0-1" if cpu < 2 else "2-3")
+    assert last_level_cache_bytes(tmp_path) == 64 * 2**20
+    assert last_level_cache_bytes(tmp_path / "absent") is None
+
+
+def test_this_hosts_last_level_cache_is_read_or_unknown():
+    """The real sysfs of this machine: a size or, where a container hides it, None."""
+    found = last_level_cache_bytes()
+    assert found is None or found >= 2**20

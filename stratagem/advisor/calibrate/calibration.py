@@ -29,9 +29,13 @@ __all__ = ["COLLECTIVES", "Calibration", "LinkFit", "calibrated", "calibration_p
            "fit_link", "hardware_key", "ring_steps"]
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "p2p")
-FORMAT_VERSION = 8  # 6: op_byte_seconds per byte moved, not written; unaligned_matmul. 7: tp_linear_seconds.
+FORMAT_VERSION = 9  # 6: op_byte_seconds per byte moved, not written; unaligned_matmul. 7: tp_linear_seconds.
 # 8: dtensor_optimizer_seconds (per step, per tensor) in place of dtensor_op_seconds (per operator);
-# host_optimizer_seconds over DTensors
+# host_optimizer_seconds over DTensors. 9: host_optimizer_seconds over tensors larger than the host's cache.
+CACHED_HOST_OPTIMIZER_NOTE = ("host optimizer step: timed by a calibration of format 8, over tensors small enough for "
+                              "a server's CPU cache to hold (docs/cost-model.md, \"Optimizer step and offload\"); the "
+                              "catalog's figure stands for it until `stratagem calibrate` runs again")
+"""What a format-8 calibration read says of the host optimizer figure it drops."""
 
 
 def ring_steps(op: str, group_size: int) -> int:
@@ -206,10 +210,14 @@ class Calibration:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Calibration:
-        """Inverse of :meth:`to_dict`."""
-        if data.get("version") != FORMAT_VERSION:
+        """Inverse of :meth:`to_dict`; a format-8 file's host optimizer figure is dropped, with
+        :data:`CACHED_HOST_OPTIMIZER_NOTE`."""
+        if data.get("version") not in (8, FORMAT_VERSION):
             raise UsageError(f"calibration format {data.get('version')} is not {FORMAT_VERSION}\n"
                              "HINT: run `stratagem calibrate` again")
+        if data["version"] == 8 and data.get("host_optimizer_seconds"):
+            data = {**data, "host_optimizer_seconds": None, "notes": [*data.get("notes", ()), CACHED_HOST_OPTIMIZER_NOTE]}
+        data = {**data, "version": FORMAT_VERSION}
         links = {scope: {op: {int(n): LinkFit(fit["latency"], fit["bandwidth"], tuple(map(tuple, fit["points"])))
                               for n, fit in fits.items()} for op, fits in ops.items()}
                  for scope, ops in data["links"].items()}

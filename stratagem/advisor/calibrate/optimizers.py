@@ -15,7 +15,7 @@ from stratagem.plan.workload import OPTIMIZER_CLASSES
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-__all__ = ["SMALL_STEP_TENSORS", "optimizer_class", "optimizer_seconds", "small_step_seconds"]
+__all__ = ["SMALL_STEP_TENSORS", "host_optimizer_shape", "optimizer_class", "optimizer_seconds", "small_step_seconds"]
 
 
 def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
@@ -28,18 +28,18 @@ OPTIMIZER_SMALL_TENSORS = (512, 64)
 """(tensors, elements each) of the parameter set whose step measures the cost per tensor."""
 
 
-def optimizer_seconds(num_params: int, device: torch.device, *, repeats: int,
-                      mesh: DeviceMesh | None = None) -> dict[str, tuple[float, float]]:
+def optimizer_seconds(num_params: int, device: torch.device, *, repeats: int, mesh: DeviceMesh | None = None,
+                      tensors: int = 8) -> dict[str, tuple[float, float]]:
     """Per optimizer of :data:`~stratagem.plan.OPTIMIZERS`, as torch.optim runs it by
     default on ``device`` (one tensor at a time on CPU, ``foreach`` on GPUs): seconds of its step
     per fp32 parameter (streaming the parameters, gradients and states) and per parameter tensor
     (launching its operators), solved from two steps timed :func:`interleaved`: over
-    ``num_params`` parameters in eight tensors, and over :data:`OPTIMIZER_SMALL_TENSORS`. With a
-    ``mesh`` the parameters are DTensors on it whose shards live on ``device``, as FSDP's
+    ``num_params`` parameters in ``tensors`` tensors, and over :data:`OPTIMIZER_SMALL_TENSORS`.
+    With a ``mesh`` the parameters are DTensors on it whose shards live on ``device``, as FSDP's
     offloaded parameters live on the host."""
     from stratagem.plan import OPTIMIZERS
 
-    shapes = ((8, num_params // 8), OPTIMIZER_SMALL_TENSORS)
+    shapes = ((tensors, num_params // tensors), OPTIMIZER_SMALL_TENSORS)
     steps = [optimizer_class(name)(_parameters(tensors, numel, device, mesh), lr=1e-4).step
              for name in OPTIMIZERS for tensors, numel in shapes]
     seconds = interleaved(steps, device, repeats=repeats)
@@ -49,6 +49,30 @@ def optimizer_seconds(num_params: int, device: torch.device, *, repeats: int,
         per_param = max(0.0, (large * n_small - small * n_large) / (p_large * n_small - p_small * n_large))
         out[name] = (per_param, max(0.0, small - p_small * per_param) / n_small)
     return out
+
+
+HOST_OPTIMIZER_BYTES = 2**28
+"""The least fp32 parameters, gradients and AdamW states (16 bytes a parameter) the host
+optimizer's step is timed over on GPU nodes (:func:`host_optimizer_shape`)."""
+
+HOST_OPTIMIZER_TENSORS = 2
+"""Tensors the host optimizer's large step is timed over."""
+
+
+def host_optimizer_shape(cache_bytes: int | None, available_bytes: int, *, ranks: int) -> tuple[int, int]:
+    """(tensors, parameters) of the large step ``calibrate`` times the host's optimizer over, one
+    of ``ranks`` stepping at once: :data:`HOST_OPTIMIZER_TENSORS` tensors, each as large as the
+    host's last-level caches (``cache_bytes``,
+    :func:`~stratagem.advisor.hardware.host.last_level_cache_bytes`) in fp32, its gradient and
+    AdamW states as large again (16 bytes a parameter), at least :data:`HOST_OPTIMIZER_BYTES` in
+    all, within an eighth of the rank's share of the host's ``available_bytes``. torch.optim's CPU
+    step runs its operators one tensor at a time: where a tensor's states fit the cache, the
+    operators after the first read them there, at several times DRAM's rate, while an offloaded
+    model's largest tensors stream from DRAM at every pass (docs/cost-model.md, "Optimizer step
+    and offload")."""
+    wanted = HOST_OPTIMIZER_TENSORS * 4 * (cache_bytes or 0)
+    num_bytes = max(HOST_OPTIMIZER_BYTES, min(wanted, available_bytes // (8 * ranks)))
+    return HOST_OPTIMIZER_TENSORS, num_bytes // 16
 
 
 SMALL_STEP_TENSORS = (8, 64)

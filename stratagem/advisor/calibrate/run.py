@@ -36,9 +36,10 @@ from stratagem.advisor.calibrate.benchmarks import (
 )
 from stratagem.advisor.calibrate.calibration import COLLECTIVES, Calibration, LinkFit, fit_link, hardware_key
 from stratagem.advisor.calibrate.convolutions import CONV_SHAPES, QUICK_CONV_SHAPES, conv_rates
-from stratagem.advisor.calibrate.optimizers import optimizer_seconds, small_step_seconds
+from stratagem.advisor.calibrate.optimizers import host_optimizer_shape, optimizer_seconds, small_step_seconds
 from stratagem.advisor.calibrate.memory_latency import memory_latency
 from stratagem.advisor.cost.attention import ATTENTION_DTYPES
+from stratagem.advisor.hardware.host import last_level_cache_bytes
 from stratagem.distributed import (
     across_ranks,
     host_store,
@@ -64,10 +65,6 @@ LOST_HINT = "HINT: run stratagem calibrate again once every rank can run"
 """What the ranks left say when one of them died: a calibration is measured whole or not at all."""
 ONE_PROCESS_NOTE = ("one process: collectives, their overlap with compute and their wait after compute were not "
                     "measured (they need two); the catalog's figures stand for them")
-
-HOST_OPTIMIZER_BYTES = 2**28
-"""fp32 parameters, gradients and AdamW states (16 bytes a parameter) the host optimizer's step is
-timed over on GPU nodes: 256 MiB, more than a server CPU's caches hold."""
 
 COPY_RATE_FLOOR_NOTE = ("per byte moved: the reference step beyond its matmuls and operators left less time than its "
                         "bytes take at the measured copy rate (a busy host); the copy rate stands for it")
@@ -234,8 +231,12 @@ def _measure_compute(device: torch.device, settings: Settings, dtypes: list[str]
     host = None
     if device.type == "cuda":  # an offloaded plan's step runs on the host's CPU, over FSDP's DTensors
         with phase("optimizer steps on the host"):
-            host = optimizer_seconds(HOST_OPTIMIZER_BYTES // 16, torch.device("cpu"), repeats=settings.repeats,
-                                     mesh=mesh)
+            import psutil
+
+            tensors, params = host_optimizer_shape(last_level_cache_bytes(), psutil.virtual_memory().available,
+                                                   ranks=ranks_on_this_host())
+            host = optimizer_seconds(params, torch.device("cpu"), repeats=settings.repeats, mesh=mesh,
+                                     tensors=tensors)
     with phase("DTensor dispatch: optimizer operators, TP Linears"):
         dtensor_optimizer = small_step_seconds(device, repeats=settings.repeats, mesh=mesh)
         per_tp_linear = tp_linear_seconds(device, repeats=settings.repeats)

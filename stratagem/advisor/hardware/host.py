@@ -1,4 +1,4 @@
-"""This host's cores and RAM, and the CPU node of gloo ranks that share them."""
+"""This host's cores, RAM and last-level caches, and the CPU node of gloo ranks that share them."""
 
 from __future__ import annotations
 
@@ -28,6 +28,34 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def last_level_cache_bytes(cpus: Path = Path("/sys/devices/system/cpu")) -> int | None:
+    """Bytes of this host's last-level CPU caches, each instance once (a two-socket host has two):
+    sysfs's ``cpuN/cache/indexM`` of the highest ``level``, told apart by ``shared_cpu_list``.
+    None where sysfs says nothing (not Linux, a container that hides it)."""
+    caches: dict[str, tuple[int, int]] = {}  # shared_cpu_list -> (level, bytes)
+    for index in cpus.glob("cpu[0-9]*/cache/index[0-9]*"):
+        try:
+            level = int((index / "level").read_text())
+            size = _cache_size((index / "size").read_text().strip())
+            shared = (index / "shared_cpu_list").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        if (index / "type").exists() and (index / "type").read_text().strip() == "Instruction":
+            continue
+        if shared not in caches or caches[shared][0] < level:
+            caches[shared] = (level, size)
+    if not caches:
+        return None
+    top = max(level for level, _ in caches.values())
+    return sum(size for level, size in caches.values() if level == top)
+
+
+def _cache_size(text: str) -> int:
+    """Bytes of a sysfs cache ``size`` (``32768K``, ``1M``, ``512``)."""
+    units = {"K": 2**10, "M": 2**20, "G": 2**30}
+    return int(text[:-1]) * units[text[-1]] if text[-1:] in units else int(text)
 
 
 def cpu_node(host: HostSpec, *, num_ranks: int, network: NetworkSpec | None, sharing: int | None = None) -> NodeSpec:

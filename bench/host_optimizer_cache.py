@@ -1,0 +1,69 @@
+"""The host's optimizer step by tensor size against its last-level cache: what an offloaded plan's
+step costs per parameter where a tensor's fp32 values, gradient and AdamW states (16 bytes a
+parameter) fit the cache and where they do not, and what ``calibrate``'s host benchmark solves to
+with the shape it times now (:func:`~stratagem.advisor.calibrate.optimizers.host_optimizer_shape`)
+and with the shape it timed before 2026-11-28 (eight tensors, 256 MiB in all), whose tensors a
+large server cache holds (docs/cost-model.md, "Optimizer step and offload").
+
+    python bench/host_optimizer_cache.py
+
+torch.optim's AdamW on plain CPU tensors, one tensor at a time (its default there), the median of
+three steps after two. Prints each size's nanoseconds per parameter and the rate at the cost
+model's 20 tensor passes of 4 bytes a parameter (``OPTIMIZER_TENSOR_PASSES``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+import torch
+import torch.distributed as dist
+
+from stratagem.advisor.calibrate.optimizers import HOST_OPTIMIZER_BYTES, host_optimizer_shape, optimizer_seconds
+from stratagem.advisor.hardware.host import last_level_cache_bytes
+from stratagem.distributed import init_process_group
+from stratagem.units import format_bytes
+
+TOTAL_PARAMS = 2**24
+"""Parameters of each size's step (several tensors where they are small)."""
+
+
+def per_param_seconds(numel: int) -> float:
+    """Seconds per parameter of an AdamW step over ``TOTAL_PARAMS`` parameters in tensors of ``numel``."""
+    params = [torch.nn.Parameter(torch.zeros(numel)) for _ in range(max(1, TOTAL_PARAMS // numel))]
+    for param in params:
+        param.grad = torch.ones_like(param)
+    optimizer = torch.optim.AdamW(params, lr=1e-4, foreach=False)
+    for _ in range(2):
+        optimizer.step()
+    times = []
+    for _ in range(3):
+        started = time.perf_counter()
+        optimizer.step()
+        times.append(time.perf_counter() - started)
+    return sorted(times)[1] / (numel * len(params))
+
+
+def main() -> None:
+    cache = last_level_cache_bytes()
+    print(f"last-level caches: {format_bytes(cache) if cache else 'unknown'}; {torch.get_num_threads()} threads")
+    for numel in (2**16, 2**18, 2**20, 2**22, 2**24, 2**26):
+        seconds = per_param_seconds(numel)
+        share = f", {16 * numel / cache:.2g}× the cache" if cache else ""
+        print(f"  tensors of {numel:>10,} parameters ({format_bytes(16 * numel)} with states{share}): "
+              f"{seconds * 1e9:5.2f} ns a parameter, {80 / seconds / 1e9:5.1f} GB/s at 20 passes")
+    tensors, params = host_optimizer_shape(cache, psutil.virtual_memory().available, ranks=1)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29518")
+    init_process_group("gloo", rank=0, world_size=1)  # calibrate's timings agree across ranks
+    for label, shape in (("before (8 tensors, 256 MiB)", (8, HOST_OPTIMIZER_BYTES // 16)),
+                         (f"now ({tensors} tensors, {format_bytes(16 * params)})", (tensors, params))):
+        per_param, per_tensor = optimizer_seconds(shape[1], torch.device("cpu"), repeats=3, tensors=shape[0])["adamw"]
+        print(f"calibrate's solve, {label}: {per_param * 1e9:.2f} ns a parameter, {per_tensor * 1e6:.1f} µs a tensor")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
