@@ -6,18 +6,21 @@
 # set the catalog's memory latency: bench/gpu_predictions.py keeps what they measured): Hugging Face
 # configs (hf:, bench/configs/) of OPT-1.3B's shape and BLOOM-560M's (its attention eager: transformers has
 # no SDPA path for ALiBi), ResNet-101 at 128 images (eager), and a Qwen2 of
-# Qwen2.5-1.5B's shape through Trainer(strategy="auto-parallel"). On one GPU each verify's top 2 are the
-# compiled plan and the offloaded one. Then the mechanisms, most telling first: operators without FLOPs by kind against a
-# copy (bench/reduction_rate.py), the compiled transformer steps' kernels by family (GPT-2 large,
+# Qwen2.5-1.5B's shape through Trainer(strategy="auto-parallel") (the table of 2026-11-28, on an H200, is in
+# docs/benchmarks.md; OPT's profile then failed on that machine's transformers 4.x, and has been fixed since).
+# On one GPU each verify's top 2 are the compiled plan and the offloaded one. Then the mechanisms, most telling
+# first: operators without FLOPs by kind against a copy (bench/reduction_rate.py), BLOOM-560M's offloaded step
+# by phase (bench/offload_phases.py), the host's optimizer by tensor size against its last-level cache
+# (bench/host_optimizer_cache.py), the compiled transformer steps' kernels by family (BLOOM-560M, GPT-2 large,
 # the Pythia-shaped hf: config, ViT-L/16), the gaps between them split into the host's and the
-# device's by phase, with Nsight Compute's bytes of GPT-2 large's Triton kernels (bench/gpu_kernels.py),
-# the attention core's rate by sequence, head width and causality (bench/attention_rate.py),
-# BatchNorm's kernels by shape, dtype and layout (bench/batch_norm_rate.py), and ResNet-101 compiled
-# block by block, the largest miss recorded, by kernel family and gap (bench/gpu_kernels.py).
-# Each step has a time limit and the next one runs whatever it ended with: the table's steps
-# limits about 9 minutes in all (the cases of 2026-11-27 took 7), the mechanisms' 8, so that each part fits one call
-# of a lent machine. Run from the repository root:
-#   bash bench/gpu_check.sh [OUT_DIR] [table|mechanisms|all]   (default out/gpu-check, all;
+# device's by phase (bench/gpu_kernels.py), the attention core's rate by sequence, head width and
+# causality (bench/attention_rate.py), BatchNorm's kernels by shape, dtype and layout
+# (bench/batch_norm_rate.py), and ResNet-101 compiled block by block, the largest miss recorded, by
+# kernel family and gap (bench/gpu_kernels.py); in a part of their own, Nsight Compute's bytes of
+# GPT-2 large's Triton kernels. Each step has a time limit and the next one runs whatever it ended
+# with: the table's steps limits about 9 minutes in all (the cases of 2026-11-27 took 7), the mechanisms' 9, Nsight
+# Compute's 3, so that each part fits one call of a lent machine. Run from the repository root:
+#   bash bench/gpu_check.sh [OUT_DIR] [table|mechanisms|nsight|all]   (default out/gpu-check, all;
 #                                                               PYTHON picks the interpreter)
 # The log goes to OUT_DIR/log-PART, the calibration file beside it; advise and verify read the
 # calibration from the cache ($STRATAGEM_CACHE_DIR, default OUT_DIR/cache).
@@ -54,20 +57,29 @@ table() {
 mechanisms() {
     # most telling first, so that a lease ending early cuts the least: operators without FLOPs by
     # kind against a copy, and by size (a fixed time per kernel, or a lower rate); the compiled
-    # steps' time by kernel family, then each family's bytes as Nsight Compute counts them;
-    # attention by shape; BatchNorm's kernels by shape
+    # steps' time by kernel family; attention by shape; BatchNorm's kernels by shape
     run 50 "$py" bench/reduction_rate.py
+    # the misses of 2026-11-28 on an H200: BLOOM-560M's offloaded step by phase with the host link's
+    # copy rates and the host's optimizer by tensor size against its cache, then its compiled step's
+    # kernels (eager attention: ALiBi takes no SDPA)
+    run 80 "$py" bench/offload_phases.py
+    run 40 "$py" bench/host_optimizer_cache.py
+    run 60 "$py" bench/gpu_kernels.py hf:bench/configs/bloom-560m:8:1024:compiled
     run 110 "$py" bench/gpu_kernels.py gpt2-large:8:1024:compiled hf:bench/configs/pythia-410m:8:1024:compiled vit-l-16:64::compiled
-    # the fused (Triton) kernels alone: replaying all 3,000 of the step's outran 150 s
-    run 150 bash -c "ncu --nvtx --nvtx-include measured/ --kernel-name regex:triton \
-        --metrics gpu__time_duration.sum,dram__bytes.sum --csv \
-        --page raw $py bench/gpu_kernels.py --ncu gpt2-large:8:1024:compiled > $out/kernels-ncu.csv"
-    "$py" bench/gpu_kernels.py --summarize "$out/kernels-ncu.csv"
     run 40 "$py" bench/attention_rate.py
     run 50 "$py" bench/batch_norm_rate.py
     # the largest miss recorded (75 ms measured, 45 predicted): where compiled bottlenecks spend it,
     # device or gaps (its blocks recompile with symbolic shapes: about 30 s before the first step)
     run 100 "$py" bench/gpu_kernels.py resnet-101:128::compiled
+}
+
+nsight() {
+    # the fused (Triton) kernels' bytes as Nsight Compute counts them: replaying all 3,000 of the
+    # step's kernels outran 150 s
+    run 150 bash -c "ncu --nvtx --nvtx-include measured/ --kernel-name regex:triton \
+        --metrics gpu__time_duration.sum,dram__bytes.sum --csv \
+        --page raw $py bench/gpu_kernels.py --ncu gpt2-large:8:1024:compiled > $out/kernels-ncu.csv"
+    "$py" bench/gpu_kernels.py --summarize "$out/kernels-ncu.csv"
 }
 
 {
@@ -76,6 +88,7 @@ mechanisms() {
     case $part in
         table) table ;;
         mechanisms) mechanisms ;;
-        *) table; mechanisms ;;
+        nsight) nsight ;;
+        *) table; mechanisms; nsight ;;
     esac
 } 2>&1 | tee "$out/log-$part"

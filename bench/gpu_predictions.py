@@ -42,6 +42,9 @@ SOURCE = {
              "(2026-11-26)",
     "H100c": "one H100 80GB HBM3, torch 2.11, CUDA 13, bench/gpu_check.sh at 9e3b6fa, calibration with attention "
              "(2026-11-27)",
+    "H200b": "one H200, torch 2.11, CUDA 13, bench/gpu_check.sh table at ffbe4d4, models never tuned on; its "
+             "calibration (format 8) read without its host optimizer figure, timed over tensors the host's cache "
+             "held (2026-11-28)",
 }
 
 
@@ -57,6 +60,7 @@ class Case(NamedTuple):
 
 
 PYTHIA = "hf:bench/configs/pythia-410m"
+BLOOM = "hf:bench/configs/bloom-560m"
 
 GPU_CHECK = (("gpt2-large", 8, 1024, {}), ("gpt2-large", 8, 1024, {"zero": 3, "offload": "params"}),
              (PYTHIA, 8, 1024, {}), (PYTHIA, 8, 1024, {"zero": 3, "offload": "params"}), ("vit-l-16", 64, None, {}))
@@ -90,13 +94,19 @@ CASES = (
     Case("H100b", "resnet-101", 128, None, {"micro_batch_size": 128, "compile": True}, 0.0751, 9.5),
     *gpu_check_runs("H100c", (0.154, 26.9), (1.40, 16.0), (0.0720, 17.0), (0.753, 11.5), (0.0710, 14.1)),
     Case("H100c", "trainer:llama-1b", 4, 1024, {"micro_batch_size": 4, "compile": True}, 0.0993, 25.0),
+    Case("H200b", BLOOM, 8, 1024, {"micro_batch_size": 8, "compile": True}, 0.131, 48.8),
+    Case("H200b", BLOOM, 8, 1024, {"micro_batch_size": 8, "zero": 3, "offload": "params", "compile": True}, 1.13, 41.1),
+    Case("H200b", "resnet-101", 128, None, {"micro_batch_size": 128}, 0.0821, 8.4),
+    Case("H200b", "trainer:bench/configs/qwen2.5-1.5b/config.json", 4, 1024, {"micro_batch_size": 4, "compile": True},
+         0.132, 40.0),
 )
 """Measured runs (step time, peak memory; nan where the run did not record it). Where a run's
 step times ranged (GPT-2 and ViT offloaded on the H200: 249-352 and 220-235 ms), the middle. The
 Qwen2's run recorded no precision: fp32 is inferred (the Trainer's default, and the step time
 its prediction then gave, 315 ms, is an fp32 step's; bf16 would take about a quarter of it);
 its training_step was not recorded either (``bench/trainer_hf.py`` runs one that is). The
-TinyLlama-shaped run of the H100c set ran through ``bench/trainer_hf.py`` (``trainer:SHAPE``: its
+TinyLlama-shaped run of the H100c set and the Qwen2.5-1.5B-shaped one of the H200b set ran through
+``bench/trainer_hf.py`` (``trainer:SHAPE`` or ``trainer:CONFIG``: its
 ``training_step`` profiled, the model called with its key/value cache, as the Lightning strategy
 profiles it); the H100b set's is left out (dynamo left 14 of its 22 compiled layers eager). The
 H100c set's ResNet-101 did not finish compiling within its limit."""
@@ -108,10 +118,12 @@ ATTENTION_CORES = (("H100b", "gpt2-large", 8, 1024, 9.4e-3), ("H100b", "vit-l-16
 attention family on the H100 runs' compiled steps (H100c: GPT-2 large's first profiled run,
 ViT-L's only one), ``bench/gpu_phases.py``'s on the H200's eager one (docs/benchmarks.md)."""
 
-CLUSTERS = {"H100": "1xH100-SXM-80GB", "H200": "1xH200", "H100b": "1xH100-SXM-80GB", "H100c": "1xH100-SXM-80GB"}
+CLUSTERS = {"H100": "1xH100-SXM-80GB", "H200": "1xH200", "H100b": "1xH100-SXM-80GB", "H100c": "1xH100-SXM-80GB",
+            "H200b": "1xH200"}
 
 CALIBRATIONS = {"H100b": Path(__file__).parent / "calibrations" / "h100-sxm5-80gb-2026-11-26.json",
-                "H100c": Path(__file__).parent / "calibrations" / "h100-sxm5-80gb-2026-11-27.json"}
+                "H100c": Path(__file__).parent / "calibrations" / "h100-sxm5-80gb-2026-11-27.json",
+                "H200b": Path(__file__).parent / "calibrations" / "h200-sxm-141gb-2026-11-28.json"}
 """The calibration file the card's machine wrote before its runs (``bench/gpu_check.sh``)."""
 
 HF_CONFIGS = {"qwen2-0.5b-shape": {
@@ -133,12 +145,14 @@ def model_spec(name: str, folder: Path) -> str:
 
 @cache
 def trainer_profile(shape: str, batch: int, seq_len: int, precision: str) -> ModelProfile:
-    """The profile of ``bench/trainer_hf.py``'s ``CausalLM`` of ``shape`` (built on meta) through its
-    ``training_step`` on a batch of random tokens, as the Lightning strategy takes it."""
+    """The profile of ``bench/trainer_hf.py``'s ``CausalLM`` of ``shape`` (one of its shapes, or a
+    config.json's path; built on meta) through its ``training_step`` on a batch of random tokens, as
+    the Lightning strategy takes it."""
     from trainer_hf import SHAPES, CausalLM  # bench/trainer_hf.py, beside this script
 
+    config = SHAPES[shape] if shape in SHAPES else json.loads(Path(shape).read_text())
     with torch.device("meta"):
-        module = CausalLM(SHAPES[shape], batch, seq_len)
+        module = CausalLM(config, batch, seq_len)
     tokens = torch.randint(0, module.vocab, (batch, seq_len))
     return profile_model(module, ((tokens,),), step_fn=lambda m, b: m.training_step(b, 0), precision=precision,
                          batch_size=batch, seq_len=seq_len)
