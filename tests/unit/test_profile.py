@@ -461,3 +461,22 @@ def test_the_loss_backward_writes_the_log_probabilities_gradient_without_reading
                             loss_fn=lambda out: F.cross_entropy(out.flatten(0, 1), targets))
     logits = 2 * 16 * 97 * 4
     assert profile.head.bwd_op_bytes == 4 * logits + 32 * 8 + 2 * 4
+
+
+def test_a_block_whose_modules_enter_backward_late_keeps_its_backward(tmp_path):
+    """A Hugging Face BLOOM block enters torch's module tracker in backward only at its attention's
+    dropout: its MLP, output projection and scores' gradients run first. Each block still counts
+    its whole backward, twice its forward, none of it in the embedding, and the step's total is
+    what torch's own counter counts on real tensors."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = {"model_type": "bloom", "n_layer": 2, "hidden_size": 64, "n_head": 4, "vocab_size": 1000}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    profile = profile_spec(f"hf:{tmp_path}", batch_size=2, seq_len=32, cache=False)
+    embed, *blocks, head = profile.segments
+    assert embed.bwd_flops == 0 and all(b.bwd_flops == 2 * b.fwd_flops for b in blocks)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tmp_path))
+    tokens = torch.randint(0, 1000, (2, 32))
+    with FlopCounterMode(display=False) as counter:
+        model(tokens, labels=tokens).loss.backward()
+    assert profile.flops_per_step == counter.get_total_flops()
