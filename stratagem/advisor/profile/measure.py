@@ -222,11 +222,9 @@ class CostCounter(FlopCounterMode):
 
     def segment(self) -> str:
         """The segment running now: the block a running module is or lies in, else embed/head by
-        execution order. In backward, with no module of the blocks running and none beside them
-        (the embedding's, the head's: only the blocks' ancestors, whose own code runs between
-        modules), the block backward last ran in: the module tracker enters a module once its
-        outputs' gradients are in, and a BLOOM block's attention computes its scores' gradients
-        before its attention module enters (:meth:`_block_within`)."""
+        execution order; in backward, with none of the blocks' modules running and none beside
+        them (only their ancestors, whose own code runs between modules), the block backward last
+        ran in (:meth:`_block_within`: a BLOOM attention's scores' gradients run so)."""
         is_bw = self.mod_tracker.is_bw
         parents = self.mod_tracker.parents
         for name in parents:
@@ -248,11 +246,9 @@ class CostCounter(FlopCounterMode):
 
     def _block_within(self, name: str) -> str | None:
         """The block the module the tracker calls ``name`` is or lies in (by its name), or None. In
-        backward the tracker can hold a block's submodules without the block: it enters a module
-        once its outputs' gradients are in, and a BLOOM block enters only at its attention's
-        dropout, after its MLP and attention output projection ran their backward, whose GEMMs
-        had counted in the embedding, or nowhere where identical blocks were measured once (a
-        BLOOM-560M block's backward: 34 GFLOP counted of 120)."""
+        backward the tracker enters a module once its outputs' gradients are in: a BLOOM block only
+        at its attention's dropout, after its MLP's backward (docs/cost-model.md, "Inputs and
+        conventions": 34 GFLOP of a BLOOM-560M block's 120 had counted)."""
         if name not in self._block_within_cache:
             parent = name
             while parent and parent not in self._block_of:
