@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 
@@ -529,6 +530,32 @@ def test_block_matmuls_run_at_the_calibrated_rate_for_their_size():
     assert rates.block_matmul_efficiency(profile, split, whole_model(profile), curve) == \
         pytest.approx((10e12 + 30e12 * math.log(side / 128) / math.log(8)) / 40e12)
     assert rates.block_matmul_efficiency(profile, Plan(precision="fp32"), whole_model(profile), []) == 1.0
+
+
+def test_written_out_attention_is_bounded_by_memory_on_a_calibrated_rank_as_on_the_catalogs():
+    """A block whose attention is written out (BLOOM's eager ALiBi attention): 1,024 tokens, 16
+    heads 64 wide, 8 samples. Its score GEMMs move more bytes than their FLOPs take, and a
+    calibrated rank bounds them by its bandwidth as the catalog's does; its Linears' three GEMMs
+    each weigh in, as the convolutions' and the attention's do (a calibrated H200's block
+    efficiency had weighed the Linears' forward alone, and the scores at the largest GEMMs' rate)."""
+    from stratagem.advisor.calibrate.calibration import Calibration
+    from stratagem.advisor.cost.stages import whole_model
+
+    width, heads, tokens = 1024, 16, 8 * 1024
+    linear_flops = 2 * tokens * width * width * 12  # Q/K/V, output and a 4× MLP
+    attention = 2 * 2 * 8 * heads * 1024 * 1024 * (width // heads)
+    block = dataclasses.replace(_segment("block", fwd=linear_flops + attention, attention=attention, width=width),
+                                linears=tuple(LinearLayer(name=f"p{i}", in_features=width, out_features=width, bias=False)
+                                              for i in range(12)))
+    profile = ModelProfile(name="explicit", precision="bf16-mixed", batch_size=8, seq_len=1024, num_heads=heads,
+                           embed=_segment("embed"), blocks=(block,), head=_segment("head"), block_container="layers")
+    plan = Plan(micro_batch_size=8)
+    catalog = parse_cluster("1xH200")
+    measured = Calibration.load(Path(__file__).parents[2] / "bench" / "calibrations" / "h200-sxm-141gb-2026-11-28.json")
+    calibrated = measured.apply(catalog)
+    efficiencies = [rates.block_matmul_efficiency(profile, plan, whole_model(profile), curve, cluster=cluster)
+                    for cluster, curve in ((catalog, []), (calibrated, rates.matmul_curve(calibrated, plan.precision)))]
+    assert efficiencies[0] < 0.8 and efficiencies[1] == pytest.approx(efficiencies[0], rel=0.1)
 
 
 def test_gemms_with_unaligned_rows_run_at_their_share_of_the_rate():

@@ -157,17 +157,21 @@ def block_matmul_efficiency(profile: ModelProfile, plan: Plan, stage: Stage, cur
     curve's rate for a square matmul of the same FLOPs (``n³ = m·k·n``, interpolated in ``log n``,
     clamped at the measured ends), over the rate at the largest size; each convolution's implicit
     GEMMs (:func:`~stratagem.advisor.cost.convolutions.conv_gemms`) likewise, or at the calibrated
-    convolutions' rate for their arithmetic intensity where measured (:func:`_conv_rate`).
+    convolutions' rate for their arithmetic intensity where measured (:func:`_conv_rate`); and the
+    attention core's written out, bounded by memory (:func:`_calibrated_attention`).
     Uncalibrated, on a GPU whose SMs the catalog counts: each Linear's and convolution's forward,
     input-gradient and weight-gradient GEMMs and the attention core's (:func:`_attention_gemms`:
     written out, unless fused attention is priced apart) at :func:`gemm_efficiency`, a
     convolution's streaming its tensors, not its window matrix."""
     if curve:
         convs = conv_curve(cluster, plan.precision) if cluster is not None else []
-        linears = ((count * size, count * size / log_interpolated(curve, size ** (1 / 3)) * curve[-1][1])
+        # a Linear's forward, input-gradient and weight-gradient GEMMs share its size, as the
+        # convolutions' and the attention's are weighed, each of their GEMMs
+        linears = ((3 * count * size, 3 * count * size / log_interpolated(curve, size ** (1 / 3)) * curve[-1][1])
                    for count, rows, inner, outer in _linear_gemms(profile, plan, stage)
                    for size in [rows * inner * outer])
-        return _weighted((*linears, *_calibrated_convs(profile, plan, stage, curve, convs)))
+        return _weighted((*linears, *_calibrated_convs(profile, plan, stage, curve, convs),
+                          *_calibrated_attention(profile, plan, stage, curve, cluster)))
     if cluster is None or not cluster.is_accelerator or not cluster.device.num_sms:
         return 1.0
     device = cluster.device
@@ -210,6 +214,26 @@ def _calibrated_convs(profile: ModelProfile, plan: Plan, stage: Stage, curve: li
         else:
             rate = log_interpolated(curve, (gemm.m * gemm.n * gemm.k) ** (1 / 3))
         yield work, work / rate * curve[-1][1]
+
+
+def _calibrated_attention(profile: ModelProfile, plan: Plan, stage: Stage, curve: list[tuple[int, float]],
+                          cluster: Cluster | None) -> Iterator[tuple[float, float]]:
+    """``(work, work / efficiency)`` of the blocks' written-out attention GEMMs
+    (:func:`_attention_gemms`) on a calibrated rank: at the matmul ``curve``'s rate for a square
+    GEMM of all the batch's multiply-adds, and no faster than they stream their operands and
+    output at the device's bandwidth (roofline, Williams et al. 2009), as the uncalibrated
+    :func:`gemm_efficiency` bounds them: the ``s × s`` scores of a head a few dozen wide move more
+    bytes than their FLOPs take (BLOOM's eager attention). Nothing without a cluster."""
+    if cluster is None:
+        return
+    element_bytes = get_precision(plan.precision).compute_bytes
+    bandwidth = cluster.device.memory_bandwidth * MEMORY_BANDWIDTH_EFFICIENCY
+    fused_apart = prices_fused_attention(cluster, matmul_dtype(cluster, plan.precision))
+    for flops, batch, (m, n, k) in _attention_gemms(profile, plan, stage, fused_apart=fused_apart):
+        each = batch * m * n * k  # one call's multiply-adds; ``flops`` sums the blocks' and passes'
+        compute = 2 * each / log_interpolated(curve, each ** (1 / 3))
+        memory = batch * (m * k + k * n + m * n) * element_bytes / bandwidth
+        yield flops / 2, flops / 2 * max(compute, memory) / (2 * each / curve[-1][1])
 
 
 def _conv_rate(curve: list[tuple[float, float]], intensity: float) -> float:
