@@ -553,9 +553,21 @@ def test_written_out_attention_is_bounded_by_memory_on_a_calibrated_rank_as_on_t
     catalog = parse_cluster("1xH200")
     measured = Calibration.load(Path(__file__).parents[2] / "bench" / "calibrations" / "h200-sxm-141gb-2026-11-28.json")
     calibrated = measured.apply(catalog)
-    efficiencies = [rates.block_matmul_efficiency(profile, plan, whole_model(profile), curve, cluster=cluster)
-                    for cluster, curve in ((catalog, []), (calibrated, rates.matmul_curve(calibrated, plan.precision)))]
+    curve = rates.matmul_curve(calibrated, plan.precision)
+    efficiencies = [rates.block_matmul_efficiency(profile, plan, whole_model(profile), points, cluster=cluster)
+                    for cluster, points in ((catalog, []), (calibrated, curve))]
     assert efficiencies[0] < 0.8 and efficiencies[1] == pytest.approx(efficiencies[0], rel=0.1)
+    # Fused, the same attention never writes its scores out: a calibration taken before attention was
+    # measured keeps it at the Linears' rate, unbounded by memory.
+    from stratagem.advisor.profile.model_profile import AttentionCall
+
+    fused = dataclasses.replace(block, fused_attention=(AttentionCall(
+        seq_q=1024, seq_kv=1024, head_dim=width // heads, causal=True, fwd_flops=attention, bwd_flops=2 * attention),))
+    older = dataclasses.replace(calibrated, node=dataclasses.replace(calibrated.node, attention_curve=()))
+    linears_alone = dataclasses.replace(block, fwd_flops=linear_flops, attention_fwd_flops=0)
+    fused_eff, alone_eff = (rates.block_matmul_efficiency(one, plan, whole_model(one), curve, cluster=older)
+                            for one in (dataclasses.replace(profile, blocks=(b,)) for b in (fused, linears_alone)))
+    assert fused_eff == pytest.approx(alone_eff) and fused_eff > efficiencies[1]
 
 
 def test_gemms_with_unaligned_rows_run_at_their_share_of_the_rate():

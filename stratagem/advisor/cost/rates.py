@@ -228,8 +228,9 @@ def _calibrated_attention(profile: ModelProfile, plan: Plan, stage: Stage, curve
         return
     element_bytes = get_precision(plan.precision).compute_bytes
     bandwidth = cluster.device.memory_bandwidth * MEMORY_BANDWIDTH_EFFICIENCY
-    fused_apart = prices_fused_attention(cluster, matmul_dtype(cluster, plan.precision))
-    for flops, batch, (m, n, k) in _attention_gemms(profile, plan, stage, fused_apart=fused_apart):
+    # fused kernels never write their scores out: priced apart, or at the GEMMs' calibrated rate
+    # by a calibration taken before attention was measured (prices_fused_attention)
+    for flops, batch, (m, n, k) in _attention_gemms(profile, plan, stage, fused_apart=True):
         each = batch * m * n * k  # one call's multiply-adds; ``flops`` sums the blocks' and passes'
         compute = 2 * each / log_interpolated(curve, each ** (1 / 3))
         memory = batch * (m * k + k * n + m * n) * element_bytes / bandwidth
