@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from collections import Counter
 from collections.abc import Callable
 
@@ -468,15 +469,36 @@ def test_a_block_whose_modules_enter_backward_late_keeps_its_backward(tmp_path):
     dropout: its MLP, output projection and scores' gradients run first. Each block still counts
     its whole backward, twice its forward, none of it in the embedding, and the step's total is
     what torch's own counter counts on real tensors."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     config = {"model_type": "bloom", "n_layer": 2, "hidden_size": 64, "n_head": 4, "vocab_size": 1000}
     (tmp_path / "config.json").write_text(json.dumps(config))
     profile = profile_spec(f"hf:{tmp_path}", batch_size=2, seq_len=32, cache=False)
-    embed, *blocks, head = profile.segments
+    embed, *blocks, _ = profile.segments
     assert embed.bwd_flops == 0 and all(b.bwd_flops == 2 * b.fwd_flops for b in blocks)
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tmp_path))
+    assert profile.flops_per_step == _real_step_flops(tmp_path)
+
+
+def test_a_module_the_tracker_never_leaves_stays_out_of_the_next_segment(tmp_path):
+    """Hugging Face OPT's attention modules stay entered to the end of backward (one of their inputs
+    gets no gradient): its ``project_in`` (a word-embedding width other than the model's) runs its
+    backward after the blocks, and counts in the embedding, not in the first block."""
+    config = {"model_type": "opt", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+              "ffn_dim": 128, "vocab_size": 1000, "word_embed_proj_dim": 32, "pad_token_id": 0}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    profile = profile_spec(f"hf:{tmp_path}", batch_size=2, seq_len=32, cache=False)
+    embed = profile.segments[0]
+    assert embed.bwd_flops == 2 * embed.fwd_flops == 2 * 2 * 64 * 32 * 64
+    assert profile.flops_per_step == _real_step_flops(tmp_path)  # nothing counted twice
+
+
+def _real_step_flops(config: Path) -> int:
+    """FLOPs of one real step of the Hugging Face causal LM of ``config`` (its own loss), as torch's
+    counter counts them with the profile's formulas for what it lacks."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from stratagem.advisor.profile.flop_formulas import FLOP_FORMULAS
+
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(config))
     tokens = torch.randint(0, 1000, (2, 32))
-    with FlopCounterMode(display=False) as counter:
+    with FlopCounterMode(display=False, custom_mapping=FLOP_FORMULAS) as counter:
         model(tokens, labels=tokens).loss.backward()
-    assert profile.flops_per_step == counter.get_total_flops()
+    return counter.get_total_flops()

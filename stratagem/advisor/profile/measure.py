@@ -54,6 +54,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 
+from stratagem.advisor.profile.backward_blocks import BackwardBlocks
 from stratagem.advisor.profile.block_reuse import tensor_bytes
 from stratagem.advisor.profile.batch_norms import BATCH_NORM_OPS, batch_norm_call
 from stratagem.advisor.profile.convolutions import conv_layer
@@ -200,9 +201,7 @@ class CostCounter(FlopCounterMode):
         self.seq_len = seq_len
         self.batch_size = batch_size
         self._block_of = block_of  # module-tracker name -> block FQN
-        self._block_within_cache: dict[str, str | None] = {}
-        self._block_ancestors = {name.rsplit(".", depth)[0] for name in block_of
-                                 for depth in range(1, name.count(".") + 1)}  # the model, its block lists
+        self._backward = BackwardBlocks(block_of)
         self._model_name = model_name  # the module tracker's name for the model
         self._record = record
         self._state_names = state_names
@@ -210,7 +209,6 @@ class CostCounter(FlopCounterMode):
         self._parameter_shapes = {shape for shape, _ in gradient_shapes}
         self._has_blocks = has_blocks
         self._fwd_after_blocks = False
-        self._bwd_block: str | None = None  # the block backward last ran in
         self._param_users: dict[str, set[str]] = defaultdict(set)  # state name -> the segments whose forward uses it
         self.param_copies: set[StorageWeakRef] = set()
         self.masks: set[StorageWeakRef] = set()
@@ -221,40 +219,20 @@ class CostCounter(FlopCounterMode):
         self.fusion = FusionTracker()
 
     def segment(self) -> str:
-        """The segment running now: the block a running module is or lies in, else embed/head by
-        execution order; in backward, with none of the blocks' modules running and none beside
-        them (only their ancestors, whose own code runs between modules), the block backward last
-        ran in (:meth:`_block_within`: a BLOOM attention's scores' gradients run so)."""
-        is_bw = self.mod_tracker.is_bw
+        """The segment running now: the block a running module is or lies in (in backward as
+        :class:`~stratagem.advisor.profile.backward_blocks.BackwardBlocks` follows them), else
+        embed/head by execution order."""
         parents = self.mod_tracker.parents
-        for name in parents:
-            block = self._block_within(name)
-            if block is not None:
-                if is_bw:
-                    self._bwd_block = block
-                else:
-                    self._fwd_after_blocks = True
-                return block
         if not self._has_blocks:
             return EMBED
-        if is_bw:
-            if self._bwd_block is None:
-                return HEAD
-            beside = any(name != "Global" and name not in self._block_ancestors for name in parents)
-            return EMBED if beside else self._bwd_block
+        if self.mod_tracker.is_bw:
+            block = self._backward.segment(parents)
+            return block if block is not None else EMBED if self._backward.last is not None else HEAD
+        block = next((b for name in parents if (b := self._backward.within(name)) is not None), None)
+        if block is not None:
+            self._fwd_after_blocks = True
+            return block
         return HEAD if self._fwd_after_blocks else EMBED
-
-    def _block_within(self, name: str) -> str | None:
-        """The block the module the tracker calls ``name`` is or lies in (by its name), or None. In
-        backward the tracker enters a module once its outputs' gradients are in: a BLOOM block only
-        at its attention's dropout, after its MLP's backward (docs/cost-model.md, "Inputs and
-        conventions": 34 GFLOP of a BLOOM-560M block's 120 had counted)."""
-        if name not in self._block_within_cache:
-            parent = name
-            while parent and parent not in self._block_of:
-                parent = parent.rpartition(".")[0]
-            self._block_within_cache[name] = self._block_of.get(parent)
-        return self._block_within_cache[name]
 
     def _gradient_segment(self, out: Any, running: str) -> str:
         """The segment an operator counts in: ``running``, unless in backward it makes the
