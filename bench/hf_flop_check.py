@@ -34,7 +34,7 @@ TYPES = ("gpt2", "gptj", "gpt_neox", "llama", "mistral", "mixtral", "qwen2", "qw
 
 SIZES = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
          "intermediate_size": 128, "vocab_size": 1000, "ffn_dim": 128, "n_inner": 128, "head_dim": 16,
-         "rotary_dim": 16, "pad_token_id": 0}
+         "rotary_dim": 16, "pad_token_id": 0, "num_kv_heads": 4}
 """The tiny config's sizes, by the names most configs take (their attribute maps translate the rest)."""
 
 BATCH, SEQ = 2, 32
