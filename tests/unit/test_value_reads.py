@@ -60,3 +60,16 @@ def test_a_fake_mask_that_pads_nothing_lets_sdpa_run_causal():
             assert masking_utils._ignore_causal_mask_sdpa(mask, 8, 8, 0, 0)
     assert reads.masks == 1 and "pads nothing" in reads.note()
     assert masking_utils._ignore_causal_mask_sdpa(torch.ones(2, 8, dtype=torch.bool), 8, 8, 0, 0)
+
+
+def test_the_padding_warning_reads_no_fake_tokens():
+    """transformers 4.x's warn_if_padding_and_no_attention_mask reads the first and last tokens
+    (GPT-2's profile failed on it); on fake tokens it is skipped, on real ones it runs."""
+    from stratagem.advisor.profile.value_reads import _unwarned
+
+    reads = []
+    warn = _unwarned(lambda model, tokens, mask: reads.append(bool(tokens[:, [-1, 0]].eq(0).any())))
+    with FakeTensorMode():
+        assert warn(None, torch.zeros(2, 8, dtype=torch.long), None) is None
+    warn(None, torch.zeros(2, 8, dtype=torch.long), None)
+    assert reads == [True]

@@ -1,7 +1,8 @@
 """Values a model's forward reads from its tensors, answered on fake tensors as a real step answers them.
 
 Fake tensors hold no values, so a forward that branches on one cannot be profiled, yet two such
-branches are common in Hugging Face models and have one answer for the step being planned:
+branches are common in Hugging Face models and have one answer for the step being planned, and
+a third only warns:
 
 * **Attention masks that pad nothing.** Before it drops an attention mask and lets SDPA apply
   causality itself (``is_causal``: the flash kernel), transformers asks whether the mask holds only
@@ -16,8 +17,13 @@ branches are common in Hugging Face models and have one answer for the step bein
   0 by default. A draw of one element is made a constant at the top of its range (the largest
   value below 1 in its dtype): a real draw, below no probability under 1, so every layer runs:
   the step without LayerDrop, and an upper bound on one with it.
+* **The padding warning.** 4.x models warn when a row's first or last token is the pad token and
+  no mask was given (``warn_if_padding_and_no_attention_mask``), reading the tokens: GPT-2's and
+  XGLM's profiles failed on 4.57.1 with a ``pad_token_id`` set. On fake tokens it is skipped, as
+  5.x skips it.
 
-The profile notes each answer it gave (docs/cost-model.md, "Values read in forward").
+The profile notes the first two answers where it gave them (docs/cost-model.md, "Values read in
+forward").
 """
 
 from __future__ import annotations
@@ -32,9 +38,11 @@ import torch
 from torch._subclasses.fake_tensor import is_fake
 from torch.overrides import TorchFunctionMode
 
-_MASK_CHECKS = (("transformers.modeling_attn_mask_utils", "AttentionMaskConverter", "_ignore_causal_mask_sdpa"),
-                ("transformers.masking_utils", None, "_ignore_causal_mask_sdpa"))
-"""(module, class or None, function): transformers' checks whose first argument is the mask."""
+_CHECKS = (("transformers.modeling_attn_mask_utils", "AttentionMaskConverter", "_ignore_causal_mask_sdpa", "mask"),
+           ("transformers.masking_utils", None, "_ignore_causal_mask_sdpa", "mask"),
+           ("transformers.modeling_utils", "PreTrainedModel", "warn_if_padding_and_no_attention_mask", "warning"))
+"""(module, class or None, function, kind): transformers' checks that read tokens or masks; ``mask``
+takes the mask first, ``warning`` is a method taking the tokens first."""
 
 
 class ValueReads(TorchFunctionMode):
@@ -48,14 +56,15 @@ class ValueReads(TorchFunctionMode):
         self._patched: list[tuple[Any, str, Any]] = []
 
     def __enter__(self) -> ValueReads:
-        for module_name, class_name, name in _MASK_CHECKS:
+        for module_name, class_name, name, kind in _CHECKS:
             module = sys.modules.get(module_name)  # a model that never imported it never calls it
             owner = getattr(module, class_name, None) if class_name else module
             if owner is None or name not in vars(owner):
                 continue
             original = vars(owner)[name]
             static = isinstance(original, staticmethod)
-            wrapped = self._unpadded(original.__func__ if static else original)
+            wrap = self._unpadded if kind == "mask" else _unwarned
+            wrapped = wrap(original.__func__ if static else original)
             setattr(owner, name, staticmethod(wrapped) if static else wrapped)
             self._patched.append((owner, name, original))
         return super().__enter__()
@@ -95,6 +104,17 @@ class ValueReads(TorchFunctionMode):
             said.append(f"{self.draws} random scalars drawn in the step (LayerDrop's) were taken as the largest "
                         "value below 1: every layer runs, an upper bound where config.layerdrop > 0")
         return "; ".join(said) or None
+
+
+def _unwarned(warn: Callable[..., None]) -> Callable[..., None]:
+    """``warn`` (a model's ``warn_if_padding_and_no_attention_mask``), skipped on fake tokens."""
+    @functools.wraps(warn)
+    def run(model: Any, input_ids: Any, *args: Any, **kwargs: Any) -> None:
+        if isinstance(input_ids, torch.Tensor) and is_fake(input_ids):
+            return None  # the profile's batch pads nothing: nothing to warn of
+        return warn(model, input_ids, *args, **kwargs)
+
+    return run
 
 
 def _size(args: tuple) -> tuple[int, ...]:
