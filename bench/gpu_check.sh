@@ -5,9 +5,10 @@
 # GPT-NeoX and the TinyLlama-shaped Llama, have been since, and ResNet-50 eager, whose BatchNorm kernels
 # set the catalog's memory latency: bench/gpu_predictions.py keeps what they measured): Hugging Face
 # configs (hf:, bench/configs/) of OPT-1.3B's shape and BLOOM-560M's (its attention eager: transformers has
-# no SDPA path for ALiBi), ResNet-101 at 128 images (eager), and a Qwen2 of
-# Qwen2.5-1.5B's shape through Trainer(strategy="auto-parallel") (the table of 2026-11-28, on an H200, is in
-# docs/benchmarks.md; OPT's profile then failed on that machine's transformers 4.x, and has been fixed since).
+# no SDPA path for ALiBi), ResNet-101 at 128 images (eager), a Qwen2 of Qwen2.5-1.5B's shape through
+# Trainer(strategy="auto-parallel") (the table of 2026-11-28, on an H200, is in docs/benchmarks.md; OPT's
+# profile then failed on that machine's transformers 4.x, and has been fixed since), and Gemma-2-2B's
+# shape eager (added since: soft-capped attention, written out).
 # On one GPU each verify's top 2 are the compiled plan and the offloaded one. Then the mechanisms, most telling
 # first: operators without FLOPs by kind against a copy (bench/reduction_rate.py), BLOOM-560M's offloaded step
 # by phase (bench/offload_phases.py), the host's optimizer by tensor size against its last-level cache
@@ -18,7 +19,7 @@
 # (bench/batch_norm_rate.py), and ResNet-101 compiled block by block, the largest miss recorded, by
 # kernel family and gap (bench/gpu_kernels.py); in a part of their own, Nsight Compute's bytes of
 # GPT-2 large's Triton kernels. Each step has a time limit and the next one runs whatever it ended
-# with: the table's steps limits about 9 minutes in all (the cases of 2026-11-27 took 7), the mechanisms' 9, Nsight
+# with: the table's steps limits about 10 minutes in all (the cases of 2026-11-28 took 5.3), the mechanisms' 9, Nsight
 # Compute's 3, so that each part fits one call of a lent machine. Run from the repository root:
 #   bash bench/gpu_check.sh [OUT_DIR] [table|mechanisms|nsight|all]   (default out/gpu-check, all;
 #                                                               PYTHON picks the interpreter)
@@ -42,16 +43,19 @@ run() {
 
 table() {
     run 30 "$py" -m stratagem hardware
-    run 90 "$py" -m stratagem calibrate
+    run 80 "$py" -m stratagem calibrate
     cp "$STRATAGEM_CACHE_DIR"/calibration/*.json "$out"/ 2>/dev/null
     # a Hugging Face layer compiles a graph of its own (its layer_idx): 24 here
-    run 120 "$py" -m stratagem verify --model hf:bench/configs/opt-1.3b --global-batch-size 8 --seq-len 1024 --top 2
+    run 110 "$py" -m stratagem verify --model hf:bench/configs/opt-1.3b --global-batch-size 8 --seq-len 1024 --top 2
     run 110 "$py" -m stratagem verify --model hf:bench/configs/bloom-560m --global-batch-size 8 --seq-len 1024 --top 2
     # eager: compiled block by block, a ResNet's bottlenecks recompile with dynamic shapes for over a
     # minute (the advice notes it), which twice outran this step's limit
     run 70 "$py" -m stratagem verify --model resnet-101 --global-batch-size 128 --top 1 --no-compile
-    run 150 "$py" bench/trainer_hf.py --accelerator gpu --config bench/configs/qwen2.5-1.5b/config.json --batch 4 \
-        --seq-len 1024  # compiles each of its 28 layers
+    # eager: Gemma 2's logit soft-capping takes no SDPA, its scores are written out (added 2026-11-28)
+    run 70 "$py" -m stratagem verify --model hf:bench/configs/gemma-2-2b --global-batch-size 8 --seq-len 1024 --top 1 \
+        --no-compile
+    run 120 "$py" bench/trainer_hf.py --accelerator gpu --config bench/configs/qwen2.5-1.5b/config.json --batch 4 \
+        --seq-len 1024  # compiles each of its 28 layers (94 s on 2026-11-28)
 }
 
 mechanisms() {
