@@ -148,7 +148,18 @@ def test_last_level_caches_count_each_socket_once(tmp_path):
     assert last_level_cache_bytes(tmp_path / "absent") is None
 
 
-def test_this_hosts_last_level_cache_is_read_or_unknown():
-    """The real sysfs of this machine: a size or, where a container hides it, None."""
-    found = last_level_cache_bytes()
-    assert found is None or found >= 2**20
+def test_this_hosts_last_level_cache_is_what_lscpu_reads():
+    """The real sysfs of this machine, against util-linux's own reading of it: lscpu's total of its
+    highest cache level, every instance counted (skipped where lscpu or the caches are missing)."""
+    import re
+    import shutil
+    import subprocess
+
+    if shutil.which("lscpu") is None:
+        pytest.skip("no lscpu here")
+    caches = re.findall(r"^L(\d)\w? cache:\s+(\d+)", subprocess.run(["lscpu", "-B"], capture_output=True, text=True,
+                                                                 check=True).stdout, re.MULTILINE)
+    if not caches:
+        pytest.skip("lscpu names no caches here")
+    top = max(int(level) for level, _ in caches)
+    assert last_level_cache_bytes() == sum(int(size) for level, size in caches if int(level) == top)

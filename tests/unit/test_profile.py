@@ -200,10 +200,20 @@ def test_bad_inputs_are_usage_errors():
         profile_model(Toy(), (_tokens(),), precision="bf16")
 
 
+class _Misshapen(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ torch.ones(5, 5)  # x is [2, 4]
+
+
 def test_a_model_that_fails_on_its_inputs_is_a_usage_error(capfd):
+    """It says why; where the failing line is the model's own, which line (every frame of an
+    nn.Sequential of Linears is torch's, and names none)."""
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(5, 5))
-    with pytest.raises(UsageError, match="failed on its example inputs.*same reduction dim"):
+    with pytest.raises(UsageError, match=r"failed on its example inputs \(fake tensors\): .*same reduction dim"):
         profile_model(model, (torch.randn(2, 4),), precision="fp32")
+    with pytest.raises(UsageError, match=r"failed on its example inputs \(fake tensors\), at \S*test_profile.py:\d+ "
+                                         r"in forward: RuntimeError"):
+        profile_model(_Misshapen(), (torch.randn(2, 4),), precision="fp32")
     assert "Traceback" not in capfd.readouterr().err
 
 

@@ -62,11 +62,26 @@ def test_a_fake_mask_that_pads_nothing_lets_sdpa_run_causal():
     assert masking_utils._ignore_causal_mask_sdpa(torch.ones(2, 8, dtype=torch.bool), 8, 8, 0, 0)
 
 
+def test_a_draw_of_any_other_size_is_left_alone():
+    """Only a one-element draw is a branch's: a size given by keyword counts too."""
+    with FakeTensorMode(), ValueReads() as reads:
+        assert torch.rand(size=(4, 4)).shape == (4, 4) and torch.rand(2, 3).shape == (2, 3)
+        assert torch.rand(size=(1,)).constant is not None
+    assert reads.draws == 1
+
+
 def test_the_padding_warning_reads_no_fake_tokens():
     """transformers 4.x's warn_if_padding_and_no_attention_mask reads the first and last tokens
-    (GPT-2's profile failed on it); on fake tokens it is skipped, on real ones it runs."""
+    (GPT-2's profile failed on it); on fake tokens it is skipped, on real ones it runs. While
+    ValueReads is entered the model class's own method is the skipping one, and after it is back."""
+    from transformers.modeling_utils import PreTrainedModel
+
     from stratagem.advisor.profile.value_reads import _unwarned
 
+    original = PreTrainedModel.warn_if_padding_and_no_attention_mask
+    with ValueReads():
+        assert PreTrainedModel.warn_if_padding_and_no_attention_mask.__wrapped__ is original
+    assert PreTrainedModel.warn_if_padding_and_no_attention_mask is original
     reads = []
     warn = _unwarned(lambda model, tokens, mask: reads.append(bool(tokens[:, [-1, 0]].eq(0).any())))
     with FakeTensorMode():

@@ -233,7 +233,7 @@ def _calibrated_attention(profile: ModelProfile, plan: Plan, stage: Stage, curve
     for flops, batch, (m, n, k) in _attention_gemms(profile, plan, stage, fused_apart=True):
         each = batch * m * n * k  # one call's multiply-adds; ``flops`` sums the blocks' and passes'
         compute = 2 * each / log_interpolated(curve, each ** (1 / 3))
-        memory = batch * (m * k + k * n + m * n) * element_bytes / bandwidth
+        memory = _streamed_seconds(m, n, k, batch=batch, element_bytes=element_bytes, bytes_per_second=bandwidth)
         yield flops / 2, flops / 2 * max(compute, memory) / (2 * each / curve[-1][1])
 
 
@@ -340,8 +340,16 @@ def gemm_efficiency(m: float, n: float, k: float, *, sms: int, element_bytes: in
     ideal = 2 * batch * m * n * k / flops_per_second
     per_sm = flops_per_second / sms
     compute = min(_tiled_seconds(m, n, k, tile, batch=batch, sms=sms, per_sm=per_sm) for tile in GEMM_TILES)
-    memory = batch * (m * k + k * n + m * n if moved is None else moved) * element_bytes / bytes_per_second
+    memory = _streamed_seconds(m, n, k, batch=batch, element_bytes=element_bytes, bytes_per_second=bytes_per_second,
+                               moved=moved)
     return ideal / max(compute, memory)
+
+
+def _streamed_seconds(m: float, n: float, k: float, *, batch: float, element_bytes: int, bytes_per_second: float,
+                      moved: float | None = None) -> float:
+    """Seconds ``batch`` ``m×k · k×n`` GEMMs take to stream ``moved`` elements each (their operands
+    and output, ``m·k + k·n + m·n``, unless given) at ``bytes_per_second``: the roofline's memory side."""
+    return batch * (m * k + k * n + m * n if moved is None else moved) * element_bytes / bytes_per_second
 
 
 def _tiled_seconds(m: float, n: float, k: float, tile: tuple[int, int], *, batch: float, sms: int,

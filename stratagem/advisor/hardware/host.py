@@ -37,12 +37,12 @@ def last_level_cache_bytes(cpus: Path = Path("/sys/devices/system/cpu")) -> int 
     caches: dict[str, tuple[int, int]] = {}  # shared_cpu_list -> (level, bytes)
     for index in cpus.glob("cpu[0-9]*/cache/index[0-9]*"):
         try:
+            if (index / "type").read_text().strip() == "Instruction":
+                continue
             level = int((index / "level").read_text())
             size = _cache_size((index / "size").read_text().strip())
             shared = (index / "shared_cpu_list").read_text().strip()
         except (OSError, ValueError):
-            continue
-        if (index / "type").exists() and (index / "type").read_text().strip() == "Instruction":
             continue
         if shared not in caches or caches[shared][0] < level:
             caches[shared] = (level, size)

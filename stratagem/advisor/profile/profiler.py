@@ -214,7 +214,7 @@ _DATA_DEPENDENT = {
 
 
 def _where(err: BaseException) -> str:
-    """", at FILE:LINE in FUNCTION": the innermost frame of ``err``'s traceback outside torch, this
+    """", at FILE:LINE in FUNCTION" (what :func:`_model_errors` says of a failure): the innermost frame of ``err``'s traceback outside torch, this
     package and contextlib (the model's code, or a library's it calls), a package's file from the
     package's folder on; "" if every frame is theirs."""
     ours = tuple(os.path.join(folder, "") for folder in (Path(torch.__file__).parent, Path(__file__).parents[2]))
@@ -259,7 +259,7 @@ def _model_errors(name: str) -> Iterator[None]:
             raise UsageError(f"{name} makes sparse gradients (nn.Embedding or nn.EmbeddingBag with sparse=True), "
                              f"which the profile's fake tensors cannot hold ({first_line})\nHINT: profile it "
                              "with sparse=False: its dense gradients are what FSDP's plans train") from err
-        raise UsageError(f"{name} failed on its example inputs (fake tensors): {type(err).__name__}: "
+        raise UsageError(f"{name} failed on its example inputs (fake tensors){_where(err)}: {type(err).__name__}: "
                          f"{first_line}\nHINT: check that the inputs fit the model (batch size, "
                          "sequence length, image size) by running one real batch through it") from err
 

@@ -12,7 +12,7 @@ a third only warns:
   profile); 5.x skips the check on fake tensors and keeps the mask, which a real step of the same
   batch drops. The profile's batches pad nothing: :class:`ValueReads` hands the checks no mask
   where a fake one was given.
-* **LayerDrop's draw.** Some 60 transformers models (BART, Whisper, OPT in 4.x) draw
+* **LayerDrop's draw.** 59 model files of transformers 5.24 (BART, Whisper; OPT in 4.x) draw
   ``torch.rand([])`` before each layer and skip it when the draw falls below ``config.layerdrop``,
   0 by default. A draw of one element is made a constant at the top of its range (the largest
   value below 1 in its dtype): a real draw, below no probability under 1, so every layer runs:
@@ -77,11 +77,11 @@ class ValueReads(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if func is torch.rand and not kwargs.get("out") and math.prod(_size(args)) == 1:
+        if func is torch.rand and not kwargs.get("out") and math.prod(size := _size(args, kwargs)) == 1:
             self.draws += 1
             dtype = kwargs.get("dtype") or torch.get_default_dtype()
             top = torch.tensor(1 - torch.finfo(dtype).eps / 2, dtype=dtype, device=kwargs.get("device"))
-            return top.reshape(_size(args))  # a constant the fake mode carries through comparisons
+            return top.reshape(size)  # a constant the fake mode carries through comparisons
         return func(*args, **kwargs)
 
     def _unpadded(self, check: Callable[..., bool]) -> Callable[..., bool]:
@@ -117,8 +117,11 @@ def _unwarned(warn: Callable[..., None]) -> Callable[..., None]:
     return run
 
 
-def _size(args: tuple) -> tuple[int, ...]:
-    """The size ``torch.rand(*args)`` draws: its integers, or the one sequence of them it was given."""
+def _size(args: tuple, kwargs: dict) -> tuple[int, ...]:
+    """The size ``torch.rand(*args, **kwargs)`` draws: ``size=``, its integers, or the one sequence
+    of them it was given."""
+    if "size" in kwargs:
+        return tuple(kwargs["size"])
     if len(args) == 1 and isinstance(args[0], (tuple, list, torch.Size)):
         return tuple(args[0])
     return tuple(a for a in args if isinstance(a, int))
