@@ -45,6 +45,8 @@ SOURCE = {
     "H200b": "one H200, torch 2.11, CUDA 13, bench/gpu_check.sh table at ffbe4d4, models never tuned on; its "
              "calibration (format 8) read without its host optimizer figure, timed over tensors the host's cache "
              "held (2026-11-28)",
+    "H200c": "one H200, torch 2.11, CUDA 13, bench/gpu_check.sh table at d2ccb8a, models never tuned on; its "
+             "calibration (format 9) read without its host optimizer figure, timed on the GPU (2026-11-28)",
 }
 
 
@@ -61,6 +63,8 @@ class Case(NamedTuple):
 
 PYTHIA = "hf:bench/configs/pythia-410m"
 BLOOM = "hf:bench/configs/bloom-560m"
+OPT = "hf:bench/configs/opt-1.3b"
+GEMMA2 = "hf:bench/configs/gemma-2-2b"
 
 GPU_CHECK = (("gpt2-large", 8, 1024, {}), ("gpt2-large", 8, 1024, {"zero": 3, "offload": "params"}),
              (PYTHIA, 8, 1024, {}), (PYTHIA, 8, 1024, {"zero": 3, "offload": "params"}), ("vit-l-16", 64, None, {}))
@@ -99,6 +103,14 @@ CASES = (
     Case("H200b", "resnet-101", 128, None, {"micro_batch_size": 128}, 0.0821, 8.4),
     Case("H200b", "trainer:bench/configs/qwen2.5-1.5b/config.json", 4, 1024, {"micro_batch_size": 4, "compile": True},
          0.132, 40.0),
+    Case("H200c", OPT, 8, 1024, {"micro_batch_size": 8, "compile": True}, 0.158, 32.4),
+    Case("H200c", OPT, 8, 1024, {"micro_batch_size": 8, "zero": 3, "offload": "params", "compile": True}, 2.64, 14.5),
+    Case("H200c", BLOOM, 8, 1024, {"micro_batch_size": 8, "compile": True}, 0.130, 48.8),
+    Case("H200c", BLOOM, 8, 1024, {"micro_batch_size": 8, "zero": 3, "offload": "params", "compile": True}, 1.07, 41.1),
+    Case("H200c", "resnet-101", 128, None, {"micro_batch_size": 128}, 0.0833, 8.4),
+    Case("H200c", GEMMA2, 8, 1024, {"micro_batch_size": 8}, 0.448, 98.0),
+    Case("H200c", "trainer:bench/configs/qwen2.5-1.5b/config.json", 4, 1024, {"micro_batch_size": 4, "compile": True},
+         0.131, 40.0),
 )
 """Measured runs (step time, peak memory; nan where the run did not record it). Where a run's
 step times ranged (GPT-2 and ViT offloaded on the H200: 249-352 and 220-235 ms), the middle. The
@@ -119,11 +131,12 @@ attention family on the H100 runs' compiled steps (H100c: GPT-2 large's first pr
 ViT-L's only one), ``bench/gpu_phases.py``'s on the H200's eager one (docs/benchmarks.md)."""
 
 CLUSTERS = {"H100": "1xH100-SXM-80GB", "H200": "1xH200", "H100b": "1xH100-SXM-80GB", "H100c": "1xH100-SXM-80GB",
-            "H200b": "1xH200"}
+            "H200b": "1xH200", "H200c": "1xH200"}
 
 CALIBRATIONS = {"H100b": Path(__file__).parent / "calibrations" / "h100-sxm5-80gb-2026-11-26.json",
                 "H100c": Path(__file__).parent / "calibrations" / "h100-sxm5-80gb-2026-11-27.json",
-                "H200b": Path(__file__).parent / "calibrations" / "h200-sxm-141gb-2026-11-28.json"}
+                "H200b": Path(__file__).parent / "calibrations" / "h200-sxm-141gb-2026-11-28.json",
+                "H200c": Path(__file__).parent / "calibrations" / "h200-sxm-141gb-2026-11-28b.json"}
 """The calibration file the card's machine wrote before its runs (``bench/gpu_check.sh``)."""
 
 HF_CONFIGS = {"qwen2-0.5b-shape": {

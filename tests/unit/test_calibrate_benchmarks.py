@@ -10,6 +10,7 @@ import torch
 from stratagem.advisor.calibrate.benchmarks import interleaved, repeated
 from stratagem.advisor.calibrate.optimizers import (
     HOST_OPTIMIZER_BYTES,
+    _parameters,
     host_optimizer_shape,
     optimizer_seconds,
     small_step_seconds,
@@ -66,6 +67,19 @@ def test_the_hosts_step_over_dtensors_costs_more_per_tensor_than_over_plain_tens
     # plain tensors' own cost per tensor can solve to 0 on a busy host (the large step's noise
     # outweighs a few µs a tensor); DTensor's dispatch is tens of µs a tensor
     assert dtensors[1] > 2 * plain[1] and dtensors[1] > 0
+
+
+def test_the_hosts_parameters_stay_on_the_host_under_a_gpu_mesh() -> None:
+    """``calibrate`` times the host's optimizer over DTensors on the GPU mesh, as FSDP2 offloads
+    them; ``DTensor.from_local`` would move their shards onto the GPU (format 9 timed an H200's
+    "host" step there: 6 ps a parameter). A mesh of CUDA's device type needs no GPU to build."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    mesh = DeviceMesh("cuda", [0], _init_backend=False, _rank=0)
+    (param,) = _parameters(1, 16, torch.device("cpu"), mesh)
+    assert param.to_local().device.type == "cpu" and param.grad.to_local().device.type == "cpu"
+    torch.optim.AdamW([param], lr=1e-4).step()
+    assert param.shape == (16,) and param.to_local().device.type == "cpu"
 
 
 def test_a_dtensor_tensor_costs_a_fraction_on_the_foreach_path_of_what_it_does_one_at_a_time(one_rank):

@@ -29,13 +29,21 @@ __all__ = ["COLLECTIVES", "Calibration", "LinkFit", "calibrated", "calibration_p
            "fit_link", "hardware_key", "ring_steps"]
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "p2p")
-FORMAT_VERSION = 9  # 6: op_byte_seconds per byte moved, not written; unaligned_matmul. 7: tp_linear_seconds.
+FORMAT_VERSION = 10  # 6: op_byte_seconds per byte moved, not written; unaligned_matmul. 7: tp_linear_seconds.
 # 8: dtensor_optimizer_seconds (per step, per tensor) in place of dtensor_op_seconds (per operator);
 # host_optimizer_seconds over DTensors. 9: host_optimizer_seconds over tensors larger than the host's cache.
-CACHED_HOST_OPTIMIZER_NOTE = ("host optimizer step: timed by a calibration of format 8, over tensors small enough for "
-                              "a server's CPU cache to hold (docs/cost-model.md, \"Optimizer step and offload\"); the "
-                              "catalog's figure stands for it until `stratagem calibrate` runs again")
-"""What a format-8 calibration read says of the host optimizer figure it drops."""
+# 10: host_optimizer_seconds over DTensors whose shards stay on the host.
+STALE_HOST_OPTIMIZER_NOTES = {
+    8: "timed by a calibration of format 8, over tensors small enough for a server's CPU cache to hold",
+    9: "timed by a calibration of format 9, whose DTensors on a GPU mesh moved their shards onto the GPU",
+}
+"""Why the host optimizer figure of an older calibration format is dropped when it is read, by format."""
+
+
+def stale_host_optimizer_note(version: int) -> str:
+    """What reading a calibration of format ``version`` says of the host optimizer figure it drops."""
+    return (f"host optimizer step: {STALE_HOST_OPTIMIZER_NOTES[version]} (docs/cost-model.md, \"Optimizer step and "
+            "offload\"); the catalog's figure stands for it until `stratagem calibrate` runs again")
 
 
 def ring_steps(op: str, group_size: int) -> int:
@@ -210,13 +218,14 @@ class Calibration:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Calibration:
-        """Inverse of :meth:`to_dict`; a format-8 file's host optimizer figure is dropped, with
-        :data:`CACHED_HOST_OPTIMIZER_NOTE`."""
-        if data.get("version") not in (8, FORMAT_VERSION):
+        """Inverse of :meth:`to_dict`; an older format's host optimizer figure is dropped, with
+        :func:`stale_host_optimizer_note`."""
+        if data.get("version") not in (*STALE_HOST_OPTIMIZER_NOTES, FORMAT_VERSION):
             raise UsageError(f"calibration format {data.get('version')} is not {FORMAT_VERSION}\n"
                              "HINT: run `stratagem calibrate` again")
-        if data["version"] == 8 and data.get("host_optimizer_seconds"):
-            data = {**data, "host_optimizer_seconds": None, "notes": [*data.get("notes", ()), CACHED_HOST_OPTIMIZER_NOTE]}
+        if data["version"] in STALE_HOST_OPTIMIZER_NOTES and data.get("host_optimizer_seconds"):
+            data = {**data, "host_optimizer_seconds": None,
+                    "notes": [*data.get("notes", ()), stale_host_optimizer_note(data["version"])]}
         data = {**data, "version": FORMAT_VERSION}
         links = {scope: {op: {int(n): LinkFit(fit["latency"], fit["bandwidth"], tuple(map(tuple, fit["points"])))
                               for n, fit in fits.items()} for op, fits in ops.items()}

@@ -106,9 +106,15 @@ def _parameters(tensors: int, numel: int, device: torch.device,
 
 
 def _sharded(local: torch.Tensor, mesh: DeviceMesh | None) -> torch.Tensor:
-    """``local`` as this rank's shard of a DTensor on ``mesh`` (itself without one)."""
+    """``local`` as this rank's shard (along dim 0) of a DTensor on ``mesh`` (itself without one),
+    left on its device as FSDP2 leaves an offloaded shard on the host: ``DTensor.from_local`` moves
+    a local tensor onto the mesh's device type, which timed the "host" optimizer of a GPU mesh on
+    the GPU (docs/cost-model.md, "Optimizer step and offload")."""
     if mesh is None:
         return local
-    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.fsdp._fully_shard._fsdp_common import _from_local_no_grad
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 
-    return DTensor.from_local(local, mesh, [Shard(0)], run_check=False)
+    shape = torch.Size([local.shape[0] * mesh.size(), *local.shape[1:]])
+    return _from_local_no_grad(local, DTensorSpec(mesh, (Shard(0),), TensorMeta(shape, local.stride(), local.dtype)))
