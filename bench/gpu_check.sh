@@ -89,6 +89,9 @@ nsight() {
 {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     "$py" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, torch.cuda.get_device_name())'
+    # a Hugging Face model's profile follows the installed transformers (Gemma 2's eager step: 98 GiB on
+    # 4.57, 112 predicted on 5.24), so the table names it
+    "$py" -c 'import transformers; print("transformers", transformers.__version__)' 2>&1 | tail -1
     case $part in
         table) table ;;
         mechanisms) mechanisms ;;
