@@ -1,9 +1,11 @@
 """The profile of what a plan computes: FSDP's mixed precision runs in the compute dtype without
 autocast, a GPU runs ``torch.rms_norm`` as one fused kernel where the CPU profile sees it
-decomposed, and a GPU's norm backward reads its input and the output's gradient twice."""
+decomposed, a GPU's norm backward reads its input and the output's gradient twice, and its
+softmax reads a row too long for one warp or a block's shared memory three times."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -46,6 +48,33 @@ def test_a_gpus_layer_norm_backward_reads_its_input_and_gradient_again_for_the_w
                 for kernels in ("gpu", "cpu"))
     assert gpu.bwd_op_bytes - cpu.bwd_op_bytes == 2 * (2 * 8 * 64 * 4)  # CUDA's second kernel
     assert gpu.fwd_op_bytes == cpu.fwd_op_bytes
+
+
+class Softmaxes(nn.Module):
+    """Softmaxes over rows, after a trained scale."""
+
+    def __init__(self, log: bool) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(()))
+        self.softmax = nn.LogSoftmax(-1) if log else nn.Softmax(-1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.softmax(x * self.scale)
+
+
+@pytest.mark.parametrize("log", [True, False])
+@pytest.mark.parametrize(("row", "rereads"), [(1024, False), (4096, False), (4099, True), (16384, True)])
+def test_a_gpus_softmax_reads_rows_that_fit_no_block_three_times(log: bool, row: int, rereads: bool):
+    """fp32 rows of 1,024 fit a warp, 4,096 a block's 48 KiB of shared memory; 4,099 do not split
+    into 16-byte vectors, 16,384 do not fit: their forward reads the input twice more. Backward
+    reads the gradient again beyond a warp, and softmax's multiplies it by the output first."""
+    x = torch.empty(4, row, device="meta")
+    gpu, cpu = (profile_model(Softmaxes(log), (x,), precision="fp32", kernels=kernels).segments
+                for kernels in ("gpu", "cpu"))
+    activation = 4 * row * 4
+    assert sum(s.fwd_op_bytes for s in gpu) - sum(s.fwd_op_bytes for s in cpu) == (2 * activation if rereads else 0)
+    twice = 0 if row <= 1024 else activation
+    assert sum(s.bwd_op_bytes for s in gpu) - sum(s.bwd_op_bytes for s in cpu) == twice + (0 if log else 3 * activation)
 
 
 def test_a_mixed_profile_carries_the_step_fsdp_runs():

@@ -33,8 +33,8 @@ Blocks identical to one already measured are not run again
 Kernels differ between CPU and CUDA. A profile for GPUs (``kernels="gpu"``) counts what the
 CUDA kernels do: dropout masks at one byte per element (CPU dropout keeps its mask in the input
 dtype, CUDA's ``native_dropout`` a bool mask), LayerNorm's backward reading its input and the
-output's gradient a second time for the weight's gradient (:data:`_SECOND_PASS_OPS`), the
-functions CUDA fuses as one kernel
+output's gradient a second time for the weight's gradient and a softmax its long rows three
+times (:mod:`~stratagem.advisor.profile.reread`), the functions CUDA fuses as one kernel
 (:mod:`~stratagem.advisor.profile.fused`), the attention kernel CUDA picks
 (:mod:`~stratagem.advisor.profile.attention`) and what CUDA's autocast runs in float32
 (:mod:`~stratagem.advisor.profile.autocast`); a profile for CPU ranks (``kernels="cpu"``) counts
@@ -62,6 +62,7 @@ from stratagem.advisor.profile.counts import RunRecord
 from stratagem.advisor.profile.flop_formulas import FLOP_FORMULAS
 from stratagem.advisor.profile.fusion import FusionTracker, Read, region_of, sums_across_rows
 from stratagem.advisor.profile.recompute import CheckpointPolicies
+from stratagem.advisor.profile.reread import REREAD_BYTES
 
 aten = torch.ops.aten
 
@@ -74,10 +75,6 @@ _MASK_OPS = {aten.bernoulli_, aten.bernoulli}
 # weight has a gradient: once for the input's gradient, once in a second kernel for the weight's
 # and the bias's (LayerNormBackwardKernelImplInternal, aten/src/ATen/native/cuda/layer_norm_kernel.cu):
 # the bytes of that second read, from the operator's arguments.
-_SECOND_PASS_OPS = {
-    aten.native_layer_norm_backward: lambda args: (
-        tensor_bytes([args[0], args[1]]) if any(args[7][1:]) else 0),  # grad_out, input; output_mask
-}
 # Ops not counted as operators: fake tensors dispatch ``prim.device`` where eager mode answers
 # without dispatching, and saved-tensor hooks add a ``detach`` per saved tensor unpacked (eager
 # mode's own detaches are views that launch nothing either).
@@ -314,8 +311,8 @@ class CostCounter(FlopCounterMode):
             written = _written(func_packet, out, args)
             if formula is None:
                 batch, sized = self._bytes_moved(func_packet, args, out, written)
-                if self._gpu_kernels and func_packet in _SECOND_PASS_OPS:
-                    batch += _SECOND_PASS_OPS[func_packet](args)
+                if self._gpu_kernels and func_packet in REREAD_BYTES:
+                    batch += REREAD_BYTES[func_packet](args)
             if is_bw:  # the largest gradient written, no weight's
                 counts.bwd_largest_output_bytes = max(counts.bwd_largest_output_bytes,
                                                       _largest(written, but=self._parameter_shapes))
