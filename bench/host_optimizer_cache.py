@@ -9,7 +9,8 @@ large server cache holds (docs/cost-model.md, "Optimizer step and offload").
 
 torch.optim's AdamW on plain CPU tensors, one tensor at a time (its default there), the median of
 three steps after two. Prints each size's nanoseconds per parameter and the rate at the cost
-model's 20 tensor passes of 4 bytes a parameter (``OPTIMIZER_TENSOR_PASSES``).
+model's 20 tensor passes of 4 bytes a parameter (``OPTIMIZER_TENSOR_PASSES``); the solves step
+DTensors on a one-rank mesh of the node's devices, as ``calibrate`` steps FSDP's offloaded shards.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 import psutil
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 
 from stratagem.advisor.calibrate.optimizers import HOST_OPTIMIZER_BYTES, host_optimizer_shape, optimizer_seconds
 from stratagem.advisor.hardware.host import last_level_cache_bytes
@@ -58,9 +60,13 @@ def main() -> None:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29518")
     init_process_group("gloo", rank=0, world_size=1)  # calibrate's timings agree across ranks
+    # over DTensors on the node's mesh, as calibrate times FSDP's offloaded shards (their device's
+    # mesh: a GPU's, where DTensor.from_local had moved them onto the GPU)
+    mesh = init_device_mesh("cuda" if torch.cuda.is_available() else "cpu", (1,))
     for label, shape in (("before (8 tensors, 256 MiB)", (8, HOST_OPTIMIZER_BYTES // 16)),
                          (f"now ({tensors} tensors, {format_bytes(16 * params)})", (tensors, params))):
-        per_param, per_tensor = optimizer_seconds(shape[1], torch.device("cpu"), repeats=3, tensors=shape[0])["adamw"]
+        per_param, per_tensor = optimizer_seconds(shape[1], torch.device("cpu"), repeats=3, tensors=shape[0],
+                                                  mesh=mesh)["adamw"]
         print(f"calibrate's solve, {label}: {per_param * 1e9:.2f} ns a parameter, {per_tensor * 1e6:.1f} µs a tensor")
     dist.destroy_process_group()
 
