@@ -8,7 +8,8 @@
 # no SDPA path for ALiBi), ResNet-101 at 128 images (eager), a Qwen2 of Qwen2.5-1.5B's shape through
 # Trainer(strategy="auto-parallel") (the table of 2026-11-28, on an H200, is in docs/benchmarks.md; OPT's
 # profile then failed on that machine's transformers 4.x, and has been fixed since), and Gemma-2-2B's
-# shape eager (added since: soft-capped attention, written out).
+# shape with its soft-capped attention written out (eager: bench/configs/gemma-2-2b-eager names it, where
+# transformers 4.x would have run SDPA and dropped the soft-capping, as it did in the second table that day).
 # On one GPU each verify's top 2 are the compiled plan and the offloaded one. Then the mechanisms, most telling
 # first: operators without FLOPs by kind against a copy (bench/reduction_rate.py), BLOOM-560M's offloaded step
 # by phase (bench/offload_phases.py), the host's optimizer by tensor size against its last-level cache
@@ -51,8 +52,8 @@ table() {
     # eager: compiled block by block, a ResNet's bottlenecks recompile with dynamic shapes for over a
     # minute (the advice notes it), which twice outran this step's limit
     run 70 "$py" -m stratagem verify --model resnet-101 --global-batch-size 128 --top 1 --no-compile
-    # eager: Gemma 2's logit soft-capping takes no SDPA, its scores are written out (added 2026-11-28)
-    run 70 "$py" -m stratagem verify --model hf:bench/configs/gemma-2-2b --global-batch-size 8 --seq-len 1024 --top 1 \
+    # Gemma 2's logit soft-capping takes no SDPA: its config names eager attention, the scores written out
+    run 70 "$py" -m stratagem verify --model hf:bench/configs/gemma-2-2b-eager --global-batch-size 8 --seq-len 1024 --top 1 \
         --no-compile
     run 120 "$py" bench/trainer_hf.py --accelerator gpu --config bench/configs/qwen2.5-1.5b/config.json --batch 4 \
         --seq-len 1024  # compiles each of its 28 layers (94 s on 2026-11-28)

@@ -123,9 +123,10 @@ TinyLlama-shaped run of the H100c set and the Qwen2.5-1.5B-shaped one of the H20
 ``training_step`` profiled, the model called with its key/value cache, as the Lightning strategy
 profiles it); the H100b set's is left out (dynamo left 14 of its 22 compiled layers eager). The
 H100c set's ResNet-101 did not finish compiling within its limit. A Hugging Face model's profile
-follows the transformers installed where this runs: the H200c set's Gemma-2-2B ran on 4.x, which
-a transformers 4.57.1 put first on ``PYTHONPATH`` reproduces (459 ms, 98.1 GiB predicted), where
-5.24's eager Gemma 2 is predicted at 508 ms and 111.9 GiB (not measured)."""
+follows the transformers installed where this runs: the H200c set's Gemma-2-2B ran on 4.x, whose
+Gemma 2 takes SDPA (its soft-capping dropped), as a transformers 4.57.1 put first on ``PYTHONPATH``
+reproduces; 5.x runs it eager, the scores written out (predicted at 521 ms and 111.9 GiB, not
+measured: ``bench/configs/gemma-2-2b-eager`` asks for that on either)."""
 
 ATTENTION_CORES = (("H100b", "gpt2-large", 8, 1024, 9.4e-3), ("H100b", "vit-l-16", 64, None, 5.3e-3),
                    ("H200", "vit-b-16", 128, None, 4.7e-3), ("H100c", "gpt2-large", 8, 1024, 9.4e-3),

@@ -162,6 +162,17 @@ def test_a_model_type_without_sdpa_is_built_with_eager_attention_and_says_so(tmp
     assert profile.blocks[0].attention_fwd_flops == 2 * (2 * 2 * 32 * 32 * 64)
 
 
+def test_a_config_that_names_its_attention_is_built_on_it(tmp_path):
+    """A config.json's ``attn_implementation`` stands (transformers 4.x's ``from_dict`` drops it
+    unless handed it): a Llama that asks for eager attention writes its scores out."""
+    pytest.importorskip("transformers")
+    tiny = dict(LLAMA_2_7B_CONFIG, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                num_key_value_heads=2, num_hidden_layers=2, vocab_size=100)
+    for attention in ("eager", "sdpa"):
+        (tmp_path / "config.json").write_text(json.dumps({**tiny, "attn_implementation": attention}))
+        assert load_model(f"hf:{tmp_path}", batch_size=2, seq_len=32).module.config._attn_implementation == attention
+
+
 def test_a_model_without_attention_gets_no_note_about_it_and_one_about_its_reference_kernels(tmp_path):
     """Mamba has no SDPA path because it has no attention: no note says its attention runs eager.
     Its selective scan and convolution run transformers' reference PyTorch path in the profile

@@ -421,7 +421,7 @@ def build_hf_config(data: Mapping[str, Any], where: str) -> PretrainedConfig:
     if model_type == "mistral" and "layer_types" in data:
         model_type = "ministral"  # as AutoConfig reads such a config
     try:
-        config = CONFIG_MAPPING[model_type].from_dict(dict(data))
+        config = CONFIG_MAPPING[model_type].from_dict(dict(data), attn_implementation=data.get("attn_implementation"))
         text = config.get_text_config(decoder=True)  # what a causal LM builds
     except Exception as err:
         raise UsageError(f"transformers cannot read {where}: {_describe(err)}\n"
@@ -441,15 +441,15 @@ def is_encoder(data: Mapping[str, Any]) -> bool:
 
 
 def build_causal_lm(config: Any, **kwargs: Any) -> tuple[nn.Module, str | None]:
-    """``AutoModelForCausalLM.from_config(config, **kwargs)`` with its attention on SDPA, as CUDA
-    runs it fused, where the model type implements it; else on transformers' eager attention
-    (explicit softmax: BLOOM's ALiBi), with a note that says so (None otherwise)."""
+    """``AutoModelForCausalLM.from_config(config, **kwargs)`` on the attention its config names,
+    else on SDPA, as CUDA runs it fused, where the model type implements it; else eager (BLOOM's
+    ALiBi, Gemma 2's soft-capping from transformers 5), with a note that says so (else None)."""
     from transformers import AutoModelForCausalLM
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
-    if model_class is None or getattr(model_class, "_supports_sdpa", True):
-        return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", **kwargs), None
+    model_class, chosen = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None), config._attn_implementation_internal
+    if chosen or model_class is None or getattr(model_class, "_supports_sdpa", True):
+        return AutoModelForCausalLM.from_config(config, attn_implementation=chosen or "sdpa", **kwargs), None
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", **kwargs)
     if not any("attention" in type(module).__name__.lower() for module in model.modules()):
         return model, None  # no attention to run (Mamba's state-space layers)
