@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import psutil
 import torch
@@ -32,11 +33,13 @@ TOTAL_PARAMS = 2**24
 """Parameters of each size's step (several tensors where they are small)."""
 
 
-def per_param_seconds(numel: int) -> float:
-    """Seconds per parameter of an AdamW step over ``TOTAL_PARAMS`` parameters in tensors of ``numel``."""
-    params = [torch.nn.Parameter(torch.zeros(numel)) for _ in range(max(1, TOTAL_PARAMS // numel))]
+def per_param_seconds(numel: int, *, pinned: bool = False) -> float:
+    """Seconds per parameter of an AdamW step over ``TOTAL_PARAMS`` parameters in tensors of
+    ``numel``; with ``pinned``, the parameters and gradients in page-locked memory, as FSDP2's
+    ``CPUOffloadPolicy`` keeps them (its default ``pin_memory=True``), the states not."""
+    params = [torch.nn.Parameter(torch.zeros(numel, pin_memory=pinned)) for _ in range(max(1, TOTAL_PARAMS // numel))]
     for param in params:
-        param.grad = torch.ones_like(param)
+        param.grad = torch.ones(numel, pin_memory=pinned)
     optimizer = torch.optim.AdamW(params, lr=1e-4, foreach=False)
     for _ in range(2):
         optimizer.step()
@@ -56,6 +59,11 @@ def main() -> None:
         share = f", {16 * numel / cache:.2g}× the cache" if cache else ""
         print(f"  tensors of {numel:>10,} parameters ({format_bytes(16 * numel)} with states{share}): "
               f"{seconds * 1e9:5.2f} ns a parameter, {80 / seconds / 1e9:5.1f} GB/s at 20 passes")
+    if torch.cuda.is_available():  # page-locked memory is CUDA's to allocate
+        nodes = len(list(Path("/sys/devices/system/node").glob("node[0-9]*"))) or "unknown"
+        pinned = (f"{format_bytes(16 * numel)} with states {per_param_seconds(numel, pinned=True) * 1e9:.2f} ns"
+                  for numel in (2**22, 2**24, 2**26))
+        print(f"  pinned parameters and gradients, as FSDP2 offloads them ({nodes} NUMA nodes): " + ", ".join(pinned))
     tensors, params = host_optimizer_shape(cache, psutil.virtual_memory().available, ranks=1)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29518")
