@@ -10,7 +10,8 @@ large server cache holds (docs/cost-model.md, "Optimizer step and offload").
 torch.optim's AdamW on plain CPU tensors, one tensor at a time (its default there), the median of
 three steps after two. Prints each size's nanoseconds per parameter and the rate at the cost
 model's 20 tensor passes of 4 bytes a parameter (``OPTIMIZER_TENSOR_PASSES``); the solves step
-DTensors on a one-rank mesh of the node's devices, as ``calibrate`` steps FSDP's offloaded shards.
+DTensors on a one-rank mesh of the node's devices, pinned on a GPU node, as ``calibrate`` steps
+FSDP's offloaded shards.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def main() -> None:
     for label, shape in (("before (8 tensors, 256 MiB)", (8, HOST_OPTIMIZER_BYTES // 16)),
                          (f"now ({tensors} tensors, {format_bytes(16 * params)})", (tensors, params))):
         per_param, per_tensor = optimizer_seconds(shape[1], torch.device("cpu"), repeats=3, tensors=shape[0],
-                                                  mesh=mesh)["adamw"]
+                                                  mesh=mesh, pin_memory=torch.cuda.is_available())["adamw"]
         print(f"calibrate's solve, {label}: {per_param * 1e9:.2f} ns a parameter, {per_tensor * 1e6:.1f} µs a tensor")
     dist.destroy_process_group()
 

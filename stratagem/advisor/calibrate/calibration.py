@@ -32,7 +32,7 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "p2p")
 FORMAT_VERSION = 10  # 6: op_byte_seconds per byte moved, not written; unaligned_matmul. 7: tp_linear_seconds.
 # 8: dtensor_optimizer_seconds (per step, per tensor) in place of dtensor_op_seconds (per operator);
 # host_optimizer_seconds over DTensors. 9: host_optimizer_seconds over tensors larger than the host's cache.
-# 10: host_optimizer_seconds over DTensors whose shards stay on the host.
+# 10: host_optimizer_seconds over DTensors whose shards stay on the host, pinned as FSDP2 keeps them.
 STALE_HOST_OPTIMIZER_NOTES = {
     8: "timed by a calibration of format 8, over tensors small enough for a server's CPU cache to hold",
     9: "timed by a calibration of format 9, whose DTensors on a GPU mesh moved their shards onto the GPU",

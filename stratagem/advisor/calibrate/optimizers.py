@@ -29,18 +29,19 @@ OPTIMIZER_SMALL_TENSORS = (512, 64)
 
 
 def optimizer_seconds(num_params: int, device: torch.device, *, repeats: int, mesh: DeviceMesh | None = None,
-                      tensors: int = 8) -> dict[str, tuple[float, float]]:
+                      tensors: int = 8, pin_memory: bool = False) -> dict[str, tuple[float, float]]:
     """Per optimizer of :data:`~stratagem.plan.OPTIMIZERS`, as torch.optim runs it by
     default on ``device`` (one tensor at a time on CPU, ``foreach`` on GPUs): seconds of its step
     per fp32 parameter (streaming the parameters, gradients and states) and per parameter tensor
     (launching its operators), solved from two steps timed :func:`interleaved`: over
     ``num_params`` parameters in ``tensors`` tensors, and over :data:`OPTIMIZER_SMALL_TENSORS`.
     With a ``mesh`` the parameters are DTensors on it whose shards live on ``device``, as FSDP's
-    offloaded parameters live on the host."""
+    offloaded parameters live on the host; with ``pin_memory``, the parameters and gradients in
+    page-locked memory, as FSDP2 offloads them on GPU nodes (the states not: ``zeros_like``)."""
     from stratagem.plan import OPTIMIZERS
 
     shapes = ((tensors, num_params // tensors), OPTIMIZER_SMALL_TENSORS)
-    steps = [optimizer_class(name)(_parameters(tensors, numel, device, mesh), lr=1e-4).step
+    steps = [optimizer_class(name)(_parameters(tensors, numel, device, mesh, pin_memory=pin_memory), lr=1e-4).step
              for name in OPTIMIZERS for tensors, numel in shapes]
     seconds = interleaved(steps, device, repeats=repeats)
     (n_large, p_large), (n_small, p_small) = ((tensors, tensors * numel) for tensors, numel in shapes)
@@ -95,13 +96,17 @@ def small_step_seconds(device: torch.device, *, repeats: int, mesh: DeviceMesh |
     return max(0.0, few_seconds - few * per_tensor), per_tensor
 
 
-def _parameters(tensors: int, numel: int, device: torch.device,
-                mesh: DeviceMesh | None) -> list[torch.nn.Parameter]:
+def _parameters(tensors: int, numel: int, device: torch.device, mesh: DeviceMesh | None, *,
+                pin_memory: bool = False) -> list[torch.nn.Parameter]:
     """``tensors`` parameters of ``numel`` elements each on ``device`` (a rank's shards of DTensors
-    on ``mesh`` where given), with gradients."""
-    params = [torch.nn.Parameter(_sharded(torch.zeros(numel, device=device), mesh)) for _ in range(tensors)]
+    on ``mesh`` where given), with gradients; both page-locked where ``pin_memory``."""
+
+    def filled(value: float) -> torch.Tensor:
+        return _sharded(torch.full((numel,), value, device=device, pin_memory=pin_memory), mesh)
+
+    params = [torch.nn.Parameter(filled(0.0)) for _ in range(tensors)]
     for param in params:
-        param.grad = torch.ones_like(param)
+        param.grad = filled(1.0)
     return params
 
 
