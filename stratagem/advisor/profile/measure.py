@@ -71,10 +71,6 @@ HEAD = "head"
 
 # Ops whose output becomes a dropout mask (CPU dropout: empty_like, bernoulli_, div_, mul).
 _MASK_OPS = {aten.bernoulli_, aten.bernoulli}
-# Backward operators whose CUDA kernels read the output's gradient and the input twice where the
-# weight has a gradient: once for the input's gradient, once in a second kernel for the weight's
-# and the bias's (LayerNormBackwardKernelImplInternal, aten/src/ATen/native/cuda/layer_norm_kernel.cu):
-# the bytes of that second read, from the operator's arguments.
 # Ops not counted as operators: fake tensors dispatch ``prim.device`` where eager mode answers
 # without dispatching, and saved-tensor hooks add a ``detach`` per saved tensor unpacked (eager
 # mode's own detaches are views that launch nothing either).
