@@ -16,14 +16,15 @@
 # (bench/host_optimizer_cache.py), the compiled transformer steps' kernels by family (BLOOM-560M, GPT-2 large,
 # the Pythia-shaped hf: config, ViT-L/16), the gaps between them split into the host's and the
 # device's by phase (bench/gpu_kernels.py), the attention core's rate by sequence, head width and
-# causality (bench/attention_rate.py), BatchNorm's kernels by shape, dtype and layout
-# (bench/batch_norm_rate.py), and ResNet-101 compiled block by block, the largest miss recorded, by
-# kernel family and gap (bench/gpu_kernels.py); in a part of their own, Nsight Compute's bytes of
-# GPT-2 large's Triton kernels. Each step has a time limit and the next one runs whatever it ended
-# with: the table's steps limits about 10 minutes in all (the cases of 2026-11-28 took 5.3), the mechanisms' 9, Nsight
+# causality (bench/attention_rate.py) and BatchNorm's kernels by shape, dtype and layout
+# (bench/batch_norm_rate.py). In parts of their own: ResNet-101 compiled block by block, the largest
+# miss recorded, by kernel family and gap (bench/gpu_kernels.py; its compile outran 100 s in the
+# mechanisms twice), and Nsight Compute's bytes of GPT-2 large's Triton kernels. Each step has a time
+# limit and the next one runs whatever it ended with: the table's steps limits about 10 minutes in all
+# (the cases of 2026-11-28 took 5.3 and 7.1), the mechanisms' 7 (5.2 on 2026-11-28), ResNet's 4, Nsight
 # Compute's 3, so that each part fits one call of a lent machine. Run from the repository root:
-#   bash bench/gpu_check.sh [OUT_DIR] [table|mechanisms|nsight|all]   (default out/gpu-check, all;
-#                                                               PYTHON picks the interpreter)
+#   bash bench/gpu_check.sh [OUT_DIR] [table|mechanisms|resnet|nsight|all]   (default out/gpu-check, all;
+#                                                                      PYTHON picks the interpreter)
 # The log goes to OUT_DIR/log-PART, the calibration file beside it; advise and verify read the
 # calibration from the cache ($STRATAGEM_CACHE_DIR, default OUT_DIR/cache).
 set -u
@@ -74,9 +75,12 @@ mechanisms() {
     run 110 "$py" bench/gpu_kernels.py gpt2-large:8:1024:compiled hf:bench/configs/pythia-410m:8:1024:compiled vit-l-16:64::compiled
     run 40 "$py" bench/attention_rate.py
     run 50 "$py" bench/batch_norm_rate.py
-    # the largest miss recorded (75 ms measured, 45 predicted): where compiled bottlenecks spend it,
-    # device or gaps (its blocks recompile with symbolic shapes: about 30 s before the first step)
-    run 100 "$py" bench/gpu_kernels.py resnet-101:128::compiled
+}
+
+resnet() {
+    # the largest miss recorded (75 ms measured, 52 predicted): where compiled bottlenecks spend it,
+    # device or gaps (its blocks recompile with symbolic shapes, which outran 100 s twice)
+    run 240 "$py" bench/gpu_kernels.py resnet-101:128::compiled
 }
 
 nsight() {
@@ -91,13 +95,14 @@ nsight() {
 {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     "$py" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, torch.cuda.get_device_name())'
-    # a Hugging Face model's profile follows the installed transformers (Gemma 2's eager step: 98 GiB on
-    # 4.57, 112 predicted on 5.24), so the table names it
+    # a Hugging Face model's profile follows the installed transformers (Gemma 2 takes SDPA on 4.x,
+    # eager attention on 5.x), so the table names it
     "$py" -c 'import transformers; print("transformers", transformers.__version__)' 2>&1 | tail -1
     case $part in
         table) table ;;
         mechanisms) mechanisms ;;
+        resnet) resnet ;;
         nsight) nsight ;;
-        *) table; mechanisms; nsight ;;
+        *) table; mechanisms; resnet; nsight ;;
     esac
 } 2>&1 | tee "$out/log-$part"
