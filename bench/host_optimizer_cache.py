@@ -8,7 +8,7 @@ large server cache holds (docs/cost-model.md, "Optimizer step and offload").
     python bench/host_optimizer_cache.py
 
 torch.optim's AdamW on plain CPU tensors, one tensor at a time (its default there), the median of
-three steps after two. Prints each size's nanoseconds per parameter and the rate at the cost
+three steps after one (which makes the states). Prints each size's nanoseconds per parameter and the rate at the cost
 model's 20 tensor passes of 4 bytes a parameter (``OPTIMIZER_TENSOR_PASSES``); the solves step
 DTensors on a one-rank mesh of the node's devices, pinned on a GPU node, as ``calibrate`` steps
 FSDP's offloaded shards.
@@ -17,7 +17,6 @@ FSDP's offloaded shards.
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import psutil
@@ -29,6 +28,7 @@ from stratagem.advisor.calibrate.optimizers import HOST_OPTIMIZER_BYTES, host_op
 from stratagem.advisor.hardware.host import last_level_cache_bytes
 from stratagem.distributed import init_process_group
 from stratagem.units import format_bytes
+from timing import median_seconds  # bench/timing.py
 
 TOTAL_PARAMS = 2**24
 """Parameters of each size's step (several tensors where they are small)."""
@@ -42,14 +42,7 @@ def per_param_seconds(numel: int, *, pinned: bool = False) -> float:
     for param in params:
         param.grad = torch.ones(numel, pin_memory=pinned)
     optimizer = torch.optim.AdamW(params, lr=1e-4, foreach=False)
-    for _ in range(2):
-        optimizer.step()
-    times = []
-    for _ in range(3):
-        started = time.perf_counter()
-        optimizer.step()
-        times.append(time.perf_counter() - started)
-    return sorted(times)[1] / (numel * len(params))
+    return median_seconds(optimizer.step, repeats=3) / (numel * len(params))
 
 
 def main() -> None:

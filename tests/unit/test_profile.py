@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch

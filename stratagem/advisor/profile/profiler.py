@@ -16,9 +16,9 @@ import os
 import sys
 import time
 import traceback
-from pathlib import Path
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,9 +36,9 @@ from stratagem.advisor.profile.attention import math_attention_note
 from stratagem.advisor.profile.convolutions import memory_format
 from stratagem.advisor.profile.counts import RunRecord, SegmentCounts
 from stratagem.advisor.profile.kernel_fallbacks import KernelFallbacks
-from stratagem.advisor.profile.value_reads import ValueReads
 from stratagem.advisor.profile.measure import EMBED, HEAD, quiet_fake_tensor_log
 from stratagem.advisor.profile.step import Step, run_fake_step
+from stratagem.advisor.profile.value_reads import ValueReads
 from stratagem.plan.precision import Precision, get_precision, in_compute_dtype, torch_dtype
 from stratagem.advisor.profile.model_profile import KERNELS, AttentionCall, ModelProfile, SegmentProfile, policy_field
 from stratagem.advisor.profile.structure import (
@@ -214,9 +214,9 @@ _DATA_DEPENDENT = {
 
 
 def _where(err: BaseException) -> str:
-    """", at FILE:LINE in FUNCTION" (what :func:`_model_errors` says of a failure): the innermost frame of ``err``'s traceback outside torch, this
-    package and contextlib (the model's code, or a library's it calls), a package's file from the
-    package's folder on; "" if every frame is theirs."""
+    """", at FILE:LINE in FUNCTION" (what :func:`_model_errors` says of a failure): the innermost
+    frame of ``err``'s traceback outside torch, this package and contextlib (the model's code, or a
+    library's it calls), a package's file from the package's folder on; "" if every frame is theirs."""
     ours = tuple(os.path.join(folder, "") for folder in (Path(torch.__file__).parent, Path(__file__).parents[2]))
     frames = [frame for frame in traceback.extract_tb(err.__traceback__)
               if not frame.filename.startswith(ours) and frame.filename != contextlib.__file__]

@@ -12,7 +12,8 @@ a third only warns:
   profile); 5.x skips the check on fake tensors and keeps the mask, which a real step of the same
   batch drops. The profile's batches pad nothing: :class:`ValueReads` hands the checks no mask
   where a fake one was given.
-* **LayerDrop's draw.** 59 model files of transformers 5.24 (BART, Whisper; OPT in 4.x) draw
+* **LayerDrop's draw.** 47 ``modeling_*.py`` files of transformers 5.24 (BART, Whisper; OPT in 4.x;
+  ``grep -rlF 'torch.rand([])' --include='modeling_*.py'`` in its ``models`` folder) draw
   ``torch.rand([])`` before each layer and skip it when the draw falls below ``config.layerdrop``,
   0 by default. A draw of one element is made a constant at the top of its range (the largest
   value below 1 in its dtype): a real draw, below no probability under 1, so every layer runs:
