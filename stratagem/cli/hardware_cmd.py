@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from stratagem.advisor.hardware import Cluster, LinkSpec
+    from stratagem.advisor.hardware import Cluster, HostSpec, LinkSpec
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -68,7 +68,7 @@ def cluster_table(cluster: Cluster) -> Table:
     host = cluster.node.host
     if host is not None:
         rows["host / node"] = (f"{host.num_cores} cores, {host.memory_bytes / 2**30:,.1f} GiB RAM"
-                               + (f" ({host.cpu_name})" if host.cpu_name else ""))
+                               + (f" ({host.cpu_name})" if host.cpu_name else "") + _cores(host))
     for name, value in rows.items():
         table.add_row(name, value)
     for note in cluster.notes:
@@ -92,6 +92,15 @@ def _large_gemms(cluster: Cluster) -> dict[str, str]:
     return {"large GEMMs, 16-bit": _tflops(rate, estimated)
             + f" ({rate / device.peak_flops(matmul_dtype(cluster, precision)):.0%} of the peak: what a step's "
               "largest GEMMs sustain)"}
+
+
+def _cores(host: HostSpec) -> str:
+    """The cores' vector class, half-precision units and nominal clock, where read."""
+    if not host.core_isa:
+        return ""
+    units = "".join(f" + {unit}" for unit in host.isa_extensions)
+    clock = f" at {host.clock_hz / 1e9:.2f} GHz" if host.clock_hz else ""
+    return f"; cores {host.core_isa}{units}{clock}, {host.num_sockets} socket(s)"
 
 
 def _tflops(value: float | None, estimated: bool) -> str:

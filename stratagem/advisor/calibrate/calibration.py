@@ -281,7 +281,7 @@ UNCALIBRATED_NOTE = ("uncalibrated: rates from the catalog's figures and the cos
                      "shape, attention, memory-bound work, host time); `stratagem calibrate` on this cluster "
                      "measures them")
 """The note a cluster with no stored calibration carries (docs/cost-model.md, "Calibration"): CPU
-ranks too, whose catalog figures are a rough core's (``catalog.CPU_FLOPS_PER_CORE``)."""
+ranks too, whose catalog figures are their cores' vector peaks and a core's stream (docs/hardware.md)."""
 
 
 def calibrated(cluster: Cluster) -> Cluster:

@@ -337,10 +337,40 @@ NETWORKS: dict[str, NetworkEntry] = {
 }
 IB_RATES = {100: "ib-edr", 200: "ib-hdr", 400: "ib-ndr", 800: "ib-xdr"}  # Gb/s -> name
 
-# The host as a device (gloo): per-core figures, all rough estimates for AVX2-class cores.
-CPU_SRC = "x86 core with 2 AVX2 FMA units at ~3 GHz: 96 GFLOP/s peak, about half reached"
-CPU_FLOPS_PER_CORE = est(50e9, CPU_SRC)  # fp32; bf16/fp16 assumed no faster without AMX
-CPU_MEMORY_BW_PER_CORE = est(5 * GB, "DDR4/DDR5 socket bandwidth spread over its cores, rough")
+# The host as a device (gloo). A core's dense fp32 peak is its FMA units × their fp32 lanes × 2
+# FLOPs a cycle, at its clock; the class is read from /proc/cpuinfo (hardware/cpu_cores.py).
+INTEL_OPT = "Intel 64 and IA-32 Architectures Optimization Reference Manual"
+AMD_OPT = "AMD Software Optimization Guide for {}"
+CPU_CORES: dict[str, Fig] = {  # fp32 FLOPs a cycle a core
+    "avx512": Fig(64, f"two 512-bit FMA units: Xeon Scalable Gold/Platinum ({INTEL_OPT}; Silver and "
+                      "Bronze parts have one), AMD Zen 5's full-width pipes"),
+    "avx512-256": Fig(32, AMD_OPT.format("the Zen4 Microarchitecture: 512-bit operations run as two "
+                                         "halves on two 256-bit FMA pipes")),
+    "avx2": Fig(32, f"two 256-bit FMA units: Intel since Haswell ({INTEL_OPT}), AMD since Zen 2 "
+                    f"({AMD_OPT.format('Family 17h Models 30h and Greater')})"),
+    "avx2-128": Fig(16, AMD_OPT.format("Family 17h Processors (Zen, Zen+): two 128-bit FMA pipes")),
+    "avx": Fig(16, f"a 256-bit add and a 256-bit multiply unit, no FMA: Sandy and Ivy Bridge ({INTEL_OPT})"),
+    "sse": est(8, "a 128-bit add and a 128-bit multiply unit"),
+    "neon": est(16, "two 128-bit FMA pipes (Arm Neoverse N1 and N2 Software Optimization Guides); "
+                    "Neoverse V1 and V2 have four"),
+}
+# Half-precision units: cpuinfo flag -> (dtype, its rate over the fp32 FMA's). A core without one
+# runs bf16 at the fp32 rate (oneDNN widens bf16 to fp32 for the FMA) and fp16 as below.
+CPU_HALF_UNITS: dict[str, tuple[str, Fig]] = {
+    "avx512_bf16": ("bf16", Fig(2, "VDPBF16PS: two bf16 products into each fp32 lane (Intel's ISA reference)")),
+    "avx512_fp16": ("fp16", Fig(2, "AVX512-FP16: 32 fp16 lanes a 512-bit FMA (Intel's ISA reference)")),
+    "amx_bf16": ("bf16", est(2, "AMX tiles' rate in torch's GEMMs not measured: counted as AVX512-BF16")),
+    "amx_fp16": ("fp16", est(2, "AMX tiles' rate in torch's GEMMs not measured: counted as AVX512-FP16")),
+}
+CPU_FP16_UNVECTORIZED = est(1, "FLOPs a cycle of torch's fp16 matmuls and convolutions on a core without "
+                               "AVX512-FP16 or AMX-FP16: no vectorized kernel, about a scalar FMA a cycle; "
+                               "0.65 (matmul) and 0.13 (convolution) on an AMD EPYC Zen 4 (bench/cpu_rates.py)")
+# Where the class or clock cannot be read: a core of two AVX2 FMA units at ~3 GHz, about half reached.
+CPU_FLOPS_PER_CORE = est(50e9, "x86 core with 2 AVX2 FMA units at ~3 GHz: 96 GFLOP/s peak, about half reached")
+# A rank's DRAM bandwidth: its cores' streams, up to its share of its sockets' channels.
+CPU_CORE_STREAM = est(16 * GB, "one core's stream: its L2's ~32 misses in flight × 64 B over ~130 ns "
+                               "(Little's law); STREAM on one Xeon core reaches 10-20 GB/s")
+CPU_SOCKET_BANDWIDTH = est(205 * GB, "8 channels of DDR4-3200 at 25.6 GB/s; DDR5 sockets have more")
 
 
 # Google Cloud TPUs. One chip is one rank; the chips of a slice talk over ICI (a torus), so a slice

@@ -1,4 +1,5 @@
-"""This host's cores, RAM and last-level caches, and the CPU node of gloo ranks that share them."""
+"""This host's cores (their vector units: hardware/cpu_cores.py), RAM and last-level caches, and the
+CPU node of gloo ranks that share them."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import platform
 from pathlib import Path
 
 from stratagem.advisor.hardware import lookup
+from stratagem.advisor.hardware.cpu_cores import probe_cores
 from stratagem.advisor.hardware.spec import HostSpec, NetworkSpec, NodeSpec
 
 
@@ -15,9 +17,23 @@ def probe_host() -> HostSpec:
     import psutil
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    core = probe_cores()
     return HostSpec(num_cores=cores or psutil.cpu_count(logical=True) or 1,
                     num_physical_cores=psutil.cpu_count(logical=False),
-                    memory_bytes=psutil.virtual_memory().total, cpu_name=_cpu_name())
+                    memory_bytes=psutil.virtual_memory().total, cpu_name=_cpu_name(),
+                    core_isa=core.isa, isa_extensions=core.extensions, clock_hz=core.clock_hz,
+                    num_sockets=num_sockets())
+
+
+def num_sockets(cpus: Path = Path("/sys/devices/system/cpu")) -> int:
+    """The host's CPU packages, by sysfs's ``physical_package_id`` (1 where sysfs says nothing)."""
+    packages = set()
+    for package in cpus.glob("cpu[0-9]*/topology/physical_package_id"):
+        try:
+            packages.add(package.read_text().strip())
+        except OSError:
+            continue
+    return len(packages) or 1
 
 
 def _cpu_name() -> str:

@@ -205,14 +205,32 @@ def default_nics(name: str, *, num_devices: int, is_gpu: bool) -> int:
 
 def cpu_device(host: HostSpec, *, num_ranks: int) -> DeviceSpec:
     """One gloo rank's share of ``host`` when ``num_ranks`` ranks share it: its whole cores (the
-    threads it runs), or where ranks outnumber the cores, its turn on one (their rates divided)."""
+    threads it runs), or where ranks outnumber the cores, its turn on one (their rates divided);
+    its DRAM bandwidth its cores' streams, up to its share of the sockets'."""
     cores = max(1, host.num_cores // num_ranks)
     share = min(cores, host.num_cores / num_ranks)
-    flops = share * catalog.CPU_FLOPS_PER_CORE.value
+    core = core_peaks(host)
+    sockets = host.num_sockets * catalog.CPU_SOCKET_BANDWIDTH.value
     return DeviceSpec(
         name="cpu", kind="cpu", vendor=host.cpu_name or "cpu",
         memory_bytes=host.memory_bytes // num_ranks,
-        memory_bandwidth=share * catalog.CPU_MEMORY_BW_PER_CORE.value,
-        peak_fp32=flops, peak_tf32=flops, peak_bf16=flops, peak_fp16=flops, num_cores=cores,
+        memory_bandwidth=min(share * catalog.CPU_CORE_STREAM.value, sockets / num_ranks),
+        peak_fp32=share * core["fp32"], peak_tf32=share * core["fp32"], peak_bf16=share * core["bf16"],
+        peak_fp16=share * core["fp16"], num_cores=cores,
         estimated=("memory_bandwidth", "peak_fp32", "peak_tf32", "peak_bf16", "peak_fp16"),
     )
+
+
+def core_peaks(host: HostSpec) -> dict[str, float]:
+    """One core's dense FLOP/s by dtype (``fp32``, ``bf16``, ``fp16``): its class's fp32 FLOPs a
+    cycle (``catalog.CPU_CORES``) at its nominal clock, the half-precision units it has
+    (``catalog.CPU_HALF_UNITS``) multiplying that; :data:`catalog.CPU_FLOPS_PER_CORE` for every
+    dtype where the class or the clock is unknown (docs/hardware.md, "CPU ranks")."""
+    if host.core_isa not in catalog.CPU_CORES or not host.clock_hz:
+        return dict.fromkeys(("fp32", "bf16", "fp16"), catalog.CPU_FLOPS_PER_CORE.value)
+    fp32 = catalog.CPU_CORES[host.core_isa].value * host.clock_hz
+    units = [catalog.CPU_HALF_UNITS[flag] for flag in host.isa_extensions if flag in catalog.CPU_HALF_UNITS]
+    half = {dtype: max((fp32 * ratio.value for unit, ratio in units if unit == dtype), default=None)
+            for dtype in ("bf16", "fp16")}
+    return {"fp32": fp32, "bf16": half["bf16"] or fp32,
+            "fp16": half["fp16"] or catalog.CPU_FP16_UNVECTORIZED.value * host.clock_hz}

@@ -156,6 +156,10 @@ class HostSpec:
     num_physical_cores: int | None
     memory_bytes: int  # host RAM, bytes
     cpu_name: str = ""
+    core_isa: str = ""  # a key of catalog.CPU_CORES ("" where unknown)
+    isa_extensions: tuple[str, ...] = ()  # its half-precision units: keys of catalog.CPU_HALF_UNITS
+    clock_hz: float | None = None  # the cores' nominal clock
+    num_sockets: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
@@ -164,7 +168,7 @@ class HostSpec:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> HostSpec:
         """Inverse of :meth:`to_dict`."""
-        return cls(**data)
+        return cls(**{**data, "isa_extensions": tuple(data.get("isa_extensions", ()))})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,0 +1,69 @@
+"""This host's cores as the catalog prices an uncalibrated CPU rank, against what they run: the
+core class, half-precision units and nominal clock read from /proc/cpuinfo, each dtype's peak
+(``lookup.core_peaks``) beside the rate of a square matmul and of a 3×3 convolution in that
+dtype, and a rank's DRAM bandwidth beside a large copy's, on one thread and on all of them.
+
+    .venv/bin/python bench/cpu_rates.py
+
+A ratio above 1 is a core running above its nominal clock (boost) or a kernel the FLOP count
+undercounts; far below 1, a dtype without a vectorized kernel here (docs/hardware.md, "CPU ranks").
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from timing import median_seconds
+
+from stratagem.advisor.hardware.host import probe_host
+from stratagem.advisor.hardware.lookup import core_peaks, cpu_device
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+MATMUL_SIDE = {"fp32": 2048, "bf16": 2048, "fp16": 384}  # fp16 smaller: unvectorized it takes seconds
+CONV = {"fp32": (8, 256), "bf16": (8, 256), "fp16": (1, 64)}  # images, channels of a 3×3 convolution at 64×64
+COPY_BYTES = 256 * 2**20
+
+
+def matmul_rate(dtype: torch.dtype, side: int) -> float:
+    a, b = torch.randn(side, side, dtype=dtype), torch.randn(side, side, dtype=dtype)
+    return 2 * side**3 / median_seconds(lambda: a @ b, repeats=3)
+
+
+def conv_rate(dtype: torch.dtype, images: int, channels: int, side: int = 64) -> float:
+    x = torch.randn(images, channels, side, side, dtype=dtype)
+    w = torch.randn(channels, channels, 3, 3, dtype=dtype)
+    flops = 2 * images * channels * channels * 9 * side * side
+    return flops / median_seconds(lambda: F.conv2d(x, w, padding=1), repeats=3)
+
+
+def copy_rate() -> float:
+    source = torch.ones(COPY_BYTES // 4)
+    target = torch.empty_like(source)
+    return 2 * COPY_BYTES / median_seconds(lambda: target.copy_(source), repeats=5)
+
+
+def main() -> None:
+    host = probe_host()
+    threads = torch.get_num_threads()
+    clock = f"{host.clock_hz / 1e9:.2f} GHz" if host.clock_hz else "clock unknown"
+    print(f"{host.cpu_name}: class {host.core_isa or 'unknown'}, half-precision units "
+          f"{', '.join(host.isa_extensions) or 'none'}, {clock}; {host.num_cores} cores, "
+          f"{host.num_sockets} socket(s), torch on {threads} threads")
+    peaks = core_peaks(host)
+    print(f"{'dtype':<6}{'peak/core':>12}{'matmul/core':>13}{'ratio':>7}{'conv/core':>11}{'ratio':>7}  (GFLOP/s)")
+    for name, dtype in DTYPES.items():
+        matmul = matmul_rate(dtype, MATMUL_SIDE[name]) / threads
+        conv = conv_rate(dtype, *CONV[name]) / threads
+        print(f"{name:<6}{peaks[name] / 1e9:>12.1f}{matmul / 1e9:>13.1f}{matmul / peaks[name]:>7.2f}"
+              f"{conv / 1e9:>11.1f}{conv / peaks[name]:>7.2f}")
+    for used in sorted({1, threads}):
+        torch.set_num_threads(used)
+        predicted = cpu_device(host, num_ranks=host.num_cores // used).memory_bandwidth
+        measured = copy_rate()
+        print(f"copy on {used} thread(s): {measured / 1e9:.1f} GB/s against a rank of {used} core(s) priced at "
+              f"{predicted / 1e9:.1f} GB/s ({measured / predicted:.2f})")
+    torch.set_num_threads(threads)
+
+
+if __name__ == "__main__":
+    main()
