@@ -1,12 +1,14 @@
 """This host's cores as the catalog prices an uncalibrated CPU rank, against what they run: the
 core class, half-precision units and nominal clock read from /proc/cpuinfo, each dtype's peak
-(``lookup.core_peaks``) beside the rate of a square matmul and of a 3×3 convolution in that
-dtype, and a rank's DRAM bandwidth beside a large copy's, on one thread and on all of them.
+(``lookup.core_peaks``) beside the rate of a square Linear's three GEMMs and of a 3×3 convolution
+in that dtype, and a rank's DRAM bandwidth beside a large copy's, on one thread and on all of them.
 
     .venv/bin/python bench/cpu_rates.py
 
-A ratio above 1 is a core running above its nominal clock (boost) or a kernel the FLOP count
-undercounts; far below 1, a dtype without a vectorized kernel here (docs/hardware.md, "CPU ranks").
+A ratio above 1 is a core running above its nominal clock (boost); far below 1, a dtype without a
+vectorized kernel here. fp16 on cores without fp16 units runs torch's reference GEMMs on one
+thread, so its Linear rate is one thread's, as the catalog prices a rank (docs/hardware.md,
+"CPU ranks").
 """
 
 from __future__ import annotations
@@ -19,14 +21,18 @@ from stratagem.advisor.hardware.host import probe_host
 from stratagem.advisor.hardware.lookup import core_peaks, cpu_device
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-MATMUL_SIDE = {"fp32": 2048, "bf16": 2048, "fp16": 384}  # fp16 smaller: unvectorized it takes seconds
+MATMUL_SIDE = {"fp32": 2048, "bf16": 2048, "fp16": 512}  # fp16 smaller: unvectorized it takes seconds
 CONV = {"fp32": (8, 256), "bf16": (8, 256), "fp16": (1, 64)}  # images, channels of a 3×3 convolution at 64×64
 COPY_BYTES = 256 * 2**20
 
 
-def matmul_rate(dtype: torch.dtype, side: int) -> float:
-    a, b = torch.randn(side, side, dtype=dtype), torch.randn(side, side, dtype=dtype)
-    return 2 * side**3 / median_seconds(lambda: a @ b, repeats=3)
+def linear_rate(dtype: torch.dtype, side: int) -> float:
+    """FLOP/s of a square Linear's three GEMMs: forward ``x @ Wᵀ``, input gradient ``dY @ W`` and
+    weight gradient ``dYᵀ @ x``, whose layouts take different kernels where none is vectorized."""
+    x, w = torch.randn(side, side, dtype=dtype), torch.randn(side, side, dtype=dtype)
+    seconds = sum(median_seconds(product, repeats=3) for product in (lambda: x @ w.t(), lambda: x @ w,
+                                                                      lambda: x.t() @ w))
+    return 3 * 2 * side**3 / seconds
 
 
 def conv_rate(dtype: torch.dtype, images: int, channels: int, side: int = 64) -> float:
@@ -50,9 +56,10 @@ def main() -> None:
           f"{', '.join(host.isa_extensions) or 'none'}, {clock}; {host.num_cores} cores, "
           f"{host.num_sockets} socket(s), torch on {threads} threads")
     peaks = core_peaks(host)
-    print(f"{'dtype':<6}{'peak/core':>12}{'matmul/core':>13}{'ratio':>7}{'conv/core':>11}{'ratio':>7}  (GFLOP/s)")
+    print(f"{'dtype':<6}{'peak/core':>12}{'Linear/core':>13}{'ratio':>7}{'conv/core':>11}{'ratio':>7}  (GFLOP/s)")
     for name, dtype in DTYPES.items():
-        matmul = matmul_rate(dtype, MATMUL_SIDE[name]) / threads
+        # torch's fp16 GEMMs without vector units run on one thread (the catalog prices a rank so)
+        matmul = linear_rate(dtype, MATMUL_SIDE[name]) / (1 if peaks[name] < peaks["fp32"] else threads)
         conv = conv_rate(dtype, *CONV[name]) / threads
         print(f"{name:<6}{peaks[name] / 1e9:>12.1f}{matmul / 1e9:>13.1f}{matmul / peaks[name]:>7.2f}"
               f"{conv / 1e9:>11.1f}{conv / peaks[name]:>7.2f}")

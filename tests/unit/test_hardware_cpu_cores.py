@@ -118,6 +118,17 @@ def test_a_ranks_bandwidth_is_its_cores_streams_up_to_its_share_of_the_sockets()
     assert cpu_device(_host(core, cores=64, sockets=2), num_ranks=2).memory_bandwidth == pytest.approx(socket)
     device = cpu_device(_host(core, cores=2), num_ranks=4)  # ranks outnumber the cores: a turn on one
     assert device.peak_fp32 == pytest.approx(0.5 * 32 * 3e9)
+    assert device.peak_fp16 == pytest.approx(0.5 * catalog.CPU_FP16_UNVECTORIZED.value * 3e9)
+
+
+def test_fp16_without_vector_units_runs_on_one_thread_of_a_rank():
+    """torch's reference fp16 GEMMs do not split across threads: a rank of 8 cores runs them at
+    one core's rate, while its fp32 and a core with AVX512-FP16 use all eight."""
+    plain = cpu_device(_host(CoreInfo("avx2", (), 3e9), cores=8), num_ranks=1)
+    assert plain.peak_fp32 == pytest.approx(8 * 32 * 3e9)
+    assert plain.peak_fp16 == pytest.approx(catalog.CPU_FP16_UNVECTORIZED.value * 3e9)
+    native = cpu_device(_host(CoreInfo("avx512", ("avx512_fp16",), 3e9), cores=8), num_ranks=1)
+    assert native.peak_fp16 == pytest.approx(8 * 2 * 64 * 3e9)
 
 
 def test_sockets_are_counted_by_package(tmp_path):
@@ -151,3 +162,24 @@ def test_this_hosts_cpu_ranks_take_its_cores_figures():
     assert ("avx512_bf16" in host.isa_extensions) == ("avx512_bf16" in flags)
     one = dataclasses.replace(host, num_cores=1)
     assert cpu_device(one, num_ranks=1).peak_fp32 == pytest.approx(core_peaks(host)["fp32"])
+
+
+@pytest.mark.parametrize(("units", "precision", "noted"), [
+    ((), "fp16-mixed", True), ((), "bf16-mixed", False), (("avx512_fp16",), "fp16-mixed", False),
+])
+def test_advise_says_when_fp16_runs_unvectorized_on_cpu_ranks(units, precision, noted):
+    """fp16 asked of cores without fp16 units is priced at their reference kernels' rate, and the
+    advice says so and names the precision that runs vectorized."""
+    from stratagem.advisor.hardware.host import cpu_node
+    from stratagem.advisor.profile.cache import profile_spec
+    from stratagem.advisor.search.advice import advise
+    from stratagem.plan import Workload
+
+    host = _host(CoreInfo("avx512", units, 3e9), cores=4)
+    cluster = dataclasses.replace(parse_cluster("2xcpu"), node=cpu_node(host, num_ranks=2, network=None))
+    advice = advise(profile_spec("llama-tiny", seq_len=32), cluster,
+                    Workload(global_batch_size=4, seq_len=32, precision=precision), top=1)
+    notes = [note for note in advice.notes if "no fp16 vector units" in note]
+    assert bool(notes) == noted
+    if noted:
+        assert "6.0 GFLOP/s a rank" in notes[0] and "bf16-mixed is the 16-bit precision" in notes[0]

@@ -362,9 +362,10 @@ CPU_HALF_UNITS: dict[str, tuple[str, Fig]] = {
     "amx_bf16": ("bf16", est(2, "AMX tiles' rate in torch's GEMMs not measured: counted as AVX512-BF16")),
     "amx_fp16": ("fp16", est(2, "AMX tiles' rate in torch's GEMMs not measured: counted as AVX512-FP16")),
 }
-CPU_FP16_UNVECTORIZED = est(1, "FLOPs a cycle of torch's fp16 matmuls and convolutions on a core without "
-                               "AVX512-FP16 or AMX-FP16: no vectorized kernel, about a scalar FMA a cycle; "
-                               "0.65 (matmul) and 0.13 (convolution) on an AMD EPYC Zen 4 (bench/cpu_rates.py)")
+CPU_FP16_UNVECTORIZED = est(2, "FLOPs a cycle of a rank's fp16 Linears on cores without AVX512-FP16 or "
+                               "AMX-FP16: torch's reference GEMMs, on one thread; a Linear's forward, input "
+                               "and weight gradients at 7.2, 1.0 and 2.6 on an AMD EPYC Zen 4, 2.0 together; "
+                               "its convolutions 0.13 a core (bench/cpu_rates.py)")
 # Where the class or clock cannot be read: a core of two AVX2 FMA units at ~3 GHz, about half reached.
 CPU_FLOPS_PER_CORE = est(50e9, "x86 core with 2 AVX2 FMA units at ~3 GHz: 96 GFLOP/s peak, about half reached")
 # A rank's DRAM bandwidth: its cores' streams, up to its share of its sockets' channels.

@@ -205,18 +205,20 @@ def default_nics(name: str, *, num_devices: int, is_gpu: bool) -> int:
 
 def cpu_device(host: HostSpec, *, num_ranks: int) -> DeviceSpec:
     """One gloo rank's share of ``host`` when ``num_ranks`` ranks share it: its whole cores (the
-    threads it runs), or where ranks outnumber the cores, its turn on one (their rates divided);
-    its DRAM bandwidth its cores' streams, up to its share of the sockets'."""
+    threads it runs; one for fp16 without vector units), or where ranks outnumber the cores, its
+    turn on one (their rates divided); its DRAM bandwidth its cores' streams, up to its share of
+    the sockets'."""
     cores = max(1, host.num_cores // num_ranks)
     share = min(cores, host.num_cores / num_ranks)
     core = core_peaks(host)
     sockets = host.num_sockets * catalog.CPU_SOCKET_BANDWIDTH.value
+    fp16_share = share if core["fp16"] >= core["fp32"] else min(share, 1.0)  # unvectorized: one thread
     return DeviceSpec(
         name="cpu", kind="cpu", vendor=host.cpu_name or "cpu",
         memory_bytes=host.memory_bytes // num_ranks,
         memory_bandwidth=min(share * catalog.CPU_CORE_STREAM.value, sockets / num_ranks),
         peak_fp32=share * core["fp32"], peak_tf32=share * core["fp32"], peak_bf16=share * core["bf16"],
-        peak_fp16=share * core["fp16"], num_cores=cores,
+        peak_fp16=fp16_share * core["fp16"], num_cores=cores,
         estimated=("memory_bandwidth", "peak_fp32", "peak_tf32", "peak_bf16", "peak_fp16"),
     )
 

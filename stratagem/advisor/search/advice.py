@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 from stratagem.advisor.cost.batch_norm import latency_unknown_note
 from stratagem.advisor.cost.estimate import Estimate, MemoryBreakdown, TimeBreakdown
 from stratagem.advisor.cost.evaluate import evaluate
+from stratagem.advisor.cost.rates import matmul_dtype
 from stratagem.advisor.cost.memory import estimate_memory, framework_bytes, overflow
 from stratagem.advisor.cost.communication import splits_routed_experts
 from stratagem.advisor.cost.timing import estimate_time, tokens_per_second
@@ -25,6 +26,7 @@ from stratagem.advisor.search.targets import check_target, runtime_for, tp_degre
 from stratagem.errors import UsageError
 from stratagem.plan import Plan, Workload
 from stratagem.plan.stages import TRACED_STAGE_LIMITS
+from stratagem.units import format_count
 
 OBJECTIVES = {"throughput": "the fastest step", "memory": "the least memory per device"}
 """What ``advise`` can rank plans by, and how the report says it."""
@@ -144,7 +146,8 @@ def advise(profile: ModelProfile, cluster: Cluster, workload: Workload, *, top: 
     return Advice(
         profile=profile, cluster=cluster, workload=workload, target=target, plans=tuple(ranked[:top]),
         reasons=reasons, suggestions=suggestions, excluded=dict(excluded),
-        notes=(*_model_notes(profile, cluster), *_warm_up_note(profile, ranked[:top]),
+        notes=(*_model_notes(profile, cluster), *_cpu_precision_note(cluster, workload),
+               *_warm_up_note(profile, ranked[:top]),
                *_dynamic_shape_note(profile, ranked[:top]), *_objective_note(objective),
                *profile.notes, *cluster.notes),
         num_evaluated=evaluated,
@@ -172,6 +175,19 @@ def _model_notes(profile: ModelProfile, cluster: Cluster) -> tuple[str, ...]:
         notes += (f"Pipeline plans only with tp=1, no activation checkpointing and no compilation: {profile.name}'s "
                   f"stages are built by tracing, and {TRACED_STAGE_LIMITS}.",)
     return notes
+
+
+def _cpu_precision_note(cluster: Cluster, workload: Workload) -> tuple[str, ...]:
+    """On CPU ranks whose cores have no fp16 vector units, what fp16 costs there and what runs faster."""
+    device = cluster.device
+    if cluster.is_accelerator or matmul_dtype(cluster, workload.precision) != "fp16":
+        return ()
+    if device.peak_fp16 >= device.peak_fp32:
+        return ()
+    fp16, bf16 = format_count(device.peak_fp16, "FLOP/s"), format_count(device.peak_bf16, "FLOP/s")
+    return (f"{workload.precision} on these CPU ranks: their cores have no fp16 vector units (AVX512-FP16, "
+            f"AMX-FP16), so torch runs fp16 matmuls and convolutions unvectorized, priced at {fp16} a rank "
+            f"against {bf16} in bf16; bf16-mixed is the 16-bit precision for them.",)
 
 
 def _warm_up_note(profile: ModelProfile, ranked: list) -> tuple[str, ...]:
