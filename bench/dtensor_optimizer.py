@@ -1,11 +1,12 @@
 """What an optimizer step over DTensor parameters costs the host, by torch.optim's path (the time
-model's ``DTENSOR_OP_SECONDS`` and ``DTENSOR_FOREACH_TENSOR_SECONDS``).
+model's ``DTENSOR_OP_SECONDS``, ``DTENSOR_FOREACH_TENSOR_SECONDS`` and ``DTENSOR_FUSED_TENSOR_SECONDS``).
 
     .venv/bin/python bench/dtensor_optimizer.py [--repeats 15]
 
 One gloo rank on this host times AdamW steps over 8 and 64 parameters of 64 elements, plain
 tensors and DTensors, one tensor at a time (torch.optim's default on CPU, and for an offloaded
-plan's parameters) and ``foreach`` (its default on GPUs, DTensors included), with ``stratagem
+plan's parameters before the plugins stepped them fused), ``foreach`` (its default on GPUs,
+DTensors included) and fused (an offloaded plan's host step now), with ``stratagem
 calibrate``'s own benchmarks (``advisor/calibrate/optimizers.py``), and prints each path's
 seconds per step and per tensor. On the ``foreach`` path an AdamW step makes about ``OPTIMIZER_OPS_PER_TENSOR``
 DTensor calls whatever the number of tensors; one tensor at a time it makes that many per tensor.
@@ -50,16 +51,19 @@ def main() -> None:
               " parameters of 64 elements")
         print(f"{'parameters, path':<30} {'per step':>11} {'per tensor':>11}")
         rows = {}
-        for foreach in (False, True):
-            path = "foreach" if foreach else "one tensor at a time"
-            rows[foreach] = (small_step_seconds(cpu, repeats=args.repeats, foreach=foreach),
-                             small_step_seconds(cpu, repeats=args.repeats, mesh=mesh, foreach=foreach))
-            for kind, (per_step, per_tensor) in zip(("plain", "DTensor"), rows[foreach]):
+        for path, options in (("one tensor at a time", {"foreach": False}), ("foreach", {"foreach": True}),
+                              ("fused", {"fused": True})):
+            rows[path] = (small_step_seconds(cpu, repeats=args.repeats, **options),
+                          small_step_seconds(cpu, repeats=args.repeats, mesh=mesh, **options))
+            for kind, (per_step, per_tensor) in zip(("plain", "DTensor"), rows[path]):
                 print(f"{kind + ', ' + path:<30} {per_step * 1e6:>8.0f} µs {per_tensor * 1e6:>8.1f} µs")
-        (_, (_, single)), (_, (per_step, per_tensor)) = rows[False], rows[True]
+        (_, (_, single)), (_, (per_step, per_tensor)) = rows["one tensor at a time"], rows["foreach"]
         print(f"DTensor, one tensor at a time: {single / ops * 1e6:.1f} µs per call ({ops} calls per tensor)")
         print(f"DTensor, foreach: {per_step / ops * 1e6:.1f} µs per call ({ops} calls per step), "
               f"{per_tensor / ops * 1e6:.2f} µs per tensor in each")
+        per_step, per_tensor = rows["fused"][1]
+        print(f"DTensor, fused (an offloaded plan's host step): {per_step * 1e6:.0f} µs a step (one call), "
+              f"{per_tensor * 1e6:.1f} µs per tensor in it")
     finally:
         dist.destroy_process_group()
     gpt2_on_eight_h100s()

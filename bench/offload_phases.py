@@ -2,8 +2,10 @@
 host link's copy rate (pinned and pageable, one large tensor and the model's own parameter sizes,
 each way), then a plan ``single zero3 offload=params`` (FSDP2's ``CPUOffloadPolicy``, bf16
 autocast, AdamW), as ``stratagem verify`` applies it, timed by phase (forward with the loss,
-backward, the optimizer's step on the host), with the profiler's device time of its copies each
-way against its kernels, and the host's own time in the optimizer's step.
+backward, the optimizer's step on the host, with the kernel's share of it and the page faults it
+took), the same step over DTensors of the model's parameter sizes as ``calibrate`` builds them,
+with the profiler's device time of its copies each way against its kernels, and the host's own
+time in the optimizer's step.
 
     python bench/offload_phases.py [MODEL:MICRO_BATCH[:SEQ_LEN] ...]
 
@@ -15,14 +17,19 @@ GPU's.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import resource
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 
+from stratagem.advisor.calibrate.optimizers import benchmark_parameters
 from stratagem.advisor.profile.cache import profile_spec
 from stratagem.distributed import init_process_group
 from stratagem.plan import Plan
@@ -78,6 +85,7 @@ def offloaded_step(spec: str, device: torch.device, *, steps: int = 3) -> None:
     copy_rates(device, sizes)
     optimizer = build_optimizer(parallel, plan, torch.optim.AdamW, lr=1e-4)
     phases: dict[str, list[float]] = {"forward": [], "backward": [], "optimizer": []}
+    kernel_side: list[tuple[float, float, float]] = []  # the optimizer's (wall, system, faults)
 
     def step(record: bool) -> None:
         marks = [time.perf_counter()]
@@ -88,7 +96,8 @@ def offloaded_step(spec: str, device: torch.device, *, steps: int = 3) -> None:
         loss.backward()
         sync()
         marks.append(time.perf_counter())
-        optimizer.step()
+        with kernel_time(kernel_side if record else []):
+            optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         sync()
         marks.append(time.perf_counter())
@@ -103,6 +112,8 @@ def offloaded_step(spec: str, device: torch.device, *, steps: int = 3) -> None:
     medians = {phase: statistics.median(times) for phase, times in phases.items()}
     print(f"{spec} offload=params, {sum(sizes) / 1e6:.0f}M parameters in {len(sizes)} tensors: step "
           f"{sum(medians.values()) * 1e3:.0f} ms = " + " + ".join(f"{p} {s * 1e3:.0f}" for p, s in medians.items()))
+    print("  the optimizer's step: " + _kernel_side(kernel_side))
+    same_shapes(sizes, device, next(parallel.parameters()).device_mesh)
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -118,11 +129,44 @@ def offloaded_step(spec: str, device: torch.device, *, steps: int = 3) -> None:
             kernels += seconds
     print("  device time of one step (ms): kernels %.0f; " % (kernels * 1e3) + ", ".join(
         f"{key} {seconds * 1e3:.0f} ({count})" for key, (seconds, count) in sorted(copies.items())))
-    host_ops = [e for e in prof.key_averages() if e.key.startswith("aten::_foreach") or e.key.startswith("aten::add")
-                or e.key.startswith("aten::mul") or e.key.startswith("aten::lerp") or e.key.startswith("aten::addc")]
+    # the fused kernel; one tensor at a time, the in-place passes and the two that allocate a
+    # parameter-sized temporary each (sqrt, div)
+    optimizer_ops = ("aten::_fused", "aten::_foreach", "aten::add_", "aten::addcmul_", "aten::addcdiv_", "aten::mul",
+                     "aten::lerp", "aten::sqrt", "aten::div")
+    host_ops = [e for e in prof.key_averages() if e.key.startswith(optimizer_ops)]
     print("  host time of the optimizer's operators (ms, calls): " + ", ".join(
         f"{e.key[6:]} {e.self_cpu_time_total / 1e3:.0f} ({e.count})"
-        for e in sorted(host_ops, key=lambda e: -e.self_cpu_time_total)[:6]))
+        for e in sorted(host_ops, key=lambda e: -e.self_cpu_time_total)[:8]))
+
+
+@contextlib.contextmanager
+def kernel_time(out: list[tuple[float, float, float]]) -> Iterator[None]:
+    """Append the wall seconds, the kernel's seconds in this process and its minor page faults
+    (fresh pages: a temporary above glibc's mmap threshold faults its pages in at every step)."""
+    before, started = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    yield
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    out.append((time.perf_counter() - started, after.ru_stime - before.ru_stime, after.ru_minflt - before.ru_minflt))
+
+
+def _kernel_side(rows: list[tuple[float, float, float]]) -> str:
+    wall, system, faults = (statistics.median(column) for column in zip(*rows))
+    return f"{wall * 1e3:.0f} ms, {system * 1e3:.0f} ms of it in the kernel, {faults / 1e3:.0f}k page faults"
+
+
+def same_shapes(sizes: list[int], device: torch.device, mesh: DeviceMesh) -> None:
+    """AdamW over DTensors of the model's own parameter sizes on its mesh, shards on the host,
+    pinned on a GPU node, fused, as ``calibrate`` times its two large tensors: what the real step
+    adds beyond them is FSDP's, not the shapes'."""
+    params = [param for numel in sizes for param in benchmark_parameters(
+        1, numel, torch.device("cpu"), mesh, pin_memory=device.type == "cuda")]
+    optimizer = torch.optim.AdamW(params, lr=1e-4, fused=True)
+    optimizer.step()  # makes the states
+    rows: list[tuple[float, float, float]] = []
+    for _ in range(3):
+        with kernel_time(rows):
+            optimizer.step()
+    print("  the same sizes as calibrate builds them: " + _kernel_side(rows))
 
 
 def main(specs: list[str]) -> None:

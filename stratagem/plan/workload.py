@@ -12,6 +12,10 @@ OPTIMIZER_CLASSES = {"adamw": ("AdamW", "Adam"), "sgd": ("SGD",)}
 """The cost model's optimizers, each with the torch.optim classes (and their subclasses) it prices,
 the first the one ``calibrate`` times: Adam keeps AdamW's two states and runs its step."""
 OPTIMIZERS = tuple(OPTIMIZER_CLASSES)
+HOST_FUSED_OPTIMIZERS = frozenset({"adamw"})
+"""The optimizers an offloaded plan steps fused on the host (plugins/host_optimizer.py): those whose
+fused kernel DTensor shards (torch.distributed.tensor registers ``_fused_adam(w)_``, not
+``_fused_sgd_``); the others step one tensor at a time."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -10,7 +10,8 @@ Typical use, on every rank once the process group is up::
 
 ``apply_plan`` (in :mod:`stratagem.plugins.apply`) documents the order the techniques are
 applied in. Applied today: DDP, ZeRO-1 (``ZeroRedundancyOptimizer``), FSDP2 (ZeRO-2/3, HSDP),
-CPU offload, activation checkpointing (full and selective), precision, and tensor and sequence
+CPU offload (its optimizer stepping fused on the host: :mod:`stratagem.plugins.host_optimizer`),
+activation checkpointing (full and selective), precision, and tensor and sequence
 parallelism from the Plan's ``tp_layout`` (alone or under FSDP/HSDP; DDP with TP is refused).
 Pipeline parallelism (``pp > 1``): ``apply_plan`` returns this rank's
 :class:`~stratagem.plugins.pipeline.Pipeline` (stages and schedule)::
@@ -28,6 +29,7 @@ from stratagem.plugins.apply import apply_plan, check_applicable, check_plan_fit
 from stratagem.plugins.checkpointing import apply_activation_checkpointing
 from stratagem.plugins.compile import apply_compile
 from stratagem.plugins.data_parallel import apply_data_parallel, build_optimizer
+from stratagem.plugins.host_optimizer import fuse_host_optimizer
 from stratagem.plugins.mesh import build_mesh
 from stratagem.plugins.pipeline import Pipeline
 from stratagem.plugins.precision import apply_param_dtype, autocast_context
@@ -44,6 +46,7 @@ __all__ = [
     "autocast_context",
     "build_mesh",
     "build_optimizer",
+    "fuse_host_optimizer",
     "check_applicable",
     "check_plan_fits",
 ]

@@ -38,6 +38,7 @@ from stratagem.plan import Plan
 from stratagem.plan.precision import get_precision
 from stratagem.errors import UsageError
 from stratagem.plugins.blocks import find_blocks
+from stratagem.plugins.host_optimizer import host_optimizer_options
 from stratagem.plugins.mesh import data_parallel_axes, submesh
 from stratagem.plugins.precision import fp32_norm_names, mixed_precision_policy, norm_policy
 
@@ -129,9 +130,10 @@ def build_optimizer(module: nn.Module, plan: Plan, optimizer_cls: type[torch.opt
     ``ZeroRedundancyOptimizer`` on the DDP group for ``zero = 1``, its parameters packed into one
     bucket per rank (``parameters_as_bucket_view``): after its step each rank broadcasts its
     bucket, one collective per rank instead of one per parameter tensor. FSDP's parameters are
-    already sharded (``zero >= 2``)."""
+    already sharded (``zero >= 2``). An offloaded plan's optimizer steps on the host, fused
+    where the caller named no implementation (:mod:`~stratagem.plugins.host_optimizer`)."""
     if not plan.shards_optimizer_only:
-        return optimizer_cls(module.parameters(), **optimizer_kwargs)
+        return optimizer_cls(module.parameters(), **host_optimizer_options(plan, optimizer_cls, optimizer_kwargs))
     wrapped = list(module) if isinstance(module, nn.ModuleList) else [module]
     if not all(isinstance(m, DistributedDataParallel) for m in wrapped):
         raise UsageError(f"zero=1 shards the optimizer over DDP's group, but the module is a "

@@ -10,7 +10,7 @@ import torch
 from stratagem.advisor.calibrate.benchmarks import interleaved, repeated
 from stratagem.advisor.calibrate.optimizers import (
     HOST_OPTIMIZER_BYTES,
-    _parameters,
+    benchmark_parameters,
     host_optimizer_shape,
     optimizer_seconds,
     small_step_seconds,
@@ -76,7 +76,7 @@ def test_the_hosts_parameters_stay_on_the_host_under_a_gpu_mesh() -> None:
     from torch.distributed.device_mesh import DeviceMesh
 
     mesh = DeviceMesh("cuda", [0], _init_backend=False, _rank=0)
-    (param,) = _parameters(1, 16, torch.device("cpu"), mesh)
+    (param,) = benchmark_parameters(1, 16, torch.device("cpu"), mesh)
     assert param.to_local().device.type == "cpu" and param.grad.to_local().device.type == "cpu"
     torch.optim.AdamW([param], lr=1e-4).step()
     assert param.shape == (16,) and param.to_local().device.type == "cpu"

@@ -21,8 +21,8 @@ from stratagem.advisor.calibrate.calibration import (
     hardware_key,
     stale_host_optimizer_note,
 )
-from stratagem.advisor.cost.optimizer import (DTENSOR_OP_SECONDS, HOST_OPTIMIZER_BANDWIDTH_PER_NODE,
-                                               OPTIMIZER_OPS_PER_TENSOR, OPTIMIZER_TENSOR_PASSES,
+from stratagem.advisor.cost.optimizer import (DTENSOR_FUSED_TENSOR_SECONDS, DTENSOR_OP_SECONDS,
+                                               FUSED_TENSOR_PASSES, HOST_OPTIMIZER_BANDWIDTH_PER_NODE,
                                                estimate_optimizer_seconds)
 from stratagem.advisor.cost.rank_step import rank_step
 from stratagem.advisor.cost.rates import COPY_BANDWIDTH_FRACTION, seconds_per_op_byte
@@ -197,10 +197,11 @@ def test_unreadable_calibration_is_a_usage_error(tmp_path: Path) -> None:
 
 
 def test_an_offloaded_optimizer_steps_at_the_hosts_measured_rate() -> None:
-    """FSDP2's CPU offload runs the optimizer on the host: at the seconds per parameter and per
-    tensor calibrate measured there over DTensors (every rank of the node at once), its launches
-    included; else the longer of streaming at the catalog's host bandwidth and launching ten
-    DTensor calls a tensor (a tiny model's launches, a large one's streaming)."""
+    """FSDP2's CPU offload runs the optimizer on the host, fused as the plugins build it: at the
+    seconds per parameter and per tensor calibrate measured there over DTensors (every rank of the
+    node at once), its launches included; else the longer of streaming the fused kernel's passes
+    at the catalog's host bandwidth and launching one DTensor call over every tensor (a tiny
+    model's launches, a large one's streaming)."""
     profile = profile_spec("gpt2-tiny", seq_len=32)
     cluster = parse_cluster("1xH100-SXM-80GB")
     workload = Workload(global_batch_size=8, seq_len=32)
@@ -209,12 +210,12 @@ def test_an_offloaded_optimizer_steps_at_the_hosts_measured_rate() -> None:
     step = rank_step(profile, cluster=measured, workload=workload, plan=plan)
     tensors = sum(segment.num_tensors for segment in profile.segments)
     assert estimate_optimizer_seconds(step) == pytest.approx(step.optimizer_params * 1.5e-9 + tensors * 2e-5)
-    launches = tensors * OPTIMIZER_OPS_PER_TENSOR["adamw"] * DTENSOR_OP_SECONDS
+    launches = DTENSOR_OP_SECONDS + tensors * DTENSOR_FUSED_TENSOR_SECONDS
     assert estimate_optimizer_seconds(rank_step(profile, cluster=cluster, workload=workload, plan=plan)) == launches
     large = profile_spec("gpt2-medium", seq_len=32)
     catalog = rank_step(large, cluster=cluster, workload=workload, plan=plan)
     assert estimate_optimizer_seconds(catalog) == pytest.approx(
-        catalog.optimizer_params * OPTIMIZER_TENSOR_PASSES["adamw"] * 4 / HOST_OPTIMIZER_BANDWIDTH_PER_NODE)
+        catalog.optimizer_params * FUSED_TENSOR_PASSES["adamw"] * 4 / HOST_OPTIMIZER_BANDWIDTH_PER_NODE)
     older = {**_calibration(cluster).to_dict()}
     del older["host_optimizer_seconds"]  # a calibration from before the host's step was measured
     assert Calibration.from_dict(older).apply(cluster).node.host_optimizer_seconds == ()
@@ -228,3 +229,13 @@ def test_an_older_calibration_drops_its_host_optimizer_figure_and_says_why(name:
     stored = Calibration.load(Path(__file__).parents[2] / "bench" / "calibrations" / f"{name}.json")
     assert stored.host_optimizer_seconds is None and stale_host_optimizer_note(version) in stored.notes
     assert stored.memory_latency == pytest.approx(459e-9, rel=0.03) and stored.version == FORMAT_VERSION
+
+
+def test_a_format_10_host_figure_timed_one_tensor_at_a_time_is_dropped() -> None:
+    """Format 10 timed the host's optimizer on torch's default path, one tensor at a time; the
+    plugins step offloaded parameters fused now, several times faster: the figure is dropped."""
+    cluster = parse_cluster("1xH100-SXM-80GB")
+    older = {**_calibration(cluster).to_dict(), "version": 10}
+    read = Calibration.from_dict(older)
+    assert read.host_optimizer_seconds is None and stale_host_optimizer_note(10) in read.notes
+    assert read.optimizer_seconds == _calibration(cluster).optimizer_seconds  # the device's figure stands

@@ -155,7 +155,7 @@ def test_an_offloaded_optimizer_on_the_host_hides_none_of_the_hosts_launches():
     operators as it goes (its term holds them) while the device waits. The micro-batches' launches
     hide under the device's compute alone: what they take beyond it adds, however long the host's
     optimizer step is."""
-    blocks = tuple(dataclasses.replace(b, fwd_ops=500, bwd_ops=1000) for b in TOY.blocks)
+    blocks = tuple(dataclasses.replace(b, fwd_ops=400, bwd_ops=800) for b in TOY.blocks)
     profile = dataclasses.replace(TOY, blocks=blocks)
     plan = Plan(dp_shard=1, zero=3, offload="params", micro_batch_size=1, block_container=profile.block_container)
     workload = Workload(global_batch_size=1, seq_len=SEQ)

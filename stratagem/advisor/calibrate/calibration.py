@@ -29,13 +29,15 @@ __all__ = ["COLLECTIVES", "Calibration", "LinkFit", "calibrated", "calibration_p
            "fit_link", "hardware_key", "ring_steps"]
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "p2p")
-FORMAT_VERSION = 10  # 6: op_byte_seconds per byte moved, not written; unaligned_matmul. 7: tp_linear_seconds.
+FORMAT_VERSION = 11  # 6: op_byte_seconds per byte moved, not written; unaligned_matmul. 7: tp_linear_seconds.
 # 8: dtensor_optimizer_seconds (per step, per tensor) in place of dtensor_op_seconds (per operator);
 # host_optimizer_seconds over DTensors. 9: host_optimizer_seconds over tensors larger than the host's cache.
 # 10: host_optimizer_seconds over DTensors whose shards stay on the host, pinned as FSDP2 keeps them.
+# 11: host_optimizer_seconds of torch's fused kernel, which the plugins step offloaded parameters with.
 STALE_HOST_OPTIMIZER_NOTES = {
     8: "timed by a calibration of format 8, over tensors small enough for a server's CPU cache to hold",
     9: "timed by a calibration of format 9, whose DTensors on a GPU mesh moved their shards onto the GPU",
+    10: "timed by a calibration of format 10, one tensor at a time, where the plugins now step fused",
 }
 """Why the host optimizer figure of an older calibration format is dropped when it is read, by format."""
 

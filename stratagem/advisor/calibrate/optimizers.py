@@ -10,12 +10,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from stratagem.advisor.calibrate.benchmarks import interleaved
-from stratagem.plan.workload import OPTIMIZER_CLASSES
+from stratagem.plan.workload import HOST_FUSED_OPTIMIZERS, OPTIMIZER_CLASSES
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-__all__ = ["SMALL_STEP_TENSORS", "host_optimizer_shape", "optimizer_class", "optimizer_seconds", "small_step_seconds"]
+__all__ = ["SMALL_STEP_TENSORS", "benchmark_parameters", "host_optimizer_shape", "optimizer_class", "optimizer_seconds",
+           "small_step_seconds"]
 
 
 def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
@@ -29,7 +30,8 @@ OPTIMIZER_SMALL_TENSORS = (512, 64)
 
 
 def optimizer_seconds(num_params: int, device: torch.device, *, repeats: int, mesh: DeviceMesh | None = None,
-                      tensors: int = 8, pin_memory: bool = False) -> dict[str, tuple[float, float]]:
+                      tensors: int = 8, pin_memory: bool = False,
+                      fused: bool = False) -> dict[str, tuple[float, float]]:
     """Per optimizer of :data:`~stratagem.plan.OPTIMIZERS`, as torch.optim runs it by
     default on ``device`` (one tensor at a time on CPU, ``foreach`` on GPUs): seconds of its step
     per fp32 parameter (streaming the parameters, gradients and states) and per parameter tensor
@@ -37,12 +39,15 @@ def optimizer_seconds(num_params: int, device: torch.device, *, repeats: int, me
     ``num_params`` parameters in ``tensors`` tensors, and over :data:`OPTIMIZER_SMALL_TENSORS`.
     With a ``mesh`` the parameters are DTensors on it whose shards live on ``device``, as FSDP's
     offloaded parameters live on the host; with ``pin_memory``, the parameters and gradients in
-    page-locked memory, as FSDP2 offloads them on GPU nodes (the states not: ``zeros_like``)."""
+    page-locked memory, as FSDP2 offloads them on GPU nodes (the states not: ``zeros_like``); with
+    ``fused``, those of :data:`~stratagem.plan.workload.HOST_FUSED_OPTIMIZERS` on torch's fused
+    kernel, as the plugins step offloaded parameters."""
     from stratagem.plan import OPTIMIZERS
 
     shapes = ((tensors, num_params // tensors), OPTIMIZER_SMALL_TENSORS)
-    steps = [optimizer_class(name)(_parameters(tensors, numel, device, mesh, pin_memory=pin_memory), lr=1e-4).step
-             for name in OPTIMIZERS for tensors, numel in shapes]
+    steps = [optimizer_class(name)(benchmark_parameters(count, numel, device, mesh, pin_memory=pin_memory),
+                                   lr=1e-4, **({"fused": True} if fused and name in HOST_FUSED_OPTIMIZERS else {})).step
+             for name in OPTIMIZERS for count, numel in shapes]
     seconds = interleaved(steps, device, repeats=repeats)
     (n_large, p_large), (n_small, p_small) = ((tensors, tensors * numel) for tensors, numel in shapes)
     out = {}
@@ -82,22 +87,23 @@ step and per tensor."""
 
 
 def small_step_seconds(device: torch.device, *, repeats: int, mesh: DeviceMesh | None = None,
-                       foreach: bool | None = None) -> tuple[float, float]:
+                       foreach: bool | None = None, fused: bool = False) -> tuple[float, float]:
     """Seconds of an AdamW step over small parameters on ``device`` (DTensors on ``mesh`` where
     given, as FSDP2's and TP's are), per step and per parameter tensor: solved from two steps
     over :data:`SMALL_STEP_TENSORS` tensors timed :func:`interleaved`, on the path ``foreach``
     names. None takes torch.optim's default there: ``foreach`` on GPUs, where each operator is one
     call for all the tensors (a DTensor call's cost mostly per step), one tensor at a time on CPU,
-    where every tensor makes its own calls."""
-    steps = [torch.optim.AdamW(_parameters(tensors, 64, device, mesh), foreach=foreach).step
+    where every tensor makes its own calls; ``fused``, the fused kernel (one call a step)."""
+    implementation = {"fused": True} if fused else {"foreach": foreach}
+    steps = [torch.optim.AdamW(benchmark_parameters(tensors, 64, device, mesh), **implementation).step
              for tensors in SMALL_STEP_TENSORS]
     (few, many), (few_seconds, many_seconds) = SMALL_STEP_TENSORS, interleaved(steps, device, repeats=repeats)
     per_tensor = max(0.0, (many_seconds - few_seconds) / (many - few))
     return max(0.0, few_seconds - few * per_tensor), per_tensor
 
 
-def _parameters(tensors: int, numel: int, device: torch.device, mesh: DeviceMesh | None, *,
-                pin_memory: bool = False) -> list[torch.nn.Parameter]:
+def benchmark_parameters(tensors: int, numel: int, device: torch.device, mesh: DeviceMesh | None, *,
+                         pin_memory: bool = False) -> list[torch.nn.Parameter]:
     """``tensors`` parameters of ``numel`` elements each on ``device`` (a rank's shards of DTensors
     on ``mesh`` where given), with gradients; both page-locked where ``pin_memory``."""
 

@@ -236,7 +236,7 @@ def _measure_compute(device: torch.device, settings: Settings, dtypes: list[str]
             tensors, params = host_optimizer_shape(last_level_cache_bytes(), psutil.virtual_memory().available,
                                                    ranks=ranks_on_this_host())
             host = optimizer_seconds(params, torch.device("cpu"), repeats=settings.repeats, mesh=mesh,
-                                     tensors=tensors, pin_memory=True)  # as the plugin's CPUOffloadPolicy
+                                     tensors=tensors, pin_memory=True, fused=True)  # as the plugins step them
     with phase("DTensor dispatch: optimizer operators, TP Linears"):
         dtensor_optimizer = small_step_seconds(device, repeats=settings.repeats, mesh=mesh)
         per_tp_linear = tp_linear_seconds(device, repeats=settings.repeats)

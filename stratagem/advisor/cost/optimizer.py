@@ -7,11 +7,17 @@ from stratagem.advisor.cost.collectives import estimate_p2p_seconds
 from stratagem.advisor.cost.rank_step import RankStep
 from stratagem.advisor.cost.rates import MEMORY_BANDWIDTH_EFFICIENCY
 from stratagem.plan import Plan
+from stratagem.plan.workload import HOST_FUSED_OPTIMIZERS
 
 # Tensor reads + writes per parameter in one torch.optim step (foreach or single-tensor: the same
 # operators), counted from torch 2.13's adam.py: AdamW 20 (weight decay 2, both moments 5, the
-# denominator 6, addcdiv 4; a fused kernel would move 7), SGD without momentum 3. Calibrated.
+# denominator 6, addcdiv 4), SGD without momentum 3. Calibrated.
 OPTIMIZER_TENSOR_PASSES = {"adamw": 20, "sgd": 3}
+
+# The same for the fused kernel an offloaded plan's host step runs (HOST_FUSED_OPTIMIZERS): each
+# tensor read once and the updated ones written once: AdamW the parameter, its gradient and two
+# moments read, three written (7). Calibrated.
+FUSED_TENSOR_PASSES = {"adamw": 7}
 
 # Operators one optimizer step dispatches per parameter tensor (torch.optim's single-tensor update,
 # zero_grad included), counted with a dispatch-mode counter on torch 2.13.
@@ -31,8 +37,13 @@ DTENSOR_OP_SECONDS = 100e-6
 # Calibrated.
 DTENSOR_FOREACH_TENSOR_SECONDS = 2.4e-6
 
-# Host memory bandwidth torch's CPU optimizer reaches per node when offloaded, bytes/s, shared by
-# the node's ranks (a two-socket DDR5 host streams a few hundred GB/s; foreach kernels a fraction). Estimate.
+# The same for the fused AdamW kernel's one call on DTensors (an offloaded plan's host step): 33 µs,
+# bench/dtensor_optimizer.py on the same host (6.8 on plain tensors). Calibrated with the step.
+DTENSOR_FUSED_TENSOR_SECONDS = 33e-6
+
+# Host memory bandwidth torch's fused CPU optimizer reaches per node when offloaded, bytes/s, shared
+# by the node's ranks (a two-socket DDR5 host streams a few hundred GB/s; bench/host_optimizer_cache.py
+# measures it: 86 GB/s at 28 bytes a parameter on two Zen 4 cores). Estimate.
 HOST_OPTIMIZER_BANDWIDTH_PER_NODE = 50e9
 
 
@@ -41,12 +52,12 @@ def estimate_optimizer_seconds(step: RankStep) -> float:
     operators (the host's dispatch term holds those): the calibrated seconds per parameter
     (``NodeSpec.optimizer_seconds``, fp32, scaled by the parameter dtype's bytes), else
     memory-bound streaming of :data:`OPTIMIZER_TENSOR_PASSES` tensors (roofline, Williams et al.
-    2009). Offloaded, on the host's CPU, which launches the step's operators itself, one tensor at
-    a time over FSDP's DTensors, while the device waits: at the calibrated seconds per parameter
-    and per parameter tensor (``NodeSpec.host_optimizer_seconds``, timed over DTensors, every rank
-    of the node stepping at once), else the longer of :func:`uncalibrated_host_step`'s streaming
-    and launching: a bound, as the two estimates cannot be told apart (docs/cost-model.md,
-    "Optimizer step and offload")."""
+    2009). Offloaded, on the host's CPU, while the device waits, over FSDP's DTensors, fused where
+    the plugins build it so (:data:`~stratagem.plan.workload.HOST_FUSED_OPTIMIZERS`), at the calibrated
+    seconds per parameter and per parameter tensor (``NodeSpec.host_optimizer_seconds``, timed over
+    DTensors, every rank of the node stepping at once), else the longer of
+    :func:`uncalibrated_host_step`'s streaming and launching: a bound, as the two estimates cannot
+    be told apart (docs/cost-model.md, "Optimizer step and offload")."""
     if step.plan.offloads:
         if (host := _calibrated(step.cluster.node.host_optimizer_seconds, step.optimizer)) is not None:
             return step.optimizer_params * host[0] * step.precision.param_bytes / 4 + optimizer_tensors(step) * host[1]
@@ -57,19 +68,26 @@ def estimate_optimizer_seconds(step: RankStep) -> float:
 
 
 def uncalibrated_host_step(step: RankStep) -> tuple[float, float]:
-    """An offloaded step's two estimates on the host, seconds: streaming the optimizer's tensor
-    passes at :data:`HOST_OPTIMIZER_BANDWIDTH_PER_NODE` (shared by the node's ranks), and launching
-    :data:`OPTIMIZER_OPS_PER_TENSOR` DTensor calls a tensor at :data:`DTENSOR_OP_SECONDS`.
+    """An offloaded step's two estimates on the host, seconds, streaming at
+    :data:`HOST_OPTIMIZER_BANDWIDTH_PER_NODE` (shared by the node's ranks) and launching: fused
+    (:data:`~stratagem.plan.workload.HOST_FUSED_OPTIMIZERS`), the kernel's
+    :data:`FUSED_TENSOR_PASSES` and one DTensor call (:data:`DTENSOR_OP_SECONDS`) taking every
+    tensor (:data:`DTENSOR_FUSED_TENSOR_SECONDS` each); else one tensor at a time,
+    :data:`OPTIMIZER_TENSOR_PASSES` and :data:`OPTIMIZER_OPS_PER_TENSOR` DTensor calls a tensor.
     :func:`estimate_optimizer_seconds` takes the longer; ``bench/gpu_predictions.py`` prints the
     offloaded runs under their sum too."""
-    return (_streamed_bytes(step) / (HOST_OPTIMIZER_BANDWIDTH_PER_NODE / step.cluster.devices_per_node),
-            optimizer_tensors(step) * OPTIMIZER_OPS_PER_TENSOR[step.optimizer] * DTENSOR_OP_SECONDS)
+    bandwidth = HOST_OPTIMIZER_BANDWIDTH_PER_NODE / step.cluster.devices_per_node
+    tensors = optimizer_tensors(step)
+    if step.optimizer in HOST_FUSED_OPTIMIZERS:
+        return (_streamed_bytes(step, FUSED_TENSOR_PASSES) / bandwidth,
+                DTENSOR_OP_SECONDS + tensors * DTENSOR_FUSED_TENSOR_SECONDS)
+    return (_streamed_bytes(step) / bandwidth, tensors * OPTIMIZER_OPS_PER_TENSOR[step.optimizer] * DTENSOR_OP_SECONDS)
 
 
-def _streamed_bytes(step: RankStep) -> float:
-    """Bytes the rank's optimizer step reads and writes: :data:`OPTIMIZER_TENSOR_PASSES` passes
-    over its shard in the parameters' dtype."""
-    return step.optimizer_params * OPTIMIZER_TENSOR_PASSES[step.optimizer] * step.precision.param_bytes
+def _streamed_bytes(step: RankStep, passes: dict[str, int] = OPTIMIZER_TENSOR_PASSES) -> float:
+    """Bytes the rank's optimizer step reads and writes: ``passes`` over its shard in the
+    parameters' dtype (torch.optim's operators, or the fused kernel's)."""
+    return step.optimizer_params * passes[step.optimizer] * step.precision.param_bytes
 
 
 def optimizer_tensors(step: RankStep) -> float:

@@ -25,6 +25,7 @@ from stratagem.advisor.search.explain import NEAR_TIE, explain_ranking, suggest_
 from stratagem.advisor.search.targets import check_target, runtime_for, tp_degrees
 from stratagem.errors import UsageError
 from stratagem.plan import Plan, Workload
+from stratagem.plan.workload import HOST_FUSED_OPTIMIZERS
 from stratagem.plan.stages import TRACED_STAGE_LIMITS
 from stratagem.units import format_count
 
@@ -147,7 +148,7 @@ def advise(profile: ModelProfile, cluster: Cluster, workload: Workload, *, top: 
         profile=profile, cluster=cluster, workload=workload, target=target, plans=tuple(ranked[:top]),
         reasons=reasons, suggestions=suggestions, excluded=dict(excluded),
         notes=(*_model_notes(profile, cluster), *_cpu_precision_note(cluster, workload),
-               *_warm_up_note(profile, ranked[:top]),
+               *_warm_up_note(profile, ranked[:top]), *_host_optimizer_note(ranked[:top], workload),
                *_dynamic_shape_note(profile, ranked[:top]), *_objective_note(objective),
                *profile.notes, *cluster.notes),
         num_evaluated=evaluated,
@@ -188,6 +189,15 @@ def _cpu_precision_note(cluster: Cluster, workload: Workload) -> tuple[str, ...]
     return (f"{workload.precision} on these CPU ranks: their cores have no fp16 vector units (AVX512-FP16, "
             f"AMX-FP16), so torch runs fp16 matmuls and convolutions unvectorized, priced at {fp16} a rank "
             f"against {bf16} in bf16; bf16-mixed is the 16-bit precision for them.",)
+
+
+def _host_optimizer_note(ranked: list, workload: Workload) -> tuple[str, ...]:
+    """Where a ranked plan offloads, how its host step is priced and what a user's own loop must build."""
+    if workload.optimizer not in HOST_FUSED_OPTIMIZERS or not any(e.plan.offloads for e in ranked):
+        return ()
+    return ("Offloaded plans step the optimizer on the host, priced fused as stratagem's plugins and strategies "
+            "build it: an optimizer your own code builds should pass fused=True to AdamW or Adam (torch's default on "
+            "CPU tensors steps one tensor at a time, 2-10x slower on the hosts measured).",)
 
 
 def _warm_up_note(profile: ModelProfile, ranked: list) -> tuple[str, ...]:
