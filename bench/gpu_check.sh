@@ -65,11 +65,12 @@ mechanisms() {
     # steps' time by kernel family; attention by shape; BatchNorm's kernels by shape
     run 50 "$py" bench/reduction_rate.py
     # the misses of 2026-11-28 on an H200: BLOOM-560M's offloaded step by phase with the host link's
-    # copy rates and the host's optimizer by tensor size against its cache and in pinned memory (an
-    # offloaded step's optimizer ran at 1.9 ns a parameter where plain tensors took 1.4), then its
-    # compiled step's kernels (eager attention: ALiBi takes no SDPA)
+    # copy rates, its host optimizer fused now (it ran one tensor at a time at 1.9 ns a parameter
+    # where plain tensors took 1.4: page faults on its temporaries are the suspect), with its kernel
+    # time and page faults, and the host's optimizer by tensor size against its cache, one tensor at
+    # a time and fused, in pinned memory too; then BLOOM's compiled step's kernels (eager attention)
     run 80 "$py" bench/offload_phases.py
-    run 40 "$py" bench/host_optimizer_cache.py
+    run 60 "$py" bench/host_optimizer_cache.py
     run 60 "$py" bench/gpu_kernels.py hf:bench/configs/bloom-560m:8:1024:compiled
     run 110 "$py" bench/gpu_kernels.py gpt2-large:8:1024:compiled hf:bench/configs/pythia-410m:8:1024:compiled vit-l-16:64::compiled
     run 40 "$py" bench/attention_rate.py
