@@ -57,12 +57,13 @@ CPU implementer	: 0x41
 """
 
 
-def _probe(tmp_path, text: str, *, base_khz: int | None = None) -> CoreInfo:
+def _probe(tmp_path, text: str, **cpufreq_khz: int) -> CoreInfo:
+    """``text`` as /proc/cpuinfo, and cpu0's cpufreq files (``base_frequency=…``) in a fake sysfs."""
     (tmp_path / "cpuinfo").write_text(text)
     cpus = tmp_path / "cpu"
-    if base_khz is not None:
-        (cpus / "cpu0" / "cpufreq").mkdir(parents=True)
-        (cpus / "cpu0" / "cpufreq" / "base_frequency").write_text(f"{base_khz}\n")
+    (cpus / "cpu0" / "cpufreq").mkdir(parents=True, exist_ok=True)
+    for name, khz in cpufreq_khz.items():
+        (cpus / "cpu0" / "cpufreq" / name).write_text(f"{khz}\n")
     return probe_cores(tmp_path / "cpuinfo", cpus)
 
 
@@ -84,7 +85,7 @@ def test_zen4_runs_avx512_on_256_bit_pipes_and_bf16_at_twice_fp32(tmp_path):
 
 def test_sapphire_rapids_takes_intel_pstates_base_clock_and_its_half_units(tmp_path):
     """Two 512-bit FMA units; bf16 and fp16 both native; sysfs's base_frequency, not the idle 800 MHz."""
-    core = _probe(tmp_path, SAPPHIRE_RAPIDS, base_khz=2_000_000)
+    core = _probe(tmp_path, SAPPHIRE_RAPIDS, base_frequency=2_000_000, cpuinfo_max_freq=3_800_000)
     assert core == CoreInfo("avx512", ("amx_bf16", "avx512_bf16", "avx512_fp16"), 2.0e9)
     peaks = core_peaks(_host(core))
     assert peaks == pytest.approx({"fp32": 128e9, "bf16": 256e9, "fp16": 256e9})
@@ -94,6 +95,12 @@ def test_an_intel_name_gives_the_nominal_clock_where_sysfs_has_none(tmp_path):
     core = _probe(tmp_path, HASWELL)
     assert core == CoreInfo("avx2", (), 2.5e9)
     assert core_peaks(_host(core))["bf16"] == core_peaks(_host(core))["fp32"] == pytest.approx(80e9)
+
+
+def test_bare_metal_without_a_base_clock_takes_the_top_p_state_not_an_idle_clock(tmp_path):
+    """An AMD host on acpi-cpufreq: no base_frequency, no clock in its name, cpu MHz whatever the
+    core ran at when read; cpufreq's cpuinfo_max_freq stands for the clock."""
+    assert _probe(tmp_path, ZEN4, cpuinfo_max_freq=3_700_000).clock_hz == 3.7e9
 
 
 def test_first_zen_splits_256_bit_work_over_128_bit_pipes(tmp_path):

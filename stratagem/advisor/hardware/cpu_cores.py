@@ -67,18 +67,29 @@ def core_class(fields: dict[str, str], flags: set[str]) -> str:
 
 def nominal_clock(fields: dict[str, str], cpus: Path) -> float | None:
     """Hz of the core's nominal clock: intel_pstate's ``base_frequency``, else the ``@ 2.10GHz`` of
-    an Intel name, else the ``cpu MHz`` cpuinfo reports (a virtual machine's nominal clock; on bare
-    metal the current one); None where none is there."""
-    try:
-        return int((cpus / "cpu0" / "cpufreq" / "base_frequency").read_text()) * 1e3  # kHz
-    except (OSError, ValueError):
-        pass
+    an Intel name, else cpufreq's ``cpuinfo_max_freq`` (the top P-state; with boost counted, above
+    an all-core clock), else the ``cpu MHz`` cpuinfo reports (a virtual machine's nominal clock; on
+    bare metal the current one, low when idle); None where none is there."""
+    base = _khz(cpus / "cpu0" / "cpufreq" / "base_frequency")
+    if base:
+        return base
     named = re.search(r"@\s*([\d.]+)\s*GHz", fields.get("model name", ""))
     if named:
         return float(named.group(1)) * 1e9
+    top = _khz(cpus / "cpu0" / "cpufreq" / "cpuinfo_max_freq")
+    if top:
+        return top
     try:
         return float(fields["cpu MHz"]) * 1e6
     except (KeyError, ValueError):
+        return None
+
+
+def _khz(path: Path) -> float | None:
+    """Hz of a cpufreq file's kHz, None where it is absent or unreadable."""
+    try:
+        return int(path.read_text()) * 1e3
+    except (OSError, ValueError):
         return None
 
 
