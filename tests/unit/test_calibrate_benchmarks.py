@@ -72,7 +72,8 @@ def test_the_hosts_step_over_dtensors_costs_more_per_tensor_than_over_plain_tens
 def test_the_hosts_parameters_stay_on_the_host_under_a_gpu_mesh() -> None:
     """``calibrate`` times the host's optimizer over DTensors on the GPU mesh, as FSDP2 offloads
     them; ``DTensor.from_local`` would move their shards onto the GPU (format 9 timed an H200's
-    "host" step there: 6 ps a parameter). A mesh of CUDA's device type needs no GPU to build."""
+    "host" step there: 6 ps a parameter). A mesh of CUDA's device type needs no GPU to build; the
+    fused kernel steps the host shards under it too."""
     from torch.distributed.device_mesh import DeviceMesh
 
     mesh = DeviceMesh("cuda", [0], _init_backend=False, _rank=0)
@@ -80,6 +81,9 @@ def test_the_hosts_parameters_stay_on_the_host_under_a_gpu_mesh() -> None:
     assert param.to_local().device.type == "cpu" and param.grad.to_local().device.type == "cpu"
     torch.optim.AdamW([param], lr=1e-4).step()
     assert param.shape == (16,) and param.to_local().device.type == "cpu"
+    fused = torch.optim.AdamW([param], lr=1e-4, fused=True)  # as the plugins step offloaded shards
+    fused.step()
+    assert param.to_local().device.type == "cpu" and fused.state[param]["step"].item() == 1
 
 
 def test_a_dtensor_tensor_costs_a_fraction_on_the_foreach_path_of_what_it_does_one_at_a_time(one_rank):
