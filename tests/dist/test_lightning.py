@@ -47,6 +47,7 @@ _PINNED = {"micro_batch_size": BATCH, "precision": "fp32", "block_container": "m
 DDP = Plan(dp_replicate=2, zero=0, **_PINNED)
 ZERO1 = Plan(dp_shard=2, zero=1, **_PINNED)
 ZERO3 = Plan(dp_shard=2, zero=3, **_PINNED)
+OFFLOAD = Plan(dp_shard=2, zero=3, offload="params", **_PINNED)
 TP_FSDP = Plan(dp_shard=2, zero=3, tp=2, tp_layout=tuple((f"model.{p}", s) for p, s in (*LLAMA_LAYOUT, *VOCAB)),
                **_PINNED)
 # A pipeline takes the data-parallel rank's batch (BATCH samples) as micro-batches of one.
@@ -185,6 +186,15 @@ def test_ddp_plan_matches_single_process_then_validates(tmp_path: Path) -> None:
     assert results["plan"] == DDP.name
     assert_matches_single_process(results["losses"], tmp_path)
     assert results["val_loss"] > 0  # validate after fit on the same Trainer and process group
+
+
+def test_an_offloaded_plan_steps_the_users_adamw_fused_and_matches_single_process(tmp_path: Path) -> None:
+    """An offloaded plan's optimizer steps on the host: the strategy makes the AdamW that
+    ``configure_optimizers`` returned fused before its first step (plugins/host_optimizer.py),
+    and the run still trains what one process trains with torch's default AdamW."""
+    results, _ = run_script(tmp_path, plan=OFFLOAD)
+    assert results["plan"] == OFFLOAD.name and results["fused"] == [True]
+    assert_matches_single_process(results["losses"], tmp_path)
 
 
 def test_tp_fsdp_plan_matches_single_process(tmp_path: Path) -> None:
@@ -388,7 +398,9 @@ def main() -> None:
         with trainer.init_module(empty_init=True):
             module.configure_model()
     trainer.fit(module, loader, ckpt_path=args.resume)
-    results: dict[str, Any] = {"losses": record.losses, "plan": trainer.strategy.plan.name, **_advice(trainer)}
+    results: dict[str, Any] = {"losses": record.losses, "plan": trainer.strategy.plan.name, **_advice(trainer),
+                               "fused": [group["fused"] for optimizer in trainer.optimizers
+                                         for group in optimizer.param_groups]}
     if args.then_item:
         record = _Record()
         item = _trainer(args, None, record)
