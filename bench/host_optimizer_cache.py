@@ -25,11 +25,15 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from stratagem.advisor.calibrate.optimizers import HOST_OPTIMIZER_BYTES, host_optimizer_shape, optimizer_seconds
+from stratagem.advisor.calibrate.optimizers import (HOST_OPTIMIZER_BYTES, benchmark_parameters, host_optimizer_shape,
+                                                    optimizer_seconds)
+from stratagem.advisor.cost.optimizer import FUSED_TENSOR_PASSES, OPTIMIZER_TENSOR_PASSES
 from stratagem.advisor.hardware.host import last_level_cache_bytes
 from stratagem.distributed import init_process_group
 from stratagem.units import format_bytes
 from timing import median_seconds  # bench/timing.py
+
+PASSES, FUSED = OPTIMIZER_TENSOR_PASSES["adamw"], FUSED_TENSOR_PASSES["adamw"]  # 4-byte passes a parameter
 
 TOTAL_PARAMS = 2**24
 """Parameters of each size's step (several tensors where they are small)."""
@@ -40,9 +44,7 @@ def per_param_seconds(numel: int, *, pinned: bool = False, fused: bool = False) 
     ``numel``, one tensor at a time or ``fused``; with ``pinned``, the parameters and gradients in
     page-locked memory, as FSDP2's ``CPUOffloadPolicy`` keeps them (its default
     ``pin_memory=True``), the states not."""
-    params = [torch.nn.Parameter(torch.zeros(numel, pin_memory=pinned)) for _ in range(max(1, TOTAL_PARAMS // numel))]
-    for param in params:
-        param.grad = torch.ones(numel, pin_memory=pinned)
+    params = benchmark_parameters(max(1, TOTAL_PARAMS // numel), numel, torch.device("cpu"), None, pin_memory=pinned)
     optimizer = torch.optim.AdamW(params, lr=1e-4, **({"fused": True} if fused else {"foreach": False}))
     return median_seconds(optimizer.step, repeats=3) / (numel * len(params))
 
@@ -54,12 +56,13 @@ def main() -> None:
         seconds, fused = per_param_seconds(numel), per_param_seconds(numel, fused=True)
         share = f", {16 * numel / cache:.2g}× the cache" if cache else ""
         print(f"  tensors of {numel:>10,} parameters ({format_bytes(16 * numel)} with states{share}): "
-              f"{seconds * 1e9:5.2f} ns a parameter, {80 / seconds / 1e9:5.1f} GB/s at 20 passes; fused "
-              f"{fused * 1e9:5.2f} ns, {28 / fused / 1e9:5.1f} GB/s at 7")
+              f"{seconds * 1e9:5.2f} ns a parameter, {4 * PASSES / seconds / 1e9:5.1f} GB/s at {PASSES} passes; "
+              f"fused {fused * 1e9:5.2f} ns, {4 * FUSED / fused / 1e9:5.1f} GB/s at {FUSED}")
     if torch.cuda.is_available():  # page-locked memory is CUDA's to allocate
         nodes = len(list(Path("/sys/devices/system/node").glob("node[0-9]*"))) or "unknown"
         pinned = (f"{format_bytes(16 * numel)} with states {per_param_seconds(numel, pinned=True) * 1e9:.2f} ns, "
-                  f"fused {per_param_seconds(numel, pinned=True, fused=True) * 1e9:.2f}" for numel in (2**22, 2**24, 2**26))
+                  f"fused {per_param_seconds(numel, pinned=True, fused=True) * 1e9:.2f}"
+                  for numel in (2**22, 2**24, 2**26))
         print(f"  pinned parameters and gradients, as FSDP2 offloads them ({nodes} NUMA nodes): " + ", ".join(pinned))
     tensors, params = host_optimizer_shape(cache, psutil.virtual_memory().available, ranks=1)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")

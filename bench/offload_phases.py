@@ -34,6 +34,7 @@ from stratagem.advisor.profile.cache import profile_spec
 from stratagem.distributed import init_process_group
 from stratagem.plan import Plan
 from stratagem.plugins import apply_plan, autocast_context, build_mesh, build_optimizer
+from stratagem.plugins.host_optimizer import host_optimizer_options
 from stratagem.plugins.materialize import materialize
 from stratagem.verify.models import real_model
 from timing import median_seconds, sync  # bench/timing.py
@@ -113,7 +114,7 @@ def offloaded_step(spec: str, device: torch.device, *, steps: int = 3) -> None:
     print(f"{spec} offload=params, {sum(sizes) / 1e6:.0f}M parameters in {len(sizes)} tensors: step "
           f"{sum(medians.values()) * 1e3:.0f} ms = " + " + ".join(f"{p} {s * 1e3:.0f}" for p, s in medians.items()))
     print("  the optimizer's step: " + _kernel_side(kernel_side))
-    same_shapes(sizes, device, next(parallel.parameters()).device_mesh)
+    same_shapes(sizes, device, next(parallel.parameters()).device_mesh, plan)
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -154,13 +155,13 @@ def _kernel_side(rows: list[tuple[float, float, float]]) -> str:
     return f"{wall * 1e3:.0f} ms, {system * 1e3:.0f} ms of it in the kernel, {faults / 1e3:.0f}k page faults"
 
 
-def same_shapes(sizes: list[int], device: torch.device, mesh: DeviceMesh) -> None:
+def same_shapes(sizes: list[int], device: torch.device, mesh: DeviceMesh, plan: Plan) -> None:
     """AdamW over DTensors of the model's own parameter sizes on its mesh, shards on the host,
-    pinned on a GPU node, fused, as ``calibrate`` times its two large tensors: what the real step
-    adds beyond them is FSDP's, not the shapes'."""
+    pinned on a GPU node, on the path the plugins take for ``plan`` (fused), as ``calibrate``
+    times its two large tensors: what the real step adds beyond them is FSDP's, not the shapes'."""
     params = [param for numel in sizes for param in benchmark_parameters(
         1, numel, torch.device("cpu"), mesh, pin_memory=device.type == "cuda")]
-    optimizer = torch.optim.AdamW(params, lr=1e-4, fused=True)
+    optimizer = torch.optim.AdamW(params, **host_optimizer_options(plan, torch.optim.AdamW, {"lr": 1e-4}))
     optimizer.step()  # makes the states
     rows: list[tuple[float, float, float]] = []
     for _ in range(3):

@@ -4,7 +4,7 @@ torch.optim's default on CPU tensors steps one tensor at a time, and Adam's upda
 parameter-sized temporaries a tensor (the second moment's square root and its quotient), whose
 fresh pages the kernel faults in and zeroes at every step; the fused kernel makes one pass over
 each parameter, its gradient and its states. torchtitan builds its optimizers fused by default.
-On this project's 2-core host AdamW took 1.3-3.4 ns a parameter one tensor at a time and 0.3-0.6
+On this project's 2-core host AdamW took 1.3-4.5 ns a parameter one tensor at a time and 0.3-0.7
 fused (``bench/host_optimizer_cache.py``; docs/cost-model.md, "Optimizer step and offload"). A
 caller that names ``fused`` or ``foreach`` keeps what it named.
 """

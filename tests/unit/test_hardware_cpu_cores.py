@@ -76,7 +76,7 @@ def test_zen4_runs_avx512_on_256_bit_pipes_and_bf16_at_twice_fp32(tmp_path):
     """Zen 4: 32 fp32 FLOPs a cycle (AVX-512 in two halves), VDPBF16PS twice that, no fp16 units:
     torch's unvectorized fp16 kernels; the clock is the first processor's cpu MHz."""
     core = _probe(tmp_path, ZEN4)
-    assert core == CoreInfo("avx512-256", ("avx512_bf16",), 2596.128e6)
+    assert core == CoreInfo("avx512-256", ("avx512_bf16",), 2596.128e6, "AMD EPYC")
     peaks = core_peaks(_host(core))
     assert peaks["fp32"] == pytest.approx(32 * 2596.128e6)
     assert peaks["bf16"] == pytest.approx(2 * peaks["fp32"])
@@ -86,14 +86,15 @@ def test_zen4_runs_avx512_on_256_bit_pipes_and_bf16_at_twice_fp32(tmp_path):
 def test_sapphire_rapids_takes_intel_pstates_base_clock_and_its_half_units(tmp_path):
     """Two 512-bit FMA units; bf16 and fp16 both native; sysfs's base_frequency, not the idle 800 MHz."""
     core = _probe(tmp_path, SAPPHIRE_RAPIDS, base_frequency=2_000_000, cpuinfo_max_freq=3_800_000)
-    assert core == CoreInfo("avx512", ("amx_bf16", "avx512_bf16", "avx512_fp16"), 2.0e9)
+    assert core == CoreInfo("avx512", ("amx_bf16", "avx512_bf16", "avx512_fp16"), 2.0e9,
+                           "Intel(R) Xeon(R) Platinum 8480+")
     peaks = core_peaks(_host(core))
     assert peaks == pytest.approx({"fp32": 128e9, "bf16": 256e9, "fp16": 256e9})
 
 
 def test_an_intel_name_gives_the_nominal_clock_where_sysfs_has_none(tmp_path):
     core = _probe(tmp_path, HASWELL)
-    assert core == CoreInfo("avx2", (), 2.5e9)
+    assert core == CoreInfo("avx2", (), 2.5e9, "Intel(R) Xeon(R) CPU E5-2680 v3 @ 2.50GHz")
     assert core_peaks(_host(core))["bf16"] == core_peaks(_host(core))["fp32"] == pytest.approx(80e9)
 
 

@@ -43,7 +43,7 @@ DTENSOR_FUSED_TENSOR_SECONDS = 33e-6
 
 # Host memory bandwidth torch's fused CPU optimizer reaches per node when offloaded, bytes/s, shared
 # by the node's ranks (a two-socket DDR5 host streams a few hundred GB/s; bench/host_optimizer_cache.py
-# measures it: 86 GB/s at 28 bytes a parameter on two Zen 4 cores). Estimate.
+# measures it: 46-88 GB/s at 28 bytes a parameter on two Zen 4 cores). Estimate.
 HOST_OPTIMIZER_BANDWIDTH_PER_NODE = 50e9
 
 

@@ -24,7 +24,7 @@ from stratagem.plan.precision import get_precision
 # Share of the catalog's dense peak that profiled FLOPs reach uncalibrated, on accelerators whose
 # GEMMs the shape model cannot treat (SMs not catalogued): estimate from bf16 GEMMs at transformer
 # shapes (60-75 % of peak). CPU: oneDNN's GEMMs reach a core's vector peak at about its nominal
-# clock (bench/cpu_rates.py: 1.11-1.28 of it on a Zen 4 host; docs/hardware.md, "CPU ranks").
+# clock (bench/cpu_rates.py: 0.98-1.25 of it on a Zen 4 host; docs/hardware.md, "CPU ranks").
 ACHIEVABLE_FLOPS_FRACTION = {"gpu": 0.6, "cpu": 1.0}
 
 # Share of the 16-bit dense peak the largest GEMMs of a step sustain on a GPU no measurement in the

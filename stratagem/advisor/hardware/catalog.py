@@ -363,14 +363,15 @@ CPU_HALF_UNITS: dict[str, tuple[str, Fig]] = {
     "amx_fp16": ("fp16", est(2, "AMX tiles' rate in torch's GEMMs not measured: counted as AVX512-FP16")),
 }
 CPU_FP16_UNVECTORIZED = est(2, "FLOPs a cycle of a rank's fp16 Linears on cores without AVX512-FP16 or "
-                               "AMX-FP16: torch's reference GEMMs, on one thread; a Linear's forward, input "
-                               "and weight gradients at 7.2, 1.0 and 2.6 on an AMD EPYC Zen 4, 2.0 together; "
-                               "its convolutions 0.13 a core (bench/cpu_rates.py)")
+                               "AMX-FP16: torch's reference GEMMs, the gradients' on one thread; on an AMD "
+                               "EPYC Zen 4 the forward 14.3-14.6 on two threads, the input and weight "
+                               "gradients 1.0-1.1 and 2.6, 5.3-5.7 GFLOP/s together at 2.6 GHz; its "
+                               "convolutions 0.3 GFLOP/s a core (bench/cpu_rates.py)")
 # Where the class or clock cannot be read: a core of two AVX2 FMA units at ~3 GHz, about half reached.
 CPU_FLOPS_PER_CORE = est(50e9, "x86 core with 2 AVX2 FMA units at ~3 GHz: 96 GFLOP/s peak, about half reached")
 # A rank's DRAM bandwidth: its cores' streams, up to its share of its sockets' channels.
 CPU_CORE_STREAM = est(16 * GB, "one core's stream: its L2's ~32 misses in flight × 64 B over ~130 ns "
-                               "(Little's law); STREAM on one Xeon core reaches 10-20 GB/s")
+                               "(Little's law); bench/cpu_rates.py measures it (a Zen 4 core: 21-27 GB/s)")
 CPU_SOCKET_BANDWIDTH = est(205 * GB, "8 channels of DDR4-3200 at 25.6 GB/s; DDR5 sockets have more")
 
 

@@ -1,5 +1,5 @@
 """What this host's cores compute with: their vector units' class and half-precision extensions,
-read from ``/proc/cpuinfo``, and their nominal clock, from sysfs or the CPU's name.
+read from ``/proc/cpuinfo`` with the CPU's name, and their nominal clock, from sysfs or that name.
 
 The class names a row of :data:`~stratagem.advisor.hardware.catalog.CPU_CORES` (fp32 FLOPs a cycle);
 :func:`~stratagem.advisor.hardware.lookup.cpu_device` turns both into a core's peak
@@ -27,17 +27,18 @@ class CoreInfo:
     isa: str  # a key of catalog.CPU_CORES, "" where unknown
     extensions: tuple[str, ...]  # flags of catalog.CPU_HALF_UNITS the core has
     clock_hz: float | None  # nominal clock; None where nothing says
+    name: str = ""  # cpuinfo's model name
 
 
 def probe_cores(cpuinfo: Path = Path("/proc/cpuinfo"), cpus: Path = Path("/sys/devices/system/cpu")) -> CoreInfo:
-    """The first core's class, half-precision extensions and nominal clock (unknowns empty)."""
+    """The first core's class, half-precision extensions, nominal clock and model name (unknowns empty)."""
     try:
         fields = _first_processor(cpuinfo.read_text())
     except OSError:
         return CoreInfo("", (), None)
     flags = set((fields.get("flags") or fields.get("Features") or "").split())
     extensions = tuple(sorted(flags & set(catalog.CPU_HALF_UNITS)))
-    return CoreInfo(core_class(fields, flags), extensions, nominal_clock(fields, cpus))
+    return CoreInfo(core_class(fields, flags), extensions, nominal_clock(fields, cpus), fields.get("model name", ""))
 
 
 def _first_processor(text: str) -> dict[str, str]:

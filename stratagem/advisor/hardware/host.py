@@ -20,7 +20,8 @@ def probe_host() -> HostSpec:
     core = probe_cores()
     return HostSpec(num_cores=cores or psutil.cpu_count(logical=True) or 1,
                     num_physical_cores=psutil.cpu_count(logical=False),
-                    memory_bytes=psutil.virtual_memory().total, cpu_name=_cpu_name(),
+                    memory_bytes=psutil.virtual_memory().total,
+                    cpu_name=core.name or platform.processor() or platform.machine(),
                     core_isa=core.isa, isa_extensions=core.extensions, clock_hz=core.clock_hz,
                     num_sockets=num_sockets())
 
@@ -34,16 +35,6 @@ def num_sockets(cpus: Path = Path("/sys/devices/system/cpu")) -> int:
         except OSError:
             continue
     return len(packages) or 1
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def last_level_cache_bytes(cpus: Path = Path("/sys/devices/system/cpu")) -> int | None:
