@@ -261,3 +261,21 @@ def test_a_tied_hugging_face_decoder_is_verified_as_a_pipeline_built_on_meta(tmp
     plan = Plan(pp=2, microbatches=2, micro_batch_size=2, precision="fp32", block_container="model.layers")
     measured = verify_plan(f"hf:{tmp_path}", plan, seq_len=16, optimizer="adamw", steps=1, timeout=240)
     assert measured.step_seconds > 0 and measured.peak_bytes > 0
+
+
+def wide_activations(batch_size: int = 2048):
+    """A factory (``test_verify:wide_activations``): a 16 MiB Linear and four Tanh, each saving its
+    16 MiB output for backward."""
+    layers = [torch.nn.Linear(2048, 2048)] + [torch.nn.Tanh() for _ in range(4)]
+    return torch.nn.Sequential(*layers), (torch.randn(batch_size, 2048),)
+
+
+def test_a_ddp_rank_is_measured_beside_its_gradient_buckets() -> None:
+    """DDP rebuilds its gradient buckets as the second forward starts, and on CPU their pages count
+    once written: the peak, as backward starts here, is measured into the steady state, where the
+    buckets (a copy of the gradients, 16 MiB) stand beside the activations one process holds
+    (measured over two steps: 146 MiB against one process's 148)."""
+    single = Plan(micro_batch_size=2048, precision="fp32", block_container="")
+    alone, ddp = (verify_plan("test_verify:wide_activations", plan, seq_len=None, optimizer="adamw", steps=1,
+                              timeout=240) for plan in (single, Plan.from_dict({**single.to_dict(), "dp_replicate": 2})))
+    assert ddp.peak_bytes - alone.peak_bytes > 10 * 2**20, (alone.peak_bytes / 2**20, ddp.peak_bytes / 2**20)
