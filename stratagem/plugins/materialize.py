@@ -40,7 +40,10 @@ def materialize(module: nn.Module, device: torch.device, *, params_on_host: bool
     (DTensor random ops). A module holding tensors with neither method raises :class:`UsageError`."""
     if not has_meta_tensors(module):
         return
+    hooks = _gradient_hooks(module)
     module.to_empty(device="cpu" if params_on_host else device)
+    for (owner, name), registered in hooks.items():
+        owner._parameters[name]._backward_hooks = registered  # attached anew, once (the setter clears)
     if params_on_host:
         for sub in module.modules():
             sub._buffers.update({name: b.to(device) for name, b in sub._buffers.items() if b is not None})
@@ -51,6 +54,17 @@ def materialize(module: nn.Module, device: torch.device, *, params_on_host: bool
         raise UsageError(f"cannot initialise a model built on meta: {', '.join(sorted(missing))} "
                          "define neither init_weights() nor reset_parameters()\nHINT: add one, or build the "
                          "model on a real device (trainer.init_module(empty_init=False))")
+
+
+def _gradient_hooks(module: nn.Module) -> dict[tuple[nn.Module, str], dict]:
+    """The hooks registered on ``module``'s parameters, by owner and name, for ``materialize`` to
+    attach to what ``to_empty`` leaves in their place: a new parameter where it was on ``meta``,
+    the same one for a tensor subclass (DTensor), swapped in place (``torch.utils.swap_tensors``),
+    which keeps its dict of hooks while the autograd engine's hook that calls them stays with the
+    tensor swapped out (torch 2.13). Either way they never ran: the TP plugin's hook, which keeps a
+    split embedding's gradient to the rank's rows, was lost, and every rank kept the whole table's."""
+    return {(owner, name): parameter._backward_hooks for owner in module.modules()
+            for name, parameter in owner._parameters.items() if parameter is not None and parameter._backward_hooks}
 
 
 def _initialise(module: nn.Module, missing: set[str]) -> None:

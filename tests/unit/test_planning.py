@@ -109,6 +109,28 @@ def test_materialize_for_cpu_offload_puts_the_parameters_in_host_memory_and_the_
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
+def test_hooks_on_a_meta_module_s_dtensor_parameters_fire_once_after_materialize(one_rank) -> None:
+    """``to_empty`` swaps a DTensor parameter in place, the engine's hook staying with the tensor
+    swapped out, and replaces a plain one: hooks on either never ran (the TP plugin's on a split
+    embedding's gradient, after verify built the model on meta: each rank kept the whole table's
+    gradient). Each fires once."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (1,))
+    with torch.device("meta"):
+        model = nn.Linear(4, 2)
+    model.weight = nn.Parameter(distribute_tensor(model.weight, mesh, [Shard(0)]))
+    model.bias = nn.Parameter(torch.empty(2, device="meta"))
+    calls = []
+    for parameter in model.parameters():
+        parameter.register_hook(lambda grad, name=type(parameter).__name__: calls.append(name) or grad)
+    materialize(model, torch.device("cpu"))
+    model.weight.sum().backward()
+    model.bias.sum().backward()
+    assert calls == ["DTensor", "Parameter"]
+
+
 def test_materialize_without_an_initialiser_is_a_usage_error() -> None:
     class Bare(nn.Module):
         def __init__(self) -> None:
