@@ -7,7 +7,10 @@ call the package where it is installed and a reference PyTorch implementation wh
 fake tensors, so the profile always runs the reference path, and says which functions it took:
 a run with the packages installed keeps less for backward and runs faster than that profile
 predicts; a run without them takes the reference path too (Mamba's: a Python loop over the
-tokens, every token's state kept). docs/cost-model.md, "Fused-kernel fallbacks".
+tokens, every token's state kept). Before those wrappers (transformers 4.x) the state-space mixers
+chose for themselves: ``cuda_kernels_forward`` where the packages are installed and the weights
+are on CUDA, else ``slow_forward``, which the profile's fake CPU tensors always take; the note
+names those mixers instead. docs/cost-model.md, "Fused-kernel fallbacks".
 """
 
 from __future__ import annotations
@@ -22,6 +25,17 @@ from torch import nn
 
 _CLOSURE = ("torch_function", "func_name", "package", "is_new_implementation")
 """What transformers' fallback wrapper closes over (``transformers.integrations.hub_kernels``)."""
+
+
+SLOW_PATH_PACKAGES = ("mamba-ssm", "causal-conv1d")
+"""The kernels a transformers 4.x state-space mixer's ``cuda_kernels_forward`` calls (Mamba, Mamba2,
+Jamba, FalconMamba and the hybrids built on their mixers)."""
+
+
+def _chooses_its_path(module: nn.Module) -> bool:
+    """Whether ``module`` is a transformers 4.x mixer that picks its fused kernels or its reference
+    path itself (``cuda_kernels_forward`` beside ``slow_forward``)."""
+    return callable(getattr(module, "cuda_kernels_forward", None)) and callable(getattr(module, "slow_forward", None))
 
 
 class Fallback(NamedTuple):
@@ -60,6 +74,7 @@ class KernelFallbacks:
                                             if type(m).__module__ in sys.modules)}
         self._found = [(ns, name, value, fallback) for ns in namespaces.values() for name, value in list(ns.items())
                        if (fallback := _fallback(value)) is not None]
+        self.slow_paths = sorted({type(m).__name__ for m in model.modules() if _chooses_its_path(m)})
 
     def __enter__(self) -> KernelFallbacks:
         for namespace, name, value, fallback in self._found:
@@ -86,6 +101,10 @@ class KernelFallbacks:
 
     def note(self) -> str | None:
         """What the profile ran in place of fused kernels, and what that means for a run; None if nothing."""
+        if self.slow_paths and not self.ran:
+            return (f"{', '.join(self.slow_paths)} profiled through slow_forward, transformers' reference PyTorch "
+                    f"path, as a run off CUDA or without {', '.join(SLOW_PATH_PACKAGES)} takes it; with them "
+                    "installed on CUDA, cuda_kernels_forward keeps less for backward and runs faster than predicted")
         if not self.ran:
             return None
         packages = sorted({f.distribution for f in self.ran})
