@@ -316,8 +316,9 @@ def _state_notes(name: str, found: list[Any], classes: str, source: str) -> tupl
     """What the cost model's ``name`` misses of the states of the optimizers ``found``."""
     groups = [group for optimizer in found for group in optimizer.param_groups]
     if name == "sgd" and any(not group.get("momentum") for group in groups):
-        return ((f"{source} gives SGD without momentum, which keeps no state; the cost model counts SGD's "
-                 "momentum buffer, so the optimizer states are an upper bound"),)
+        return ((f"{source} gives SGD without momentum, which keeps no state; the cost model prices SGD with "
+                 "momentum, its buffer and the step's passes over it, so the optimizer's memory and time are an "
+                 "upper bound"),)
     if name == "adamw" and any(group.get("amsgrad") for group in groups):
         return (f"{source} gives {classes} with amsgrad, whose third state per parameter the cost model omits",)
     return ()

@@ -12,6 +12,10 @@ OPTIMIZER_CLASSES = {"adamw": ("AdamW", "Adam"), "sgd": ("SGD",)}
 """The cost model's optimizers, each with the torch.optim classes (and their subclasses) it prices,
 the first the one ``calibrate`` times: Adam keeps AdamW's two states and runs its step."""
 OPTIMIZERS = tuple(OPTIMIZER_CLASSES)
+OPTIMIZER_OPTIONS: dict[str, dict[str, float]] = {"adamw": {}, "sgd": {"momentum": 0.9}}
+"""What the cost model's optimizers run with beyond the learning rate, wherever stratagem builds one
+(``calibrate`` times it, ``verify`` trains with it): SGD with momentum, whose buffer the memory model
+counts and whose step the time model streams (torch's default, momentum 0, keeps no state)."""
 HOST_FUSED_OPTIMIZERS = frozenset({"adamw"})
 """The optimizers an offloaded plan steps fused on the host (plugins/host_optimizer.py): those whose
 fused kernel DTensor shards (torch.distributed.tensor registers ``_fused_adam(w)_``, not

@@ -40,6 +40,7 @@ from stratagem.distributed import across_ranks
 from stratagem.peak_memory import PeakMemory
 from stratagem.plan import Plan
 from stratagem.plan.stages import removal_convention
+from stratagem.plan.workload import OPTIMIZER_OPTIONS
 from stratagem.plugins import apply_plan, autocast_context, build_mesh, build_optimizer
 from stratagem.plugins.materialize import materialize
 from stratagem.errors import UsageError
@@ -145,7 +146,7 @@ def measure_plan(model: RealModel, plan: Plan, *, optimizer: str, steps: int, wa
         warnings.filterwarnings("ignore", "DTensor random operators may not have complete support")
         run, parameters = step(built, plan, mesh, built.batch.to(device), device)
     del built  # a pipeline rank keeps its stages alone (the run holds what a data-parallel one needs)
-    opt = build_optimizer(parameters, plan, optimizer_class(optimizer), lr=1e-4)
+    opt = build_optimizer(parameters, plan, optimizer_class(optimizer), lr=1e-4, **OPTIMIZER_OPTIONS[optimizer])
     report("built", seconds=time.perf_counter() - started)
 
     def train_step(phase: str, index: int, total: int) -> tuple[float, float]:

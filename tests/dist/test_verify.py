@@ -16,6 +16,7 @@ from stratagem.errors import UsageError
 from stratagem.plan import Plan
 from stratagem.advisor.cost.estimate import Estimate
 from stratagem.verify import verify_estimates, verify_plan
+from stratagem.verify.runner import MEMORY_STEPS
 
 _TINY = ["--model", "llama-tiny", "--global-batch-size", "4", "--seq-len", "16", "--precision", "fp32"]
 
@@ -39,7 +40,9 @@ def test_verify_runs_the_best_plan_and_writes_it(tmp_path: Path) -> None:
     for phase in ("profile: llama-tiny", "search: plans for 1x2xcpu", "spawn: 2 ranks", "build: model, plan"):
         assert f"{phase}" in done.stderr and any(line.startswith(phase) and "(done in " in line for line in lines)
     steps = [line for line in lines if line.startswith(("warm-up: step", "measured: step"))]
-    assert [line.split(":")[1] for line in steps] == [" step 1/3", " step 2/3", " step 3/3", " step 1/2", " step 2/2"] * 2
+    warm = MEMORY_STEPS + 1  # the steps the peak is read over, and one more
+    assert [line.split(":")[1] for line in steps] == ([f" step {i}/{warm}" for i in range(1, warm + 1)]
+                                                      + [" step 1/2", " step 2/2"]) * 2
     last_step = max(i for i, line in enumerate(lines) if line.startswith(("warm-up: step", "measured: step")))
     assert last_step < next(i for i, line in enumerate(lines) if line.startswith("verify [1/1] run 2/2"))
     assert "spawn:" not in done.stdout  # stdout keeps the results
@@ -244,11 +247,12 @@ def two_wide_layers(batch_size: int = 4):
 
 def test_a_pipeline_rank_is_measured_holding_its_own_stage() -> None:
     """verify builds the whole model on every rank before splitting it; a rank's measured peak is
-    what its stage holds (its Linear, gradient and SGD's momentum: 48 MiB), not the other stage's
-    Linear as well (64 MiB while the runner kept the whole model)."""
+    what its stage holds (its Linear, gradient and SGD's momentum, and the second micro-batch's
+    weight gradient before it is added to the first's: 64 MiB), not the other stage's Linear as
+    well (80 MiB while the runner kept the whole model)."""
     plan = Plan(pp=2, microbatches=2, micro_batch_size=2, precision="fp32", block_container="")
     measured = verify_plan("test_verify:two_wide_layers", plan, seq_len=None, optimizer="sgd", steps=1, timeout=240)
-    assert measured.peak_bytes < 56 * 2**20, measured.peak_bytes / 2**20
+    assert measured.peak_bytes < 72 * 2**20, measured.peak_bytes / 2**20
 
 
 def test_a_tied_hugging_face_decoder_is_verified_as_a_pipeline_built_on_meta(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from stratagem.advisor.calibrate.calibration import (
     fit_link,
     hardware_key,
     stale_host_optimizer_note,
+    stale_sgd_note,
 )
 from stratagem.advisor.cost.optimizer import (DTENSOR_FUSED_TENSOR_SECONDS, DTENSOR_OP_SECONDS,
                                                FUSED_TENSOR_PASSES, HOST_OPTIMIZER_BANDWIDTH_PER_NODE,
@@ -231,6 +232,20 @@ def test_an_older_calibration_drops_its_host_optimizer_figure_and_says_why(name:
     assert stored.memory_latency == pytest.approx(459e-9, rel=0.03) and stored.version == FORMAT_VERSION
 
 
+def test_a_format_11_sgd_figure_timed_without_momentum_is_dropped() -> None:
+    """Format 11 timed torch's default SGD, without momentum, where the cost model's SGD keeps it
+    (its buffer in memory, its passes in time): SGD's figures are dropped, AdamW's stand."""
+    cluster = parse_cluster("1xH100-SXM-80GB")
+    current = _calibration(cluster)
+    older = {**current.to_dict(), "version": 11}
+    older["host_optimizer_seconds"] = {"adamw": (1.4e-9, 3e-5), "sgd": (3e-10, 5e-6)}
+    read = Calibration.from_dict(older)
+    assert "sgd" in (current.optimizer_seconds or {}) and stale_sgd_note(11) in read.notes
+    assert read.optimizer_seconds == {k: v for k, v in current.optimizer_seconds.items() if k != "sgd"}
+    assert read.host_optimizer_seconds == {"adamw": (1.4e-9, 3e-5)}
+    assert not any("SGD" in note for note in Calibration.from_dict(current.to_dict()).notes)
+
+
 def test_a_format_10_host_figure_timed_one_tensor_at_a_time_is_dropped() -> None:
     """Format 10 timed the host's optimizer on torch's default path, one tensor at a time; the
     plugins step offloaded parameters fused now, several times faster: the figure is dropped."""
@@ -238,4 +253,4 @@ def test_a_format_10_host_figure_timed_one_tensor_at_a_time_is_dropped() -> None
     older = {**_calibration(cluster).to_dict(), "version": 10}
     read = Calibration.from_dict(older)
     assert read.host_optimizer_seconds is None and stale_host_optimizer_note(10) in read.notes
-    assert read.optimizer_seconds == _calibration(cluster).optimizer_seconds  # the device's figure stands
+    assert read.optimizer_seconds["adamw"] == _calibration(cluster).optimizer_seconds["adamw"]  # the device's stands

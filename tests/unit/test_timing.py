@@ -102,7 +102,7 @@ def test_single_device_is_compute_plus_optimizer_only():
 
 def test_sgd_streams_fewer_bytes_than_adamw():
     adamw = _time(Plan()).optimizer
-    assert _time(Plan(), optimizer="sgd").optimizer == pytest.approx(adamw * 3 / 20)
+    assert _time(Plan(), optimizer="sgd").optimizer == pytest.approx(adamw * 8 / 20)  # momentum SGD's passes
 
 
 def test_a_calibrated_optimizer_step_replaces_streaming_and_launching_estimates():

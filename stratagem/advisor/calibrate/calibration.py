@@ -29,17 +29,27 @@ __all__ = ["COLLECTIVES", "Calibration", "LinkFit", "calibrated", "calibration_p
            "fit_link", "hardware_key", "ring_steps"]
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "p2p")
-FORMAT_VERSION = 11  # 6: op_byte_seconds per byte moved, not written; unaligned_matmul. 7: tp_linear_seconds.
+FORMAT_VERSION = 12  # 6: op_byte_seconds per byte moved, not written; unaligned_matmul. 7: tp_linear_seconds.
 # 8: dtensor_optimizer_seconds (per step, per tensor) in place of dtensor_op_seconds (per operator);
 # host_optimizer_seconds over DTensors. 9: host_optimizer_seconds over tensors larger than the host's cache.
 # 10: host_optimizer_seconds over DTensors whose shards stay on the host, pinned as FSDP2 keeps them.
 # 11: host_optimizer_seconds of torch's fused kernel, which the plugins step offloaded parameters with.
+# 12: SGD timed with momentum (OPTIMIZER_OPTIONS), as the memory model counts its buffer.
+READABLE_FORMATS = (8, 9, 10, 11, FORMAT_VERSION)
+SGD_WITH_MOMENTUM_FORMAT = 12
 STALE_HOST_OPTIMIZER_NOTES = {
     8: "timed by a calibration of format 8, over tensors small enough for a server's CPU cache to hold",
     9: "timed by a calibration of format 9, whose DTensors on a GPU mesh moved their shards onto the GPU",
     10: "timed by a calibration of format 10, one tensor at a time, where the plugins now step fused",
 }
 """Why the host optimizer figure of an older calibration format is dropped when it is read, by format."""
+
+
+def stale_sgd_note(version: int) -> str:
+    """What reading a calibration of format ``version`` (before SGD was timed with momentum) says
+    of the SGD figures it drops."""
+    return (f"SGD's step: timed without momentum by a calibration of format {version}, where the cost model's SGD "
+            "keeps momentum; its streaming estimate stands until `stratagem calibrate` runs again")
 
 
 def stale_host_optimizer_note(version: int) -> str:
@@ -92,6 +102,22 @@ def fit_link(op: str, group_size: int, points: list[tuple[int, float]]) -> LinkF
 STALE_ATTENTION_NOTE = ("this calibration has no attention rates (an earlier stratagem took it): fused attention "
                         "is priced at the GEMMs' calibrated rate; run `stratagem calibrate` again to measure it")
 """The note a GPU cluster's calibration without fused attention's rates adds (cost.attention)."""
+
+
+def _without_stale_figures(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` (a calibration's dict) less the figures its format timed otherwise than the cost
+    model prices now, each with a note: the host optimizer's before format 11
+    (:func:`stale_host_optimizer_note`), SGD's before format 12 (:func:`stale_sgd_note`)."""
+    version, notes = data["version"], list(data.get("notes", ()))
+    if version in STALE_HOST_OPTIMIZER_NOTES and data.get("host_optimizer_seconds"):
+        data = {**data, "host_optimizer_seconds": None}
+        notes.append(stale_host_optimizer_note(version))
+    timed = {key: data[key] for key in ("optimizer_seconds", "host_optimizer_seconds") if data.get(key)}
+    if version < SGD_WITH_MOMENTUM_FORMAT and any("sgd" in figures for figures in timed.values()):
+        data = {**data, **{key: {name: costs for name, costs in figures.items() if name != "sgd"}
+                           for key, figures in timed.items()}}
+        notes.append(stale_sgd_note(version))
+    return {**data, "notes": notes}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -220,15 +246,12 @@ class Calibration:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Calibration:
-        """Inverse of :meth:`to_dict`; an older format's host optimizer figure is dropped, with
-        :func:`stale_host_optimizer_note`."""
-        if data.get("version") not in (*STALE_HOST_OPTIMIZER_NOTES, FORMAT_VERSION):
+        """Inverse of :meth:`to_dict`; what an older format timed otherwise than the cost model
+        prices now is dropped (:func:`_without_stale_figures`)."""
+        if data.get("version") not in READABLE_FORMATS:
             raise UsageError(f"calibration format {data.get('version')} is not {FORMAT_VERSION}\n"
                              "HINT: run `stratagem calibrate` again")
-        if data["version"] in STALE_HOST_OPTIMIZER_NOTES and data.get("host_optimizer_seconds"):
-            data = {**data, "host_optimizer_seconds": None,
-                    "notes": [*data.get("notes", ()), stale_host_optimizer_note(data["version"])]}
-        data = {**data, "version": FORMAT_VERSION}
+        data = {**_without_stale_figures(data), "version": FORMAT_VERSION}
         links = {scope: {op: {int(n): LinkFit(fit["latency"], fit["bandwidth"], tuple(map(tuple, fit["points"])))
                               for n, fit in fits.items()} for op, fits in ops.items()}
                  for scope, ops in data["links"].items()}

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from stratagem.advisor.calibrate.benchmarks import interleaved
-from stratagem.plan.workload import HOST_FUSED_OPTIMIZERS, OPTIMIZER_CLASSES
+from stratagem.plan.workload import HOST_FUSED_OPTIMIZERS, OPTIMIZER_CLASSES, OPTIMIZER_OPTIONS
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -32,7 +32,8 @@ OPTIMIZER_SMALL_TENSORS = (512, 64)
 def optimizer_seconds(num_params: int, device: torch.device, *, repeats: int, mesh: DeviceMesh | None = None,
                       tensors: int = 8, pin_memory: bool = False,
                       fused: bool = False) -> dict[str, tuple[float, float]]:
-    """Per optimizer of :data:`~stratagem.plan.OPTIMIZERS`, as torch.optim runs it by
+    """Per optimizer of :data:`~stratagem.plan.OPTIMIZERS`, with its
+    :data:`~stratagem.plan.workload.OPTIMIZER_OPTIONS`, as torch.optim runs it by
     default on ``device`` (one tensor at a time on CPU, ``foreach`` on GPUs): seconds of its step
     per fp32 parameter (streaming the parameters, gradients and states) and per parameter tensor
     (launching its operators), solved from two steps timed :func:`interleaved`: over
@@ -45,8 +46,9 @@ def optimizer_seconds(num_params: int, device: torch.device, *, repeats: int, me
     from stratagem.plan import OPTIMIZERS
 
     shapes = ((tensors, num_params // tensors), OPTIMIZER_SMALL_TENSORS)
-    steps = [optimizer_class(name)(benchmark_parameters(count, numel, device, mesh, pin_memory=pin_memory),
-                                   lr=1e-4, **({"fused": True} if fused and name in HOST_FUSED_OPTIMIZERS else {})).step
+    steps = [optimizer_class(name)(benchmark_parameters(count, numel, device, mesh, pin_memory=pin_memory), lr=1e-4,
+                                   **OPTIMIZER_OPTIONS[name],
+                                   **({"fused": True} if fused and name in HOST_FUSED_OPTIMIZERS else {})).step
              for name in OPTIMIZERS for count, numel in shapes]
     seconds = interleaved(steps, device, repeats=repeats)
     (n_large, p_large), (n_small, p_small) = ((tensors, tensors * numel) for tensors, numel in shapes)

@@ -10,9 +10,10 @@ from stratagem.plan import Plan
 from stratagem.plan.workload import HOST_FUSED_OPTIMIZERS
 
 # Tensor reads + writes per parameter in one torch.optim step (foreach or single-tensor: the same
-# operators), counted from torch 2.13's adam.py: AdamW 20 (weight decay 2, both moments 5, the
-# denominator 6, addcdiv 4), SGD without momentum 3. Calibrated.
-OPTIMIZER_TENSOR_PASSES = {"adamw": 20, "sgd": 3}
+# operators), counted from torch 2.13's adam.py and sgd.py: AdamW 20 (weight decay 2, both moments
+# 5, the denominator 6, addcdiv 4), SGD with momentum (OPTIMIZER_OPTIONS) 8 (the buffer scaled 2,
+# the gradient added 3, the parameter updated 3). Calibrated.
+OPTIMIZER_TENSOR_PASSES = {"adamw": 20, "sgd": 8}
 
 # The same for the fused kernel an offloaded plan's host step runs (HOST_FUSED_OPTIMIZERS): each
 # tensor read once and the updated ones written once: AdamW the parameter, its gradient and two
@@ -20,8 +21,9 @@ OPTIMIZER_TENSOR_PASSES = {"adamw": 20, "sgd": 3}
 FUSED_TENSOR_PASSES = {"adamw": 7}
 
 # Operators one optimizer step dispatches per parameter tensor (torch.optim's single-tensor update,
-# zero_grad included), counted with a dispatch-mode counter on torch 2.13.
-OPTIMIZER_OPS_PER_TENSOR = {"adamw": 10, "sgd": 3}
+# zero_grad included), counted with a dispatch-mode counter on torch 2.13: momentum adds SGD's
+# two on its buffer (mul_, add_) to the update's.
+OPTIMIZER_OPS_PER_TENSOR = {"adamw": 10, "sgd": 5}
 
 # Host seconds per operator call on DTensors (FSDP2 and TP parameters: DTensor's dispatch and
 # sharding propagation around the local kernel), the optimizer's own bookkeeping per step included.
