@@ -45,7 +45,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, plan_defaults: bool 
                         help=f"{PRECISION_NAMES} (default: "
                         + ("the first plan's, else " if plan_defaults else "") + "bf16-mixed)")
     parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw",
-                        help="the optimizer whose states and step are priced: adamw, or sgd with momentum (default: adamw)")
+                        help="the optimizer whose states and step are priced: adamw, or sgd with momentum "
+                        "(default: adamw)")
     parser.add_argument("--no-cache", dest="cache", action="store_false",
                         help="profile the model again instead of reading a cached profile")
 

@@ -57,9 +57,9 @@ or ``"measured"``, ``index`` from 1, ``total``, ``seconds``)."""
 MEMORY_STEPS = 3
 """Steps the peak memory is measured over, at least: the first of the steady state. The second is
 the first to run its forward beside the optimizer's states, and DDP rebuilds its gradient buckets
-at that forward's start (in the order the first backward made gradients ready: ``Reducer.
-_rebuild_buckets``), so on CPU, where a tensor's pages count once written, the new buckets hold
-nothing resident until that step's backward: only the third forward runs beside them."""
+as that forward starts (``_rebuild_buckets``, in the order the first backward made the gradients
+ready), so on CPU, where a tensor's pages count once written, the new buckets hold nothing
+resident until that step's backward: only the third forward runs beside them."""
 
 
 @dataclass(frozen=True, slots=True)

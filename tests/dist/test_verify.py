@@ -280,6 +280,7 @@ def test_a_ddp_rank_is_measured_beside_its_gradient_buckets() -> None:
     buckets (a copy of the gradients, 16 MiB) stand beside the activations one process holds
     (measured over two steps: 146 MiB against one process's 148)."""
     single = Plan(micro_batch_size=2048, precision="fp32", block_container="")
+    plans = (single, Plan.from_dict({**single.to_dict(), "dp_replicate": 2}))
     alone, ddp = (verify_plan("test_verify:wide_activations", plan, seq_len=None, optimizer="adamw", steps=1,
-                              timeout=240) for plan in (single, Plan.from_dict({**single.to_dict(), "dp_replicate": 2})))
+                              timeout=240) for plan in plans)
     assert ddp.peak_bytes - alone.peak_bytes > 10 * 2**20, (alone.peak_bytes / 2**20, ddp.peak_bytes / 2**20)
