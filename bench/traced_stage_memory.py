@@ -16,10 +16,11 @@ from __future__ import annotations
 import ctypes
 import gc
 
+import psutil
 import torch
 
 from stratagem.advisor.profile.cache import profile_spec
-from stratagem.peak_memory import PeakMemory, _resident
+from stratagem.peak_memory import PeakMemory
 from stratagem.plan import Plan
 from stratagem.plugins.traced_stages import traced_stages
 from stratagem.verify import runner
@@ -43,7 +44,9 @@ def malloc_bytes() -> int:
 
 
 def anonymous() -> int:
-    return _resident("VmRSS") - _resident("RssFile")
+    """Bytes of this process resident and not file-backed (shared libraries' code left out)."""
+    info = psutil.Process().memory_info()
+    return info.rss - info.shared
 
 
 def main() -> None:

@@ -51,6 +51,7 @@ from stratagem.integrations.planning import (
     check_plan_precision,
     choose_plan,
     constructor_options,
+    fuse_offloaded_optimizer,
     load_plan,
     release_at_exit,
     sampler_kwargs,
@@ -58,7 +59,7 @@ from stratagem.integrations.planning import (
     workload_optimizer,
 )
 from stratagem.integrations.steps import fabric_step
-from stratagem.plugins import apply_plan, build_mesh, build_optimizer, fuse_host_optimizer
+from stratagem.plugins import apply_plan, build_mesh, build_optimizer
 from stratagem.plugins.materialize import has_meta_tensors, initialises_after_sharding, materialize
 from stratagem.plugins.state_dict import (
     load_checkpoint,
@@ -266,8 +267,8 @@ class AutoParallelFabricStrategy(ModelParallelStrategy):
 
     @override
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
-        if self._plan is not None and fuse_host_optimizer(optimizer, self._plan) and self.global_rank == 0:
-            log.info("auto-parallel: %s steps the offloaded parameters fused on the host", type(optimizer).__name__)
+        if self._plan is not None:
+            fuse_offloaded_optimizer(optimizer, self._plan, rank=self.global_rank)
         if self._plan is None or not self._plan.shards_optimizer_only:
             return optimizer
         # ZeroRedundancyOptimizer must be built over the DDP module apply_plan returned.

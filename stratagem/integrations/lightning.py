@@ -51,6 +51,7 @@ from stratagem.integrations.planning import (
     check_plan_precision,
     choose_plan,
     constructor_options,
+    fuse_offloaded_optimizer,
     load_plan,
     plan_hyperparams,
     release_at_exit,
@@ -59,7 +60,7 @@ from stratagem.integrations.planning import (
     workload_optimizer,
 )
 from stratagem.integrations.steps import forward_inputs, lightning_step, positional
-from stratagem.plugins import apply_plan, build_mesh, build_optimizer, fuse_host_optimizer
+from stratagem.plugins import apply_plan, build_mesh, build_optimizer
 from stratagem.plugins.blocks import module_lists
 from stratagem.plugins.materialize import has_meta_tensors, initialises_after_sharding, materialize
 from stratagem.plugins.pipeline import Pipeline, rank_module
@@ -295,8 +296,7 @@ class AutoParallelStrategy(ModelParallelStrategy):
             assert isinstance(self.model, torch.nn.Module)
             self.optimizers = [build_optimizer(self.model, self.plan, type(user), **constructor_options(user))]
         for optimizer in map(_unwrap, self.optimizers):
-            if fuse_host_optimizer(optimizer, self.plan) and self.global_rank == 0:
-                log.info("auto-parallel: %s steps the offloaded parameters fused on the host", type(optimizer).__name__)
+            fuse_offloaded_optimizer(optimizer, self.plan, rank=self.global_rank)
 
     @override
     def model_to_device(self) -> None:

@@ -27,6 +27,7 @@ from stratagem.distributed import leave_process_group, naming_lost_peers
 from stratagem.plan import MeshAxis, Plan, Workload
 from stratagem.plan.workload import OPTIMIZER_CLASSES
 from stratagem.errors import UsageError
+from stratagem.plugins import fuse_host_optimizer
 
 if TYPE_CHECKING:
     from torch.optim import Optimizer
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from stratagem.advisor.search.advice import Advice
 
 __all__ = ["LIGHTNING_PRECISIONS", "PlanPrecision", "check_choice", "check_plan_accumulation", "check_plan_precision",
-           "choose_plan", "constructor_options", "load_plan", "plan_hyperparams", "release_at_exit",
+           "choose_plan", "constructor_options", "fuse_offloaded_optimizer", "load_plan", "plan_hyperparams", "release_at_exit",
            "sampler_kwargs", "stratagem_precision", "workload_optimizer"]
 
 log = logging.getLogger(__name__)
@@ -280,6 +281,13 @@ def _pipeline_shapes(profile: ModelProfile, world: int, constraints: Mapping[str
                          "pipeline splits the batch into its micro-batches, at least one per stage\nHINT: pick "
                          "microbatches dividing the batch size and at least pp, or change the batch size")
     return shapes
+
+
+def fuse_offloaded_optimizer(optimizer: Optimizer, plan: Plan, *, rank: int) -> None:
+    """Make the optimizer a strategy was handed step fused on the host where ``plan`` offloads
+    (:func:`~stratagem.plugins.fuse_host_optimizer`), and say so once, on rank 0."""
+    if fuse_host_optimizer(optimizer, plan) and rank == 0:
+        log.info("auto-parallel: %s steps the offloaded parameters fused on the host", type(optimizer).__name__)
 
 
 def workload_optimizer(make: Callable[[], Any], source: str) -> tuple[str, tuple[str, ...]]:

@@ -197,7 +197,7 @@ def _host_optimizer_note(ranked: list, workload: Workload) -> tuple[str, ...]:
         return ()
     return ("Offloaded plans step the optimizer on the host, priced fused as stratagem's plugins and strategies "
             "build it: an optimizer your own code builds should pass fused=True to AdamW or Adam (torch's default on "
-            "CPU tensors steps one tensor at a time, 3-10x slower where measured).",)
+            "CPU tensors steps one tensor at a time, several times slower).",)
 
 
 def _warm_up_note(profile: ModelProfile, ranked: list) -> tuple[str, ...]:
