@@ -80,6 +80,13 @@ def test_korthikanti_activation_memory_per_layer(gpt_block, plan, formula):
     assert estimate_block_activations(gpt_block, plan, scale=1.0) == pytest.approx(formula, rel=0.05)
 
 
+def test_what_tp_leaves_whole_is_measured_at_eq_2s_share(gpt_block):
+    """Korthikanti et al.'s eq. 2 keeps 10·sbh of their GPT block whole on every TP rank (the norms'
+    inputs, the attention's and the MLP's, two one-byte dropout masks): the profile measures it by
+    splitting the block, not by taking the share from the paper."""
+    assert gpt_block.tp_replicated_bytes == pytest.approx(10 * S * B * H, rel=0.03)
+
+
 def test_in_flight_microbatches_per_schedule():
     assert in_flight_microbatches(Plan(pp=4, microbatches=8, pp_schedule="gpipe")) == 8
     assert in_flight_microbatches(Plan(pp=4, microbatches=8)) == 4

@@ -93,6 +93,23 @@ def test_mixture_of_experts_splits_each_expert_and_keeps_the_router_whole():
     assert "layers.*.feed_forward.gate" not in layout
 
 
+@pytest.mark.parametrize("kernels, widths", [("cpu", 6), ("gpu", 4)])
+def test_what_a_split_leaves_whole_is_measured_per_block(kernels, widths):
+    """Llama's block in fp32 keeps its two RMSNorms' inputs and the column Linears' inputs whole on
+    every TP rank (four input widths, and each row's statistics); on a CPU each decomposed norm
+    keeps its normalized input too, where the GPU's fused kernel keeps only the statistics."""
+    block = profile_spec("llama-tiny", precision="fp32", kernels=kernels).blocks[0]
+    assert block.tp_replicated_bytes / block.input_bytes == pytest.approx(widths, abs=0.2)
+
+
+def test_a_mixture_of_experts_keeps_its_routed_tokens_whole():
+    """Every TP rank routes every token: what the experts' split leaves whole is more than a dense
+    block's (the dispatched tokens and what combines their outputs)."""
+    dense, moe = (profile_spec(name, precision="fp32", kernels="gpu").blocks[0]
+                  for name in ("llama-tiny", "mixtral-tiny"))
+    assert moe.tp_replicated_bytes / moe.input_bytes > 2 * dense.tp_replicated_bytes / dense.input_bytes
+
+
 def test_hugging_face_llama_layout(tmp_path):
     pytest.importorskip("transformers")
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,

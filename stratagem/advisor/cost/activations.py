@@ -18,10 +18,6 @@ from stratagem.plan import Plan
 # head's output's), each the logits' size in the loss's dtype: measured by bench/gpu_phases.py.
 LOSS_GRADIENT_COPIES = 2
 
-# Tensors as wide as a block's input that stay replicated over the TP group without SP (layer-norm,
-# attention and MLP inputs, dropout masks): 10 of 34·sbh bytes, Korthikanti et al. 2022, eq. 2.
-TP_REPLICATED_INPUT_WIDTHS = 5
-
 
 class RankActivations(NamedTuple):
     """A rank's activations at the end of its forward (with a pipeline stage's kept outputs);
@@ -47,7 +43,9 @@ def estimate_block_activations(block: SegmentProfile, plan: Plan, *, scale: floa
     profiled batch size), after checkpointing (the plan's, unless ``checkpointing`` is given),
     TP and SP (Korthikanti eq. 1–5). Without checkpointing it keeps :func:`saved_bytes`; a
     selective policy keeps what the profile measured a block checkpointed under it keeping (its
-    input and the kept operators' outputs, eager)."""
+    input and the kept operators' outputs, eager). TP without SP leaves on each rank what the
+    profile measured a split block keeping whole (eq. 2's replicated part, measured:
+    :mod:`~stratagem.advisor.profile.tp_layout`), at most what the block keeps, and splits the rest."""
     checkpointing = checkpointing or plan.activation_checkpointing
     if checkpointing == "full":
         kept = block.input_bytes * scale  # eq. 5: only the block's input (2sbh)
@@ -58,7 +56,7 @@ def estimate_block_activations(block: SegmentProfile, plan: Plan, *, scale: floa
         saved = getattr(block, policy_field(checkpointing, "kept_bytes")) * scale
     if plan.tp == 1 or plan.sequence_parallel:
         return saved / plan.tp  # eq. 4: SP splits the replicated part too
-    replicated = min(saved, TP_REPLICATED_INPUT_WIDTHS * block.input_bytes * scale)
+    replicated = min(saved, block.tp_replicated_bytes * scale)
     return replicated + (saved - replicated) / plan.tp  # eq. 2
 
 

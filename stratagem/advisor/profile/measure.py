@@ -70,7 +70,7 @@ EMBED = "embed"
 HEAD = "head"
 
 # Ops whose output becomes a dropout mask (CPU dropout: empty_like, bernoulli_, div_, mul).
-_MASK_OPS = {aten.bernoulli_, aten.bernoulli}
+MASK_OPS = {aten.bernoulli_, aten.bernoulli}
 # Ops not counted as operators: fake tensors dispatch ``prim.device`` where eager mode answers
 # without dispatching, and saved-tensor hooks add a ``detach`` per saved tensor unpacked (eager
 # mode's own detaches are views that launch nothing either).
@@ -410,7 +410,7 @@ class CostCounter(FlopCounterMode):
                         self._param_users[name].add(seg)
                     if func_packet in _CAST_OPS and isinstance(out, torch.Tensor):
                         self.param_copies.add(StorageWeakRef(out.untyped_storage()))
-        if self._gpu_kernels and func_packet in _MASK_OPS and isinstance(out, torch.Tensor):
+        if self._gpu_kernels and func_packet in MASK_OPS and isinstance(out, torch.Tensor):
             self.masks.add(StorageWeakRef(out.untyped_storage()))
 
 

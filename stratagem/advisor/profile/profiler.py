@@ -157,18 +157,19 @@ def _profile_step(
             notes.append(math_attention_note(record.math_attention_reasons))
         notes += [note for note in (record.compiled_note, record.cache_note, fallbacks.note(), value_reads.note()) if note]
         heads, kv_heads = attention_heads(model)
-        tp_layout, tp_unavailable = find_tp_layout(model, structure.container, calls, state, record.block_inputs,
-                                                   kv_heads=kv_heads)
-        vocab = _vocab_layout(model, vocab_calls, (args, kwargs), state, notes) if tp_layout else ()
+        tp = find_tp_layout(model, structure.container, calls, state, record.block_inputs, kv_heads=kv_heads,
+                            autocast_dtype=torch_dtype(prec.compute_dtype) if prec.autocast else None,
+                            gpu_kernels=kernels == "gpu")
+        vocab = _vocab_layout(model, vocab_calls, (args, kwargs), state, notes) if tp.layout else ()
     return ModelProfile(
         name=name or type(model).__name__, precision=prec.name, kernels=kernels, batch_size=batch_size,
         seq_len=seq_len, block_container=structure.container, num_heads=heads, num_kv_heads=kv_heads,
-        tp_layout=tp_layout + vocab, tp_unavailable=tp_unavailable, pp_unavailable=pp_unavailable(model, structure),
+        tp_layout=tp.layout + vocab, tp_unavailable=tp.unavailable, pp_unavailable=pp_unavailable(model, structure),
         pp_traced=removal_convention(model, block_container=structure.container) is None,
         pp_tied_params=pp_tied_params(model, structure), ddp_unavailable=ddp_refusal(record.unused_params),
         class_wrap_extra=class_wrap_extra(model, structure), sp_unavailable=sp_refusal(record.block_inputs),
         notes=tuple(notes), profile_seconds=time.perf_counter() - started,
-        **_assemble(model, structure.blocks, record, prec, notes, calls, (vocab, vocab_calls)),
+        **_assemble(model, structure.blocks, record, prec, notes, calls, (vocab, vocab_calls), tp.replicated),
     )
 
 
@@ -371,10 +372,11 @@ def _resolve_loss(loss_fn: Callable | None, notes: list[str]) -> Callable[[Any],
 
 def _assemble(model: nn.Module, blocks: tuple[str, ...], record: RunRecord, prec: Precision,
               notes: list[str], calls: LinearCallRecorder,
-              vocab: tuple[tuple[tuple[str, str], ...], VocabCallRecorder]) -> dict[str, Any]:
+              vocab: tuple[tuple[tuple[str, str], ...], VocabCallRecorder],
+              tp_replicated: dict[str, int]) -> dict[str, Any]:
     """Turn the raw run record into the embed/blocks/head segment profiles (each block's Linears
     with the rows ``calls`` saw them multiply; what the vocabulary split divides, ``vocab``: its
-    layout pairs and their calls)."""
+    layout pairs and their calls; what a TP split leaves whole, ``tp_replicated``, by block)."""
     owner = _state_owners(model, blocks, record, notes)
     split = vocab_segment_fields(model, *vocab, owner)
     sizes = _state_sizes(model, prec)
@@ -410,8 +412,10 @@ def _assemble(model: nn.Module, blocks: tuple[str, ...], record: RunRecord, prec
     for fqn in blocks:
         rep = record.measured_as.get(fqn)
         module = model.get_submodule(fqn)
-        block_profiles.append(make(fqn, type(module).__name__, record.segments[rep or fqn],
-                                   linears=linear_layers(module, calls.rows(rep or fqn)), measured_as=rep))
+        counts = record.segments[rep or fqn]
+        block_profiles.append(make(fqn, type(module).__name__, counts,
+                                   linears=linear_layers(module, calls.rows(rep or fqn)), measured_as=rep,
+                                   tp_replicated_bytes=min(tp_replicated.get(rep or fqn, 0), counts.saved_bytes)))
     embed_counts = record.segments[EMBED]
     embed_counts.output_bytes = block_profiles[0].input_bytes if block_profiles else record.output_bytes
     head_counts = record.segments[HEAD]

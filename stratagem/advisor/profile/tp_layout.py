@@ -11,6 +11,11 @@ Names alone prove nothing, so the layout is then tried: each block runs once mor
 tensors with the column weights' outputs and the row weights' inputs halved (two-way tensor
 parallelism). A block that hard-codes its head count, or mixes features between the pair,
 fails that run or changes its output's shape — and the model gets no TP layout, with the reason.
+The same two runs, whole and halved, measure what every TP rank keeps whole: of the bytes a block
+saves for backward, the split leaves ``R`` on each rank and halves the rest ``S``, so the whole
+block saves ``W = R + S``, the halved one ``H = R + S/2``, and ``R = 2H − W`` (Korthikanti et al.
+2022, eq. 2, has ``R`` at 10·sbh for their GPT block: its norms' and the pair's inputs, its
+dropout masks; a block's own code decides which tensors they are here).
 
 A model that declares its own plan — Hugging Face's ``config.base_model_tp_plan`` — gets that
 plan instead of the structural pairing, when every entry splits a block's Linear by column or row
@@ -23,19 +28,35 @@ The input embedding and the output head, outside the blocks, are :mod:`~.vocab_l
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from stratagem.advisor.profile.autocast import CudaAutocast
 from stratagem.advisor.profile.block_inputs import fresh
-from stratagem.advisor.profile.measure import quiet_fake_tensor_log
+from stratagem.advisor.profile.fused import FusedKernels
+from stratagem.advisor.profile.measure import MASK_OPS, quiet_fake_tensor_log
 from stratagem.advisor.profile.vocab_layout import HF_VOCAB_STYLES
 from stratagem.plan.tp_styles import is_sequence_norm
 
 Layout = tuple[tuple[str, str], ...]
+
+
+class TPLayout(NamedTuple):
+    """What :func:`find_tp_layout` found: the ``layout`` (empty where there is none, and
+    ``unavailable`` says why) and, by block FQN, the bytes of what each block saves for backward
+    that a split leaves whole on every TP rank without sequence parallelism (``replicated``)."""
+
+    layout: Layout
+    unavailable: str | None
+    replicated: dict[str, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,14 +127,16 @@ def pair_linears(calls: list[_LinearCall]) -> dict[str, str]:
 
 def find_tp_layout(model: nn.Module, container: str | None, recorder: LinearCallRecorder,
                    state: dict[str, torch.Tensor], inputs: dict[str, tuple[tuple, dict]], *,
-                   kv_heads: int | None = None) -> tuple[Layout, str | None]:
+                   kv_heads: int | None = None, autocast_dtype: torch.dtype | None = None,
+                   gpu_kernels: bool = False) -> TPLayout:
     """The model's TP layout (patterns with ``*`` for the block index) and, when there is none,
-    why: each block that ran is split on its first call's ``inputs`` (:mod:`.block_inputs`); where
+    why: each block that ran is split on its first call's ``inputs`` (:mod:`.block_inputs`), under
+    the step's autocast (``autocast_dtype``; with CUDA's float32 list where ``gpu_kernels``); where
     a split fails and the model's ``kv_heads`` key/value heads do not halve, that is the reason
     (the failure itself is a reshape's). Must run inside the fake mode that made ``state`` and the
     recorded inputs."""
     if container is None:
-        return (), "the model has no repeated blocks to split"
+        return TPLayout((), "the model has no repeated blocks to split", {})
     kinds: dict[str, dict[str, str]] = {}
     for fqn, calls in recorder.calls.items():
         if fqn in inputs and calls:
@@ -123,22 +146,25 @@ def find_tp_layout(model: nn.Module, container: str | None, recorder: LinearCall
     if declared is not None:
         kinds = {fqn: declared for fqn in kinds}
     if not kinds or not any(kinds.values()):
-        return (), "its blocks pair no column-split Linear with a row-split one"
+        return TPLayout((), "its blocks pair no column-split Linear with a row-split one", {})
     if len(layouts) > 1:
-        return (), "its blocks split differently from one another"
+        return TPLayout((), "its blocks split differently from one another", {})
+    replicated = {}
     for fqn, styles in kinds.items():
-        failure = _try_split(model.get_submodule(fqn), fqn, styles, inputs[fqn], state)
-        if failure:
+        run = _try_split(model.get_submodule(fqn), fqn, styles, inputs[fqn], state,
+                         autocast_dtype=autocast_dtype, gpu_kernels=gpu_kernels)
+        if run.failure:
             if kv_heads and kv_heads % 2:
-                return (), (f"its {kv_heads} key/value head{'s' * (kv_heads > 1)} cannot be split two ways "
-                            "(tensor parallelism splits the attention heads across its ranks)")
-            return (), f"splitting {fqn} two ways fails ({failure})"
+                return TPLayout((), (f"its {kv_heads} key/value head{'s' * (kv_heads > 1)} cannot be split two "
+                                     "ways (tensor parallelism splits the attention heads across its ranks)"), {})
+            return TPLayout((), f"splitting {fqn} two ways fails ({run.failure})", {})
+        replicated[fqn] = run.replicated
     styles = next(iter(kinds.values()))
     block = model.get_submodule(next(iter(kinds)))
     norms = [name for name, sub in block.named_modules() if name and is_sequence_norm(sub)]
     layout = [(f"{container}.*.{name}", style) for name, style in styles.items()]
     layout += [(f"{container}.*.{name}", "sequence_parallel") for name in norms]
-    return tuple(layout), None
+    return TPLayout(tuple(layout), None, replicated)
 
 
 def declared_styles(model: nn.Module, container: str) -> dict[str, str] | None:
@@ -161,22 +187,88 @@ def declared_styles(model: nn.Module, container: str) -> dict[str, str] | None:
     return styles
 
 
+class _SplitRun(NamedTuple):
+    failure: str | None  # why the halved block fails, or None
+    replicated: int  # bytes saved for backward that the split leaves whole (R = 2H − W)
+
+
 def _try_split(block: nn.Module, fqn: str, styles: dict[str, str], inputs: tuple[tuple, dict],
-               state: dict[str, torch.Tensor]) -> str | None:
-    """Run ``block`` on fake weights split two ways as ``styles`` says, each run on its own copy of
-    the call's objects (:func:`~.block_inputs.fresh`); why it fails, or None."""
+               state: dict[str, torch.Tensor], *, autocast_dtype: torch.dtype | None,
+               gpu_kernels: bool) -> _SplitRun:
+    """Run ``block``'s forward on its fake weights and on them split two ways as ``styles`` says,
+    each run on its own copy of the call's objects (:func:`~.block_inputs.fresh`) and counted as the
+    step counts it (:func:`_saving_run`): why the split fails, or what it leaves whole of the bytes
+    the block saves for backward."""
     own = {name[len(fqn) + 1:]: t for name, t in state.items() if name.startswith(f"{fqn}.")}
+    run = functools.partial(_saving_run, block, inputs=inputs, autocast_dtype=autocast_dtype, gpu_kernels=gpu_kernels)
     try:  # a failing split is an answer here, not an error to log
         split = {name: _halved(name, t, styles) for name, t in own.items()}
-        with torch.no_grad(), quiet_fake_tensor_log():
-            whole = torch.func.functional_call(block, own, *fresh(*inputs))
-            halves = torch.func.functional_call(block, split, *fresh(*inputs))
+        with torch.enable_grad(), quiet_fake_tensor_log():
+            whole, whole_saved = run(own)
+            halves, halves_saved = run(split)
     except Exception as err:  # noqa: BLE001 — any failure means the split is unsafe
-        return f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"
+        return _SplitRun(f"{type(err).__name__}: {str(err).splitlines()[0][:120]}", 0)
     shapes = [tuple(t.shape) for t in tree_flatten(whole)[0] if isinstance(t, torch.Tensor)]
     if shapes != [tuple(t.shape) for t in tree_flatten(halves)[0] if isinstance(t, torch.Tensor)]:
-        return "the output changes shape"
-    return None
+        return _SplitRun("the output changes shape", 0)
+    return _SplitRun(None, max(0, 2 * halves_saved - whole_saved))
+
+
+def _saving_run(block: nn.Module, weights: dict[str, torch.Tensor], *, inputs: tuple[tuple, dict],
+                autocast_dtype: torch.dtype | None, gpu_kernels: bool) -> tuple[Any, int]:
+    """``block``'s output on ``weights`` and the bytes its forward saves for backward, under the
+    step's autocast (CPU autocast in ``autocast_dtype``, none where None) and, where
+    ``gpu_kernels``, as a GPU runs it: CUDA's autocast float32 list, fused kernels, one-byte dropout
+    masks (the order :func:`~.step.run_fake_step` enters them in)."""
+    saved = _SavedBytes(weights, gpu_kernels=gpu_kernels)
+    on_gpu = (FusedKernels(saved), CudaAutocast()) if gpu_kernels else ()
+    with contextlib.ExitStack() as modes:
+        for mode in (torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda tensor: tensor), saved, *on_gpu,
+                     torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None)):
+            modes.enter_context(mode)
+        output = torch.func.functional_call(block, weights, *fresh(*inputs))
+    return output, saved.bytes
+
+
+class _SavedBytes(TorchDispatchMode):
+    """While active, with :meth:`pack` the saved-tensor hook, the ``bytes`` a forward saves for
+    backward: each storage once, the ``weights``' own never (their 16-bit copies under autocast
+    are counted, and halve with a split), the masks dropout draws (:data:`~.measure.MASK_OPS`) at
+    one byte per element where ``gpu_kernels``. It is the counter :class:`~.fused.FusedKernels`
+    reports a fused kernel's saved tensors to."""
+
+    def __init__(self, weights: dict[str, torch.Tensor], *, gpu_kernels: bool) -> None:
+        super().__init__()
+        self.bytes = 0
+        self.suppressed = 0  # FusedKernels: the decomposition it runs instead of its kernel saves nothing
+        self._gpu_kernels = gpu_kernels
+        self._skip = {StorageWeakRef(t.untyped_storage()) for t in weights.values()}
+        self._masks: set[StorageWeakRef] = set()
+        self._seen: list[torch.Tensor] = []  # strong references keep the storages distinct
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if self._gpu_kernels and func.overloadpacket in MASK_OPS and isinstance(out, torch.Tensor):
+            self._masks.add(StorageWeakRef(out.untyped_storage()))
+        return out
+
+    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The saved-tensor hook: count ``tensor`` unless a fused kernel counts what it saves."""
+        if not self.suppressed:
+            self.count_saved(tensor)
+        return tensor
+
+    def count_saved(self, tensor: torch.Tensor | None = None, *, num_bytes: int = 0) -> None:
+        """Count ``tensor`` (its storage once) and ``num_bytes`` as saved."""
+        self.bytes += num_bytes
+        if tensor is None or (ref := StorageWeakRef(tensor.untyped_storage())) in self._skip:
+            return
+        self._skip.add(ref)
+        self._seen.append(tensor)
+        self.bytes += tensor.numel() if ref in self._masks else tensor.untyped_storage().nbytes()
+
+    def count_kernels(self, *, ops: int, op_bytes: int, param_op_bytes: int = 0) -> None:
+        """Kernels are not counted here."""
 
 
 def _halved(name: str, tensor: torch.Tensor, styles: dict[str, str]) -> torch.Tensor:
@@ -188,5 +280,5 @@ def _halved(name: str, tensor: torch.Tensor, styles: dict[str, str]) -> torch.Te
         if shape[dim] % 2:
             raise ValueError(f"{name} has an odd width ({shape[dim]})")
         shape[dim] //= 2
-        return torch.empty(shape, dtype=tensor.dtype, device=tensor.device)
+        return torch.empty(shape, dtype=tensor.dtype, device=tensor.device, requires_grad=tensor.requires_grad)
     return tensor
