@@ -110,6 +110,41 @@ def test_a_mixture_of_experts_keeps_its_routed_tokens_whole():
     assert moe.tp_replicated_bytes / moe.input_bytes > 2 * dense.tp_replicated_bytes / dense.input_bytes
 
 
+class _WideProbe(nn.Module):
+    """An MLP the layout splits beside a wide Linear it leaves whole (it reads its own tensor)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down, self.whole = nn.Linear(16, 40), nn.Linear(40, 16), nn.Linear(16, 256)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(F.gelu(self.up(x))) + self.whole(2 * x).mean(-1, keepdim=True)
+
+
+class _Probed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(16, 16)  # the blocks' inputs need gradients: their Linears save their weights
+        self.layers = nn.ModuleList([_WideProbe(), _WideProbe()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_a_weight_left_whole_is_no_activation_tp_keeps_whole():
+    """Under autocast the Linear left whole saves its weight's 16-bit copy (256 × 16 × 2 bytes),
+    which does not halve with the split: it is a copy of a parameter, not an activation kept
+    whole (counted so, it had made every byte the block saves whole, the split MLP's included)."""
+    profile = profile_model(_Probed(), (torch.randn(2, 8, 16),), precision="bf16-mixed")
+    assert {name for name, _ in profile.tp_layout} == {"layers.*.up", "layers.*.down"}
+    block = profile.blocks[0]
+    assert block.saved_param_copy_bytes >= 256 * 16 * 2
+    assert 0 < block.tp_replicated_bytes < block.saved_bytes / 2
+
+
 def test_hugging_face_llama_layout(tmp_path):
     pytest.importorskip("transformers")
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,

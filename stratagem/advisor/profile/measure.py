@@ -76,7 +76,7 @@ MASK_OPS = {aten.bernoulli_, aten.bernoulli}
 # mode's own detaches are views that launch nothing either).
 _UNCOUNTED_OPS = {torch.ops.prim.device, aten.detach}
 # Ops that make a dtype copy of a tensor (autocast's weight casts).
-_CAST_OPS = {aten._to_copy}
+CAST_OPS = {aten._to_copy}
 # Ops whose output is a parameter's gradient at any batch size (an embedding's is dense).
 _PARAMETER_SIZED_OPS = {aten.embedding_dense_backward}
 # Ops that read only the elements they gather from an input (a table, log-probabilities).
@@ -353,7 +353,7 @@ class CostCounter(FlopCounterMode):
 
         written = _written(func_packet, out, args)
         sums = [t for t in written if sums_across_rows(tree_flatten(args)[0], t)] if fusible else []
-        cast = (out.dtype, tuple(out.shape)) if func_packet in _CAST_OPS and isinstance(out, torch.Tensor) else None
+        cast = (out.dtype, tuple(out.shape)) if func_packet in CAST_OPS and isinstance(out, torch.Tensor) else None
         reads = [Read(ref, size, region_of(t)) for (ref, size), t in zip(refs(args), tensors(args), strict=True)]
         self.fusion.op((seg, self.mod_tracker.is_bw), fusible=fusible, reads=reads, writes=refs(written),
                        sums=refs(sums), cast=cast)
@@ -385,7 +385,7 @@ class CostCounter(FlopCounterMode):
         tensors = [t for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)]
         if self.mod_tracker.is_bw:
             return writes_a_gradient(out, tensors, self._gradient_shapes) and _gradient_of(out) is not None
-        return func_packet in _CAST_OPS and any(StorageWeakRef(t.untyped_storage()) in self._state_names
+        return func_packet in CAST_OPS and any(StorageWeakRef(t.untyped_storage()) in self._state_names
                                                 for t in tensors)
 
     def is_scores(self, tensor: torch.Tensor) -> bool:
@@ -408,7 +408,7 @@ class CostCounter(FlopCounterMode):
                     self._record.param_segment.setdefault(name, seg)
                     if not self.mod_tracker.is_bw:
                         self._param_users[name].add(seg)
-                    if func_packet in _CAST_OPS and isinstance(out, torch.Tensor):
+                    if func_packet in CAST_OPS and isinstance(out, torch.Tensor):
                         self.param_copies.add(StorageWeakRef(out.untyped_storage()))
         if self._gpu_kernels and func_packet in MASK_OPS and isinstance(out, torch.Tensor):
             self.masks.add(StorageWeakRef(out.untyped_storage()))

@@ -42,7 +42,7 @@ from torch.utils._pytree import tree_flatten
 from stratagem.advisor.profile.autocast import CudaAutocast
 from stratagem.advisor.profile.block_inputs import fresh
 from stratagem.advisor.profile.fused import FusedKernels
-from stratagem.advisor.profile.measure import MASK_OPS, quiet_fake_tensor_log
+from stratagem.advisor.profile.measure import CAST_OPS, MASK_OPS, quiet_fake_tensor_log
 from stratagem.advisor.profile.vocab_layout import HF_VOCAB_STYLES
 from stratagem.plan.tp_styles import is_sequence_norm
 
@@ -216,7 +216,8 @@ def _try_split(block: nn.Module, fqn: str, styles: dict[str, str], inputs: tuple
 
 def _saving_run(block: nn.Module, weights: dict[str, torch.Tensor], *, inputs: tuple[tuple, dict],
                 autocast_dtype: torch.dtype | None, gpu_kernels: bool) -> tuple[Any, int]:
-    """``block``'s output on ``weights`` and the bytes its forward saves for backward, under the
+    """``block``'s output on ``weights`` and the bytes its forward saves for backward (weights and
+    their casts aside: :class:`_SavedBytes`), under the
     step's autocast (CPU autocast in ``autocast_dtype``, none where None) and, where
     ``gpu_kernels``, as a GPU runs it: CUDA's autocast float32 list, fused kernels, one-byte dropout
     masks (the order :func:`~.step.run_fake_step` enters them in)."""
@@ -232,23 +233,31 @@ def _saving_run(block: nn.Module, weights: dict[str, torch.Tensor], *, inputs: t
 
 class _SavedBytes(TorchDispatchMode):
     """While active, with :meth:`pack` the saved-tensor hook, the ``bytes`` a forward saves for
-    backward: each storage once, the ``weights``' own never (their 16-bit copies under autocast
-    are counted, and halve with a split), the masks dropout draws (:data:`~.measure.MASK_OPS`) at
-    one byte per element where ``gpu_kernels``. It is the counter :class:`~.fused.FusedKernels`
-    reports a fused kernel's saved tensors to."""
+    backward as the step counts them (:class:`~.measure.SavedTensorCounter`): each storage once,
+    the ``weights`` and their dtype copies (autocast's casts, :data:`~.measure.CAST_OPS`) never,
+    the masks dropout draws (:data:`~.measure.MASK_OPS`) at one byte per element where
+    ``gpu_kernels``. It is the counter :class:`~.fused.FusedKernels` reports a fused kernel's
+    saved tensors to."""
 
     def __init__(self, weights: dict[str, torch.Tensor], *, gpu_kernels: bool) -> None:
         super().__init__()
         self.bytes = 0
         self.suppressed = 0  # FusedKernels: the decomposition it runs instead of its kernel saves nothing
         self._gpu_kernels = gpu_kernels
-        self._skip = {StorageWeakRef(t.untyped_storage()) for t in weights.values()}
+        self._weights = {StorageWeakRef(t.untyped_storage()) for t in weights.values()}
+        self._skip = set(self._weights)
         self._masks: set[StorageWeakRef] = set()
         self._seen: list[torch.Tensor] = []  # strong references keep the storages distinct
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        if self._gpu_kernels and func.overloadpacket in MASK_OPS and isinstance(out, torch.Tensor):
+        if not isinstance(out, torch.Tensor):
+            return out
+        packet = func.overloadpacket
+        if (packet in CAST_OPS and isinstance(args[0], torch.Tensor)
+                and StorageWeakRef(args[0].untyped_storage()) in self._weights):
+            self._skip.add(StorageWeakRef(out.untyped_storage()))
+        elif self._gpu_kernels and packet in MASK_OPS:
             self._masks.add(StorageWeakRef(out.untyped_storage()))
         return out
 
