@@ -1,5 +1,7 @@
 """Factories that tests name as 'model_factories:NAME' (pytest puts this folder on sys.path)."""
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -139,3 +141,18 @@ class _FeedForwards(nn.Module):
 
 def feed_forwards(batch_size: int = 2):
     return _FeedForwards(), (torch.randn(batch_size, 16),)
+
+
+class Embedded(nn.Module):
+    """A Linear of ``width`` before two blocks made by ``block``: the blocks' input takes a gradient."""
+
+    def __init__(self, block: Callable[[], nn.Module], width: int = 8) -> None:
+        super().__init__()
+        self.embed = nn.Linear(width, width)
+        self.layers = nn.ModuleList(block() for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        for layer in self.layers:
+            x = layer(x)
+        return x

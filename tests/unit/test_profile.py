@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,8 @@ from stratagem.advisor.search.enumeration import search_plans
 from stratagem.advisor.search.targets import model_excludes
 from stratagem.errors import UsageError
 from stratagem.plan import Plan, Workload
+
+from model_factories import Embedded
 
 
 class Block(nn.Module):
@@ -256,26 +257,11 @@ class _GroupedExperts(nn.Module):
         return torch._grouped_mm(x, self.weight, offs=offsets)
 
 
-class _Embedded(nn.Module):
-    """A Linear before two blocks made by ``block``: the blocks' input takes a gradient."""
-
-    def __init__(self, block: Callable[[], nn.Module]) -> None:
-        super().__init__()
-        self.embed = nn.Linear(8, 8)
-        self.layers = nn.ModuleList(block() for _ in range(2))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.embed(x)
-        for layer in self.layers:
-            x = layer(x)
-        return x
-
-
 def test_grouped_gemms_are_counted():
     """torch's counter has no formula for ``_grouped_mm``: a Hugging Face MoE's experts were
     profiled at no FLOPs. Forward ``[16, 8] × [2, 8, 8]``; backward the input's gradient (the
     same GEMMs) and the weight's (``[8, 16] × [16, 8]`` in two groups of tokens)."""
-    block = profile_model(_Embedded(_GroupedExperts), (torch.randn(16, 8),), precision="bf16-true").blocks[1]
+    block = profile_model(Embedded(_GroupedExperts), (torch.randn(16, 8),), precision="bf16-true").blocks[1]
     assert (block.fwd_flops, block.bwd_flops) == (2 * 16 * 8 * 8, 2 * 2 * 16 * 8 * 8)
 
 
@@ -309,7 +295,7 @@ class _Elementwise(nn.Module):
 
 
 def test_operators_without_flops_count_the_bytes_they_move_and_views_none():
-    profile = profile_model(_Embedded(_Elementwise), (torch.randn(4, 8),), loss_fn=lambda y: y.sum(), precision="fp32")
+    profile = profile_model(Embedded(_Elementwise), (torch.randn(4, 8),), loss_fn=lambda y: y.sum(), precision="fp32")
     # relu reads x and writes its output, mul reads that and the scale and writes its own: five
     # 32-float tensors; the views move nothing
     assert profile.blocks[0].fwd_op_bytes == 5 * 32 * 4

@@ -14,6 +14,8 @@ from stratagem.advisor.profile.cache import profile_spec
 from stratagem.advisor.profile.model_profile import LinearLayer
 from stratagem.advisor.profile.profiler import profile_model
 
+from model_factories import Embedded
+
 LLAMA = {
     "attention.wq": "colwise", "attention.wk": "colwise", "attention.wv": "colwise", "attention.wo": "rowwise",
     "feed_forward.w1": "colwise", "feed_forward.w3": "colwise", "feed_forward.w2": "rowwise",
@@ -121,24 +123,11 @@ class _WideProbe(nn.Module):
         return x + self.down(F.gelu(self.up(x))) + self.whole(2 * x).mean(-1, keepdim=True)
 
 
-class _Probed(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = nn.Linear(16, 16)  # the blocks' inputs need gradients: their Linears save their weights
-        self.layers = nn.ModuleList([_WideProbe(), _WideProbe()])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.embed(x)
-        for layer in self.layers:
-            x = layer(x)
-        return x
-
-
 def test_a_weight_left_whole_is_no_activation_tp_keeps_whole():
     """Under autocast the Linear left whole saves its weight's 16-bit copy (256 × 16 × 2 bytes),
     which does not halve with the split: it is a copy of a parameter, not an activation kept
     whole (counted so, it had made every byte the block saves whole, the split MLP's included)."""
-    profile = profile_model(_Probed(), (torch.randn(2, 8, 16),), precision="bf16-mixed")
+    profile = profile_model(Embedded(_WideProbe, width=16), (torch.randn(2, 8, 16),), precision="bf16-mixed")
     assert {name for name, _ in profile.tp_layout} == {"layers.*.up", "layers.*.down"}
     block = profile.blocks[0]
     assert block.saved_param_copy_bytes >= 256 * 16 * 2
