@@ -30,7 +30,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from stratagem.advisor.hardware import parse_cluster  # noqa: E402
 from stratagem.advisor.profile.cache import profile_spec  # noqa: E402
-from stratagem.advisor.profile.sources import build_hf_config, check_hf_config  # noqa: E402
+from stratagem.advisor.profile.hf_configs import build_hf_config, check_hf_config  # noqa: E402
 from stratagem.advisor.search.advice import advise  # noqa: E402
 from stratagem.cli import build_parser  # noqa: E402
 from stratagem.errors import UsageError  # noqa: E402

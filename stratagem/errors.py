@@ -17,3 +17,15 @@ class PeerLost(RuntimeError):
     collective's error and, after ``HINT:``, the way on: a restart from the last checkpoint.
     Raised from the collective's error (``__cause__``).
     """
+
+
+def describe(err: BaseException) -> str:
+    """An exception in one line: its type and message (shortened), or what sys.exit was called with."""
+    if isinstance(err, SystemExit):
+        return f"SystemExit (it called sys.exit({err.code!r}))"
+    try:
+        text = " ".join(str(err).split())  # one line, however many the message had
+    except Exception:  # an exception whose __str__ fails
+        text = ""
+    text = text if len(text) <= 300 else f"{text[:297]}..."
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__

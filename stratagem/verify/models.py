@@ -31,14 +31,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten, tree_map
 
-from stratagem.advisor.profile.sources import (
-    build_causal_lm,
-    build_hf_config,
-    factory_arguments,
-    factory_fake_mode,
-    load_factory,
-    read_hf_config,
-)
+from stratagem.advisor.profile.hf_configs import build_causal_lm, build_hf_config, read_hf_config
+from stratagem.advisor.profile.sources import factory_arguments, factory_fake_mode, load_factory
 from stratagem.errors import UsageError
 
 __all__ = ["Batch", "Built", "RealModel", "fallback_loss", "real_model"]

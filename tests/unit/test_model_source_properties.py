@@ -16,8 +16,8 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, assume, event, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from stratagem.advisor.profile.sources import (ModelSource, build_hf_config, check_hf_config,  # noqa: E402
-                                               load_model, read_hf_config)
+from stratagem.advisor.profile.hf_configs import build_hf_config, check_hf_config, read_hf_config  # noqa: E402
+from stratagem.advisor.profile.sources import ModelSource, load_model  # noqa: E402
 from stratagem.errors import UsageError  # noqa: E402
 from fuzz_inputs import HF_CONFIGS as CONFIGS, HF_PLAUSIBLE as PLAUSIBLE  # noqa: E402
 
