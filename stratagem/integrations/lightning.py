@@ -15,7 +15,6 @@ import must sit in that script. Passing ``strategy=AutoParallelStrategy(...)`` a
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import weakref
 from collections.abc import Callable, Mapping
@@ -39,11 +38,11 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from stratagem.distributed import import_group_defaults, name_lost_peers_in, start_heartbeat
-from stratagem.advisor.profile.model_profile import ModelProfile
 from stratagem.plan import Plan
 from stratagem.advisor.search.targets import target_excludes
 from stratagem.errors import UsageError
 from stratagem.integrations.launchers import TrainerLauncher
+from stratagem.integrations.lightning_pipeline import as_pipelined, pipelined_child
 from stratagem.integrations.planning import (
     PlanPrecision,
     check_choice,
@@ -61,7 +60,6 @@ from stratagem.integrations.planning import (
 )
 from stratagem.integrations.steps import forward_inputs, lightning_step, positional
 from stratagem.plugins import apply_plan, build_mesh, build_optimizer
-from stratagem.plugins.blocks import module_lists
 from stratagem.plugins.materialize import has_meta_tensors, initialises_after_sharding, materialize
 from stratagem.plugins.pipeline import Pipeline, rank_module
 from stratagem.plugins.state_dict import (
@@ -212,7 +210,7 @@ class AutoParallelStrategy(ModelParallelStrategy):
             self._plan, self._advice = choose_plan(
                 module, lambda: self._profiled(trainer, module), precision=precision, target=self._target,
                 objective=self._objective, constraints=self._constraints, verbose=self._verbose, accumulate=accumulate,
-                node_rank=self.node_rank, pipelined=lambda profile: _as_pipelined(module, profile),
+                node_rank=self.node_rank, pipelined=lambda profile: as_pipelined(module, profile),
                 optimizer=(lambda: workload_optimizer(module.configure_optimizers, source)) if fitting else None)
         else:
             check_plan_precision(self._plan, self.precision_plugin.precision)
@@ -243,7 +241,7 @@ class AutoParallelStrategy(ModelParallelStrategy):
             raise UsageError(f"plan {plan.name} is a pipeline: the schedule computes the loss on the last stage, "
                              f"so {type(module).__name__} must define loss_fn(output, target)\nHINT: add the "
                              "method, and give batches as (inputs..., target); see AutoParallelStrategy")
-        name, child_plan = _pipelined_child(module, plan)
+        name, child_plan = pipelined_child(module, plan)
         child = module.get_submodule(name)
         traced = removal_convention(child, block_container=child_plan.block_container) is None
         if traced and (reason := target_excludes("lightning", plan, traced=True)) is not None:
@@ -452,40 +450,6 @@ _STAGE_LOOPS = {
     TrainerFn.PREDICTING: ("predict_loop", "predict_step"),
 }
 """Per Trainer stage: the loop whose dataloader gives the profiled batch, and the step it runs."""
-
-
-def _pipelined_child(module: LightningModule, plan: Plan) -> tuple[str, Plan]:
-    """The child of ``module`` that holds the blocks (the first part of ``plan.block_container``),
-    and the plan with its FQNs relative to that child."""
-    name, container = _child_path(plan.block_container)
-    if not container:
-        raise UsageError(f"a pipeline plan splits a child module of {type(module).__name__} holding the blocks, but "
-                         f"block_container={plan.block_container!r} names none\nHINT: keep the model in an attribute "
-                         "(self.model = ...) and set block_container to its blocks' ModuleList as the "
-                         f"LightningModule names it (as the advisor does); module lists: {module_lists(module)}")
-    prefix = f"{name}."
-    layout = tuple((pattern.removeprefix(prefix), style) for pattern, style in plan.tp_layout)
-    return name, dataclasses.replace(plan, block_container=container, tp_layout=layout)
-
-
-def _as_pipelined(module: LightningModule, profile: ModelProfile) -> ModelProfile:
-    """``profile`` (of ``module``) with the pipeline facts of what pipeline plans split: the
-    child holding the blocks (see :func:`_pipelined_child`), and the loss its last stage computes."""
-    name, container = _child_path(profile.block_container)
-    why = ("the auto-parallel strategy splits a child module holding the blocks, and they are not in one"
-           if not container else None if callable(getattr(module, "loss_fn", None)) else
-           f"the last stage computes the loss with loss_fn(output, target), which {type(module).__name__} lacks")
-    if why:
-        return dataclasses.replace(profile, pp_unavailable=profile.pp_unavailable or why)
-    traced = removal_convention(module.get_submodule(name), block_container=container) is None
-    return dataclasses.replace(profile, pp_traced=traced)
-
-
-def _child_path(block_container: str | None) -> tuple[str, str]:
-    """The child of the LightningModule holding the blocks and the container's FQN inside it
-    (``"model.layers"`` → ``("model", "layers")``); the second is empty when there is no child."""
-    name, _, container = (block_container or "").partition(".")
-    return name, container
 
 
 def _unwrap(optimizer: Optimizer) -> Optimizer:

@@ -148,7 +148,7 @@ def test_a_pipeline_plan_without_the_blocks_child_names_the_lightning_modules_mo
     import lightning.pytorch as pl
     from torch import nn
 
-    from stratagem.integrations.lightning import _pipelined_child
+    from stratagem.integrations.lightning_pipeline import pipelined_child
 
     class Inner(nn.Module):
         def __init__(self) -> None:
@@ -166,4 +166,4 @@ def test_a_pipeline_plan_without_the_blocks_child_names_the_lightning_modules_mo
             self.model = Wrapped()
 
     with pytest.raises(UsageError, match="module lists: 'model.model.layers'"):
-        _pipelined_child(Module(), Plan(pp=2, microbatches=2))
+        pipelined_child(Module(), Plan(pp=2, microbatches=2))

@@ -161,15 +161,15 @@ def test_lightning_advises_pipelines_for_the_child_it_splits() -> None:
     import lightning.pytorch as pl
 
     from stratagem.advisor.profile.cache import profile_spec
-    from stratagem.integrations.lightning import _as_pipelined
+    from stratagem.integrations.lightning_pipeline import as_pipelined
 
     profile = dataclasses.replace(profile_spec("llama-tiny"), block_container="model.layers", pp_traced=True)
     module = pl.LightningModule()
     module.loss_fn = lambda output, target: output.float().mean()  # what the last stage computes
     for preset, traced in (("llama-tiny", False), ("vit-tiny", True)):
         module.model = get_preset(preset).build()
-        assert _as_pipelined(module, profile).pp_traced is traced
-    top_level = _as_pipelined(module, dataclasses.replace(profile, block_container="layers"))
+        assert as_pipelined(module, profile).pp_traced is traced
+    top_level = as_pipelined(module, dataclasses.replace(profile, block_container="layers"))
     assert "splits a child module holding the blocks" in top_level.pp_unavailable
 
 
@@ -195,7 +195,7 @@ def test_a_module_without_loss_fn_gets_no_pipeline_plans() -> None:
     import dataclasses
 
     from stratagem.advisor.profile.cache import profile_spec
-    from stratagem.integrations.lightning import _as_pipelined
+    from stratagem.integrations.lightning_pipeline import as_pipelined
 
     class NoLoss(pl.LightningModule):
         def __init__(self) -> None:
@@ -208,8 +208,8 @@ def test_a_module_without_loss_fn_gets_no_pipeline_plans() -> None:
 
     profile = dataclasses.replace(profile_spec("llama-tiny"), block_container="model.layers")
     assert profile.pp_unavailable is None
-    assert _as_pipelined(NoLoss(), profile).pp_unavailable.endswith("loss_fn(output, target), which NoLoss lacks")
-    assert _as_pipelined(WithLoss(), profile).pp_unavailable is None
+    assert as_pipelined(NoLoss(), profile).pp_unavailable.endswith("loss_fn(output, target), which NoLoss lacks")
+    assert as_pipelined(WithLoss(), profile).pp_unavailable is None
 
 
 class _Llama(pl.LightningModule):
