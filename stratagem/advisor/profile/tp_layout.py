@@ -39,6 +39,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from stratagem.advisor.profile.attention import CudaAttention
 from stratagem.advisor.profile.autocast import CudaAutocast
 from stratagem.advisor.profile.block_inputs import fresh
 from stratagem.advisor.profile.fused import FusedKernels
@@ -219,10 +220,10 @@ def _saving_run(block: nn.Module, weights: dict[str, torch.Tensor], *, inputs: t
     """``block``'s output on ``weights`` and the bytes its forward saves for backward (weights and
     their casts aside: :class:`_SavedBytes`), under the
     step's autocast (CPU autocast in ``autocast_dtype``, none where None) and, where
-    ``gpu_kernels``, as a GPU runs it: CUDA's autocast float32 list, fused kernels, one-byte dropout
-    masks (the order :func:`~.step.run_fake_step` enters them in)."""
+    ``gpu_kernels``, as a GPU runs it: fused kernels, CUDA's attention kernels, its autocast float32
+    list, one-byte dropout masks (the order :func:`~.step.run_fake_step` enters them in)."""
     saved = _SavedBytes(weights, gpu_kernels=gpu_kernels)
-    on_gpu = (FusedKernels(saved), CudaAutocast()) if gpu_kernels else ()
+    on_gpu = (FusedKernels(saved), CudaAttention(), CudaAutocast()) if gpu_kernels else ()
     with contextlib.ExitStack() as modes:
         for mode in (torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda tensor: tensor), saved, *on_gpu,
                      torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None)):
