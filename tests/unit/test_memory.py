@@ -65,10 +65,11 @@ S, B, H, A = 256, 2, 768, 12
 
 
 @pytest.mark.parametrize("plan, formula", [
-    # Korthikanti et al. 2022: eq. 1 (no parallelism), eq. 2 (TP), eq. 4 (TP + SP), eq. 5 (full recompute)
+    # Korthikanti et al. 2022: eq. 1 (no parallelism), eq. 2 (TP), eq. 4 (TP + SP), eq. 5 (full recompute);
+    # eq. 4 as torch runs SP: the attention's and the MLP's all-gathered inputs (2·sbh each) kept whole
     (Plan(), S * B * H * (34 + 5 * A * S / H)),
     (Plan(tp=4, dp_replicate=1), S * B * H * (10 + 24 / 4 + 5 * A * S / (H * 4))),
-    (Plan(tp=4, sequence_parallel=True), S * B * H / 4 * (34 + 5 * A * S / H)),
+    (Plan(tp=4, sequence_parallel=True), S * B * H * (4 + (34 - 4 + 5 * A * S / H) / 4)),
     (Plan(activation_checkpointing="full"), 2 * S * B * H),
     # The plugin's policies, as the profile measures them (not eq. 4's attention-core recompute):
     # the block's input and its Linears' outputs (q, k, v, wo, w1, w2: 1+1+1+1+4+1 widths, 16-bit);
@@ -83,8 +84,11 @@ def test_korthikanti_activation_memory_per_layer(gpt_block, plan, formula):
 def test_what_tp_leaves_whole_is_measured_at_eq_2s_share(gpt_block):
     """Korthikanti et al.'s eq. 2 keeps 10·sbh of their GPT block whole on every TP rank (the norms'
     inputs, the attention's and the MLP's, two one-byte dropout masks): the profile measures it by
-    splitting the block, not by taking the share from the paper."""
+    splitting the block, not by taking the share from the paper. Of it, sequence parallelism
+    gathers the attention's and the MLP's inputs, 4·sbh, which torch keeps gathered for backward
+    (Megatron-LM keeps the shards and gathers them again)."""
     assert gpt_block.tp_replicated_bytes == pytest.approx(10 * S * B * H, rel=0.03)
+    assert gpt_block.tp_gathered_bytes == 4 * S * B * H
 
 
 def test_in_flight_microbatches_per_schedule():

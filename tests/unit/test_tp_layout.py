@@ -102,6 +102,7 @@ def test_what_a_split_leaves_whole_is_measured_per_block(kernels, widths):
     keeps its normalized input too, where the GPU's fused kernel keeps only the statistics."""
     block = profile_spec("llama-tiny", precision="fp32", kernels=kernels).blocks[0]
     assert block.tp_replicated_bytes / block.input_bytes == pytest.approx(widths, abs=0.2)
+    assert block.tp_gathered_bytes == 2 * block.input_bytes  # what q, k, v and w1, w3 read, gathered under SP
 
 
 def test_a_mixture_of_experts_keeps_its_routed_tokens_whole():

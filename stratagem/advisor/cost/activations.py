@@ -45,7 +45,9 @@ def estimate_block_activations(block: SegmentProfile, plan: Plan, *, scale: floa
     selective policy keeps what the profile measured a block checkpointed under it keeping (its
     input and the kept operators' outputs, eager). TP without SP leaves on each rank what the
     profile measured a split block keeping whole (eq. 2's replicated part, measured:
-    :mod:`~stratagem.advisor.profile.tp_layout`), at most what the block keeps, and splits the rest."""
+    :mod:`~stratagem.advisor.profile.tp_layout`), at most what the block keeps, and splits the rest;
+    with SP, eq. 4 splits it all but, without checkpointing, the column Linears' inputs, which
+    torch's SP all-gathers and autograd keeps so (Megatron-LM gathers them again in backward)."""
     checkpointing = checkpointing or plan.activation_checkpointing
     if checkpointing == "full":
         kept = block.input_bytes * scale  # eq. 5: only the block's input (2sbh)
@@ -54,10 +56,16 @@ def estimate_block_activations(block: SegmentProfile, plan: Plan, *, scale: floa
         saved = saved_bytes(block, plan) * scale
     else:
         saved = getattr(block, policy_field(checkpointing, "kept_bytes")) * scale
-    if plan.tp == 1 or plan.sequence_parallel:
-        return saved / plan.tp  # eq. 4: SP splits the replicated part too
-    replicated = min(saved, block.tp_replicated_bytes * scale)
-    return replicated + (saved - replicated) / plan.tp  # eq. 2
+    if plan.tp == 1:
+        return saved
+    if not plan.sequence_parallel:
+        whole = block.tp_replicated_bytes  # eq. 2
+    elif checkpointing == "none":
+        whole = block.tp_gathered_bytes  # eq. 4, but for the gathered inputs torch keeps
+    else:
+        whole = 0  # eq. 4: a policy keeps operators' outputs, and the gathered inputs are recomputed
+    whole = min(saved, whole * scale)
+    return whole + (saved - whole) / plan.tp
 
 
 def saved_bytes(block: SegmentProfile, plan: Plan) -> int:

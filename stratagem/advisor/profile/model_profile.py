@@ -29,7 +29,7 @@ def kernels_for(*, accelerator: bool) -> str:
     return "gpu" if accelerator else "cpu"
 
 
-SCHEMA_VERSION = 17
+SCHEMA_VERSION = 18
 """Version of the layout ``ModelProfile.to_dict`` writes and ``from_dict`` reads. Bump it whenever
 a field of ModelProfile, SegmentProfile, LinearLayer, ConvLayer, BatchNormCall or AttentionCall is added, removed, renamed or changes
 meaning (tests/unit/test_profile_cache_checks.py pins the fields to this number)."""
@@ -181,6 +181,7 @@ class SegmentProfile:
     bwd_fused_ops: int = 0  # the same in backward
     compiled_saved_bytes: int = 0  # saved_bytes of a block compiled by torch.compile (0: not measured)
     tp_replicated_bytes: int = 0  # of saved_bytes, what TP without SP leaves whole on each rank (tp_layout.py)
+    tp_gathered_bytes: int = 0  # of saved_bytes, the column Linears' inputs, which TP with SP keeps gathered
     # A block checkpointed under each selective policy (stratagem.plan.checkpointing; 0 outside
     # the blocks): the bytes it keeps (its input and the kept operators' outputs), and the forward
     # work its backward runs again: FLOPs, operators, bytes moved (batch-sized, parameter-sized),

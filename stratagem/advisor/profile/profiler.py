@@ -49,7 +49,7 @@ from stratagem.advisor.profile.structure import (
     pp_tied_params,
     pp_unavailable,
 )
-from stratagem.advisor.profile.tp_layout import LinearCallRecorder, find_tp_layout
+from stratagem.advisor.profile.tp_layout import LinearCallRecorder, SplitKept, find_tp_layout
 from stratagem.advisor.profile.vocab_layout import VocabCallRecorder, find_vocab_layout, vocab_segment_fields
 from stratagem.errors import UsageError
 from stratagem.units import format_list
@@ -169,7 +169,7 @@ def _profile_step(
         pp_tied_params=pp_tied_params(model, structure), ddp_unavailable=ddp_refusal(record.unused_params),
         class_wrap_extra=class_wrap_extra(model, structure), sp_unavailable=sp_refusal(record.block_inputs),
         notes=tuple(notes), profile_seconds=time.perf_counter() - started,
-        **_assemble(model, structure.blocks, record, prec, notes, calls, (vocab, vocab_calls), tp.replicated),
+        **_assemble(model, structure.blocks, record, prec, notes, calls, (vocab, vocab_calls), tp.kept),
     )
 
 
@@ -373,10 +373,10 @@ def _resolve_loss(loss_fn: Callable | None, notes: list[str]) -> Callable[[Any],
 def _assemble(model: nn.Module, blocks: tuple[str, ...], record: RunRecord, prec: Precision,
               notes: list[str], calls: LinearCallRecorder,
               vocab: tuple[tuple[tuple[str, str], ...], VocabCallRecorder],
-              tp_replicated: dict[str, int]) -> dict[str, Any]:
+              tp_kept: dict[str, SplitKept]) -> dict[str, Any]:
     """Turn the raw run record into the embed/blocks/head segment profiles (each block's Linears
     with the rows ``calls`` saw them multiply; what the vocabulary split divides, ``vocab``: its
-    layout pairs and their calls; what a TP split leaves whole, ``tp_replicated``, by block)."""
+    layout pairs and their calls; what a TP split keeps whole, ``tp_kept``, by block)."""
     owner = _state_owners(model, blocks, record, notes)
     split = vocab_segment_fields(model, *vocab, owner)
     sizes = _state_sizes(model, prec)
@@ -412,10 +412,11 @@ def _assemble(model: nn.Module, blocks: tuple[str, ...], record: RunRecord, prec
     for fqn in blocks:
         rep = record.measured_as.get(fqn)
         module = model.get_submodule(fqn)
-        counts = record.segments[rep or fqn]
+        counts, kept = record.segments[rep or fqn], tp_kept.get(rep or fqn, SplitKept(0, 0))
         block_profiles.append(make(fqn, type(module).__name__, counts,
                                    linears=linear_layers(module, calls.rows(rep or fqn)), measured_as=rep,
-                                   tp_replicated_bytes=min(tp_replicated.get(rep or fqn, 0), counts.saved_bytes)))
+                                   tp_replicated_bytes=min(kept.replicated, counts.saved_bytes),
+                                   tp_gathered_bytes=min(kept.gathered, counts.saved_bytes)))
     embed_counts = record.segments[EMBED]
     embed_counts.output_bytes = block_profiles[0].input_bytes if block_profiles else record.output_bytes
     head_counts = record.segments[HEAD]

@@ -15,7 +15,10 @@ The same two runs, whole and halved, measure what every TP rank keeps whole: of 
 saves for backward, the split leaves ``R`` on each rank and halves the rest ``S``, so the whole
 block saves ``W = R + S``, the halved one ``H = R + S/2``, and ``R = 2H − W`` (Korthikanti et al.
 2022, eq. 2, has ``R`` at 10·sbh for their GPT block: its norms' and the pair's inputs, its
-dropout masks; a block's own code decides which tensors they are here).
+dropout masks; a block's own code decides which tensors they are here). The whole run also counts
+what the column Linears save of their inputs: sequence parallelism all-gathers those inputs, and
+autograd keeps them gathered (Megatron-LM keeps the shard and gathers again in backward,
+Korthikanti et al. §4.2.2; torch's DTensor does not).
 
 A model that declares its own plan — Hugging Face's ``config.base_model_tp_plan`` — gets that
 plan instead of the structural pairing, when every entry splits a block's Linear by column or row
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -50,14 +54,22 @@ from stratagem.plan.tp_styles import is_sequence_norm
 Layout = tuple[tuple[str, str], ...]
 
 
+class SplitKept(NamedTuple):
+    """Of the bytes a block saves for backward at the profiled batch, what a TP split keeps whole on
+    every rank: without sequence parallelism (``replicated``, R = 2H − W), and with it, the column
+    Linears' all-gathered inputs (``gathered``)."""
+
+    replicated: int
+    gathered: int
+
+
 class TPLayout(NamedTuple):
     """What :func:`find_tp_layout` found: the ``layout`` (empty where there is none, and
-    ``unavailable`` says why) and, by block FQN, the bytes of what each block saves for backward
-    that a split leaves whole on every TP rank without sequence parallelism (``replicated``)."""
+    ``unavailable`` says why) and, by block FQN, what a split keeps whole (``kept``)."""
 
     layout: Layout
     unavailable: str | None
-    replicated: dict[str, int]
+    kept: dict[str, SplitKept]
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +162,7 @@ def find_tp_layout(model: nn.Module, container: str | None, recorder: LinearCall
         return TPLayout((), "its blocks pair no column-split Linear with a row-split one", {})
     if len(layouts) > 1:
         return TPLayout((), "its blocks split differently from one another", {})
-    replicated = {}
+    kept = {}
     for fqn, styles in kinds.items():
         run = _try_split(model.get_submodule(fqn), fqn, styles, inputs[fqn], state,
                          autocast_dtype=autocast_dtype, gpu_kernels=gpu_kernels)
@@ -159,13 +171,13 @@ def find_tp_layout(model: nn.Module, container: str | None, recorder: LinearCall
                 return TPLayout((), (f"its {kv_heads} key/value head{'s' * (kv_heads > 1)} cannot be split two "
                                      "ways (tensor parallelism splits the attention heads across its ranks)"), {})
             return TPLayout((), f"splitting {fqn} two ways fails ({run.failure})", {})
-        replicated[fqn] = run.replicated
+        kept[fqn] = run.kept
     styles = next(iter(kinds.values()))
     block = model.get_submodule(next(iter(kinds)))
     norms = [name for name, sub in block.named_modules() if name and is_sequence_norm(sub)]
     layout = [(f"{container}.*.{name}", style) for name, style in styles.items()]
     layout += [(f"{container}.*.{name}", "sequence_parallel") for name in norms]
-    return TPLayout(tuple(layout), None, replicated)
+    return TPLayout(tuple(layout), None, kept)
 
 
 def declared_styles(model: nn.Module, container: str) -> dict[str, str] | None:
@@ -190,7 +202,7 @@ def declared_styles(model: nn.Module, container: str) -> dict[str, str] | None:
 
 class _SplitRun(NamedTuple):
     failure: str | None  # why the halved block fails, or None
-    replicated: int  # bytes saved for backward that the split leaves whole (R = 2H − W)
+    kept: SplitKept = SplitKept(0, 0)
 
 
 def _try_split(block: nn.Module, fqn: str, styles: dict[str, str], inputs: tuple[tuple, dict],
@@ -198,27 +210,29 @@ def _try_split(block: nn.Module, fqn: str, styles: dict[str, str], inputs: tuple
                gpu_kernels: bool) -> _SplitRun:
     """Run ``block``'s forward on its fake weights and on them split two ways as ``styles`` says,
     each run on its own copy of the call's objects (:func:`~.block_inputs.fresh`) and counted as the
-    step counts it (:func:`_saving_run`): why the split fails, or what it leaves whole of the bytes
+    step counts it (:func:`_saving_run`): why the split fails, or what it keeps whole of the bytes
     the block saves for backward."""
     own = {name[len(fqn) + 1:]: t for name, t in state.items() if name.startswith(f"{fqn}.")}
     run = functools.partial(_saving_run, block, inputs=inputs, autocast_dtype=autocast_dtype, gpu_kernels=gpu_kernels)
+    columns = [block.get_submodule(name) for name, style in styles.items() if style == "colwise"]
     try:  # a failing split is an answer here, not an error to log
         split = {name: _halved(name, t, styles) for name, t in own.items()}
         with torch.enable_grad(), quiet_fake_tensor_log():
-            whole, whole_saved = run(own)
+            whole, whole_saved = run(own, columns=columns)
             halves, halves_saved = run(split)
     except Exception as err:  # noqa: BLE001 — any failure means the split is unsafe
-        return _SplitRun(f"{type(err).__name__}: {str(err).splitlines()[0][:120]}", 0)
+        return _SplitRun(f"{type(err).__name__}: {str(err).splitlines()[0][:120]}")
     shapes = [tuple(t.shape) for t in tree_flatten(whole)[0] if isinstance(t, torch.Tensor)]
     if shapes != [tuple(t.shape) for t in tree_flatten(halves)[0] if isinstance(t, torch.Tensor)]:
-        return _SplitRun("the output changes shape", 0)
-    return _SplitRun(None, max(0, 2 * halves_saved - whole_saved))
+        return _SplitRun("the output changes shape")
+    return _SplitRun(None, SplitKept(max(0, 2 * halves_saved.bytes - whole_saved.bytes), whole_saved.gathered))
 
 
 def _saving_run(block: nn.Module, weights: dict[str, torch.Tensor], *, inputs: tuple[tuple, dict],
-                autocast_dtype: torch.dtype | None, gpu_kernels: bool) -> tuple[Any, int]:
-    """``block``'s output on ``weights`` and the bytes its forward saves for backward (weights and
-    their casts aside: :class:`_SavedBytes`), under the
+                autocast_dtype: torch.dtype | None, gpu_kernels: bool,
+                columns: Sequence[nn.Module] = ()) -> tuple[Any, _SavedBytes]:
+    """``block``'s output on ``weights`` and what its forward saves for backward (weights and their
+    casts aside; of it, what the ``columns`` Linears save: :class:`_SavedBytes`), under the
     step's autocast (CPU autocast in ``autocast_dtype``, none where None) and, where
     ``gpu_kernels``, as a GPU runs it: fused kernels, CUDA's attention kernels, its autocast float32
     list, one-byte dropout masks (the order :func:`~.step.run_fake_step` enters them in)."""
@@ -228,8 +242,11 @@ def _saving_run(block: nn.Module, weights: dict[str, torch.Tensor], *, inputs: t
         for mode in (torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda tensor: tensor), saved, *on_gpu,
                      torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None)):
             modes.enter_context(mode)
+        for column in columns:
+            modes.callback(column.register_forward_pre_hook(lambda *_: saved.enter_column()).remove)
+            modes.callback(column.register_forward_hook(lambda *_: saved.leave_column()).remove)
         output = torch.func.functional_call(block, weights, *fresh(*inputs))
-    return output, saved.bytes
+    return output, saved
 
 
 class _SavedBytes(TorchDispatchMode):
@@ -237,12 +254,15 @@ class _SavedBytes(TorchDispatchMode):
     backward as the step counts them (:class:`~.measure.SavedTensorCounter`): each storage once,
     the ``weights`` and their dtype copies (autocast's casts, :data:`~.measure.CAST_OPS`) never,
     the masks dropout draws (:data:`~.measure.MASK_OPS`) at one byte per element where
-    ``gpu_kernels``. It is the counter :class:`~.fused.FusedKernels` reports a fused kernel's
-    saved tensors to."""
+    ``gpu_kernels``; of them, ``gathered``: those saved inside a column Linear's forward (between
+    :meth:`enter_column` and :meth:`leave_column`), its input. It is the counter
+    :class:`~.fused.FusedKernels` reports a fused kernel's saved tensors to."""
 
     def __init__(self, weights: dict[str, torch.Tensor], *, gpu_kernels: bool) -> None:
         super().__init__()
         self.bytes = 0
+        self.gathered = 0
+        self._columns = 0  # column Linears running
         self.suppressed = 0  # FusedKernels: the decomposition it runs instead of its kernel saves nothing
         self._gpu_kernels = gpu_kernels
         self._weights = {StorageWeakRef(t.untyped_storage()) for t in weights.values()}
@@ -275,7 +295,16 @@ class _SavedBytes(TorchDispatchMode):
             return
         self._skip.add(ref)
         self._seen.append(tensor)
-        self.bytes += tensor.numel() if ref in self._masks else tensor.untyped_storage().nbytes()
+        size = tensor.numel() if ref in self._masks else tensor.untyped_storage().nbytes()
+        self.bytes += size
+        self.gathered += size if self._columns else 0
+
+    def enter_column(self) -> None:
+        """A column Linear's forward starts: what it saves (its input) is all-gathered under SP."""
+        self._columns += 1
+
+    def leave_column(self) -> None:
+        self._columns -= 1
 
     def count_kernels(self, *, ops: int, op_bytes: int, param_op_bytes: int = 0) -> None:
         """Kernels are not counted here."""
