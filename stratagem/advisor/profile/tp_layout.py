@@ -17,8 +17,8 @@ block saves ``W = R + S``, the halved one ``H = R + S/2``, and ``R = 2H − W`` 
 2022, eq. 2, has ``R`` at 10·sbh for their GPT block: its norms' and the pair's inputs, its
 dropout masks; a block's own code decides which tensors they are here). The whole run also counts
 what the column Linears save of their inputs: sequence parallelism all-gathers those inputs, and
-autograd keeps them gathered (Megatron-LM keeps the shard and gathers again in backward,
-Korthikanti et al. §4.2.2; torch's DTensor does not).
+torch's autograd keeps them gathered for the weights' gradients (Megatron-LM keeps the shard and
+gathers it again in backward; docs/cost-model.md, "What TP leaves whole, measured").
 
 A model that declares its own plan — Hugging Face's ``config.base_model_tp_plan`` — gets that
 plan instead of the structural pairing, when every entry splits a block's Linear by column or row
@@ -254,8 +254,9 @@ class _SavedBytes(TorchDispatchMode):
     backward as the step counts them (:class:`~.measure.SavedTensorCounter`): each storage once,
     the ``weights`` and their dtype copies (autocast's casts, :data:`~.measure.CAST_OPS`) never,
     the masks dropout draws (:data:`~.measure.MASK_OPS`) at one byte per element where
-    ``gpu_kernels``; of them, ``gathered``: those saved inside a column Linear's forward (between
-    :meth:`enter_column` and :meth:`leave_column`), its input. It is the counter
+    ``gpu_kernels``; and ``gathered``: what column Linears save (between :meth:`enter_column` and
+    :meth:`leave_column`), their inputs, each storage once, counted there even where an operator
+    before them saved it too (SP gathers a copy of its own). It is the counter
     :class:`~.fused.FusedKernels` reports a fused kernel's saved tensors to."""
 
     def __init__(self, weights: dict[str, torch.Tensor], *, gpu_kernels: bool) -> None:
@@ -265,9 +266,10 @@ class _SavedBytes(TorchDispatchMode):
         self._columns = 0  # column Linears running
         self.suppressed = 0  # FusedKernels: the decomposition it runs instead of its kernel saves nothing
         self._gpu_kernels = gpu_kernels
-        self._weights = {StorageWeakRef(t.untyped_storage()) for t in weights.values()}
-        self._skip = set(self._weights)
+        self._weights = {StorageWeakRef(t.untyped_storage()) for t in weights.values()}  # and their casts
+        self._counted: set[StorageWeakRef] = set()
         self._masks: set[StorageWeakRef] = set()
+        self._gathered: set[StorageWeakRef] = set()
         self._seen: list[torch.Tensor] = []  # strong references keep the storages distinct
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
@@ -277,7 +279,7 @@ class _SavedBytes(TorchDispatchMode):
         packet = func.overloadpacket
         if (packet in CAST_OPS and isinstance(args[0], torch.Tensor)
                 and StorageWeakRef(args[0].untyped_storage()) in self._weights):
-            self._skip.add(StorageWeakRef(out.untyped_storage()))
+            self._weights.add(StorageWeakRef(out.untyped_storage()))
         elif self._gpu_kernels and packet in MASK_OPS:
             self._masks.add(StorageWeakRef(out.untyped_storage()))
         return out
@@ -291,13 +293,16 @@ class _SavedBytes(TorchDispatchMode):
     def count_saved(self, tensor: torch.Tensor | None = None, *, num_bytes: int = 0) -> None:
         """Count ``tensor`` (its storage once) and ``num_bytes`` as saved."""
         self.bytes += num_bytes
-        if tensor is None or (ref := StorageWeakRef(tensor.untyped_storage())) in self._skip:
+        if tensor is None or (ref := StorageWeakRef(tensor.untyped_storage())) in self._weights:
             return
-        self._skip.add(ref)
-        self._seen.append(tensor)
         size = tensor.numel() if ref in self._masks else tensor.untyped_storage().nbytes()
-        self.bytes += size
-        self.gathered += size if self._columns else 0
+        if self._columns and ref not in self._gathered:
+            self._gathered.add(ref)
+            self.gathered += size
+        if ref not in self._counted:
+            self._counted.add(ref)
+            self._seen.append(tensor)
+            self.bytes += size
 
     def enter_column(self) -> None:
         """A column Linear's forward starts: what it saves (its input) is all-gathered under SP."""
