@@ -3,13 +3,13 @@
     .venv/bin/python bench/accuracy.py [--nproc 4] [--steps 3] [--rounds 2] [--scale small|tiny] [--quick]
 
 1. Runs every (model × plan) case — a decoder (llama-small), a ViT (vit-small) and an MoE
-   (mixtral-small) under DDP, ZeRO-1/2/3, HSDP, TP, TP×FSDP, pipelines and checkpointing — for a few
-   steps with ``stratagem.verify``, in ``--rounds`` passes over the cases (every other pass in
-   reverse order). Each pass starts with a calibration of this host (``nproc`` gloo ranks),
-   applied to the cluster the advisor plans for (``{nproc}xcpu``), and costs its cases with
-   ``evaluate`` under it: a shared host's speed drifts over the minutes a pass takes (24–31
-   GFLOP/s per rank between runs on one host here, 70–85 on a later one), and a calibration
-   taken next to the runs it predicts drifts less from them than one taken a pass earlier.
+   (mixtral-small) under DDP, ZeRO-1/2/3, HSDP, TP (with and without SP), TP×FSDP, pipelines and
+   checkpointing — for a few steps with ``stratagem.verify``, in ``--rounds`` passes over the cases
+   (every other pass in reverse order). Each pass starts with a calibration of this host (``nproc``
+   gloo ranks), applied to the cluster the advisor plans for (``{nproc}xcpu``), and costs its cases
+   with ``evaluate`` under it: a shared host's speed drifts over the minutes a pass takes (24–31
+   GFLOP/s per rank between runs on one host here, 70–85 on a later one), and a calibration taken
+   next to the runs it predicts drifts less from them than one taken a pass earlier.
 2. Keeps each case's fastest pass, with that pass's prediction: a shared host's slow spells only
    ever slow a run down. The spread between passes is printed beside each case, as is the time
    DTensor spent deciding shardings for shapes it met for the first time, which the measured
@@ -57,9 +57,10 @@ def seq_len(model: str, scale: str) -> int | None:
 
 
 def cases(nproc: int, scale: str) -> list[Case]:
-    """The same eight or ten plans for each of three model shapes (TP and TP×FSDP where the model
-    has a TP layout), so that each model's ranking compares as many pairs; plans for ``nproc``
-    ranks (4 by default), each training the same global batch per step."""
+    """The same eight to eleven plans for each of three model shapes (TP and TP×FSDP where the model
+    has a TP layout, TP with SP where its sequence splits too), so that each model's ranking
+    compares as many pairs; plans for ``nproc`` ranks (4 by default), each training the same
+    global batch per step."""
     half = nproc // 2
     common = {"micro_batch_size": MICRO_BATCH, "precision": "fp32"}
     out = []
@@ -80,6 +81,8 @@ def cases(nproc: int, scale: str) -> list[Case]:
             tp = {"tp_layout": profile.tp_layout, **common, **blocks}
             plans += [Plan(tp=nproc, grad_accum=nproc, **tp),
                       Plan(tp=2, dp_shard=half, zero=3, grad_accum=2, **tp)]
+            if profile.sp_unavailable is None and profile.seq_len and profile.seq_len % nproc == 0:
+                plans.append(Plan(tp=nproc, sequence_parallel=True, grad_accum=nproc, **tp))
         out += [Case(model, plan) for plan in plans]
     return out
 
