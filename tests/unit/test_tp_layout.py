@@ -135,6 +135,14 @@ def test_a_weight_left_whole_is_no_activation_tp_keeps_whole():
     assert 0 < block.tp_replicated_bytes < block.saved_bytes / 2
 
 
+def test_a_router_reading_the_norm_keeps_sequence_parallelism_out():
+    """Under SP a norm's output is all-gathered into a DTensor that only the column-split Linears
+    take: an MoE's router reads it whole, and mixtral-small's ``tp4+sp`` failed so ("aten.mm got
+    mixed torch.Tensor and DTensor", bench/accuracy.py) where the search had offered it."""
+    assert "feed_forward.gate reads a norm's output" in profile_spec("mixtral-tiny").sp_unavailable
+    assert profile_spec("llama-tiny").sp_unavailable is None
+
+
 def test_hugging_face_llama_layout(tmp_path):
     pytest.importorskip("transformers")
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,

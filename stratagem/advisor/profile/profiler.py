@@ -167,7 +167,8 @@ def _profile_step(
         tp_layout=tp.layout + vocab, tp_unavailable=tp.unavailable, pp_unavailable=pp_unavailable(model, structure),
         pp_traced=removal_convention(model, block_container=structure.container) is None,
         pp_tied_params=pp_tied_params(model, structure), ddp_unavailable=ddp_refusal(record.unused_params),
-        class_wrap_extra=class_wrap_extra(model, structure), sp_unavailable=sp_refusal(record.block_inputs),
+        class_wrap_extra=class_wrap_extra(model, structure),
+        sp_unavailable=sp_refusal(record.block_inputs) or tp.sp_unavailable,
         notes=tuple(notes), profile_seconds=time.perf_counter() - started,
         **_assemble(model, structure.blocks, record, prec, notes, calls, (vocab, vocab_calls), tp.kept),
     )

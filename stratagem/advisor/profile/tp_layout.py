@@ -65,11 +65,13 @@ class SplitKept(NamedTuple):
 
 class TPLayout(NamedTuple):
     """What :func:`find_tp_layout` found: the ``layout`` (empty where there is none, and
-    ``unavailable`` says why) and, by block FQN, what a split keeps whole (``kept``)."""
+    ``unavailable`` says why), by block FQN what a split keeps whole (``kept``), and why sequence
+    parallelism cannot run the blocks where it cannot (``sp_unavailable``)."""
 
     layout: Layout
     unavailable: str | None
     kept: dict[str, SplitKept]
+    sp_unavailable: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +164,7 @@ def find_tp_layout(model: nn.Module, container: str | None, recorder: LinearCall
         return TPLayout((), "its blocks pair no column-split Linear with a row-split one", {})
     if len(layouts) > 1:
         return TPLayout((), "its blocks split differently from one another", {})
-    kept = {}
+    kept, sp_unavailable = {}, None
     for fqn, styles in kinds.items():
         run = _try_split(model.get_submodule(fqn), fqn, styles, inputs[fqn], state,
                          autocast_dtype=autocast_dtype, gpu_kernels=gpu_kernels)
@@ -172,12 +174,13 @@ def find_tp_layout(model: nn.Module, container: str | None, recorder: LinearCall
                                      "ways (tensor parallelism splits the attention heads across its ranks)"), {})
             return TPLayout((), f"splitting {fqn} two ways fails ({run.failure})", {})
         kept[fqn] = run.kept
+        sp_unavailable = sp_unavailable or run.sp_unavailable
     styles = next(iter(kinds.values()))
     block = model.get_submodule(next(iter(kinds)))
     norms = [name for name, sub in block.named_modules() if name and is_sequence_norm(sub)]
     layout = [(f"{container}.*.{name}", style) for name, style in styles.items()]
     layout += [(f"{container}.*.{name}", "sequence_parallel") for name in norms]
-    return TPLayout(tuple(layout), None, kept)
+    return TPLayout(tuple(layout), None, kept, sp_unavailable)
 
 
 def declared_styles(model: nn.Module, container: str) -> dict[str, str] | None:
@@ -203,6 +206,7 @@ def declared_styles(model: nn.Module, container: str) -> dict[str, str] | None:
 class _SplitRun(NamedTuple):
     failure: str | None  # why the halved block fails, or None
     kept: SplitKept = SplitKept(0, 0)
+    sp_unavailable: str | None = None  # why SP cannot run the block (_NormReaders)
 
 
 def _try_split(block: nn.Module, fqn: str, styles: dict[str, str], inputs: tuple[tuple, dict],
@@ -218,14 +222,56 @@ def _try_split(block: nn.Module, fqn: str, styles: dict[str, str], inputs: tuple
     try:  # a failing split is an answer here, not an error to log
         split = {name: _halved(name, t, styles) for name, t in own.items()}
         with torch.enable_grad(), quiet_fake_tensor_log():
-            whole, whole_saved = run(own, columns=columns)
+            with _NormReaders(block) as readers:
+                whole, whole_saved = run(own, columns=columns)
             halves, halves_saved = run(split)
     except Exception as err:  # noqa: BLE001 — any failure means the split is unsafe
         return _SplitRun(f"{type(err).__name__}: {str(err).splitlines()[0][:120]}")
     shapes = [tuple(t.shape) for t in tree_flatten(whole)[0] if isinstance(t, torch.Tensor)]
     if shapes != [tuple(t.shape) for t in tree_flatten(halves)[0] if isinstance(t, torch.Tensor)]:
         return _SplitRun("the output changes shape")
-    return _SplitRun(None, SplitKept(max(0, 2 * halves_saved.bytes - whole_saved.bytes), whole_saved.gathered))
+    whole_readers = [name for name in readers.names if styles.get(name) != "colwise"]
+    sp_unavailable = (f"{fqn}.{whole_readers[0]} reads a norm's output and is not split by column (a router, or a "
+                      "Linear the layout leaves whole), where sequence parallelism hands that output to the "
+                      "column-split Linears alone") if whole_readers else None
+    return _SplitRun(None, SplitKept(max(0, 2 * halves_saved.bytes - whole_saved.bytes), whole_saved.gathered),
+                     sp_unavailable)
+
+
+class _NormReaders:
+    """While active, the ``names`` of ``block``'s Linears that read the output of one of its
+    sequence norms (:func:`~stratagem.plan.tp_styles.is_sequence_norm`), a view of it included.
+    Under sequence parallelism that output is all-gathered into a DTensor, which only the column
+    Linears the layout splits take (:mod:`stratagem.plugins.tensor_parallel`)."""
+
+    def __init__(self, block: nn.Module) -> None:
+        self._block = block
+        self._outputs: set[StorageWeakRef] = set()
+        self._kept: list[torch.Tensor] = []  # strong references keep the storages distinct
+        self.names: list[str] = []
+        self._handles: list[Any] = []
+
+    def __enter__(self) -> _NormReaders:
+        for name, sub in self._block.named_modules():
+            if name and is_sequence_norm(sub):
+                self._handles.append(sub.register_forward_hook(self._norm_done))
+            elif isinstance(sub, nn.Linear):
+                self._handles.append(sub.register_forward_pre_hook(functools.partial(self._linear_starts, name)))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+    def _norm_done(self, module: nn.Module, args: Any, output: Any) -> None:
+        if isinstance(output, torch.Tensor):
+            self._kept.append(output)
+            self._outputs.add(StorageWeakRef(output.untyped_storage()))
+
+    def _linear_starts(self, name: str, module: nn.Module, args: Any) -> None:
+        if (args and isinstance(args[0], torch.Tensor) and name not in self.names
+                and StorageWeakRef(args[0].untyped_storage()) in self._outputs):
+            self.names.append(name)
 
 
 def _saving_run(block: nn.Module, weights: dict[str, torch.Tensor], *, inputs: tuple[tuple, dict],
