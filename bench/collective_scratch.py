@@ -8,7 +8,7 @@ collective's own scratch: memory a CPU rank's peak holds for as long as the coll
 no tensor of the plan accounts for. Rank 0's figures are printed as a share of the message (the
 all-reduce's tensor, the reduce-scatter's input, the all-gather's output).
 
-    .venv/bin/python bench/collective_scratch.py            # about 20 s on 2 cores
+    .venv/bin/python bench/collective_scratch.py            # about 5 s on 2 cores
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ def _rank(rank: int, port: int, world: int) -> None:
     torch.set_num_threads(1)
     join_group("gloo", ("127.0.0.1", port), rank=rank, world_size=world)
     if rank == 0:
-        print(f"{world} gloo ranks, torch {torch.__version__}: peak growth beyond the tensors, MiB (share of the message)")
+        print(f"{world} gloo ranks, torch {torch.__version__}: "
+              "peak growth beyond the tensors, MiB (share of the message)")
         print(f"{'message':>8}  " + "  ".join(f"{what:>18}" for what in COLLECTIVES), flush=True)
     for mib in SIZES_MIB:
         grown = [_scratch(what, mib, world) for what in COLLECTIVES]

@@ -1,9 +1,9 @@
 """What sequence parallelism saves of a TP rank's memory, predicted against measured, on CPU ranks.
 
 Four gloo ranks train llama-small (fp32, AdamW, sequence 128, micro-batch 8) under ``tp4`` and under
-``tp4+sp``, each in fresh processes as ``verify`` runs a plan, and the advisor predicts both on
-this host's catalog figures. The difference between the two plans is what SP saves: the peaks'
-shares that are not activations (the process beyond its tensors) cancel in it. Korthikanti et
+``tp4+sp``, each in fresh processes as ``verify`` runs a plan, and the memory model predicts both
+(its tensors: no framework bytes, uncalibrated). The difference between the two plans is what SP
+saves: the peaks' shares that are not the plan's tensors (the process beyond them) cancel in it. Korthikanti et
 al.'s eq. 4 splits every activation of a block over the TP ranks; torch's SP all-gathers the
 column Linears' inputs and autograd keeps them gathered for the weights' gradients, which the
 model counts (``SegmentProfile.tp_gathered_bytes``; docs/cost-model.md, "Per block").

@@ -36,8 +36,8 @@ if TYPE_CHECKING:
     from stratagem.advisor.search.advice import Advice
 
 __all__ = ["LIGHTNING_PRECISIONS", "PlanPrecision", "check_choice", "check_plan_accumulation", "check_plan_precision",
-           "choose_plan", "constructor_options", "fuse_offloaded_optimizer", "load_plan", "plan_hyperparams", "release_at_exit",
-           "sampler_kwargs", "stratagem_precision", "workload_optimizer"]
+           "choose_plan", "constructor_options", "fuse_offloaded_optimizer", "load_plan", "plan_hyperparams",
+           "release_at_exit", "sampler_kwargs", "stratagem_precision", "workload_optimizer"]
 
 log = logging.getLogger(__name__)
 

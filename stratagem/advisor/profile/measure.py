@@ -446,10 +446,7 @@ class SavedTensorCounter:
         if ref in self._counter.param_copies:
             counts.saved_param_copy_bytes += tensor.untyped_storage().nbytes()
             return
-        if ref in self._counter.masks:
-            num_bytes = tensor.numel()  # a CUDA dropout mask: one byte per element
-        else:
-            num_bytes = tensor.untyped_storage().nbytes()
+        num_bytes = stored_bytes(tensor, ref, self._counter.masks)
         counts.saved_bytes += num_bytes
         if self._counter.is_scores(tensor):
             counts.attention_saved_bytes += num_bytes
@@ -457,6 +454,13 @@ class SavedTensorCounter:
     @staticmethod
     def unpack(tensor: torch.Tensor) -> torch.Tensor:
         return tensor
+
+
+def stored_bytes(tensor: torch.Tensor, ref: StorageWeakRef, masks: set[StorageWeakRef]) -> int:
+    """Bytes a tensor saved for backward holds (``ref``: its storage's): the storage's, or one per
+    element where it is a dropout mask CUDA draws (``masks``, the storages :data:`MASK_OPS` drew
+    into where the profile counts a GPU's kernels)."""
+    return tensor.numel() if ref in masks else tensor.untyped_storage().nbytes()
 
 
 @contextlib.contextmanager

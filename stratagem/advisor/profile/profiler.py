@@ -413,7 +413,7 @@ def _assemble(model: nn.Module, blocks: tuple[str, ...], record: RunRecord, prec
     for fqn in blocks:
         rep = record.measured_as.get(fqn)
         module = model.get_submodule(fqn)
-        counts, kept = record.segments[rep or fqn], tp_kept.get(rep or fqn, SplitKept(0, 0))
+        counts, kept = record.segments[rep or fqn], tp_kept.get(rep or fqn, SplitKept())
         block_profiles.append(make(fqn, type(module).__name__, counts,
                                    linears=linear_layers(module, calls.rows(rep or fqn)), measured_as=rep,
                                    tp_replicated_bytes=min(kept.replicated, counts.saved_bytes),

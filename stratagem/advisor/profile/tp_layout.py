@@ -47,7 +47,7 @@ from stratagem.advisor.profile.attention import CudaAttention
 from stratagem.advisor.profile.autocast import CudaAutocast
 from stratagem.advisor.profile.block_inputs import fresh
 from stratagem.advisor.profile.fused import FusedKernels
-from stratagem.advisor.profile.measure import CAST_OPS, MASK_OPS, quiet_fake_tensor_log
+from stratagem.advisor.profile.measure import CAST_OPS, MASK_OPS, quiet_fake_tensor_log, stored_bytes
 from stratagem.advisor.profile.vocab_layout import HF_VOCAB_STYLES
 from stratagem.plan.tp_styles import is_sequence_norm
 
@@ -59,8 +59,8 @@ class SplitKept(NamedTuple):
     every rank: without sequence parallelism (``replicated``, R = 2H − W), and with it, the column
     Linears' all-gathered inputs (``gathered``)."""
 
-    replicated: int
-    gathered: int
+    replicated: int = 0
+    gathered: int = 0
 
 
 class TPLayout(NamedTuple):
@@ -205,7 +205,7 @@ def declared_styles(model: nn.Module, container: str) -> dict[str, str] | None:
 
 class _SplitRun(NamedTuple):
     failure: str | None  # why the halved block fails, or None
-    kept: SplitKept = SplitKept(0, 0)
+    kept: SplitKept = SplitKept()
     sp_unavailable: str | None = None  # why SP cannot run the block (_NormReaders)
 
 
@@ -341,7 +341,7 @@ class _SavedBytes(TorchDispatchMode):
         self.bytes += num_bytes
         if tensor is None or (ref := StorageWeakRef(tensor.untyped_storage())) in self._weights:
             return
-        size = tensor.numel() if ref in self._masks else tensor.untyped_storage().nbytes()
+        size = stored_bytes(tensor, ref, self._masks)
         if self._columns and ref not in self._gathered:
             self._gathered.add(ref)
             self.gathered += size
