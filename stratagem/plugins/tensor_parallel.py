@@ -43,7 +43,8 @@ tensor for the final norm and the head. The vocabulary styles keep these edges: 
 embedding's output is all-reduced, not reduce-scattered, and the head reads the whole sequence,
 as torchtitan's layout does not (docs/design.md says why). The sequence length must divide by
 ``tp``. A sequence-parallel norm must read the block's residual stream and feed only colwise
-linears, as in a pre-norm transformer block.
+linears, as in a pre-norm transformer block: a Linear inside the blocks that the layout leaves
+whole (an MoE router) refuses the norm's DTensor with a :class:`UsageError` when it is called.
 """
 
 from __future__ import annotations
@@ -118,7 +119,9 @@ def apply_tensor_parallel(module: nn.Module, plan: Plan, tp_mesh: DeviceMesh | N
     for head, embedding in tied.items():
         module.get_submodule(head).weight = module.get_submodule(embedding).weight
     if sequence:
-        _shard_sequence_between_blocks(find_blocks(module, plan), tp_mesh, tp=plan.tp)
+        blocks = find_blocks(module, plan)
+        _shard_sequence_between_blocks(blocks, tp_mesh, tp=plan.tp)
+        _refuse_gathered_input_to_whole_linears(module, blocks, styles, plan)
     counts = {kind: sum(style in kinds for style in styles.values()) for kind, kinds in
               (("linears", ("colwise", "rowwise")), ("norms", ("sequence_parallel",)), ("vocab", VOCAB_STYLES))}
     log.info("tensor parallel over %d ranks: %d linears sharded; %d norms %s; %d modules split by vocabulary%s",
@@ -260,6 +263,32 @@ def _shard_sequence_between_blocks(blocks: list[nn.Module], tp_mesh: DeviceMesh,
     blocks[0].register_forward_pre_hook(_slice_sequence(tp_mesh, tp=tp))
     parallelize_module(blocks[-1], tp_mesh, PrepareModuleOutput(
         output_layouts=Shard(1), desired_output_layouts=Replicate(), use_local_output=True))
+
+
+def _refuse_gathered_input_to_whole_linears(module: nn.Module, blocks: list[nn.Module], styles: dict[str, str],
+                                            plan: Plan) -> None:
+    """A pre-hook on each Linear inside the blocks that the layout leaves whole, refusing the
+    all-gathered DTensor a sequence-parallel norm hands its readers: only colwise Linears take it
+    (an MoE router reading the norm fails inside DTensor otherwise). The profile finds such
+    readers and the search leaves SP out for them (``ModelProfile.sp_unavailable``); this catches
+    a plan pinned by hand."""
+    split = {id(module.get_submodule(name)) for name in styles}
+    names = {id(sub): name for name, sub in module.named_modules()}
+    for block in blocks:
+        for sub in block.modules():
+            if isinstance(sub, nn.Linear) and id(sub) not in split:
+                sub.register_forward_pre_hook(_whole_linear_guard(names[id(sub)], plan))
+
+
+def _whole_linear_guard(name: str, plan: Plan) -> Callable[[nn.Module, tuple], None]:
+    def hook(_: nn.Module, args: tuple) -> None:
+        if any(isinstance(arg, DTensor) for arg in args):
+            raise UsageError(f"plan {plan.name}: sequence parallelism hands {name} a norm's all-gathered "
+                             "output, which only Linears split by column (colwise) can take, and the layout "
+                             f"leaves {name} whole (a router, or a Linear beside the split ones)\n"
+                             "HINT: train this model without sequence_parallel (the advisor leaves it out, and "
+                             "`stratagem advise` notes why)")
+    return hook
 
 
 def _slice_sequence(tp_mesh: DeviceMesh, *, tp: int) -> Callable[[nn.Module, tuple], tuple]:

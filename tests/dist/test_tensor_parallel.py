@@ -58,6 +58,13 @@ GPT2_LAYOUT = (
     *LLAMA_LAYOUT[-2:],
 )
 
+MIXTRAL_LAYOUT = (
+    *LLAMA_LAYOUT[:4],
+    *((f"layers.*.feed_forward.experts.*.{name}", style) for name, style in
+      (("w1", "colwise"), ("w3", "colwise"), ("w2", "rowwise"))),
+    *LLAMA_LAYOUT[-2:],
+)
+
 VOCAB = (("tok_embeddings", "vocab_embedding"), ("output", "vocab_head"))
 
 TP_FP32 = {"rtol": 1e-5, "atol": 1e-4}
@@ -271,3 +278,26 @@ def test_split_vocabulary_saves_and_loads_full_weights(tmp_path):
             torch.testing.assert_close(optimizer["state"], expected["state"], rtol=0, atol=0)
             assert [(g["params"], g["lr"]) for g in optimizer["param_groups"]] == \
                 [(g["params"], g["lr"]) for g in expected["param_groups"]]
+
+
+def _sequence_parallel_refusals(rank: int, world_size: int) -> dict[str, str]:
+    """The UsageError each rank raises, at the first forward, for a pinned SP plan the model cannot
+    run: a sequence of 33 tokens over two ranks, and mixtral-tiny, whose router reads a norm."""
+    cases = {"uneven": ("llama-tiny", LLAMA_LAYOUT, 33),
+             "router": ("mixtral-tiny", MIXTRAL_LAYOUT, 32)}
+    messages = {}
+    for name, (preset, layout, seq_len) in cases.items():
+        plan = Plan(**{**_TP2, "sequence_parallel": True, "tp_layout": layout})
+        model = apply_plan(tiny_model(preset), plan, build_mesh(plan, device_type="cpu"))
+        with pytest.raises(UsageError) as error:
+            model(torch.randint(0, 64, (2, seq_len)))
+        messages[name] = str(error.value)
+    return messages
+
+
+def test_a_pinned_sequence_parallel_plan_the_model_cannot_run_is_refused_clearly():
+    """Plans the search would not offer, pinned by hand: a clear error, not DTensor's own."""
+    messages = run_on_ranks(_sequence_parallel_refusals, world_size=2)
+    assert "the sequence length is 33" in messages["uneven"] and "HINT" in messages["uneven"]
+    assert "hands layers.0.feed_forward.gate a norm's all-gathered output" in messages["router"]
+    assert "HINT: train this model without sequence_parallel" in messages["router"]
