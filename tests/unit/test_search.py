@@ -11,6 +11,7 @@ from stratagem.advisor.profile.cache import profile_spec
 from stratagem.plan import PP_SCHEDULES, Plan, Workload
 from stratagem.advisor.search.advice import advise, rank_estimates
 from stratagem.advisor.search.enumeration import search_plans
+from stratagem.advisor.search.targets import model_excludes
 from stratagem.errors import UsageError
 
 
@@ -104,6 +105,20 @@ def test_models_without_a_tp_layout_get_no_tensor_parallel_plans():
     assert all(e.plan.tp == 1 for e in advice.plans)
     assert any("pair no column-split Linear" in note for note in advice.notes)
     assert advice.plans[0].throughput_unit == "samples/s"
+
+
+def test_sequence_parallelism_only_where_tp_divides_the_blocks_sequence():
+    """vit-small's blocks read 65 tokens (64 patches and the class token): the plugin splits the
+    sequence evenly, so no TP degree offers SP, and the report says why."""
+    vit = profile_spec("vit-small", precision="fp32", kernels="cpu")
+    assert vit.block_sequence == 65 and profile_spec("llama-tiny").block_sequence == 64
+    advice = advise(vit, parse_cluster("4xcpu"), Workload(global_batch_size=8, precision="fp32"), top=60)
+    assert any(e.plan.tp > 1 for e in advice.plans) and not any(e.plan.sequence_parallel for e in advice.plans)
+    assert any("sequence of 65 does not divide by tp=4" in reason for reason in advice.excluded)
+    plan = Plan(tp=2, sequence_parallel=True, micro_batch_size=8, precision="fp32",
+                block_container=vit.block_container, tp_layout=vit.tp_layout)
+    assert model_excludes(vit, parse_cluster("2xcpu"), plan) == \
+        "no sequence parallelism: the blocks' sequence of 65 does not divide by tp=2"
 
 
 def test_compiled_plans_of_blocks_at_several_input_sizes_get_a_note(gpt2):

@@ -29,7 +29,7 @@ def kernels_for(*, accelerator: bool) -> str:
     return "gpu" if accelerator else "cpu"
 
 
-SCHEMA_VERSION = 18
+SCHEMA_VERSION = 19
 """Version of the layout ``ModelProfile.to_dict`` writes and ``from_dict`` reads. Bump it whenever
 a field of ModelProfile, SegmentProfile, LinearLayer, ConvLayer, BatchNormCall or AttentionCall is added, removed, renamed or changes
 meaning (tests/unit/test_profile_cache_checks.py pins the fields to this number)."""
@@ -267,6 +267,7 @@ class ModelProfile:
     ddp_unavailable: str | None = None  # why DDP cannot train it: parameters without a gradient (profiler.ddp_refusal)
     class_wrap_extra: str | None = None  # modules beside the blocks of a block's class name (structure.class_wrap_extra)
     sp_unavailable: str | None = None  # why sequence parallelism cannot split the blocks' inputs (profiler.sp_refusal)
+    block_sequence: int | None = None  # the sequence SP splits: dim 1 of the blocks' inputs (profiler.block_sequence)
     notes: tuple[str, ...] = ()
     profile_seconds: float = 0.0
     # The same step with parameters in the compute dtype and no autocast: how FSDP2's mixed
@@ -349,6 +350,7 @@ class ModelProfile:
             "ddp_unavailable": self.ddp_unavailable,
             "class_wrap_extra": self.class_wrap_extra,
             "sp_unavailable": self.sp_unavailable,
+            "block_sequence": self.block_sequence,
             "embed": self.embed.to_dict(),
             "blocks": [b.to_dict() for b in self.blocks],
             "head": self.head.to_dict(),
@@ -386,7 +388,8 @@ class ModelProfile:
 # Checking stored profiles: each field by its annotation, then what holds between fields.
 
 _POSITIVE = frozenset({"batch_size", "seq_len", "num_heads", "num_kv_heads", "in_features", "out_features",
-                       "in_channels", "out_channels", "channels", "groups", "seq_q", "seq_kv", "head_dim"})
+                       "in_channels", "out_channels", "channels", "groups", "seq_q", "seq_kv", "head_dim",
+                       "block_sequence"})
 _TOTALS = {"parameters": "num_params", "param_bytes": "param_bytes", "buffer_bytes": "buffer_bytes",
            "fwd_flops": "fwd_flops", "bwd_flops": "bwd_flops", "flops_per_step": "flops_per_step",
            "saved_bytes": "saved_bytes"}

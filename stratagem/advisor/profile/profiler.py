@@ -169,19 +169,32 @@ def _profile_step(
         pp_tied_params=pp_tied_params(model, structure), ddp_unavailable=ddp_refusal(record.unused_params),
         class_wrap_extra=class_wrap_extra(model, structure),
         sp_unavailable=sp_refusal(record.block_inputs) or tp.sp_unavailable,
+        block_sequence=block_sequence(record.block_inputs),
         notes=tuple(notes), profile_seconds=time.perf_counter() - started,
         **_assemble(model, structure.blocks, record, prec, notes, calls, (vocab, vocab_calls), tp.kept),
     )
 
 
+def block_sequence(block_inputs: dict[str, tuple[tuple, dict]]) -> int | None:
+    """The length of the sequence sequence parallelism splits over the TP ranks: dimension 1 of the
+    blocks' first activation, ``[batch, sequence, width]``; None where it is not 3-D."""
+    first = _first_activation(block_inputs)
+    return first.size(1) if first is not None and first.dim() >= 3 else None
+
+
 def sp_refusal(block_inputs: dict[str, tuple[tuple, dict]]) -> str | None:
     """Why sequence parallelism cannot split the blocks' inputs, or None: it shards their dimension
     1, the sequence of ``[batch, sequence, width]`` activations, which a 2-D input lacks."""
-    first = next((leaf for args, kwargs in block_inputs.values() for leaf in tree_flatten((args, kwargs))[0]
-                  if isinstance(leaf, torch.Tensor) and leaf.is_floating_point()), None)
+    first = _first_activation(block_inputs)
     if first is None or first.dim() >= 3:
         return None
     return f"the blocks' inputs ({list(first.shape)}) have no sequence dimension for it to split"
+
+
+def _first_activation(block_inputs: dict[str, tuple[tuple, dict]]) -> torch.Tensor | None:
+    """The blocks' first floating-point input (the residual stream), or None."""
+    return next((leaf for args, kwargs in block_inputs.values() for leaf in tree_flatten((args, kwargs))[0]
+                 if isinstance(leaf, torch.Tensor) and leaf.is_floating_point()), None)
 
 
 def ddp_refusal(unused: tuple[str, ...]) -> str | None:

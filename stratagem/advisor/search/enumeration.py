@@ -19,7 +19,14 @@ from stratagem.advisor.cost.rates import flops_per_moved_byte
 from stratagem.advisor.hardware import Cluster
 from stratagem.advisor.profile.model_profile import ModelProfile
 from stratagem.advisor.search.partition import balanced_stage_blocks
-from stratagem.advisor.search.targets import autocast_excludes, divisors, pp_degrees, target_excludes, tp_degrees
+from stratagem.advisor.search.targets import (
+    autocast_excludes,
+    divisors,
+    pp_degrees,
+    sp_excludes,
+    target_excludes,
+    tp_degrees,
+)
 from stratagem.plan import CHECKPOINTING, INTERLEAVED_SCHEDULES, Plan, Workload, admitted_offloads, zero_bubble_refuses
 from stratagem.plan.stages import TIED_OFFLOAD, TRACED_STAGE_LIMITS, tied_copies_allow, traced_stages_allow
 
@@ -144,7 +151,7 @@ def _layout_groups(profile: ModelProfile, cluster: Cluster, workload: Workload, 
             excluded[f"data-parallel degree not dividing the global batch ({workload.global_batch_size})"] += 1
             continue
         local = workload.global_batch_size // dp
-        for sp in (False, True) if layout.tp > 1 and profile.sp_unavailable is None else (False,):
+        for sp in _sequence_parallel(profile, layout.tp, excluded):
             for schedule, v in _schedules(layout.pp, len(profile.blocks)):
                 shared = dict(tp=layout.tp, pp=layout.pp, dp_replicate=layout.dp_replicate,
                               dp_shard=layout.dp_shard, zero=layout.zero, sequence_parallel=sp,
@@ -166,6 +173,18 @@ def _layout_groups(profile: ModelProfile, cluster: Cluster, workload: Workload, 
                         yield (shared, {"activation_checkpointing": ckpt, "compile": compiled, "offload": offload,
                                         "stage_blocks": _partition(profile, layout.pp, v, stage_blocks,
                                                                    byte_flops=byte_flops, compiled=compiled)}), batchings
+
+
+def _sequence_parallel(profile: ModelProfile, tp: int, excluded: Counter) -> tuple[bool, ...]:
+    """Whether plans split the blocks' sequence: both ways with TP where the model allows it; a
+    sequence ``tp`` does not divide is counted among the exclusions (what the model rules out
+    whatever the degree, ``sp_unavailable``, the report notes once)."""
+    if tp == 1 or profile.sp_unavailable:
+        return (False,)
+    if why := sp_excludes(profile, tp):
+        excluded[f"no sequence parallelism: {why}"] += 1
+        return (False,)
+    return (False, True)
 
 
 def _compiles(profile: ModelProfile, cluster: Cluster) -> tuple[bool, ...]:

@@ -106,8 +106,8 @@ def model_excludes(profile: ModelProfile, cluster: Cluster, plan: Plan) -> str |
                              f"{cluster.devices_per_node} are {', '.join(map(str, degrees))}")
     if plan.pp > 1 and profile.pp_unavailable:
         return f"no pipeline: {profile.pp_unavailable}"
-    if plan.sequence_parallel and profile.sp_unavailable:
-        return f"no sequence parallelism: {profile.sp_unavailable}"
+    if plan.sequence_parallel and (why := sp_excludes(profile, plan.tp)):
+        return f"no sequence parallelism: {why}"
     if plan.uses_ddp and profile.ddp_unavailable:
         return f"no DDP (zero 0 or 1): {profile.ddp_unavailable}"
     if profile.pp_tied_params and not tied_copies_allow(pp=plan.pp, offload=plan.offload):
@@ -126,6 +126,17 @@ def autocast_excludes(profile: ModelProfile, plan: Plan) -> str | None:
     step cannot run under (``ModelProfile.autocast_refused``); None otherwise."""
     if profile.autocast_refused and plan.runs_autocast:
         return f"under autocast: {profile.autocast_refused} (FSDP's mixed precision casts the weights: zero 2 or 3)"
+    return None
+
+
+def sp_excludes(profile: ModelProfile, tp: int) -> str | None:
+    """Why sequence parallelism cannot split ``profile``'s blocks over ``tp`` ranks, or None: what
+    the model rules out (``profile.sp_unavailable``), or a sequence ``tp`` does not divide (the
+    plugin splits it evenly, as Megatron-LM does)."""
+    if profile.sp_unavailable:
+        return profile.sp_unavailable
+    if profile.block_sequence and profile.block_sequence % tp:
+        return f"the blocks' sequence of {profile.block_sequence} does not divide by tp={tp}"
     return None
 
 
