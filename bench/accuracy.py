@@ -37,6 +37,7 @@ from stratagem.advisor.cost.evaluate import evaluate
 from stratagem.advisor.hardware import Cluster, parse_cluster
 from stratagem.plan import Plan, Workload
 from stratagem.advisor.profile.cache import profile_spec
+from stratagem.advisor.search.targets import sp_excludes
 from stratagem.units import format_bytes, format_seconds
 from stratagem.verify import Verified, verify_plan
 
@@ -81,7 +82,7 @@ def cases(nproc: int, scale: str) -> list[Case]:
             tp = {"tp_layout": profile.tp_layout, **common, **blocks}
             plans += [Plan(tp=nproc, grad_accum=nproc, **tp),
                       Plan(tp=2, dp_shard=half, zero=3, grad_accum=2, **tp)]
-            if profile.sp_unavailable is None and profile.seq_len and profile.seq_len % nproc == 0:
+            if sp_excludes(profile, nproc) is None:
                 plans.append(Plan(tp=nproc, sequence_parallel=True, grad_accum=nproc, **tp))
         out += [Case(model, plan) for plan in plans]
     return out
