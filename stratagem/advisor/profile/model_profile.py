@@ -10,10 +10,19 @@ profile is data from disk, not to be trusted blindly.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import MISSING, Field, asdict, dataclass, fields
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from stratagem.advisor.profile.stored_fields import (
+    ProfileDataError,
+    as_count,
+    as_list,
+    as_pair,
+    as_text,
+    checked_fields,
+    require,
+)
 from stratagem.plan.precision import PRECISIONS, in_compute_dtype
 
 if TYPE_CHECKING:
@@ -43,10 +52,6 @@ def policy_field(policy: str, quantity: str) -> str:
     return f"{policy.replace('-', '_')}_{quantity}"
 
 
-class ProfileDataError(ValueError):
-    """A stored profile breaks the schema: the message names the field and the rule."""
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LinearLayer:
     """A Linear layer inside a block, or the output head's vocabulary projection: the pieces
@@ -65,7 +70,7 @@ class LinearLayer:
     @classmethod
     def from_dict(cls, data: Any, where: str = "linear") -> LinearLayer:
         """The inverse of :meth:`to_dict`, checked (:class:`ProfileDataError` if it does not hold)."""
-        return cls(**_checked_fields(cls, data, where))
+        return cls(**checked_fields(cls, data, where))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,10 +100,10 @@ class ConvLayer:
     @classmethod
     def from_dict(cls, data: Any, where: str = "conv") -> ConvLayer:
         """The inverse of :meth:`to_dict`, checked (:class:`ProfileDataError` if it does not hold)."""
-        values = _checked_fields(cls, data, where)
+        values = checked_fields(cls, data, where)
         for key in ("kernel", "stride"):
-            items = _list(_require(data, key, where), f"{where}.{key}")
-            values[key] = tuple(_count(x, f"{where}.{key}[{i}]", minimum=1) for i, x in enumerate(items))
+            items = as_list(require(data, key, where), f"{where}.{key}")
+            values[key] = tuple(as_count(x, f"{where}.{key}[{i}]", minimum=1) for i, x in enumerate(items))
         return cls(**values)
 
 
@@ -120,7 +125,7 @@ class BatchNormCall:
     @classmethod
     def from_dict(cls, data: Any, where: str = "batch_norm") -> BatchNormCall:
         """The inverse of :meth:`to_dict`, checked (:class:`ProfileDataError` if it does not hold)."""
-        return cls(**_checked_fields(cls, data, where))
+        return cls(**checked_fields(cls, data, where))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -144,7 +149,7 @@ class AttentionCall:
     @classmethod
     def from_dict(cls, data: Any, where: str = "attention") -> AttentionCall:
         """The inverse of :meth:`to_dict`, checked (:class:`ProfileDataError` if it does not hold)."""
-        return cls(**_checked_fields(cls, data, where))
+        return cls(**checked_fields(cls, data, where))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -226,15 +231,15 @@ class SegmentProfile:
     def from_dict(cls, data: Any, where: str = "segment") -> SegmentProfile:
         """The inverse of :meth:`to_dict`, checked: every count a non-negative integer, the
         derived ``flops`` (if present) their sum (:class:`ProfileDataError` otherwise)."""
-        values = _checked_fields(cls, data, where)
-        linears = _list(data.get("linears", []), f"{where}.linears")
+        values = checked_fields(cls, data, where)
+        linears = as_list(data.get("linears", []), f"{where}.linears")
         values["linears"] = tuple(LinearLayer.from_dict(x, f"{where}.linears[{i}]") for i, x in enumerate(linears))
-        convs = _list(data.get("convs", []), f"{where}.convs")
+        convs = as_list(data.get("convs", []), f"{where}.convs")
         values["convs"] = tuple(ConvLayer.from_dict(x, f"{where}.convs[{i}]") for i, x in enumerate(convs))
-        norms = _list(data.get("batch_norms", []), f"{where}.batch_norms")
+        norms = as_list(data.get("batch_norms", []), f"{where}.batch_norms")
         values["batch_norms"] = tuple(BatchNormCall.from_dict(x, f"{where}.batch_norms[{i}]")
                                       for i, x in enumerate(norms))
-        calls = _list(data.get("fused_attention", []), f"{where}.fused_attention")
+        calls = as_list(data.get("fused_attention", []), f"{where}.fused_attention")
         values["fused_attention"] = tuple(AttentionCall.from_dict(x, f"{where}.fused_attention[{i}]")
                                           for i, x in enumerate(calls))
         segment = cls(**values)
@@ -370,14 +375,15 @@ class ModelProfile:
         if data.get("schema_version") != SCHEMA_VERSION:
             raise ProfileDataError(f"schema_version is {data.get('schema_version')!r}, this stratagem reads "
                                    f"{SCHEMA_VERSION} (written by another version)")
-        values = _checked_fields(cls, data, "profile")
-        values["embed"] = SegmentProfile.from_dict(_require(data, "embed", "profile"), "embed")
-        values["head"] = SegmentProfile.from_dict(_require(data, "head", "profile"), "head")
-        blocks = _list(_require(data, "blocks", "profile"), "blocks")
+        values = checked_fields(cls, data, "profile")
+        values["embed"] = SegmentProfile.from_dict(require(data, "embed", "profile"), "embed")
+        values["head"] = SegmentProfile.from_dict(require(data, "head", "profile"), "head")
+        blocks = as_list(require(data, "blocks", "profile"), "blocks")
         values["blocks"] = tuple(SegmentProfile.from_dict(b, f"blocks[{i}]") for i, b in enumerate(blocks))
-        values["notes"] = tuple(_text(n, f"notes[{i}]") for i, n in enumerate(_list(data.get("notes", []), "notes")))
-        values["tp_layout"] = tuple(_pair(p, f"tp_layout[{i}]")
-                                    for i, p in enumerate(_list(data.get("tp_layout", []), "tp_layout")))
+        notes = as_list(data.get("notes", []), "notes")
+        values["notes"] = tuple(as_text(n, f"notes[{i}]") for i, n in enumerate(notes))
+        values["tp_layout"] = tuple(as_pair(p, f"tp_layout[{i}]")
+                                    for i, p in enumerate(as_list(data.get("tp_layout", []), "tp_layout")))
         if data.get("in_compute_dtype") is not None:
             values["in_compute_dtype"] = cls.from_dict(data["in_compute_dtype"])
         profile = cls(**values)
@@ -385,40 +391,11 @@ class ModelProfile:
         return profile
 
 
-# Checking stored profiles: each field by its annotation, then what holds between fields.
+# What holds between a stored profile's fields, beyond each one's type (stored_fields).
 
-_POSITIVE = frozenset({"batch_size", "seq_len", "num_heads", "num_kv_heads", "in_features", "out_features",
-                       "in_channels", "out_channels", "channels", "groups", "seq_q", "seq_kv", "head_dim",
-                       "block_sequence"})
 _TOTALS = {"parameters": "num_params", "param_bytes": "param_bytes", "buffer_bytes": "buffer_bytes",
            "fwd_flops": "fwd_flops", "bwd_flops": "bwd_flops", "flops_per_step": "flops_per_step",
            "saved_bytes": "saved_bytes"}
-
-
-def _checked_fields(cls: type, data: Any, where: str) -> dict[str, Any]:
-    """``data``'s values for ``cls``'s plain fields (ints, strings, flags), each checked by its
-    annotation; a field without a default must be present. Nested fields are left to the caller."""
-    if not isinstance(data, Mapping):
-        raise ProfileDataError(f"{where}: expected a JSON object, got {type(data).__name__}")
-    values = {}
-    for f in fields(cls):
-        check = _CHECKS.get(str(f.type))
-        if check is None:  # a nested field: the caller reads it
-            continue
-        if f.name not in data:
-            if _required(f):
-                raise ProfileDataError(f"{where}.{f.name}: missing")
-            continue
-        value = data[f.name]
-        if value is None and str(f.type).endswith("| None"):
-            values[f.name] = None
-            continue
-        values[f.name] = check(value, f"{where}.{f.name}", minimum=1 if f.name in _POSITIVE else 0)
-    return values
-
-
-def _required(f: Field) -> bool:
-    return f.default is MISSING and f.default_factory is MISSING
 
 
 def _check_invariants(profile: ModelProfile, data: Mapping[str, Any]) -> None:
@@ -446,54 +423,3 @@ def _check_invariants(profile: ModelProfile, data: Mapping[str, Any]) -> None:
         if key in data and data[key] != getattr(profile, attribute):
             raise ProfileDataError(f"{key}: {data[key]!r} disagrees with the segments' sum "
                                    f"({getattr(profile, attribute)})")
-
-
-def _require(data: Mapping[str, Any], key: str, where: str) -> Any:
-    if key not in data:
-        raise ProfileDataError(f"{where}.{key}: missing")
-    return data[key]
-
-
-def _count(value: Any, where: str, minimum: int = 0) -> int:
-    """An integer of at least ``minimum`` (JSON's true/false and 3.0 are not integers)."""
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ProfileDataError(f"{where}: expected an integer, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ProfileDataError(f"{where}: must be at least {minimum}, got {value}")
-    return value
-
-
-def _text(value: Any, where: str, minimum: int = 0) -> str:
-    if not isinstance(value, str):
-        raise ProfileDataError(f"{where}: expected a string, got {type(value).__name__} {value!r}")
-    return value
-
-
-def _flag(value: Any, where: str, minimum: int = 0) -> bool:
-    if not isinstance(value, bool):
-        raise ProfileDataError(f"{where}: expected true or false, got {type(value).__name__} {value!r}")
-    return value
-
-
-def _seconds(value: Any, where: str, minimum: int = 0) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ProfileDataError(f"{where}: expected a non-negative number of seconds, got {value!r}")
-    return float(value)
-
-
-def _list(value: Any, where: str) -> list[Any]:
-    if not isinstance(value, list):
-        raise ProfileDataError(f"{where}: expected a list, got {type(value).__name__}")
-    return value
-
-
-def _pair(value: Any, where: str) -> tuple[str, str]:
-    if not (isinstance(value, list) and len(value) == 2):
-        raise ProfileDataError(f"{where}: expected [module pattern, style], got {value!r}")
-    return _text(value[0], f"{where}[0]"), _text(value[1], f"{where}[1]")
-
-
-# How each plain field's annotation is checked ("| None" allows null as well).
-_CHECKS: dict[str, Callable[..., Any]] = {
-    "int": _count, "int | None": _count, "str": _text, "str | None": _text, "bool": _flag, "float": _seconds,
-}
