@@ -47,11 +47,11 @@ from stratagem.errors import UsageError
 from stratagem.integrations.launchers import FabricLauncher
 from stratagem.integrations.planning import (
     PlanPrecision,
+    adapt_optimizer,
     check_choice,
     check_plan_precision,
     choose_plan,
     constructor_options,
-    fuse_offloaded_optimizer,
     load_plan,
     release_at_exit,
     sampler_kwargs,
@@ -268,7 +268,7 @@ class AutoParallelFabricStrategy(ModelParallelStrategy):
     @override
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
         if self._plan is not None:
-            fuse_offloaded_optimizer(optimizer, self._plan, rank=self.global_rank)
+            adapt_optimizer(optimizer, self._plan, rank=self.global_rank)
         if self._plan is None or not self._plan.shards_optimizer_only:
             return optimizer
         # ZeroRedundancyOptimizer must be built over the DDP module apply_plan returned.

@@ -45,12 +45,12 @@ from stratagem.integrations.launchers import TrainerLauncher
 from stratagem.integrations.lightning_pipeline import as_pipelined, pipelined_child
 from stratagem.integrations.planning import (
     PlanPrecision,
+    adapt_optimizer,
     check_choice,
     check_plan_accumulation,
     check_plan_precision,
     choose_plan,
     constructor_options,
-    fuse_offloaded_optimizer,
     load_plan,
     plan_hyperparams,
     release_at_exit,
@@ -294,7 +294,7 @@ class AutoParallelStrategy(ModelParallelStrategy):
             assert isinstance(self.model, torch.nn.Module)
             self.optimizers = [build_optimizer(self.model, self.plan, type(user), **constructor_options(user))]
         for optimizer in map(_unwrap, self.optimizers):
-            fuse_offloaded_optimizer(optimizer, self.plan, rank=self.global_rank)
+            adapt_optimizer(optimizer, self.plan, rank=self.global_rank)
 
     @override
     def model_to_device(self) -> None:

@@ -28,6 +28,7 @@ from stratagem.plan import MeshAxis, Plan, Workload
 from stratagem.plan.workload import OPTIMIZER_CLASSES
 from stratagem.errors import UsageError
 from stratagem.plugins import fuse_host_optimizer
+from stratagem.plugins.tensor_parallel import reduce_norm_grads_once
 
 if TYPE_CHECKING:
     from torch.optim import Optimizer
@@ -35,8 +36,8 @@ if TYPE_CHECKING:
     from stratagem.advisor.profile.model_profile import ModelProfile
     from stratagem.advisor.search.advice import Advice
 
-__all__ = ["LIGHTNING_PRECISIONS", "PlanPrecision", "check_choice", "check_plan_accumulation", "check_plan_precision",
-           "choose_plan", "constructor_options", "fuse_offloaded_optimizer", "load_plan", "plan_hyperparams",
+__all__ = ["LIGHTNING_PRECISIONS", "PlanPrecision", "adapt_optimizer", "check_choice", "check_plan_accumulation",
+           "check_plan_precision", "choose_plan", "constructor_options", "load_plan", "plan_hyperparams",
            "release_at_exit", "sampler_kwargs", "stratagem_precision", "workload_optimizer"]
 
 log = logging.getLogger(__name__)
@@ -283,11 +284,14 @@ def _pipeline_shapes(profile: ModelProfile, world: int, constraints: Mapping[str
     return shapes
 
 
-def fuse_offloaded_optimizer(optimizer: Optimizer, plan: Plan, *, rank: int) -> None:
-    """Make the optimizer a strategy was handed step fused on the host where ``plan`` offloads
-    (:func:`~stratagem.plugins.fuse_host_optimizer`), and say so once, on rank 0."""
+def adapt_optimizer(optimizer: Optimizer, plan: Plan, *, rank: int) -> None:
+    """Fit the optimizer a strategy was handed to ``plan``, in place: stepped fused on the host
+    where the plan offloads (:func:`~stratagem.plugins.fuse_host_optimizer`; said once, on rank
+    0), and with sequence parallelism the norms' gradients summed once before each step
+    (:func:`~stratagem.plugins.tensor_parallel.reduce_norm_grads_once`)."""
     if fuse_host_optimizer(optimizer, plan) and rank == 0:
         log.info("auto-parallel: %s steps the offloaded parameters fused on the host", type(optimizer).__name__)
+    reduce_norm_grads_once(optimizer, plan)
 
 
 def workload_optimizer(make: Callable[[], Any], source: str) -> tuple[str, tuple[str, ...]]:

@@ -41,6 +41,7 @@ from stratagem.plugins.blocks import find_blocks
 from stratagem.plugins.host_optimizer import host_optimizer_options
 from stratagem.plugins.mesh import data_parallel_axes, submesh
 from stratagem.plugins.precision import fp32_norm_names, mixed_precision_policy, norm_policy
+from stratagem.plugins.tensor_parallel import reduce_norm_grads_once
 
 __all__ = ["apply_data_parallel", "apply_fully_shard", "build_optimizer", "offload_policy"]
 
@@ -131,9 +132,13 @@ def build_optimizer(module: nn.Module, plan: Plan, optimizer_cls: type[torch.opt
     bucket per rank (``parameters_as_bucket_view``): after its step each rank broadcasts its
     bucket, one collective per rank instead of one per parameter tensor. FSDP's parameters are
     already sharded (``zero >= 2``). An offloaded plan's optimizer steps on the host, fused
-    where the caller named no implementation (:mod:`~stratagem.plugins.host_optimizer`)."""
+    where the caller named no implementation (:mod:`~stratagem.plugins.host_optimizer`). With
+    sequence parallelism (and no FSDP) the norms' gradients are summed over the TP ranks once
+    before each step (:func:`~stratagem.plugins.tensor_parallel.reduce_norm_grads_once`)."""
     if not plan.shards_optimizer_only:
-        return optimizer_cls(module.parameters(), **host_optimizer_options(plan, optimizer_cls, optimizer_kwargs))
+        optimizer = optimizer_cls(module.parameters(), **host_optimizer_options(plan, optimizer_cls, optimizer_kwargs))
+        reduce_norm_grads_once(optimizer, plan)
+        return optimizer
     wrapped = list(module) if isinstance(module, nn.ModuleList) else [module]
     if not all(isinstance(m, DistributedDataParallel) for m in wrapped):
         raise UsageError(f"zero=1 shards the optimizer over DDP's group, but the module is a "

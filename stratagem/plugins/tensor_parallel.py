@@ -53,9 +53,11 @@ import logging
 import re
 from collections.abc import Callable
 
+import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleOutput,
@@ -69,7 +71,8 @@ from stratagem.plan.tp_styles import is_sequence_norm
 from stratagem.errors import UsageError
 from stratagem.plugins.blocks import find_blocks
 
-__all__ = ["apply_tensor_parallel", "check_tp_layout_given", "match_tp_layout", "unmatched_tp_patterns"]
+__all__ = ["apply_tensor_parallel", "check_tp_layout_given", "match_tp_layout", "reduce_norm_grads_once",
+           "unmatched_tp_patterns"]
 
 log = logging.getLogger(__name__)
 
@@ -302,3 +305,34 @@ def _slice_sequence(tp_mesh: DeviceMesh, *, tp: int) -> Callable[[nn.Module, tup
         shard = DTensor.from_local(x, tp_mesh, [Replicate()], run_check=False).redistribute(tp_mesh, [Shard(1)])
         return (shard.to_local(), *args[1:])
     return hook
+
+
+def reduce_norm_grads_once(optimizer: torch.optim.Optimizer, plan: Plan) -> None:
+    """With ``plan.sequence_parallel`` and no FSDP, sum the sequence-parallel norms' gradients over
+    the TP ranks in one all-reduce before each ``optimizer.step()`` (a step pre-hook).
+
+    A norm run on sequence shards leaves its weight's gradient ``Partial`` (each rank's tokens'
+    share), and DTensor would all-reduce it again for every optimizer operator that reads it
+    (AdamW: three per weight per step). Megatron-LM sums these gradients once per step, coalesced
+    (``finalize_model_grads``); so does this hook. FSDP reduces them with the rest of a unit."""
+    if plan.sequence_parallel and not plan.uses_fsdp and not getattr(optimizer, "_stratagem_norm_grads", False):
+        optimizer.register_step_pre_hook(_reduce_partial_grads)
+        optimizer._stratagem_norm_grads = True  # type: ignore[attr-defined]  # registered once
+
+
+def _reduce_partial_grads(optimizer: torch.optim.Optimizer, *_: object) -> None:
+    """Replace each summed-but-unreduced gradient on a 1-D mesh by its sum, one all-reduce per mesh
+    and dtype."""
+    groups: dict[tuple[DeviceMesh, torch.dtype], list[nn.Parameter]] = {}
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            grad = param.grad
+            if (isinstance(grad, DTensor) and grad.device_mesh.ndim == 1
+                    and grad.placements == (Partial("sum"),)):
+                groups.setdefault((grad.device_mesh, grad.dtype), []).append(param)
+    for (mesh, _), params in groups.items():
+        flat = torch.cat([param.grad.to_local().reshape(-1) for param in params])
+        dist.all_reduce(flat, group=mesh.get_group())
+        for param, summed in zip(params, flat.split([param.grad.to_local().numel() for param in params])):
+            param.grad = DTensor.from_local(summed.view_as(param.grad.to_local()), mesh, (Replicate(),),
+                                            run_check=False)

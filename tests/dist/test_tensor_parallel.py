@@ -1,8 +1,8 @@
 """Tensor-parallel plans match one process: TP, TP + sequence parallel, and TP × FSDP (with and
-without full checkpointing), each trained on real gloo processes from the Plan's ``tp_layout``;
-each also with the vocabulary split (the input embedding and the output head), on llama-tiny
-(untied) and on a GPT-2 whose tied embedding and head hold 257 tokens, which two ranks split
-unevenly (129 and 128 rows).
+without full checkpointing, and with sequence parallelism), each trained on real gloo processes
+from the Plan's ``tp_layout``; each also with the vocabulary split (the input embedding and the
+output head), on llama-tiny (untied) and on a GPT-2 whose tied embedding and head hold 257
+tokens, which two ranks split unevenly (129 and 128 rows).
 
 The layouts are written out here as the advisor would produce them for the reference presets
 (llama-tiny: 4 heads, 2 key/value heads, ffn 176, so tp = 2 splits whole heads).
@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import Replicate
 from spawn import run_on_ranks
 from test_data_parallel import assert_matches_single_process
 from training import Case, global_batches
@@ -122,6 +123,7 @@ TWO_RANKS = {case.name: case for case in [
 FOUR_RANKS = {case.name: case for case in [
     Case("tp_fsdp", Plan(dp_shard=2, zero=3, **_TP2)),
     Case("tp_fsdp_full_ckpt", Plan(dp_shard=2, zero=3, activation_checkpointing="full", **_TP2)),
+    Case("tp_sp_fsdp", Plan(dp_shard=2, zero=3, sequence_parallel=True, **_TP2)),
     Case("tp_fsdp_vocab", Plan(dp_shard=2, zero=3, **_VOCAB)),
     Case("tp_fsdp_vocab_tied", Plan(dp_shard=2, zero=3, **_GPT2_VOCAB), preset=GPT2_TIED_257),
 ]}
@@ -139,6 +141,11 @@ def test_tp_sequence_parallel_matches_single_process(two_ranks):
 def test_tp_fsdp_matches_single_process(four_ranks):
     assert_matches_single_process(FOUR_RANKS["tp_fsdp"], four_ranks["tp_fsdp"], TP_FP32)
     assert four_ranks["tp_fsdp"].facts["sharded_between_forward_and_backward"] is True
+
+
+def test_tp_sequence_parallel_fsdp_matches_single_process(four_ranks):
+    """FSDP reduces the sequence-parallel norms' Partial gradients itself (no step hook)."""
+    assert_matches_single_process(FOUR_RANKS["tp_sp_fsdp"], four_ranks["tp_sp_fsdp"], TP_FP32)
 
 
 def test_tp_fsdp_full_checkpointing_matches_single_process(four_ranks):
@@ -280,24 +287,45 @@ def test_split_vocabulary_saves_and_loads_full_weights(tmp_path):
                 [(g["params"], g["lr"]) for g in expected["param_groups"]]
 
 
-def _sequence_parallel_refusals(rank: int, world_size: int) -> dict[str, str]:
-    """The UsageError each rank raises, at the first forward, for a pinned SP plan the model cannot
-    run: a sequence of 33 tokens over two ranks, and mixtral-tiny, whose router reads a norm."""
-    cases = {"uneven": ("llama-tiny", LLAMA_LAYOUT, 33),
-             "router": ("mixtral-tiny", MIXTRAL_LAYOUT, 32)}
-    messages = {}
+def _sequence_parallel_checks(rank: int, world_size: int) -> dict[str, object]:
+    """On two ranks: the UsageError each rank raises at the first forward of a pinned SP plan the
+    model cannot run (a sequence of 33 tokens; mixtral-tiny, whose router reads a norm), and the
+    all-reduces an AdamW step runs after two accumulated backwards of llama-tiny under SP."""
+    cases = {"uneven": ("llama-tiny", LLAMA_LAYOUT, 33), "router": ("mixtral-tiny", MIXTRAL_LAYOUT, 32)}
+    results: dict[str, object] = {}
     for name, (preset, layout, seq_len) in cases.items():
         plan = Plan(**{**_TP2, "sequence_parallel": True, "tp_layout": layout})
         model = apply_plan(tiny_model(preset), plan, build_mesh(plan, device_type="cpu"))
         with pytest.raises(UsageError) as error:
             model(torch.randint(0, 64, (2, seq_len)))
-        messages[name] = str(error.value)
-    return messages
+        results[name] = str(error.value)
+    plan = Plan(**{**_TP2, "sequence_parallel": True})
+    model = apply_plan(tiny_model(), plan, build_mesh(plan, device_type="cpu"))
+    optimizer = build_optimizer(model, plan, torch.optim.AdamW, lr=1e-3)
+    for _ in range(2):
+        model(torch.randint(0, 64, (2, 32))).float().pow(2).mean().backward()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        optimizer.step()
+    results["step_all_reduces"] = sum(e.count for e in profile.key_averages() if e.key == "gloo:all_reduce")
+    results["norm_grad"] = model.layers[0].ffn_norm.weight.grad.placements
+    return results
 
 
-def test_a_pinned_sequence_parallel_plan_the_model_cannot_run_is_refused_clearly():
+@pytest.fixture(scope="module")
+def sequence_parallel_checks() -> dict[str, object]:
+    return run_on_ranks(_sequence_parallel_checks, world_size=2)
+
+
+def test_a_pinned_sequence_parallel_plan_the_model_cannot_run_is_refused_clearly(sequence_parallel_checks):
     """Plans the search would not offer, pinned by hand: a clear error, not DTensor's own."""
-    messages = run_on_ranks(_sequence_parallel_refusals, world_size=2)
-    assert "the sequence length is 33" in messages["uneven"] and "HINT" in messages["uneven"]
-    assert "hands layers.0.feed_forward.gate a norm's all-gathered output" in messages["router"]
-    assert "HINT: train this model without sequence_parallel" in messages["router"]
+    uneven, router = sequence_parallel_checks["uneven"], sequence_parallel_checks["router"]
+    assert "the sequence length is 33" in uneven and "HINT" in uneven
+    assert "hands layers.0.feed_forward.gate a norm's all-gathered output" in router
+    assert "HINT: train this model without sequence_parallel" in router
+
+
+def test_sequence_parallel_norm_grads_are_summed_once_a_step(sequence_parallel_checks):
+    """The norms' Partial gradients (8 weights) reduced in one all-reduce before the step, not
+    by DTensor once for each AdamW operator that reads them (24 all-reduces without the hook)."""
+    assert sequence_parallel_checks["step_all_reduces"] == 1
+    assert sequence_parallel_checks["norm_grad"] == (Replicate(),)
