@@ -12,7 +12,11 @@ import pytest
 from stratagem.advisor.cost import communication, compute, rates
 from stratagem.advisor.cost import host as host_terms
 from stratagem.advisor.cost import optimizer as optimizer_terms
-from stratagem.advisor.cost.collectives import estimate_all_reduce_seconds, estimate_p2p_seconds
+from stratagem.advisor.cost.collectives import (
+    estimate_all_gather_seconds,
+    estimate_all_reduce_seconds,
+    estimate_p2p_seconds,
+)
 from stratagem.advisor.cost.estimate import TimeBreakdown
 from stratagem.advisor.hardware import Cluster, HostSpec, parse_cluster
 from stratagem.advisor.profile.cache import profile_spec
@@ -169,6 +173,30 @@ def test_doubling_tp_halves_the_blocks_compute_and_leaves_the_head_whole():
     """TOY: blocks 8e12 forward FLOPs, head 2e12; TP splits the blocks only (the plugins keep the
     embedding and head replicated): 8/2 + 2 against 8/4 + 2."""
     assert _time(Plan(tp=4)).compute == pytest.approx(_time(Plan(tp=2)).compute * (8 / 4 + 2) / (8 / 2 + 2))
+
+
+def test_tp_without_sequence_parallelism_moves_the_residual_stream_whole_on_every_rank():
+    """Blocks moving 1 GB forward without FLOPs, 40 % of it on the residual stream (norms, residual
+    adds: tp_replicated_op_bytes), 2 GB backward: under tp4 a rank moves 60 %/4 + 40 % of them;
+    under tp4+sp, a quarter; on a CPU rank at its cost per byte (no kernel gaps, no attention)."""
+    blocks = tuple(dataclasses.replace(b, fwd_op_bytes=10**9, bwd_op_bytes=2 * 10**9,
+                                       tp_replicated_op_bytes=4 * 10**8) for b in TOY.blocks)
+    profile, cpu = dataclasses.replace(TOY, blocks=blocks), _cpu(4)
+    moved = {sp: _time(Plan(tp=4, sequence_parallel=sp), profile=profile, cluster=cpu).compute
+             - _time(Plan(tp=4, sequence_parallel=sp), cluster=cpu).compute for sp in (False, True)}
+    assert moved[False] == pytest.approx(moved[True] * (1 + 0.4 * 3))
+
+
+def test_sequence_parallel_norms_pay_dtensor_s_dispatch_per_operator():
+    """Each operator the blocks' sequence norms dispatch (sp_norm_ops) runs on DTensors under SP:
+    a TP Linear's DTensor overhead over its DTENSOR_OPS_PER_TP_LINEAR operators, each."""
+    profile = dataclasses.replace(TOY, blocks=tuple(dataclasses.replace(b, sp_norm_ops=24) for b in TOY.blocks))
+    workload = Workload(global_batch_size=1, seq_len=SEQ)
+    host = {sp: host_terms.microbatch_dispatch_seconds(rank_step(
+        profile, cluster=H100, workload=workload, plan=Plan(tp=4, sequence_parallel=sp, micro_batch_size=1)))
+        for sp in (False, True)}
+    per_op = optimizer_terms.DTENSOR_OP_SECONDS - host_terms.OP_DISPATCH_SECONDS  # uncalibrated
+    assert host[True] - host[False] == pytest.approx(8 * 24 * per_op)
 
 
 def test_full_checkpointing_recomputes_the_block_forwards():
@@ -348,8 +376,12 @@ def test_tp_messages_carry_the_rows_each_linear_multiplies():
 
 
 def test_sequence_parallel_moves_the_same_volume_and_full_checkpointing_adds_the_forward_again():
+    """SP trades each block's all-reduces for all-gathers and reduce-scatters of the same volume,
+    and gathers at its region's edges: the last block's output forward, the first block's input
+    gradient backward (the toy layout names no norm, so no norm gradients are summed)."""
     plain = _time(Plan(tp=4)).tp_comm
-    assert _time(Plan(tp=4, sequence_parallel=True)).tp_comm == pytest.approx(plain)
+    edge = estimate_all_gather_seconds(SEQ * WIDTH * 2, group_size=4, bandwidth=450e9 * 0.75, latency=3e-6)
+    assert _time(Plan(tp=4, sequence_parallel=True)).tp_comm == pytest.approx(plain + 2 * edge)
     assert _time(Plan(tp=4, activation_checkpointing="full")).tp_comm == pytest.approx(1.5 * plain)
 
 

@@ -135,6 +135,17 @@ def test_a_weight_left_whole_is_no_activation_tp_keeps_whole():
     assert 0 < block.tp_replicated_bytes < block.saved_bytes / 2
 
 
+def test_what_the_norms_and_residual_adds_cost_a_tp_rank_is_measured_per_block():
+    """llama-tiny's RMSNorms: decomposed on CPU ranks (each operator of them a DTensor's under SP),
+    one fused kernel each way on a GPU; without SP the split leaves the residual stream's work
+    (norms, residual adds) whole, a share of the forward's bytes without FLOPs that fusing the
+    norms shrinks."""
+    cpu, gpu = (profile_spec("llama-tiny", precision="fp32", kernels=k).blocks[0] for k in ("cpu", "gpu"))
+    assert cpu.sp_norm_ops > gpu.sp_norm_ops > 0
+    shares = [b.tp_replicated_op_bytes / b.fwd_op_bytes for b in (cpu, gpu)]
+    assert 0.2 < shares[0] < 0.7 and 0 < shares[1] < shares[0]
+
+
 def test_a_router_reading_the_norm_keeps_sequence_parallelism_out():
     """Under SP a norm's output is all-gathered into a DTensor that only the column-split Linears
     take: an MoE's router reads it whole, and mixtral-small's ``tp4+sp`` failed so ("aten.mm got

@@ -48,7 +48,8 @@ def estimate_tp_comm_seconds(step: RankStep) -> float:
     """TP collectives of every block and micro-batch, seconds, none overlapped: those of
     :func:`tp_collectives` in forward and backward, the forward's again under full recomputation,
     each with its wait for the ranks; and those of the embedding and head split by vocabulary
-    (:func:`vocab_collectives`), outside the recomputed blocks."""
+    (:func:`vocab_collectives`), outside the recomputed blocks; with sequence parallelism, those at
+    its edges and the norms' gradients' (:func:`_sequence_parallel_edges`)."""
     plan = step.plan
     if plan.tp == 1:
         return 0.0
@@ -58,7 +59,28 @@ def estimate_tp_comm_seconds(step: RankStep) -> float:
     for block, count in step.stage.kinds:
         forward, backward = tp_collectives(step, block)
         per_microbatch += count * (forwards * _tp_seconds(step, forward) + _tp_seconds(step, backward))
-    return step.num_microbatches * per_microbatch
+    return step.num_microbatches * per_microbatch + _sequence_parallel_edges(step)
+
+
+def _sequence_parallel_edges(step: RankStep) -> float:
+    """Seconds of the TP collectives sequence parallelism adds outside the blocks' own, as the plugin
+    applies it (:mod:`stratagem.plugins.tensor_parallel`): per micro-batch the stage's last block's
+    output all-gathered forward and its first block's input gradient all-gathered backward; per
+    step, without FSDP, the norms' weight gradients summed in one all-reduce
+    (``reduce_norm_grads_once``; FSDP reduces them with its units). Messages ``b·s·h`` and ``h`` per
+    norm (a LayerNorm's bias left out: the sum is latency-bound)."""
+    plan, kinds = step.plan, step.stage.kinds
+    if not plan.sequence_parallel or not kinds:
+        return 0.0
+    first = kinds[0][0]
+    width = tp_message_bytes(step, first)
+    seconds = step.num_microbatches * _tp_seconds(step, (("all_gather", width),) * 2)
+    if not plan.uses_fsdp:
+        norms = sum(style == "sequence_parallel" for style in plan.block_tp_styles.values())
+        model_width = first.linears[0].in_features if first.linears else 0
+        weights = norms * sum(n for _, n in kinds) * model_width * step.precision.param_bytes
+        seconds += _tp_seconds(step, (("all_reduce", weights),)) if weights else 0.0
+    return seconds
 
 
 def _tp_seconds(step: RankStep, messages: _Messages) -> float:

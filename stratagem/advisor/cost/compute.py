@@ -85,14 +85,16 @@ def selective_recompute_seconds(step: RankStep, policy: str) -> float:
     attention kernels at the rate their forward runs where it is priced apart (:attr:`RankStep.attention`),
     and the bytes the recomputed operators without FLOPs move at the cost per byte (parameter-sized
     ones, such as autocast's weight casts, at any micro-batch size; a compiled block's fused in the
-    share its forward's are: :attr:`RankStep.fused_share`), with the device's gap after each
-    recomputed kernel (fused in the share :attr:`RankStep.fused_ops_share`)."""
+    share its forward's are: :attr:`RankStep.fused_share`; what TP leaves whole:
+    :attr:`RankStep.tp_whole_op_factor`), with the device's gap after each recomputed kernel
+    (fused in the share :attr:`RankStep.fused_ops_share`)."""
     flops = step.per_microbatch(policy_field(policy, "recompute_flops"), blocks_only=True)
     attention = 0.0
     if step.attention is not None and (fused := step.attention[True]).flops["fwd"]:
         recomputed = step.per_microbatch(policy_field(policy, "recompute_attention_flops"), blocks_only=True)
         flops, attention = flops - recomputed, recomputed * fused.seconds["fwd"] / fused.flops["fwd"]
-    moved = (step.per_microbatch(policy_field(policy, "recompute_op_bytes"), blocks_only=True) * step.fused_share
+    recomputed_bytes = step.per_microbatch(policy_field(policy, "recompute_op_bytes"), blocks_only=True)
+    moved = (recomputed_bytes * step.fused_share * step.tp_whole_op_factor
              + step.per_tp_rank(policy_field(policy, "recompute_param_op_bytes"), blocks_only=True))
     launched = step.stage.block_sums[policy_field(policy, "recompute_ops")] * step.fused_ops_share
     return (attention + flops / step.block_matmul_efficiency / step.flops_per_second

@@ -49,7 +49,8 @@ def microbatch_dispatch_seconds(step: RankStep) -> float:
     full recomputation, what the profile measured a selective policy recomputing; TP does not
     divide them), or a compiled block's kernels, at the node's seconds per operator, and each TP
     Linear's DTensor overhead (:func:`_tp_linear_seconds`), the embedding and head split by
-    vocabulary counted as TP Linears (:func:`num_vocab_splits`)."""
+    vocabulary counted as TP Linears (:func:`num_vocab_splits`); with sequence parallelism, the
+    norms' own operators on DTensors (:func:`_sp_norm_seconds`)."""
     plan = step.plan
     ops = step.launched("fwd") + step.launched("bwd")
     if plan.recomputes_blocks:
@@ -59,7 +60,18 @@ def microbatch_dispatch_seconds(step: RankStep) -> float:
         ops += recomputed * step.fused_ops_share
     tp_linears = sum(n * num_tp_linears(plan, b) for b, n in step.stage.kinds) + num_vocab_splits(step) \
         if plan.tp > 1 else 0
-    return _op_seconds(step) * ops + tp_linears * _tp_linear_seconds(step)
+    return _op_seconds(step) * ops + tp_linears * _tp_linear_seconds(step) + _sp_norm_seconds(step)
+
+
+def _sp_norm_seconds(step: RankStep) -> float:
+    """Host seconds sequence parallelism's norms add per micro-batch: each operator they dispatch
+    (``SegmentProfile.sp_norm_ops``, forward and backward) runs on DTensors, at a TP Linear's
+    DTensor overhead per operator (:func:`_tp_linear_seconds` over
+    :data:`DTENSOR_OPS_PER_TP_LINEAR`). A recomputed forward's are left out."""
+    if not step.plan.sequence_parallel:
+        return 0.0
+    ops = sum(n * block.sp_norm_ops for block, n in step.stage.kinds)
+    return ops * _tp_linear_seconds(step) / DTENSOR_OPS_PER_TP_LINEAR
 
 
 def num_vocab_splits(step: RankStep) -> int:

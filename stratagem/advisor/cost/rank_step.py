@@ -162,9 +162,25 @@ class RankStep:
 
     def run_bytes(self, direction: str, *, blocks_only: bool = False) -> float:
         """Bytes ``direction``'s operators without FLOPs move in one micro-batch on one TP rank, as
-        the plan runs them (:meth:`_as_run`)."""
-        return self._as_run(direction, "op_bytes", lambda field, blocks: self.per_microbatch(field, blocks_only=blocks),
-                            blocks_only=blocks_only)
+        the plan runs them (:meth:`_as_run`), the blocks' share TP does not divide whole
+        (:attr:`tp_whole_op_factor`)."""
+        def moved(blocks: bool) -> float:
+            return self._as_run(direction, "op_bytes", lambda field, only: self.per_microbatch(field, blocks_only=only),
+                                blocks_only=blocks)
+        blocks = moved(True)
+        return blocks * self.tp_whole_op_factor + (0.0 if blocks_only else moved(False) - blocks)
+
+    @property
+    def tp_whole_op_factor(self) -> float:
+        """What a TP rank moves of its blocks' bytes without FLOPs, over an even ``1/tp`` share of
+        them: ``1 + s·(tp − 1)``, ``s`` the share the split leaves whole on every rank
+        (``SegmentProfile.tp_replicated_op_bytes``: the norms and residual adds on the whole
+        residual stream); 1 with sequence parallelism, which runs them on sequence shards."""
+        plan = self.plan
+        moved = self.stage.block_sums["fwd_op_bytes"]
+        if plan.tp == 1 or plan.sequence_parallel or not moved:
+            return 1.0
+        return 1 + self.stage.block_sums["tp_replicated_op_bytes"] / moved * (plan.tp - 1)
 
     def launched(self, direction: str, *, blocks_only: bool = False) -> float:
         """Operators (kernels) ``direction`` launches per micro-batch on each rank, as the plan runs

@@ -74,6 +74,7 @@ class SegmentCounts:
     bwd_fused_op_bytes: int = 0
     fwd_fused_ops: int = 0  # kernels launched fused: the fused groups, and every other operator
     bwd_fused_ops: int = 0
+    sp_norm_ops: int = 0  # of fwd_ops and bwd_ops, those inside the block's sequence norms
     compiled: CompiledBlock | None = None  # the block compiled (profile.compiled); None: not measured
     policies: dict[str, PolicyCounts] = field(default_factory=dict)  # a block's, per selective policy
     convs: list[ConvLayer] = field(default_factory=list)  # the convolutions its forward ran, in order

@@ -58,7 +58,7 @@ from stratagem.advisor.profile.backward_blocks import BackwardBlocks
 from stratagem.advisor.profile.block_reuse import tensor_bytes
 from stratagem.advisor.profile.batch_norms import BATCH_NORM_OPS, batch_norm_call
 from stratagem.advisor.profile.convolutions import conv_layer
-from stratagem.advisor.profile.counts import RunRecord
+from stratagem.advisor.profile.counts import RunRecord, SegmentCounts
 from stratagem.advisor.profile.flop_formulas import FLOP_FORMULAS
 from stratagem.advisor.profile.fusion import FusionTracker, Read, region_of, sums_across_rows
 from stratagem.advisor.profile.recompute import CheckpointPolicies
@@ -188,7 +188,7 @@ class CostCounter(FlopCounterMode):
     def __init__(self, *, block_of: dict[str, str], record: RunRecord,
                  state_names: dict[StorageWeakRef, str], gradient_shapes: set[tuple[tuple[int, ...], torch.dtype]],
                  has_blocks: bool, seq_len: int | None, batch_size: int | None, gpu_kernels: bool = True,
-                 model_name: str = "") -> None:
+                 model_name: str = "", sequence_norms: frozenset[str] = frozenset()) -> None:
         whole = {op.default: _no_flops for op in _WHOLE_KERNELS}
         super().__init__(display=False, custom_mapping={**FLOP_FORMULAS, **whole})
         self.seq_len = seq_len
@@ -196,6 +196,7 @@ class CostCounter(FlopCounterMode):
         self._block_of = block_of  # module-tracker name -> block FQN
         self._backward = BackwardBlocks(block_of)
         self._model_name = model_name  # the module tracker's name for the model
+        self._sequence_norms = sequence_norms  # module-tracker names of the blocks' sequence norms
         self._record = record
         self._state_names = state_names
         self._gradient_shapes = gradient_shapes  # (shape, dtype) of the trainable parameters
@@ -258,6 +259,7 @@ class CostCounter(FlopCounterMode):
         tensors) in the running segment and direction: an eager fused kernel's. Compiled, its
         decomposition's operators fuse with their neighbours (:meth:`_count_flops`)."""
         counts = self._record.segments[self.segment()]
+        self._count_norm_ops(counts, ops)
         if self.mod_tracker.is_bw:
             counts.bwd_ops += ops
             counts.bwd_op_bytes += op_bytes
@@ -268,6 +270,12 @@ class CostCounter(FlopCounterMode):
             counts.fwd_param_op_bytes += param_op_bytes
             self.policies.op(self.segment(), "fused kernel", None, flops=0, ops=ops, op_bytes=op_bytes,
                              param_op_bytes=param_op_bytes)
+
+    def _count_norm_ops(self, counts: SegmentCounts, ops: int) -> None:
+        """Count ``ops`` among the operators of a sequence norm (a LayerNorm or RMSNorm in a block)
+        when one is running, in either direction: under SP each runs on DTensors."""
+        if ops and not self._sequence_norms.isdisjoint(self.mod_tracker.parents):
+            counts.sp_norm_ops += ops
 
     def count_saved(self, tensor: torch.Tensor | None = None, *, num_bytes: int = 0) -> None:
         """Count ``tensor`` (once per storage) or ``num_bytes`` as saved for backward."""
@@ -320,6 +328,7 @@ class CostCounter(FlopCounterMode):
         if formula is not None and func_packet in (ATTENTION_BACKWARD_OPS if is_bw else ATTENTION_OPS):
             calls = counts.fused_attention.setdefault(attention_shape(func_packet, args, kwargs), [0, 0])
             calls[is_bw] += flops
+        self._count_norm_ops(counts, ops)
         if is_bw:
             counts.bwd_ops += ops
             counts.bwd_op_bytes += batch

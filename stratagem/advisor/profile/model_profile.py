@@ -38,7 +38,7 @@ def kernels_for(*, accelerator: bool) -> str:
     return "gpu" if accelerator else "cpu"
 
 
-SCHEMA_VERSION = 19
+SCHEMA_VERSION = 20
 """Version of the layout ``ModelProfile.to_dict`` writes and ``from_dict`` reads. Bump it whenever
 a field of ModelProfile, SegmentProfile, LinearLayer, ConvLayer, BatchNormCall or AttentionCall is added, removed, renamed or changes
 meaning (tests/unit/test_profile_cache_checks.py pins the fields to this number)."""
@@ -184,9 +184,11 @@ class SegmentProfile:
     bwd_fused_op_bytes: int = 0  # the same in backward
     fwd_fused_ops: int = 0  # kernels forward launches fused: the fused groups and every other operator
     bwd_fused_ops: int = 0  # the same in backward
+    sp_norm_ops: int = 0  # operators its sequence norms dispatch, forward and backward (on DTensors under SP)
     compiled_saved_bytes: int = 0  # saved_bytes of a block compiled by torch.compile (0: not measured)
     tp_replicated_bytes: int = 0  # of saved_bytes, what TP without SP leaves whole on each rank (tp_layout.py)
     tp_gathered_bytes: int = 0  # of saved_bytes, the column Linears' inputs, which TP with SP keeps gathered
+    tp_replicated_op_bytes: int = 0  # of fwd_op_bytes, what TP without SP moves whole on each rank (tp_layout.py)
     # A block checkpointed under each selective policy (stratagem.plan.checkpointing; 0 outside
     # the blocks): the bytes it keeps (its input and the kept operators' outputs), and the forward
     # work its backward runs again: FLOPs, operators, bytes moved (batch-sized, parameter-sized),

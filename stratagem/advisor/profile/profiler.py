@@ -417,7 +417,7 @@ def _assemble(model: nn.Module, blocks: tuple[str, ...], record: RunRecord, prec
             fwd_param_op_bytes=counts.fwd_param_op_bytes, bwd_param_op_bytes=counts.bwd_param_op_bytes,
             bwd_largest_output_bytes=counts.bwd_largest_output_bytes,
             fwd_fused_op_bytes=counts.fwd_fused_op_bytes, bwd_fused_op_bytes=counts.bwd_fused_op_bytes,
-            fwd_fused_ops=counts.fwd_fused_ops, bwd_fused_ops=counts.bwd_fused_ops,
+            fwd_fused_ops=counts.fwd_fused_ops, bwd_fused_ops=counts.bwd_fused_ops, sp_norm_ops=counts.sp_norm_ops,
             compiled_saved_bytes=counts.compiled.saved_bytes if counts.compiled else 0,
             convs=tuple(counts.convs), batch_norms=tuple(counts.batch_norms), fused_attention=_attention_calls(counts), **_policy_fields(counts), **extra,
         )
@@ -430,7 +430,8 @@ def _assemble(model: nn.Module, blocks: tuple[str, ...], record: RunRecord, prec
         block_profiles.append(make(fqn, type(module).__name__, counts,
                                    linears=linear_layers(module, calls.rows(rep or fqn)), measured_as=rep,
                                    tp_replicated_bytes=min(kept.replicated, counts.saved_bytes),
-                                   tp_gathered_bytes=min(kept.gathered, counts.saved_bytes)))
+                                   tp_gathered_bytes=min(kept.gathered, counts.saved_bytes),
+                                   tp_replicated_op_bytes=round(kept.op_share * counts.fwd_op_bytes)))
     embed_counts = record.segments[EMBED]
     embed_counts.output_bytes = block_profiles[0].input_bytes if block_profiles else record.output_bytes
     head_counts = record.segments[HEAD]

@@ -23,6 +23,7 @@ from stratagem.advisor.profile.fused import FusedKernels
 from stratagem.advisor.profile.fusion import FusionTracker
 from stratagem.advisor.profile.measure import CostCounter, SavedTensorCounter
 from stratagem.errors import UsageError
+from stratagem.plan.tp_styles import is_sequence_norm
 
 
 Step = Callable[..., torch.Tensor]
@@ -70,6 +71,12 @@ class _ModelOutput:
         return tensor_bytes(self._outputs[min(self._outputs)]) if self._outputs else 0
 
 
+def _sequence_norms(model: nn.Module, blocks: tuple[str, ...], root: str) -> frozenset[str]:
+    """The module tracker's names (under ``root``) of the blocks' sequence norms."""
+    return frozenset(f"{root}.{fqn}.{name}" for fqn in blocks
+                     for name, sub in model.get_submodule(fqn).named_modules() if name and is_sequence_norm(sub))
+
+
 def run_fake_step(
     model: nn.Module,
     state: dict[str, torch.Tensor],
@@ -100,9 +107,9 @@ def run_fake_step(
     gradient_shapes = {(tuple(t.shape), t.dtype) for t in state.values() if t.requires_grad}
     counter = CostCounter(block_of=block_of, record=record, state_names=state_names,
                           gradient_shapes=gradient_shapes, has_blocks=bool(blocks), seq_len=seq_len,
-                          batch_size=batch_size, gpu_kernels=kernels == "gpu", model_name=root)
+                          batch_size=batch_size, gpu_kernels=kernels == "gpu", model_name=root,
+                          sequence_norms=_sequence_norms(model, blocks, root))
     saved = counter.saved = SavedTensorCounter(counter, record, set(state_names))
-    autocast = torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None)
     hooks = torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack)
     reuse = BlockReuse(model, blocks, record, reuse=reuse_identical_blocks, on_start=counter.policies.start)
     attention = CudaAttention()
@@ -113,7 +120,7 @@ def run_fake_step(
     with reuse, _ModelOutput(model, blocks) as output, inputs, contextlib.ExitStack() as modes:
         for mode in (counter, hooks, *on_gpu, unpacked_sequences()):
             modes.enter_context(mode)
-        with autocast:
+        with torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None):
             loss = torch.func.functional_call(call, {f"model.{k}": v for k, v in state.items()}, args, kwargs,
                                               strict=False)
         _check_differentiable(loss)

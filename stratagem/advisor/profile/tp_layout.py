@@ -42,6 +42,7 @@ from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import flop_registry
 
 from stratagem.advisor.profile.attention import CudaAttention
 from stratagem.advisor.profile.autocast import CudaAutocast
@@ -57,10 +58,13 @@ Layout = tuple[tuple[str, str], ...]
 class SplitKept(NamedTuple):
     """Of the bytes a block saves for backward at the profiled batch, what a TP split keeps whole on
     every rank: without sequence parallelism (``replicated``, R = 2H − W), and with it, the column
-    Linears' all-gathered inputs (``gathered``)."""
+    Linears' all-gathered inputs (``gathered``); and of the bytes its forward's operators without
+    FLOPs move, the share no split divides without sequence parallelism (``op_share``, the same
+    2H − W over W: the norms and residual adds on the whole residual stream)."""
 
     replicated: int = 0
     gathered: int = 0
+    op_share: float = 0.0
 
 
 class TPLayout(NamedTuple):
@@ -234,8 +238,10 @@ def _try_split(block: nn.Module, fqn: str, styles: dict[str, str], inputs: tuple
     sp_unavailable = (f"{fqn}.{whole_readers[0]} reads a norm's output and is not split by column (a router, or a "
                       "Linear the layout leaves whole), where sequence parallelism hands that output to the "
                       "column-split Linears alone") if whole_readers else None
-    return _SplitRun(None, SplitKept(max(0, 2 * halves_saved.bytes - whole_saved.bytes), whole_saved.gathered),
-                     sp_unavailable)
+    moved = whole_saved.op_bytes
+    op_share = min(1.0, max(0, 2 * halves_saved.op_bytes - moved) / moved) if moved else 0.0
+    return _SplitRun(None, SplitKept(max(0, 2 * halves_saved.bytes - whole_saved.bytes), whole_saved.gathered,
+                                     op_share), sp_unavailable)
 
 
 class _NormReaders:
@@ -302,13 +308,16 @@ class _SavedBytes(TorchDispatchMode):
     the masks dropout draws (:data:`~.measure.MASK_OPS`) at one byte per element where
     ``gpu_kernels``; and ``gathered``: what column Linears save (between :meth:`enter_column` and
     :meth:`leave_column`), their inputs, each storage once, counted there even where an operator
-    before them saved it too (SP gathers a copy of its own). It is the counter
-    :class:`~.fused.FusedKernels` reports a fused kernel's saved tensors to."""
+    before them saved it too (SP gathers a copy of its own). And ``op_bytes``: what the operators
+    without FLOPs read and write of tensors other than the weights (views and in-place operators
+    aside). It is the counter :class:`~.fused.FusedKernels` reports a fused kernel's saved tensors
+    and bytes to."""
 
     def __init__(self, weights: dict[str, torch.Tensor], *, gpu_kernels: bool) -> None:
         super().__init__()
         self.bytes = 0
         self.gathered = 0
+        self.op_bytes = 0
         self._columns = 0  # column Linears running
         self.suppressed = 0  # FusedKernels: the decomposition it runs instead of its kernel saves nothing
         self._gpu_kernels = gpu_kernels
@@ -328,6 +337,8 @@ class _SavedBytes(TorchDispatchMode):
             self._weights.add(StorageWeakRef(out.untyped_storage()))
         elif self._gpu_kernels and packet in MASK_OPS:
             self._masks.add(StorageWeakRef(out.untyped_storage()))
+        if not self.suppressed and packet not in flop_registry:
+            self.op_bytes += _moved_bytes(out, args, kwargs, self._weights)
         return out
 
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -358,7 +369,18 @@ class _SavedBytes(TorchDispatchMode):
         self._columns -= 1
 
     def count_kernels(self, *, ops: int, op_bytes: int, param_op_bytes: int = 0) -> None:
-        """Kernels are not counted here."""
+        """A fused kernel's bytes (its launches are not counted here)."""
+        self.op_bytes += op_bytes
+
+
+def _moved_bytes(out: torch.Tensor, args: tuple, kwargs: dict | None, weights: set[StorageWeakRef]) -> int:
+    """What an operator without FLOPs reads and writes of tensors other than ``weights``: 0 for a
+    view or an in-place operator (its output's storage is an input's)."""
+    tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+    storages = {StorageWeakRef(t.untyped_storage()) for t in tensors}
+    if StorageWeakRef(out.untyped_storage()) in storages:
+        return 0
+    return sum(t.nbytes for t in (*tensors, out) if StorageWeakRef(t.untyped_storage()) not in weights)
 
 
 def _halved(name: str, tensor: torch.Tensor, styles: dict[str, str]) -> torch.Tensor:
