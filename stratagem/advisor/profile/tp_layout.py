@@ -47,6 +47,7 @@ from torch.utils.flop_counter import flop_registry
 from stratagem.advisor.profile.attention import CudaAttention
 from stratagem.advisor.profile.autocast import CudaAutocast
 from stratagem.advisor.profile.block_inputs import fresh
+from stratagem.advisor.profile.flop_formulas import FLOP_FORMULAS
 from stratagem.advisor.profile.fused import FusedKernels
 from stratagem.advisor.profile.measure import CAST_OPS, MASK_OPS, quiet_fake_tensor_log, stored_bytes
 from stratagem.advisor.profile.vocab_layout import HF_VOCAB_STYLES
@@ -337,7 +338,7 @@ class _SavedBytes(TorchDispatchMode):
             self._weights.add(StorageWeakRef(out.untyped_storage()))
         elif self._gpu_kernels and packet in MASK_OPS:
             self._masks.add(StorageWeakRef(out.untyped_storage()))
-        if not self.suppressed and packet not in flop_registry:
+        if not self.suppressed and packet not in _WITH_FLOPS:
             self.op_bytes += _moved_bytes(out, args, kwargs, self._weights)
         return out
 
@@ -371,6 +372,10 @@ class _SavedBytes(TorchDispatchMode):
     def count_kernels(self, *, ops: int, op_bytes: int, param_op_bytes: int = 0) -> None:
         """A fused kernel's bytes (its launches are not counted here)."""
         self.op_bytes += op_bytes
+
+
+# Operators with FLOPs (GEMMs, attention, convolutions): what the profile prices by FLOPs, not bytes.
+_WITH_FLOPS = frozenset((*flop_registry, *FLOP_FORMULAS))
 
 
 def _moved_bytes(out: torch.Tensor, args: tuple, kwargs: dict | None, weights: set[StorageWeakRef]) -> int:
