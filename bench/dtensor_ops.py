@@ -2,6 +2,7 @@
 ``DTENSOR_OPS_PER_TP_LINEAR``).
 
     .venv/bin/python bench/dtensor_ops.py [--models llama-small mixtral-small vit-small] [--seq-len 128]
+                                          [--sequence-parallel]
 
 For each preset, 2 gloo ranks apply TP 2 with the preset's own layout (no data parallelism), run
 one forward and backward to warm up, then one under ``torch.profiler`` on identical data, and
@@ -9,7 +10,8 @@ count DTensor's dispatches (the profiler's ``PythonSubclass`` events: one per op
 DTensor argument sends through ``__torch_dispatch__``). Prints the count, the TP collectives
 waited on (``wait_tensor``), the modules the layout splits (the blocks' Linears, and the input
 embedding and output head it splits by vocabulary, which the time model counts as TP Linears
-too) and the dispatches per split module.
+too) and the dispatches per split module. With ``--sequence-parallel`` the plans run SP too (its
+norms' operators are DTensor dispatches as well: ``SegmentProfile.sp_norm_ops``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch.multiprocessing as mp
 from stratagem.distributed import free_port
 from stratagem.plan import Plan
 from stratagem.advisor.profile.cache import profile_spec
+from stratagem.advisor.search.targets import sp_excludes
 from stratagem.models import PRESETS
 from stratagem.plugins import apply_plan, build_mesh
 from stratagem.verify.runner import real_model
@@ -57,13 +60,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["llama-small", "mixtral-small", "vit-small"])
     parser.add_argument("--seq-len", type=int, default=128, help="tokens per sample of the sequence models")
+    parser.add_argument("--sequence-parallel", action="store_true", help="TP with sequence parallelism")
     args = parser.parse_args()
     print(f"{'model':<16} {'dispatches':>10} {'collectives':>12} {'split modules':>14} {'per module':>12}")
     for model in args.models:
         seq_len = args.seq_len if PRESETS[model].input_kind == "tokens" else None
         profile = profile_spec(model, seq_len=seq_len, precision="fp32", kernels="cpu")
+        if args.sequence_parallel and (why := sp_excludes(profile, 2)):
+            print(f"{model:<16} no sequence parallelism: {why}")
+            continue
         plan = Plan(tp=2, tp_layout=profile.tp_layout, block_container=profile.block_container,
-                    micro_batch_size=MICRO_BATCH, precision="fp32")
+                    micro_batch_size=MICRO_BATCH, precision="fp32", sequence_parallel=args.sequence_parallel)
         per_block = sum(style in ("colwise", "rowwise") for _, style in profile.tp_layout)
         split = per_block * len(profile.blocks) + len(plan.vocab_tp_styles)
         mp.spawn(_worker, args=(free_port(), model, seq_len, plan.to_json(), split), nprocs=2)
