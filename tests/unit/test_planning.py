@@ -16,6 +16,7 @@ from torch import nn
 from stratagem.plan import Plan
 from stratagem.errors import UsageError
 from stratagem.integrations.planning import (
+    adapt_optimizer,
     check_choice,
     check_plan_precision,
     load_plan,
@@ -139,6 +140,20 @@ def test_materialize_without_an_initialiser_is_a_usage_error() -> None:
 
     with pytest.raises(UsageError, match="Bare define neither init_weights"):
         materialize(nn.Sequential(Bare()), torch.device("cpu"))
+
+
+@pytest.mark.parametrize(("changes", "hooked"), [
+    ({"tp": 2, "sequence_parallel": True}, True), ({"tp": 2}, False),
+    ({"tp": 2, "sequence_parallel": True, "dp_shard": 2, "zero": 3}, False),  # FSDP reduces them
+])
+def test_a_strategy_s_optimizer_sums_sp_norm_gradients_once_a_step(changes, hooked) -> None:
+    """The optimizer a Lightning or Fabric user hands the strategy gets the step pre-hook that sums
+    the sequence-parallel norms' gradients (plugins.tensor_parallel.reduce_norm_grads_once), once."""
+    optimizer = torch.optim.AdamW(nn.Linear(2, 2).parameters())
+    plan = Plan(block_container="layers", tp_layout=(("layers.*.w", "colwise"),), **changes)
+    for _ in range(2):
+        adapt_optimizer(optimizer, plan, rank=0)
+    assert len(optimizer._optimizer_step_pre_hooks) == (1 if hooked else 0)
 
 
 def test_choice_is_checked_before_any_process_starts() -> None:
