@@ -396,6 +396,18 @@ def test_pp_comm_sends_every_microbatch_both_ways_and_exposes_fill_and_drain():
     assert _time(plan, cluster=waiting).pp_comm_total == pytest.approx(2 * 4 * (one + 1e-3))
 
 
+def test_pipeline_stages_send_whole_activations_under_sequence_parallelism():
+    """The TP plugin gathers each stage's output at its last block, so SP sends what TP alone does
+    (Megatron-LM would send the shard); each stage the rank holds gathers at its edges."""
+    plans = {sp: Plan(pp=2, tp=2, dp_replicate=2, microbatches=4, sequence_parallel=sp) for sp in (False, True)}
+    assert _time(plans[True]).pp_comm_total == pytest.approx(_time(plans[False]).pp_comm_total)
+    edges = {v: _time(Plan(pp=2, tp=2, dp_replicate=2, microbatches=4, sequence_parallel=True,
+                           pp_schedule="interleaved-1f1b", pp_virtual=v)).tp_comm
+             - _time(Plan(pp=2, tp=2, dp_replicate=2, microbatches=4, pp_schedule="interleaved-1f1b",
+                          pp_virtual=v)).tp_comm for v in (2, 4)}
+    assert edges[4] == pytest.approx(2 * edges[2])
+
+
 def test_ddp_all_reduces_fp32_gradients_once_per_step_bucket_by_bucket():
     plan = Plan(dp_replicate=8, grad_accum=4)
     buckets = 2  # 40 MB of fp32 gradients in 25 MiB buckets

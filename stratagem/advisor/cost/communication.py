@@ -64,8 +64,9 @@ def estimate_tp_comm_seconds(step: RankStep) -> float:
 
 def _sequence_parallel_edges(step: RankStep) -> float:
     """Seconds of the TP collectives sequence parallelism adds outside the blocks' own, as the plugin
-    applies it (:mod:`stratagem.plugins.tensor_parallel`): per micro-batch the stage's last block's
-    output all-gathered forward and its first block's input gradient all-gathered backward; per
+    applies it (:mod:`stratagem.plugins.tensor_parallel`): per micro-batch and stage the rank holds
+    (``pp_virtual`` of them in an interleaved pipeline), the stage's last block's output
+    all-gathered forward and its first block's input gradient all-gathered backward; per
     step, without FSDP, the norms' weight gradients summed in one all-reduce
     (``reduce_norm_grads_once``; FSDP reduces them with its units). Messages ``b·s·h`` and ``h`` per
     norm (a LayerNorm's bias left out: the sum is latency-bound)."""
@@ -74,7 +75,8 @@ def _sequence_parallel_edges(step: RankStep) -> float:
         return 0.0
     first = kinds[0][0]
     width = tp_message_bytes(step, first)
-    seconds = step.num_microbatches * _tp_seconds(step, (("all_gather", width),) * 2)
+    stages = plan.pp_virtual if plan.pp > 1 else 1
+    seconds = step.num_microbatches * stages * _tp_seconds(step, (("all_gather", width),) * 2)
     if not plan.uses_fsdp:
         norms = sum(style == "sequence_parallel" for style in plan.block_tp_styles.values())
         model_width = first.linears[0].in_features if first.linears else 0

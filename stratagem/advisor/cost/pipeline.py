@@ -103,9 +103,8 @@ def estimate_pp_comm_exposed_seconds(step: RankStep, *, total: float, compute: f
 
 
 def _pp_message_seconds(step: RankStep) -> float:
-    """One boundary activation (as profiled, scaled to the micro-batch; split over TP with SP),
-    and the receiver's wait for a sender that reaches it apart, as a blocking collective's."""
-    plan = step.plan
+    """One boundary activation (as profiled, scaled to the micro-batch; whole with SP too: the plugin
+    all-gathers each stage's last block's output, where Megatron-LM sends the shard), and the
+    receiver's wait for a sender that reaches it apart, as a blocking collective's."""
     num_bytes = step.stage.max_block_output_bytes * step.batch_scale
-    num_bytes /= plan.tp if plan.sequence_parallel else 1
     return estimate_p2p_seconds(num_bytes, **step.link(MeshAxis.PP, "p2p")) + collective_wait_seconds(step, 2)
