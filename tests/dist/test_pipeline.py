@@ -66,6 +66,9 @@ FOUR_RANKS = {case.name: case for case in [
     Case("pp2_fsdp2", Plan(dp_shard=2, zero=3, pp_schedule="gpipe", **_PP2)),
     Case("pp2_zero2_full_ckpt", Plan(dp_shard=2, zero=2, activation_checkpointing="full", **_PP2)),
     Case("pp2_tp2", Plan(tp=2, tp_layout=(*LLAMA_LAYOUT, *VOCAB), **_PP2)),  # the vocabulary split too
+    Case("pp2_tp2_sp", Plan(tp=2, sequence_parallel=True, tp_layout=(*LLAMA_LAYOUT, *VOCAB), **_PP2)),
+    Case("pp2_interleaved_tp2_sp", Plan(tp=2, sequence_parallel=True, tp_layout=LLAMA_LAYOUT,
+                                        **{**_PP2, "pp_schedule": "interleaved-1f1b", "pp_virtual": 2})),
     Case("pp2_zero_bubble_tp2", Plan(tp=2, tp_layout=LLAMA_LAYOUT, pp_schedule="interleaved-zb", pp_virtual=2,
                                      **_PP2)),
     Case("pp2_ddp2_tied", Plan(dp_replicate=2, **_PP2), preset="gpt2-tiny"),
@@ -94,8 +97,11 @@ def test_four_rank_pipeline_matches_single_process(four_ranks, name):
     assert_matches_single_process(FOUR_RANKS[name], four_ranks[name], tolerance)
 
 
-@pytest.mark.parametrize("name", ["pp2_tp2", "pp2_zero_bubble_tp2"])
+@pytest.mark.parametrize("name", ["pp2_tp2", "pp2_zero_bubble_tp2", "pp2_tp2_sp", "pp2_interleaved_tp2_sp"])
 def test_pipeline_tp_matches_single_process(four_ranks, name):
+    """TP inside pipeline stages, with SP too: each stage (each virtual stage of an interleaved
+    schedule) splits its sequence and gathers it at its own edges, its norms' gradients summed
+    before the step."""
     assert_matches_single_process(FOUR_RANKS[name], four_ranks[name], TP_FP32)
 
 
