@@ -14,7 +14,9 @@ autograd keeps them gathered for the weights' gradients, which the model counts
 Time: the advisor prices both on this host as a calibration taken first measures it, and the
 difference is what SP adds to a step: the norms' operators on DTensors
 (``SegmentProfile.sp_norm_ops``), the collectives at the sequence-parallel region's edges and the
-norms' gradients' all-reduce (docs/cost-model.md, "Sequence parallelism's own costs").
+norms' gradients' all-reduce, less the residual stream's work that TP alone runs whole on every
+rank (``tp_replicated_op_bytes``); docs/cost-model.md, "Sequence parallelism's own costs". First
+it prints those two profiled figures of a block, as CPU ranks and as a GPU run it.
 
     .venv/bin/python bench/sequence_parallel.py     # about two minutes on 2 cores
 """
@@ -35,6 +37,11 @@ MODEL, SEQ_LEN, MICRO_BATCH, TP, ROUNDS = "llama-small", 128, 8, 4, 2
 
 
 def main() -> None:
+    for kernels in ("cpu", "gpu"):
+        block = profile_spec(MODEL, seq_len=SEQ_LEN, precision="fp32", kernels=kernels).blocks[0]
+        print(f"{MODEL} block, {kernels} kernels: {block.sp_norm_ops} operators in its sequence norms, "
+              f"{block.tp_replicated_op_bytes / block.fwd_op_bytes:.0%} of its forward's bytes without FLOPs "
+              "on the whole residual stream", flush=True)
     profile = profile_spec(MODEL, seq_len=SEQ_LEN, precision="fp32", kernels="cpu")
     workload = Workload(global_batch_size=MICRO_BATCH, seq_len=SEQ_LEN, precision="fp32", optimizer="adamw")
     cluster = calibrate(nproc=TP).apply(parse_cluster(f"{TP}xcpu"))

@@ -292,6 +292,13 @@ class Plan:
         return self.uses_fsdp and self.dp_replicate > 1
 
     @property
+    def sums_norm_grads_at_step(self) -> bool:
+        """Sequence parallelism's norms leave their weights' gradients ``Partial`` over the TP ranks,
+        and they are summed once before each optimizer step: with SP and no FSDP (which reduces
+        them with its units)."""
+        return self.sequence_parallel and not self.uses_fsdp
+
+    @property
     def block_tp_styles(self) -> dict[str, str]:
         """``tp_layout``'s styles by module name inside a block (``layers.*.attention.wq`` →
         ``attention.wq``): how TP splits each block's modules."""

@@ -308,14 +308,14 @@ def _slice_sequence(tp_mesh: DeviceMesh, *, tp: int) -> Callable[[nn.Module, tup
 
 
 def reduce_norm_grads_once(optimizer: torch.optim.Optimizer, plan: Plan) -> None:
-    """With ``plan.sequence_parallel`` and no FSDP, sum the sequence-parallel norms' gradients over
-    the TP ranks in one all-reduce before each ``optimizer.step()`` (a step pre-hook).
+    """Where ``plan.sums_norm_grads_at_step`` (SP without FSDP), sum the sequence-parallel norms'
+    gradients over the TP ranks in one all-reduce before each ``optimizer.step()`` (a step pre-hook).
 
     A norm run on sequence shards leaves its weight's gradient ``Partial`` (each rank's tokens'
     share), and DTensor would all-reduce it again for every optimizer operator that reads it
     (AdamW: three per weight per step). Megatron-LM sums these gradients once per step, coalesced
     (``finalize_model_grads``); so does this hook. FSDP reduces them with the rest of a unit."""
-    if plan.sequence_parallel and not plan.uses_fsdp and not getattr(optimizer, "_stratagem_norm_grads", False):
+    if plan.sums_norm_grads_at_step and not getattr(optimizer, "_stratagem_norm_grads", False):
         optimizer.register_step_pre_hook(_reduce_partial_grads)
         optimizer._stratagem_norm_grads = True  # type: ignore[attr-defined]  # registered once
 

@@ -99,9 +99,8 @@ def test_four_rank_pipeline_matches_single_process(four_ranks, name):
 
 @pytest.mark.parametrize("name", ["pp2_tp2", "pp2_zero_bubble_tp2", "pp2_tp2_sp", "pp2_interleaved_tp2_sp"])
 def test_pipeline_tp_matches_single_process(four_ranks, name):
-    """TP inside pipeline stages, with SP too: each stage (each virtual stage of an interleaved
-    schedule) splits its sequence and gathers it at its own edges, its norms' gradients summed
-    before the step."""
+    """TP inside pipeline stages, with SP too, where each stage (each virtual stage of an
+    interleaved schedule) splits its sequence and gathers it at its own edges."""
     assert_matches_single_process(FOUR_RANKS[name], four_ranks[name], TP_FP32)
 
 

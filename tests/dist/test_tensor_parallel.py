@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import Replicate
+from torch.distributed.tensor import Partial, Replicate
 from spawn import run_on_ranks
 from test_data_parallel import assert_matches_single_process
 from training import Case, global_batches
@@ -290,7 +290,8 @@ def test_split_vocabulary_saves_and_loads_full_weights(tmp_path):
 def _sequence_parallel_checks(rank: int, world_size: int) -> dict[str, object]:
     """On two ranks: the UsageError each rank raises at the first forward of a pinned SP plan the
     model cannot run (a sequence of 33 tokens; mixtral-tiny, whose router reads a norm), and the
-    all-reduces an AdamW step runs after two accumulated backwards of llama-tiny under SP."""
+    all-reduces an AdamW step runs after two accumulated backwards of llama-tiny under SP, built
+    by ``build_optimizer`` and, beside it, built plainly (no hook)."""
     cases = {"uneven": ("llama-tiny", LLAMA_LAYOUT, 33), "router": ("mixtral-tiny", MIXTRAL_LAYOUT, 32)}
     results: dict[str, object] = {}
     for name, (preset, layout, seq_len) in cases.items():
@@ -300,14 +301,16 @@ def _sequence_parallel_checks(rank: int, world_size: int) -> dict[str, object]:
             model(torch.randint(0, 64, (2, seq_len)))
         results[name] = str(error.value)
     plan = Plan(**{**_TP2, "sequence_parallel": True})
-    model = apply_plan(tiny_model(), plan, build_mesh(plan, device_type="cpu"))
-    optimizer = build_optimizer(model, plan, torch.optim.AdamW, lr=1e-3)
-    for _ in range(2):
-        model(torch.randint(0, 64, (2, 32))).float().pow(2).mean().backward()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
-        optimizer.step()
-    results["step_all_reduces"] = sum(e.count for e in profile.key_averages() if e.key == "gloo:all_reduce")
-    results["norm_grad"] = model.layers[0].ffn_norm.weight.grad.placements
+    for name, build in (("hooked", partial(build_optimizer, plan=plan, optimizer_cls=torch.optim.AdamW)),
+                        ("plain", lambda module: torch.optim.AdamW(module.parameters()))):
+        model = apply_plan(tiny_model(), plan, build_mesh(plan, device_type="cpu"))
+        optimizer = build(model)
+        for _ in range(2):
+            model(torch.randint(0, 64, (2, 32))).float().pow(2).mean().backward()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+            optimizer.step()
+        results[name] = sum(e.count for e in profile.key_averages() if e.key == "gloo:all_reduce")
+        results[f"{name}_norm_grad"] = model.layers[0].ffn_norm.weight.grad.placements
     return results
 
 
@@ -325,7 +328,10 @@ def test_a_pinned_sequence_parallel_plan_the_model_cannot_run_is_refused_clearly
 
 
 def test_sequence_parallel_norm_grads_are_summed_once_a_step(sequence_parallel_checks):
-    """The norms' Partial gradients (8 weights) reduced in one all-reduce before the step, not
-    by DTensor once for each AdamW operator that reads them (24 all-reduces without the hook)."""
-    assert sequence_parallel_checks["step_all_reduces"] == 1
-    assert sequence_parallel_checks["norm_grad"] == (Replicate(),)
+    """llama-tiny's 8 norms leave Partial gradients. Without the hook DTensor sums each again for
+    every AdamW operator that reads it (lerp_, and both operands of addcmul_: three); with it, one
+    all-reduce before the step sums them all."""
+    assert sequence_parallel_checks["plain"] == 3 * 8
+    assert sequence_parallel_checks["plain_norm_grad"] == (Partial(),)
+    assert sequence_parallel_checks["hooked"] == 1
+    assert sequence_parallel_checks["hooked_norm_grad"] == (Replicate(),)

@@ -16,7 +16,7 @@ from stratagem.advisor.cost.collectives import (
     estimate_reduce_scatter_seconds,
 )
 from stratagem.advisor.cost.rank_step import RankStep
-from stratagem.advisor.cost.rates import linear_rows
+from stratagem.advisor.cost.rates import linear_rows, model_width
 from stratagem.advisor.profile.model_profile import LinearLayer, ModelProfile, SegmentProfile
 from stratagem.plan import MeshAxis, Plan
 
@@ -67,20 +67,18 @@ def _sequence_parallel_edges(step: RankStep) -> float:
     applies it (:mod:`stratagem.plugins.tensor_parallel`): per micro-batch and stage the rank holds
     (``pp_virtual`` of them in an interleaved pipeline), the stage's last block's output
     all-gathered forward and its first block's input gradient all-gathered backward; per
-    step, without FSDP, the norms' weight gradients summed in one all-reduce
-    (``reduce_norm_grads_once``; FSDP reduces them with its units). Messages ``b·s·h`` and ``h`` per
-    norm (a LayerNorm's bias left out: the sum is latency-bound)."""
+    step, where the plugin sums the norms' weight gradients (``Plan.sums_norm_grads_at_step``), one
+    all-reduce of them. Messages ``b·s·h`` (:func:`tp_message_bytes`) and ``h`` per norm (a
+    LayerNorm's bias left out: the sum is latency-bound)."""
     plan, kinds = step.plan, step.stage.kinds
     if not plan.sequence_parallel or not kinds:
         return 0.0
     first = kinds[0][0]
     width = tp_message_bytes(step, first)
-    stages = plan.pp_virtual if plan.pp > 1 else 1
-    seconds = step.num_microbatches * stages * _tp_seconds(step, (("all_gather", width),) * 2)
-    if not plan.uses_fsdp:
+    seconds = step.num_microbatches * plan.pp_virtual * _tp_seconds(step, (("all_gather", width),) * 2)
+    if plan.sums_norm_grads_at_step:
         norms = sum(style == "sequence_parallel" for style in plan.block_tp_styles.values())
-        model_width = first.linears[0].in_features if first.linears else 0
-        weights = norms * sum(n for _, n in kinds) * model_width * step.precision.param_bytes
+        weights = norms * sum(n for _, n in kinds) * model_width(first) * step.precision.param_bytes
         seconds += _tp_seconds(step, (("all_reduce", weights),)) if weights else 0.0
     return seconds
 
@@ -151,9 +149,8 @@ def tp_message_bytes(step: RankStep, block: SegmentProfile) -> float:
     patches too); a block without Linears: its output as profiled, scaled to the micro-batch."""
     if not block.linears:
         return block.output_bytes * step.batch_scale
-    first = block.linears[0]
-    rows = linear_rows(first, step.batch_scale, step.tokens_per_microbatch)
-    return rows * first.in_features * step.precision.compute_bytes
+    rows = linear_rows(block.linears[0], step.batch_scale, step.tokens_per_microbatch)
+    return rows * model_width(block) * step.precision.compute_bytes
 
 
 def num_tp_linears(plan: Plan, block: SegmentProfile) -> int:

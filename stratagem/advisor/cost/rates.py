@@ -17,7 +17,7 @@ from stratagem.advisor.cost.curves import log_interpolated
 from stratagem.advisor.cost.stages import Stage
 from stratagem.advisor.hardware.catalog import MAMF_SUSTAINED
 from stratagem.advisor.hardware.spec import Cluster
-from stratagem.advisor.profile.model_profile import ConvLayer, LinearLayer, ModelProfile
+from stratagem.advisor.profile.model_profile import ConvLayer, LinearLayer, ModelProfile, SegmentProfile
 from stratagem.plan import Plan
 from stratagem.plan.precision import get_precision
 
@@ -291,7 +291,7 @@ def _attention_gemms(profile: ModelProfile, plan: Plan, stage: Stage, *,
         explicit = block.attention_fwd_flops - (sum(c.fwd_flops for c in block.fused_attention) if fused_apart else 0)
         if not explicit or not block.linears:
             continue
-        width = block.linears[0].in_features / profile.num_heads
+        width = model_width(block) / profile.num_heads
         flops = count * explicit * scale / plan.tp * 3  # forward, and backward at twice it
         batch = plan.micro_batch_size * heads
         yield flops / 2, batch, (s, s, width)
@@ -361,3 +361,9 @@ def _tiled_seconds(m: float, n: float, k: float, tile: tuple[int, int], *, batch
     most = max(1, min(math.ceil(sms / tiles) * 2, int(k // SPLIT_K_MIN))) if tiles < sms else 1
     waves = min(math.ceil(tiles * s / sms) / s for s in range(1, most + 1))  # in units of the whole k
     return waves * 2 * tile[0] * tile[1] * k / per_sm
+
+
+def model_width(block: SegmentProfile) -> int:
+    """``h``, the width of the residual stream a block reads: its first Linear's input width (0
+    for a block without Linears)."""
+    return block.linears[0].in_features if block.linears else 0

@@ -61,6 +61,7 @@ from stratagem.advisor.profile.convolutions import conv_layer
 from stratagem.advisor.profile.counts import RunRecord, SegmentCounts
 from stratagem.advisor.profile.flop_formulas import FLOP_FORMULAS
 from stratagem.advisor.profile.fusion import FusionTracker, Read, region_of, sums_across_rows
+from stratagem.advisor.profile.op_bytes import UNCOUNTED_OPS, WHOLE_KERNELS, priced_by_bytes, reads, written_by
 from stratagem.advisor.profile.recompute import CheckpointPolicies
 from stratagem.advisor.profile.reread import REREAD_BYTES
 
@@ -71,19 +72,10 @@ HEAD = "head"
 
 # Ops whose output becomes a dropout mask (CPU dropout: empty_like, bernoulli_, div_, mul).
 MASK_OPS = {aten.bernoulli_, aten.bernoulli}
-# Ops not counted as operators: fake tensors dispatch ``prim.device`` where eager mode answers
-# without dispatching, and saved-tensor hooks add a ``detach`` per saved tensor unpacked (eager
-# mode's own detaches are views that launch nothing either).
-_UNCOUNTED_OPS = {torch.ops.prim.device, aten.detach}
 # Ops that make a dtype copy of a tensor (autocast's weight casts).
 CAST_OPS = {aten._to_copy}
 # Ops whose output is a parameter's gradient at any batch size (an embedding's is dense).
 _PARAMETER_SIZED_OPS = {aten.embedding_dense_backward}
-# Ops that read only the elements they gather from an input (a table, log-probabilities).
-_GATHER_OPS = {aten.embedding, aten.index_select, aten.gather, aten.index, aten.nll_loss_forward}
-# Ops that read none of their input of the output's shape (the log-probabilities): they zero their
-# output and write one element a row (ATen's nll_loss_backward, CPU and CUDA alike).
-_SCATTER_OPS = {aten.nll_loss_backward}
 # Matrix products whose matrices' leading dimensions decide which GEMM kernels run.
 _GEMM_OPS = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm}
 # The row alignment cuBLAS's fastest (vectorised, tensor-core) kernels need: 16 bytes.
@@ -120,16 +112,6 @@ def _no_flops(*args: Any, **kwargs: Any) -> int:
     return 0
 
 
-# Pointwise backward operators the device runs as one kernel that FlopCounterMode would count as
-# their decomposition: ATen gives them a CompositeImplicitAutograd kernel beside the CPU and CUDA
-# ones (for double backward), and FlopCounterMode decomposes every operator its registry lacks.
-# SiLU's gradient so became eight operators (sigmoid, ``1 − s`` in three, four products and sums)
-# moving several times the bytes of the one kernel a backward without a graph of its own runs.
-# Registered by overload without FLOPs to keep them whole (FlopCounterMode looks an operator up by
-# its overload before it decomposes it, by its packet after), and counted as the operators
-# without FLOPs they are. (ATen's other operators of both kinds, ``native_batch_norm`` and the
-# nearest-neighbour upsamplings, are not pointwise: left to FlopCounterMode.)
-_WHOLE_KERNELS = (aten.silu_backward, aten.mish_backward)
 
 
 def unaligned_gemm(args: Any, out: Any) -> bool:
@@ -144,16 +126,6 @@ def unaligned_gemm(args: Any, out: Any) -> bool:
         if lead * tensor.element_size() % GEMM_ALIGNMENT_BYTES:
             return True
     return False
-
-
-def _written(func_packet: Any, out: Any, args: Any) -> list[torch.Tensor]:
-    """The tensors an operator writes: its outputs, but views (an output sharing an input's
-    storage, the in-place ops, whose names end in ``_``, excepted: they write it)."""
-    outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-    if not func_packet.__name__.endswith("_"):
-        inputs = {StorageWeakRef(t.untyped_storage()) for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)}
-        outputs = [t for t in outputs if StorageWeakRef(t.untyped_storage()) not in inputs]
-    return outputs
 
 
 def writes_a_gradient(out: torch.Tensor, inputs: list[torch.Tensor],
@@ -189,7 +161,7 @@ class CostCounter(FlopCounterMode):
                  state_names: dict[StorageWeakRef, str], gradient_shapes: set[tuple[tuple[int, ...], torch.dtype]],
                  has_blocks: bool, seq_len: int | None, batch_size: int | None, gpu_kernels: bool = True,
                  model_name: str = "", sequence_norms: frozenset[str] = frozenset()) -> None:
-        whole = {op.default: _no_flops for op in _WHOLE_KERNELS}
+        whole = {op.default: _no_flops for op in WHOLE_KERNELS}
         super().__init__(display=False, custom_mapping={**FLOP_FORMULAS, **whole})
         self.seq_len = seq_len
         self.batch_size = batch_size
@@ -288,9 +260,9 @@ class CostCounter(FlopCounterMode):
         seg = self._gradient_segment(out, self.segment())
         if not self.suppressed:
             self._count(seg, func_packet, out, args, kwargs)
-        elif func_packet not in _UNCOUNTED_OPS and self._formula(func_packet) is None:
+        elif priced_by_bytes(func_packet):
             # inside an eager fused kernel (fused.FusedKernels): compiled, its operators fuse
-            written = _written(func_packet, out, args)
+            written = written_by(func_packet, out, args)
             batch, sized = self._bytes_moved(func_packet, args, out, written)
             if batch or sized:
                 self._track_fusion(seg, func_packet, args, out, fusible=not sized)
@@ -299,8 +271,8 @@ class CostCounter(FlopCounterMode):
 
     def _formula(self, func_packet: Any) -> Callable[..., int] | None:
         """The FLOP formula of an operator with FLOPs (GEMMs, convolutions, attention); None for
-        one without (:data:`_WHOLE_KERNELS` are registered only to stay whole)."""
-        return None if func_packet in _WHOLE_KERNELS else self.flop_registry.get(func_packet)
+        one without (:data:`WHOLE_KERNELS` are registered only to stay whole)."""
+        return None if func_packet in WHOLE_KERNELS else self.flop_registry.get(func_packet)
 
     def _count(self, seg: str, func_packet: Any, out: Any, args: Any, kwargs: Any) -> None:
         """Count one operator of segment ``seg`` in the running direction: its FLOPs (those of
@@ -308,11 +280,11 @@ class CostCounter(FlopCounterMode):
         FLOPs; in a block's forward, also for what each checkpointing policy recomputes."""
         counts, is_bw = self._record.segments[seg], self.mod_tracker.is_bw
         formula = self._formula(func_packet)
-        counted = func_packet not in _UNCOUNTED_OPS
+        counted = func_packet not in UNCOUNTED_OPS
         ops = 1 if counted else 0
         batch = sized = flops = unaligned = 0
         if counted:
-            written = _written(func_packet, out, args)
+            written = written_by(func_packet, out, args)
             if formula is None:
                 batch, sized = self._bytes_moved(func_packet, args, out, written)
                 if self._gpu_kernels and func_packet in REREAD_BYTES:
@@ -360,7 +332,7 @@ class CostCounter(FlopCounterMode):
         def refs(tree: Any) -> list[tuple[StorageWeakRef, int]]:
             return [(StorageWeakRef(t.untyped_storage()), tensor_bytes(t)) for t in tensors(tree)]
 
-        written = _written(func_packet, out, args)
+        written = written_by(func_packet, out, args)
         sums = [t for t in written if sums_across_rows(tree_flatten(args)[0], t)] if fusible else []
         cast = (out.dtype, tuple(out.shape)) if func_packet in CAST_OPS and isinstance(out, torch.Tensor) else None
         reads = [Read(ref, size, region_of(t)) for (ref, size), t in zip(refs(args), tensors(args), strict=True)]
@@ -368,15 +340,13 @@ class CostCounter(FlopCounterMode):
                        sums=refs(sums), cast=cast)
 
     def _bytes_moved(self, func_packet: Any, args: Any, out: Any, written: list[torch.Tensor]) -> tuple[int, int]:
-        """Bytes an operator without FLOPs reads and writes (``written``: :func:`_written`; none
+        """Bytes an operator without FLOPs reads and writes (``written``: :func:`written`; none
         for a view; a gather reads what it writes, not its whole input, a scatter none of its
         input of the output's shape), as (those that grow with the batch, the parameter-sized
         ones: the outputs of :meth:`_parameter_sized` operators and their inputs of that shape)."""
         if not written:
             return 0, 0
-        read = written if func_packet in _GATHER_OPS else [
-            t for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)
-            and not (func_packet in _SCATTER_OPS and t.shape == written[0].shape)]
+        read = reads(func_packet, args, written)
         if not self._parameter_sized(func_packet, args, out):
             return tensor_bytes(read) + tensor_bytes(written), 0
         alike = [t for t in read if t.shape == written[0].shape]

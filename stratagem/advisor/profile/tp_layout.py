@@ -42,14 +42,13 @@ from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-from torch.utils.flop_counter import flop_registry
 
 from stratagem.advisor.profile.attention import CudaAttention
 from stratagem.advisor.profile.autocast import CudaAutocast
 from stratagem.advisor.profile.block_inputs import fresh
-from stratagem.advisor.profile.flop_formulas import FLOP_FORMULAS
 from stratagem.advisor.profile.fused import FusedKernels
 from stratagem.advisor.profile.measure import CAST_OPS, MASK_OPS, quiet_fake_tensor_log, stored_bytes
+from stratagem.advisor.profile.op_bytes import moved_bytes, priced_by_bytes
 from stratagem.advisor.profile.vocab_layout import HF_VOCAB_STYLES
 from stratagem.plan.tp_styles import is_sequence_norm
 
@@ -310,9 +309,9 @@ class _SavedBytes(TorchDispatchMode):
     ``gpu_kernels``; and ``gathered``: what column Linears save (between :meth:`enter_column` and
     :meth:`leave_column`), their inputs, each storage once, counted there even where an operator
     before them saved it too (SP gathers a copy of its own). And ``op_bytes``: what the operators
-    without FLOPs read and write of tensors other than the weights (views and in-place operators
-    aside). It is the counter :class:`~.fused.FusedKernels` reports a fused kernel's saved tensors
-    and bytes to."""
+    the profile prices by bytes read and write, as the step counts them
+    (:func:`~.op_bytes.moved_bytes`; autocast's weight copies, parameter-sized, aside). It is the
+    counter :class:`~.fused.FusedKernels` reports a fused kernel's saved tensors and bytes to."""
 
     def __init__(self, weights: dict[str, torch.Tensor], *, gpu_kernels: bool) -> None:
         super().__init__()
@@ -335,11 +334,12 @@ class _SavedBytes(TorchDispatchMode):
         packet = func.overloadpacket
         if (packet in CAST_OPS and isinstance(args[0], torch.Tensor)
                 and StorageWeakRef(args[0].untyped_storage()) in self._weights):
-            self._weights.add(StorageWeakRef(out.untyped_storage()))
-        elif self._gpu_kernels and packet in MASK_OPS:
+            self._weights.add(StorageWeakRef(out.untyped_storage()))  # parameter-sized: no activation bytes
+            return out
+        if self._gpu_kernels and packet in MASK_OPS:
             self._masks.add(StorageWeakRef(out.untyped_storage()))
-        if not self.suppressed and packet not in _WITH_FLOPS:
-            self.op_bytes += _moved_bytes(out, args, kwargs, self._weights)
+        if not self.suppressed and priced_by_bytes(packet):
+            self.op_bytes += moved_bytes(packet, args, out)
         return out
 
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -372,20 +372,6 @@ class _SavedBytes(TorchDispatchMode):
     def count_kernels(self, *, ops: int, op_bytes: int, param_op_bytes: int = 0) -> None:
         """A fused kernel's bytes (its launches are not counted here)."""
         self.op_bytes += op_bytes
-
-
-# Operators with FLOPs (GEMMs, attention, convolutions): what the profile prices by FLOPs, not bytes.
-_WITH_FLOPS = frozenset((*flop_registry, *FLOP_FORMULAS))
-
-
-def _moved_bytes(out: torch.Tensor, args: tuple, kwargs: dict | None, weights: set[StorageWeakRef]) -> int:
-    """What an operator without FLOPs reads and writes of tensors other than ``weights``: 0 for a
-    view or an in-place operator (its output's storage is an input's)."""
-    tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-    storages = {StorageWeakRef(t.untyped_storage()) for t in tensors}
-    if StorageWeakRef(out.untyped_storage()) in storages:
-        return 0
-    return sum(t.nbytes for t in (*tensors, out) if StorageWeakRef(t.untyped_storage()) not in weights)
 
 
 def _halved(name: str, tensor: torch.Tensor, styles: dict[str, str]) -> torch.Tensor:
