@@ -263,6 +263,7 @@ class AutoParallelFabricStrategy(ModelParallelStrategy):
         current = dict(_unwrap_ddp(module).named_parameters())
         for optimizer in optimizers:
             _point_at(optimizer, {param: current[name] for param, name in names.items()})
+            adapt_optimizer(optimizer, self.plan, rank=self.global_rank)
         return module, optimizers, scheduler
 
     @override

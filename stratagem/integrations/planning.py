@@ -28,6 +28,7 @@ from stratagem.plan import MeshAxis, Plan, Workload
 from stratagem.plan.workload import OPTIMIZER_CLASSES
 from stratagem.errors import UsageError
 from stratagem.plugins import fuse_host_optimizer
+from stratagem.plugins.parameter_groups import step_mixed_groups_per_tensor
 from stratagem.plugins.tensor_parallel import reduce_norm_grads_once
 
 if TYPE_CHECKING:
@@ -287,11 +288,19 @@ def _pipeline_shapes(profile: ModelProfile, world: int, constraints: Mapping[str
 def adapt_optimizer(optimizer: Optimizer, plan: Plan, *, rank: int) -> None:
     """Fit the optimizer a strategy was handed to ``plan``, in place: stepped fused on the host
     where the plan offloads (:func:`~stratagem.plugins.fuse_host_optimizer`; said once, on rank
-    0), and with sequence parallelism the norms' gradients summed once before each step
-    (:func:`~stratagem.plugins.tensor_parallel.reduce_norm_grads_once`)."""
+    0), with sequence parallelism the norms' gradients summed once before each step
+    (:func:`~stratagem.plugins.tensor_parallel.reduce_norm_grads_once`), and a group that mixes
+    DTensors with plain tensors stepped one tensor at a time
+    (:func:`~stratagem.plugins.parameter_groups.step_mixed_groups_per_tensor`; said on rank 0)."""
     if fuse_host_optimizer(optimizer, plan) and rank == 0:
         log.info("auto-parallel: %s steps the offloaded parameters fused on the host", type(optimizer).__name__)
     reduce_norm_grads_once(optimizer, plan)
+    mixed = step_mixed_groups_per_tensor(optimizer)
+    if mixed and rank == 0:
+        log.info("auto-parallel: %s steps %d parameter group(s) one tensor at a time: each holds DTensors that "
+                 "tensor parallelism splits beside plain tensors it leaves whole, which a multi-tensor step "
+                 "cannot take together (give the DTensors a group of their own to keep it)",
+                 type(optimizer).__name__, mixed)
 
 
 def workload_optimizer(make: Callable[[], Any], source: str) -> tuple[str, tuple[str, ...]]:

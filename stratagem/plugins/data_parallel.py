@@ -40,6 +40,7 @@ from stratagem.errors import UsageError
 from stratagem.plugins.blocks import find_blocks
 from stratagem.plugins.host_optimizer import host_optimizer_options
 from stratagem.plugins.mesh import data_parallel_axes, submesh
+from stratagem.plugins.parameter_groups import separate_dtensors
 from stratagem.plugins.precision import fp32_norm_names, mixed_precision_policy, norm_policy
 from stratagem.plugins.tensor_parallel import reduce_norm_grads_once
 
@@ -134,9 +135,12 @@ def build_optimizer(module: nn.Module, plan: Plan, optimizer_cls: type[torch.opt
     already sharded (``zero >= 2``). An offloaded plan's optimizer steps on the host, fused
     where the caller named no implementation (:mod:`~stratagem.plugins.host_optimizer`). With
     sequence parallelism (and no FSDP) the norms' gradients are summed over the TP ranks once
-    before each step (:func:`~stratagem.plugins.tensor_parallel.reduce_norm_grads_once`)."""
+    before each step (:func:`~stratagem.plugins.tensor_parallel.reduce_norm_grads_once`). Under TP
+    without FSDP the DTensors and the plain tensors are two parameter groups, which GPUs' multi-tensor
+    steps take (:func:`~stratagem.plugins.parameter_groups.separate_dtensors`)."""
     if not plan.shards_optimizer_only:
-        optimizer = optimizer_cls(module.parameters(), **host_optimizer_options(plan, optimizer_cls, optimizer_kwargs))
+        options = host_optimizer_options(plan, optimizer_cls, optimizer_kwargs)
+        optimizer = optimizer_cls(separate_dtensors(module.parameters()), **options)
         reduce_norm_grads_once(optimizer, plan)
         return optimizer
     wrapped = list(module) if isinstance(module, nn.ModuleList) else [module]

@@ -82,7 +82,7 @@ def run_script(out: Path, jobs: dict[str, str]) -> Launch:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     results = json.loads((out / "results.json").read_text())
     runs = [Run(r["losses"], torch.load(out / f"weights_{i}.pt", weights_only=True),
-                facts={"plan": r["plan"], "head": r.get("head")})
+                facts={"plan": r["plan"], "head": r.get("head"), "foreach": r["foreach"]})
             for i, r in enumerate(results)]
     return Launch(dict(zip(jobs, runs, strict=True)), done.stdout, out)
 
@@ -126,6 +126,9 @@ def test_zero1_matches_single_process_across_a_full_checkpoint(two_ranks: Launch
 @pytest.mark.timeout(600)
 def test_tp_matches_single_process(two_ranks: Launch) -> None:
     assert_matches_single_process(TP, two_ranks.runs["tp"], TP_FP32)
+    # the user's AdamW mixes the split Linears' DTensors with the plain norms: it steps them one at a time
+    assert two_ranks.runs["tp"].facts["foreach"] == [False]
+    assert two_ranks.runs["zero3"].facts["foreach"] == [None]  # FSDP's are all DTensors: torch's choice
 
 
 @pytest.mark.timeout(600)
@@ -201,7 +204,8 @@ def train(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]
         state["step"] = step + 1
     if spec["save"]:
         fabric.save(spec["save"], state)
-    result: dict[str, Any] = {"losses": losses, "plan": fabric.strategy.plan.name}
+    result: dict[str, Any] = {"losses": losses, "plan": fabric.strategy.plan.name,
+                              "foreach": [group["foreach"] for group in optimizer.param_groups]}
     if (advice := fabric.strategy.advice) is not None:
         result["head"] = {"saved_bytes": advice.profile.head.saved_bytes,
                           "bwd_largest_output_bytes": advice.profile.head.bwd_largest_output_bytes}

@@ -65,17 +65,21 @@ FOUR_RANKS = {case.name: case for case in [
     Case("pp2_gpipe_ddp2", Plan(dp_replicate=2, **{**_PP2, "pp_schedule": "gpipe", "microbatches": 2})),
     Case("pp2_fsdp2", Plan(dp_shard=2, zero=3, pp_schedule="gpipe", **_PP2)),
     Case("pp2_zero2_full_ckpt", Plan(dp_shard=2, zero=2, activation_checkpointing="full", **_PP2)),
-    Case("pp2_tp2", Plan(tp=2, tp_layout=(*LLAMA_LAYOUT, *VOCAB), **_PP2)),  # the vocabulary split too
-    Case("pp2_tp2_sp", Plan(tp=2, sequence_parallel=True, tp_layout=(*LLAMA_LAYOUT, *VOCAB), **_PP2)),
+    Case("pp2_tp2", Plan(tp=2, tp_layout=(*LLAMA_LAYOUT, *VOCAB), **_PP2),  # the vocabulary split too
+         optimizer="adamw-foreach"),
+    Case("pp2_tp2_sp", Plan(tp=2, sequence_parallel=True, tp_layout=(*LLAMA_LAYOUT, *VOCAB), **_PP2),
+         optimizer="adamw-foreach"),
     Case("pp2_interleaved_tp2_sp", Plan(tp=2, sequence_parallel=True, tp_layout=LLAMA_LAYOUT,
-                                        **{**_PP2, "pp_schedule": "interleaved-1f1b", "pp_virtual": 2})),
+                                        **{**_PP2, "pp_schedule": "interleaved-1f1b", "pp_virtual": 2}),
+         optimizer="adamw-foreach"),
     Case("pp2_zero_bubble_tp2", Plan(tp=2, tp_layout=LLAMA_LAYOUT, pp_schedule="interleaved-zb", pp_virtual=2,
-                                     **_PP2)),
+                                     **_PP2), optimizer="adamw-foreach"),
     Case("pp2_ddp2_tied", Plan(dp_replicate=2, **_PP2), preset="gpt2-tiny"),
     Case("pp2_fsdp2_vit_traced", Plan(dp_shard=2, zero=3, **_PP2), preset="vit-tiny"),
     Case("pp2_ddp2_vit_traced", Plan(dp_replicate=2, **_PP2), preset="vit-tiny"),
     Case("pp2_fsdp2_tied", Plan(dp_shard=2, zero=3, **_PP2), preset="gpt2-tiny"),
-    Case("pp2_tp2_vocab_tied", Plan(tp=2, tp_layout=(*GPT2_LAYOUT, *VOCAB), **_PP2), preset=GPT2_TIED_257),
+    Case("pp2_tp2_vocab_tied", Plan(tp=2, tp_layout=(*GPT2_LAYOUT, *VOCAB), **_PP2), preset=GPT2_TIED_257,
+         optimizer="adamw-foreach"),
 ]}
 TIED = {"pp2_tied": 2, "pp2_ddp2_tied": 4, "pp2_fsdp2_tied": 4, "pp2_tp2_vocab_tied": 4}  # by world size
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -110,22 +111,27 @@ HF_LAYOUT = (*((f"model.layers.*.self_attn.{p}", s) for p, s in (("q_proj", "col
              ("model.layers.*.post_attention_layernorm", "sequence_parallel"),
              ("model.embed_tokens", "vocab_embedding"), ("lm_head", "vocab_head"))
 
+def _case(name: str, plan: Plan, **options: Any) -> Case:
+    """A TP case, stepped on the multi-tensor path torch.optim takes on GPUs."""
+    return Case(name, plan, optimizer="adamw-foreach", **options)
+
+
 TWO_RANKS = {case.name: case for case in [
-    Case("tp", Plan(**_TP2)),
-    Case("tp_sp", Plan(sequence_parallel=True, **_TP2)),
-    Case("tp_vocab", Plan(**_VOCAB)),
-    Case("tp_sp_vocab", Plan(sequence_parallel=True, **_VOCAB)),
-    Case("tp_vocab_tied", Plan(**_GPT2_VOCAB), preset=GPT2_TIED_257),
-    Case("tp_sp_vocab_tied", Plan(sequence_parallel=True, **_GPT2_VOCAB), preset=GPT2_TIED_257),
-    Case("tp_sp_vocab_hf", Plan(**{**_TP2, "sequence_parallel": True, "block_container": "model.layers",
-                                   "tp_layout": HF_LAYOUT}), preset=HF_LLAMA),
+    _case("tp", Plan(**_TP2)),
+    _case("tp_sp", Plan(sequence_parallel=True, **_TP2)),
+    _case("tp_vocab", Plan(**_VOCAB)),
+    _case("tp_sp_vocab", Plan(sequence_parallel=True, **_VOCAB)),
+    _case("tp_vocab_tied", Plan(**_GPT2_VOCAB), preset=GPT2_TIED_257),
+    _case("tp_sp_vocab_tied", Plan(sequence_parallel=True, **_GPT2_VOCAB), preset=GPT2_TIED_257),
+    _case("tp_sp_vocab_hf", Plan(**{**_TP2, "sequence_parallel": True, "block_container": "model.layers",
+                                    "tp_layout": HF_LAYOUT}), preset=HF_LLAMA),
 ]}
 FOUR_RANKS = {case.name: case for case in [
-    Case("tp_fsdp", Plan(dp_shard=2, zero=3, **_TP2)),
-    Case("tp_fsdp_full_ckpt", Plan(dp_shard=2, zero=3, activation_checkpointing="full", **_TP2)),
-    Case("tp_sp_fsdp", Plan(dp_shard=2, zero=3, sequence_parallel=True, **_TP2)),
-    Case("tp_fsdp_vocab", Plan(dp_shard=2, zero=3, **_VOCAB)),
-    Case("tp_fsdp_vocab_tied", Plan(dp_shard=2, zero=3, **_GPT2_VOCAB), preset=GPT2_TIED_257),
+    _case("tp_fsdp", Plan(dp_shard=2, zero=3, **_TP2)),
+    _case("tp_fsdp_full_ckpt", Plan(dp_shard=2, zero=3, activation_checkpointing="full", **_TP2)),
+    _case("tp_sp_fsdp", Plan(dp_shard=2, zero=3, sequence_parallel=True, **_TP2)),
+    _case("tp_fsdp_vocab", Plan(dp_shard=2, zero=3, **_VOCAB)),
+    _case("tp_fsdp_vocab_tied", Plan(dp_shard=2, zero=3, **_GPT2_VOCAB), preset=GPT2_TIED_257),
 ]}
 
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -43,10 +43,13 @@ from spawn import RANK_THREADS
 STEPS = 5
 SEQ_LEN = 16
 SEED = 1234
-OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, float]]] = {
+OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
     "adamw": (torch.optim.AdamW, {"lr": 1e-3}),
     # AdamW hardly sees a gradient's scale; SGD's update is proportional to it.
     "sgd": (torch.optim.SGD, {"lr": 0.5}),
+    # The multi-tensor step torch.optim takes on GPUs (on CPU it steps one tensor at a time): a TP
+    # rank's DTensors and plain tensors must reach it in separate groups (plugins/parameter_groups.py).
+    "adamw-foreach": (torch.optim.AdamW, {"lr": 1e-3, "foreach": True}),
 }
 
 Reference = Literal["fp32", "autocast-bf16", "bf16-params"]
@@ -64,7 +67,7 @@ class Case:
     plan: Plan
     preset: str | Preset = "llama-tiny"
     reference: Reference = "fp32"
-    optimizer: Literal["adamw", "sgd"] = "adamw"
+    optimizer: Literal["adamw", "sgd", "adamw-foreach"] = "adamw"
 
     @property
     def model(self) -> Preset:

@@ -101,9 +101,11 @@ def optimizer_tensors(step: RankStep) -> float:
 def runs_foreach(plan: Plan, *, on_accelerator: bool) -> bool:
     """Whether torch.optim steps the rank's parameters on its ``foreach`` path, each operator one
     call for all the tensors: its default where they live on an accelerator (DTensors too: DTensor
-    adds itself to its foreach types). CPU ranks, and an offloaded plan's parameters, which live
-    on the host, step one tensor at a time. The time model asks the cluster, the memory model
-    (which takes none) the profile's kernels."""
+    adds itself to its foreach types; ``build_optimizer`` groups a TP rank's DTensors apart from its
+    plain tensors for it, while a strategy's user-made group that mixes them steps one tensor at a
+    time, which is not priced: docs/design.md, "Optimizers under TP"). CPU ranks, and an offloaded
+    plan's parameters, which live on the host, step one tensor at a time. The time model asks the
+    cluster, the memory model (which takes none) the profile's kernels."""
     return on_accelerator and not plan.offloads
 
 
