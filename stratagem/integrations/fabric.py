@@ -59,7 +59,7 @@ from stratagem.integrations.planning import (
     workload_optimizer,
 )
 from stratagem.integrations.steps import fabric_step
-from stratagem.plugins import apply_plan, build_mesh, build_optimizer
+from stratagem.plugins import apply_plan, build_mesh, build_optimizer, clip_grad_norm_
 from stratagem.plugins.materialize import has_meta_tensors, initialises_after_sharding, materialize
 from stratagem.plugins.state_dict import (
     load_checkpoint,
@@ -279,6 +279,14 @@ class AutoParallelFabricStrategy(ModelParallelStrategy):
                              "HINT: use one parameter group, or a zero=0/2/3 plan")
         assert self._module is not None
         return build_optimizer(self._module, self.plan, type(optimizer), **constructor_options(optimizer))
+
+    @override
+    def clip_gradients_norm(self, module: nn.Module, optimizer: Optimizer, max_norm: float | int,
+                            norm_type: float | int = 2.0, error_if_nonfinite: bool = True) -> torch.Tensor:
+        """Clip by the whole model's gradient norm on any plan (torch's fails on TP ranks)."""
+        self.precision.unscale_gradients(optimizer)
+        return clip_grad_norm_(self.precision.main_params(optimizer), max_norm, norm_type,
+                               error_if_nonfinite=error_if_nonfinite)
 
     @override
     def module_to_device(self, module: nn.Module) -> None:

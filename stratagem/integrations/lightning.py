@@ -59,7 +59,7 @@ from stratagem.integrations.planning import (
     workload_optimizer,
 )
 from stratagem.integrations.steps import forward_inputs, lightning_step, positional
-from stratagem.plugins import apply_plan, build_mesh, build_optimizer
+from stratagem.plugins import apply_plan, build_mesh, build_optimizer, clip_grad_norm_
 from stratagem.plugins.materialize import has_meta_tensors, initialises_after_sharding, materialize
 from stratagem.plugins.pipeline import Pipeline, rank_module
 from stratagem.plugins.state_dict import (
@@ -79,7 +79,18 @@ log = logging.getLogger(__name__)
 
 
 class _PlanPrecision(PlanPrecision, Precision):
-    """Lightning's fp32 plugin with the Plan's compute precision (see :class:`PlanPrecision`)."""
+    """Lightning's fp32 plugin with the Plan's compute precision (see :class:`PlanPrecision`),
+    clipping by the whole model's gradient norm on any plan (``gradient_clip_val``): over every
+    stage of ``pipeline`` where the plan has one (the strategy sets it)."""
+
+    pipeline: Pipeline | None = None
+
+    @override
+    def clip_grad_by_norm(self, optimizer: Optimizer, clip_val: float) -> None:
+        if self.pipeline is not None:
+            self.pipeline.clip_grad_norm_(clip_val)
+        else:
+            clip_grad_norm_(self.main_params(optimizer), clip_val)
 
 
 # Where a step's collectives run: a lost rank is named there (stratagem.errors.PeerLost).
@@ -224,7 +235,7 @@ class AutoParallelStrategy(ModelParallelStrategy):
         self.model_to_device()
         mesh = self._device_mesh = build_mesh(self.plan, device_type=self.root_device.type)
         if self.plan.pp > 1:
-            self._pipeline = self._apply_pipeline(trainer, module, mesh)
+            self._pipeline = self.precision_plugin.pipeline = self._apply_pipeline(trainer, module, mesh)
             self.model = module
         else:
             self.model = apply_plan(module, self.plan, mesh)

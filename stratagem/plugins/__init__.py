@@ -7,6 +7,8 @@ Typical use, on every rank once the process group is up::
     optimizer = build_optimizer(model, plan, torch.optim.AdamW, lr=1e-3)
     with autocast_context(plan, "cpu"):
         loss = loss_fn(model(inputs), targets)
+    loss.backward()
+    clip_grad_norm_(model.parameters(), 1.0)  # optional: the whole model's norm, on any plan
 
 ``apply_plan`` (in :mod:`stratagem.plugins.apply`) documents the order the techniques are
 applied in. Applied today: DDP, ZeRO-1 (``ZeroRedundancyOptimizer``), FSDP2 (ZeRO-2/3, HSDP),
@@ -19,6 +21,7 @@ Pipeline parallelism (``pp > 1``): ``apply_plan`` returns this rank's
     pipe = apply_plan(model, plan, mesh, loss_fn=loss_fn, example_inputs=one_micro_batch)
     optimizer = build_optimizer(pipe.modules, plan, torch.optim.AdamW, lr=1e-3)
     loss = pipe.step(*inputs, target=targets)  # forward + backward of all micro-batches
+    pipe.clip_grad_norm_(1.0)  # optional: over every stage
     optimizer.step(); optimizer.zero_grad()
 
 This package imports :mod:`stratagem.plan` (the Plan, precisions, how stages are built) and
@@ -29,6 +32,7 @@ from stratagem.plugins.apply import apply_plan, check_applicable, check_plan_fit
 from stratagem.plugins.checkpointing import apply_activation_checkpointing
 from stratagem.plugins.compile import apply_compile
 from stratagem.plugins.data_parallel import apply_data_parallel, build_optimizer
+from stratagem.plugins.grad_norm import clip_grad_norm_
 from stratagem.plugins.host_optimizer import fuse_host_optimizer
 from stratagem.plugins.mesh import build_mesh
 from stratagem.plugins.pipeline import Pipeline
@@ -48,5 +52,6 @@ __all__ = [
     "build_optimizer",
     "fuse_host_optimizer",
     "check_applicable",
+    "clip_grad_norm_",
     "check_plan_fits",
 ]

@@ -14,12 +14,14 @@ dropped, so a collective never runs over a group of one, with two exceptions:
 from __future__ import annotations
 
 import torch.distributed as dist
+from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor
 
 from stratagem.plan import MeshAxis, Plan
 from stratagem.errors import UsageError
 
-__all__ = ["build_mesh", "check_world_size", "data_parallel_axes", "mesh_axes", "submesh"]
+__all__ = ["build_mesh", "check_world_size", "data_parallel_axes", "local_part", "mesh_axes", "submesh"]
 
 
 def mesh_axes(plan: Plan) -> dict[MeshAxis, int]:
@@ -76,3 +78,9 @@ def submesh(mesh: DeviceMesh, axes: tuple[MeshAxis, ...]) -> DeviceMesh:
         raise UsageError(f"the mesh has axes {mesh.mesh_dim_names}, but the plan needs {', '.join(missing)}\n"
                          "HINT: build the mesh with stratagem.plugins.build_mesh(plan, device_type=...)")
     return mesh[names[0]] if len(names) == 1 else mesh[names]
+
+
+def local_part(tensor: Tensor) -> Tensor:
+    """A DTensor's local part on this rank (its shard under FSDP or TP, or its copy), a plain
+    tensor itself: what a collective of the rank's own works on."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor

@@ -44,7 +44,6 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor
 from torch.distributed.pipelining import (
     PipelineStage,
     Schedule1F1B,
@@ -58,6 +57,8 @@ from torch.utils._pytree import tree_leaves, tree_map_only
 from stratagem.plan import MeshAxis, Plan
 from stratagem.errors import UsageError
 from stratagem.plugins.blocks import find_blocks
+from stratagem.plugins.grad_norm import clip_grad_norm_
+from stratagem.plugins.mesh import local_part
 from stratagem.plugins.precision import autocast_context
 from stratagem.plugins.traced_stages import traced_stages
 from stratagem.plan.stages import (
@@ -281,8 +282,16 @@ class Pipeline:
         loss = self._run(self.schedule.step, inputs, target, return_outputs=False)
         for param in copies:
             if param.grad is not None:
-                dist.all_reduce(_local(param.grad), group=self.tied_group)
+                dist.all_reduce(local_part(param.grad), group=self.tied_group)
         return loss
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, *, error_if_nonfinite: bool = False) -> Tensor:
+        """Clip the gradients of every stage by the whole model's norm, as one process would
+        (:func:`~stratagem.plugins.grad_norm.clip_grad_norm_`), a tied weight counted on the first
+        stage; the norm before clipping, on every rank."""
+        elsewhere = self._tied_copies() if dist.get_rank() != self.tied_source else []
+        return clip_grad_norm_(self.parameters(), max_norm, norm_type, error_if_nonfinite=error_if_nonfinite,
+                               pp_group=self.pp_group, counted_elsewhere=elsewhere)
 
     def evaluate(self, *inputs: Tensor, target: Tensor) -> Tensor:
         """Forward only (no gradients): the mean loss over micro-batches, on every rank."""
@@ -340,7 +349,7 @@ class Pipeline:
         if not self._tied_equal:
             with torch.no_grad():
                 for param in self._tied_copies():
-                    dist.broadcast(_local(param), src=self.tied_source, group=self.tied_group)
+                    dist.broadcast(local_part(param), src=self.tied_source, group=self.tied_group)
             self._tied_equal = True
 
     def _run(self, run: Callable[..., Any], inputs: tuple[Tensor, ...], target: Tensor, **options: Any) -> Tensor:
@@ -414,12 +423,6 @@ def _parameter(module: nn.Module, name: str) -> nn.Parameter | None:
         return module.get_parameter(name)
     except AttributeError:
         return None
-
-
-def _local(tensor: Tensor) -> Tensor:
-    """A DTensor's local shard (FSDP, TP), a plain tensor itself: what a collective between the
-    copies works on (both copies are sharded alike)."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def unwrap(module: nn.Module) -> nn.Module:

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.distributed as dist
@@ -72,6 +72,7 @@ from stratagem.errors import UsageError
 from stratagem.plugins.blocks import find_blocks
 
 __all__ = ["apply_tensor_parallel", "check_tp_layout_given", "match_tp_layout", "reduce_norm_grads_once",
+           "reduce_partial_grads",
            "unmatched_tp_patterns"]
 
 log = logging.getLogger(__name__)
@@ -321,15 +322,17 @@ def reduce_norm_grads_once(optimizer: torch.optim.Optimizer, plan: Plan) -> None
 
 
 def _reduce_partial_grads(optimizer: torch.optim.Optimizer, *_: object) -> None:
-    """Replace each summed-but-unreduced gradient on a 1-D mesh by its sum, one all-reduce per mesh
-    and dtype."""
+    reduce_partial_grads(param for group in optimizer.param_groups for param in group["params"])
+
+
+def reduce_partial_grads(params: Iterable[nn.Parameter]) -> None:
+    """Replace each summed-but-unreduced gradient on a 1-D mesh among ``params`` by its sum, one
+    all-reduce per mesh and dtype (a sequence-parallel norm's, before anything reads it)."""
     groups: dict[tuple[DeviceMesh, torch.dtype], list[nn.Parameter]] = {}
-    for group in optimizer.param_groups:
-        for param in group["params"]:
-            grad = param.grad
-            if (isinstance(grad, DTensor) and grad.device_mesh.ndim == 1
-                    and grad.placements == (Partial("sum"),)):
-                groups.setdefault((grad.device_mesh, grad.dtype), []).append(param)
+    for param in params:
+        grad = param.grad
+        if isinstance(grad, DTensor) and grad.device_mesh.ndim == 1 and grad.placements == (Partial("sum"),):
+            groups.setdefault((grad.device_mesh, grad.dtype), []).append(param)
     for (mesh, _), params in groups.items():
         flat = torch.cat([param.grad.to_local().reshape(-1) for param in params])
         dist.all_reduce(flat, group=mesh.get_group())

@@ -37,6 +37,9 @@ MIXED_UPDATE = 0.15
 
 _REPLICATE2 = {"dp_replicate": 2, "zero": 0, "micro_batch_size": 2, "precision": "fp32",
                "block_container": "layers"}
+CLIP = 0.1
+"""A global gradient norm the clipping cases' gradients exceed at every step (their norms are
+about 1), so that every step is clipped."""
 _SHARD2 = {"dp_shard": 2, "micro_batch_size": 2, "precision": "fp32", "block_container": "layers"}
 
 TWO_RANKS = {case.name: case for case in [
@@ -53,10 +56,12 @@ TWO_RANKS = {case.name: case for case in [
     Case("zero3_accum_sgd", Plan(zero=3, grad_accum=2, **_SHARD2), optimizer="sgd"),
     Case("ddp_bf16", Plan(**{**_REPLICATE2, "precision": "bf16-mixed"}), reference="autocast-bf16"),
     Case("zero2_bf16", Plan(zero=2, **{**_SHARD2, "precision": "bf16-mixed"}), reference="bf16-params"),
+    Case("ddp_clip", Plan(**_REPLICATE2), clip=CLIP),
 ]}
 FOUR_RANKS = {case.name: case for case in [
     Case("hsdp", Plan(dp_replicate=2, zero=3, **_SHARD2)),
     Case("hsdp_sgd", Plan(dp_replicate=2, zero=3, **_SHARD2), optimizer="sgd"),
+    Case("hsdp_clip", Plan(dp_replicate=2, zero=3, **_SHARD2), clip=CLIP),
 ]}
 
 
@@ -65,10 +70,20 @@ def assert_matches_single_process(case: Case, run: Run, tolerance: dict[str, flo
     end: losses, weights and data-parallel rank 0's buffers (``training.py``)."""
     reference = train_single(case)
     torch.testing.assert_close(torch.tensor(run.losses), torch.tensor(reference.losses), **tolerance)
+    torch.testing.assert_close(torch.tensor(run.facts.get("grad_norms", [])),
+                               torch.tensor(reference.facts["grad_norms"]), **tolerance)
     for final, expected in ((run.weights, reference.weights), (run.buffers, reference.buffers)):
         assert final.keys() == expected.keys()
         for name, tensor in expected.items():
             torch.testing.assert_close(final[name], tensor, **tolerance, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_gradients_clipped_by_the_global_norm_match_single_process(two_ranks, four_ranks):
+    """``plugins.clip_grad_norm_`` takes the norm over every rank's part: DDP's copies once,
+    HSDP's shards summed over the shard axis alone."""
+    for run, name in ((two_ranks["ddp_clip"], "ddp_clip"), (four_ranks["hsdp_clip"], "hsdp_clip")):
+        assert min(run.facts["grad_norms"]) > CLIP
+        assert_matches_single_process({**TWO_RANKS, **FOUR_RANKS}[name], run)
 
 
 def test_ddp_matches_single_process(two_ranks):

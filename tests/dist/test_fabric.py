@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import pytest
 import torch
 from lightning.fabric import Fabric
-from test_data_parallel import FP32, assert_matches_single_process
+from test_data_parallel import CLIP, FP32, assert_matches_single_process
 from test_tensor_parallel import TP_FP32, TWO_RANKS
 from torch.utils.data import DataLoader, TensorDataset
 from training import (OPTIMIZERS, SEED, SEQ_LEN, STEPS, Case, Run, assert_no_weight_repeats_its_half, global_batches,
@@ -38,7 +38,7 @@ _PINNED = {"micro_batch_size": BATCH, "precision": "fp32", "block_container": "l
 ZERO3 = Case("fabric_zero3", Plan(dp_shard=2, zero=3, **_PINNED))
 ZERO1 = Case("fabric_zero1", Plan(dp_shard=2, zero=1, **_PINNED))
 META_BF16 = Case("fabric_meta_bf16", Plan(dp_shard=2, zero=3, **{**_PINNED, "precision": "bf16-mixed"}))
-TP = Case("fabric_tp", TWO_RANKS["tp"].plan)  # both ranks read every sample
+TP = Case("fabric_tp", TWO_RANKS["tp"].plan, clip=CLIP)  # both ranks read every sample; clipped by fabric
 
 
 def dataset(case: Case) -> TensorDataset:
@@ -60,9 +60,11 @@ def job(case: Case | None, *, steps: int = STEPS, save: Path | None = None, full
     ``AutoParallelFabricStrategy(example_inputs=..., loss_fn=...)``; data as for ZERO3), trained
     up to step ``steps``, then saved to ``save`` (sharded, or one file when ``full``); or resumed
     from ``resume`` (a model built from another seed, which the checkpoint must overwrite); with
-    ``empty_init`` built on meta."""
+    ``empty_init`` built on meta; its gradients clipped with ``fabric.clip_gradients`` where ``case``
+    clips."""
     return json.dumps({"plan": case and case.plan.to_dict(), "steps": steps, "save": save and str(save),
-                       "full": full, "resume": resume and str(resume), "empty_init": empty_init, "loss_fn": loss_fn})
+                       "full": full, "resume": resume and str(resume), "empty_init": empty_init, "loss_fn": loss_fn,
+                       "clip": case and case.clip})
 
 
 class Launch(NamedTuple):
@@ -82,7 +84,8 @@ def run_script(out: Path, jobs: dict[str, str]) -> Launch:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     results = json.loads((out / "results.json").read_text())
     runs = [Run(r["losses"], torch.load(out / f"weights_{i}.pt", weights_only=True),
-                facts={"plan": r["plan"], "head": r.get("head"), "foreach": r["foreach"]})
+                facts={"plan": r["plan"], "head": r.get("head"), "foreach": r["foreach"],
+                       "grad_norms": r["grad_norms"]})
             for i, r in enumerate(results)]
     return Launch(dict(zip(jobs, runs, strict=True)), done.stdout, out)
 
@@ -126,6 +129,7 @@ def test_zero1_matches_single_process_across_a_full_checkpoint(two_ranks: Launch
 @pytest.mark.timeout(600)
 def test_tp_matches_single_process(two_ranks: Launch) -> None:
     assert_matches_single_process(TP, two_ranks.runs["tp"], TP_FP32)
+    assert min(two_ranks.runs["tp"].facts["grad_norms"]) > CLIP  # clipped by fabric.clip_gradients at every step
     # the user's AdamW mixes the split Linears' DTensors with the plain norms: it steps them one at a time
     assert two_ranks.runs["tp"].facts["foreach"] == [False]
     assert two_ranks.runs["zero3"].facts["foreach"] == [None]  # FSDP's are all DTensors: torch's choice
@@ -192,19 +196,21 @@ def train(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]
     state: dict[str, Any] = {"model": model, "optimizer": optimizer, "step": 0}
     if spec["resume"]:
         fabric.load(spec["resume"], state)
-    losses = []
+    losses, norms = [], []
     for step, (tokens, targets) in enumerate(loader):
         if not state["step"] <= step < spec["steps"]:
             continue
         loss = case.model.loss(model(tokens), targets)
         fabric.backward(loss)
+        if spec["clip"] is not None:
+            norms.append(fabric.clip_gradients(model, optimizer, max_norm=spec["clip"]).item())
         optimizer.step()
         optimizer.zero_grad()
         losses.append(fabric.all_reduce(loss.detach(), reduce_op="mean").item())
         state["step"] = step + 1
     if spec["save"]:
         fabric.save(spec["save"], state)
-    result: dict[str, Any] = {"losses": losses, "plan": fabric.strategy.plan.name,
+    result: dict[str, Any] = {"losses": losses, "plan": fabric.strategy.plan.name, "grad_norms": norms,
                               "foreach": [group["foreach"] for group in optimizer.param_groups]}
     if (advice := fabric.strategy.advice) is not None:
         result["head"] = {"saved_bytes": advice.profile.head.saved_bytes,

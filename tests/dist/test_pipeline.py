@@ -22,7 +22,7 @@ from functools import partial
 import pytest
 import torch
 from spawn import run_on_ranks
-from test_data_parallel import FP32, TIED_FP32, assert_matches_single_process
+from test_data_parallel import CLIP, FP32, TIED_FP32, assert_matches_single_process
 from test_tensor_parallel import GPT2_LAYOUT, GPT2_TIED_257, LLAMA_LAYOUT, TP_FP32, VOCAB
 from training import SEQ_LEN, Case, global_batches, train_single
 
@@ -56,6 +56,7 @@ TWO_RANKS = {case.name: case for case in [
     Case("pp2_vit_traced", Plan(**_PP2), preset="vit-tiny"),
     Case("pp2_resnet_traced", Plan(pp_schedule="gpipe", stage_blocks=(3, 1), **_PP2), preset="resnet-tiny"),
     Case("pp2_tied", Plan(pp_schedule="1f1b", **_PP2), preset="gpt2-tiny"),
+    Case("pp2_tied_clip", Plan(pp_schedule="1f1b", **_PP2), preset="gpt2-tiny", clip=CLIP),
 ]}
 FOUR_RANKS = {case.name: case for case in [
     Case("pp4_1f1b", Plan(**{**_PP2, "pp": 4})),
@@ -80,8 +81,11 @@ FOUR_RANKS = {case.name: case for case in [
     Case("pp2_fsdp2_tied", Plan(dp_shard=2, zero=3, **_PP2), preset="gpt2-tiny"),
     Case("pp2_tp2_vocab_tied", Plan(tp=2, tp_layout=(*GPT2_LAYOUT, *VOCAB), **_PP2), preset=GPT2_TIED_257,
          optimizer="adamw-foreach"),
+    Case("pp2_tp2_sp_clip", Plan(tp=2, sequence_parallel=True, tp_layout=(*LLAMA_LAYOUT, *VOCAB), **_PP2),
+         optimizer="adamw-foreach", clip=CLIP),
 ]}
-TIED = {"pp2_tied": 2, "pp2_ddp2_tied": 4, "pp2_fsdp2_tied": 4, "pp2_tp2_vocab_tied": 4}  # by world size
+TIED = {"pp2_tied": 2, "pp2_tied_clip": 2, "pp2_ddp2_tied": 4, "pp2_fsdp2_tied": 4,
+        "pp2_tp2_vocab_tied": 4}  # by world size
 
 
 NEAR_ZERO_GRADIENTS = {"pp2_vit_traced", "pp2_fsdp2", "pp2_zero2_full_ckpt", "pp2_ddp2", "pp2_gpipe_ddp2",
@@ -101,10 +105,12 @@ def test_four_rank_pipeline_matches_single_process(four_ranks, name):
     assert_matches_single_process(FOUR_RANKS[name], four_ranks[name], tolerance)
 
 
-@pytest.mark.parametrize("name", ["pp2_tp2", "pp2_zero_bubble_tp2", "pp2_tp2_sp", "pp2_interleaved_tp2_sp"])
+@pytest.mark.parametrize("name", ["pp2_tp2", "pp2_zero_bubble_tp2", "pp2_tp2_sp", "pp2_interleaved_tp2_sp",
+                                  "pp2_tp2_sp_clip"])
 def test_pipeline_tp_matches_single_process(four_ranks, name):
     """TP inside pipeline stages, with SP too, where each stage (each virtual stage of an
-    interleaved schedule) splits its sequence and gathers it at its own edges."""
+    interleaved schedule) splits its sequence and gathers it at its own edges; clipped by the
+    norm over both stages (``Pipeline.clip_grad_norm_``), a tied weight counted once."""
     assert_matches_single_process(FOUR_RANKS[name], four_ranks[name], TP_FP32)
 
 

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import Partial, Replicate
 from spawn import run_on_ranks
-from test_data_parallel import assert_matches_single_process
+from test_data_parallel import CLIP, assert_matches_single_process
 from training import Case, global_batches
 
 from stratagem.advisor.profile.profiler import profile_model
@@ -125,6 +125,7 @@ TWO_RANKS = {case.name: case for case in [
     _case("tp_sp_vocab_tied", Plan(sequence_parallel=True, **_GPT2_VOCAB), preset=GPT2_TIED_257),
     _case("tp_sp_vocab_hf", Plan(**{**_TP2, "sequence_parallel": True, "block_container": "model.layers",
                                     "tp_layout": HF_LAYOUT}), preset=HF_LLAMA),
+    _case("tp_sp_vocab_clip", Plan(sequence_parallel=True, **_VOCAB), clip=CLIP),
 ]}
 FOUR_RANKS = {case.name: case for case in [
     _case("tp_fsdp", Plan(dp_shard=2, zero=3, **_TP2)),
@@ -132,7 +133,18 @@ FOUR_RANKS = {case.name: case for case in [
     _case("tp_sp_fsdp", Plan(dp_shard=2, zero=3, sequence_parallel=True, **_TP2)),
     _case("tp_fsdp_vocab", Plan(dp_shard=2, zero=3, **_VOCAB)),
     _case("tp_fsdp_vocab_tied", Plan(dp_shard=2, zero=3, **_GPT2_VOCAB), preset=GPT2_TIED_257),
+    _case("tp_fsdp_clip", Plan(dp_shard=2, zero=3, **_VOCAB), clip=CLIP),
 ]}
+
+
+def test_gradients_clipped_by_the_global_norm_match_single_process(two_ranks, four_ranks):
+    """torch's ``clip_grad_norm_`` fails on these ranks (their DTensor and plain gradients cannot
+    meet); ``plugins.clip_grad_norm_`` sums the split Linears' and vocabulary's shares, counts the
+    norms' copies once and reduces SP's unreduced norm gradients first, on 1-D and 2-D meshes."""
+    for run, case in ((two_ranks["tp_sp_vocab_clip"], TWO_RANKS["tp_sp_vocab_clip"]),
+                      (four_ranks["tp_fsdp_clip"], FOUR_RANKS["tp_fsdp_clip"])):
+        assert min(run.facts["grad_norms"]) > CLIP
+        assert_matches_single_process(case, run, TP_FP32)
 
 
 def test_tp_matches_single_process(two_ranks):

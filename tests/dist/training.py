@@ -35,7 +35,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from stratagem.plan import Plan
 from stratagem.models import Preset, get_preset
-from stratagem.plugins import apply_plan, autocast_context, build_mesh, build_optimizer
+from stratagem.plugins import apply_plan, autocast_context, build_mesh, build_optimizer, clip_grad_norm_
 from stratagem.plugins.pipeline import unwrap
 from stratagem.plugins.precision import apply_param_dtype, fp32_norm_names
 from spawn import RANK_THREADS
@@ -68,6 +68,7 @@ class Case:
     preset: str | Preset = "llama-tiny"
     reference: Reference = "fp32"
     optimizer: Literal["adamw", "sgd", "adamw-foreach"] = "adamw"
+    clip: float | None = None  # clip the gradients to this global norm before each step
 
     @property
     def model(self) -> Preset:
@@ -135,7 +136,7 @@ def _train_single(case: Case) -> Run:
     apply_param_dtype(model, plan)  # the model the plan trains: bf16-true casts it (BatchNorm apart)
     optimizer = case.build_optimizer(model)
     replicas = [_buffers(model)] * plan.dp  # each data-parallel rank's buffers (module docstring)
-    losses = []
+    losses, norms = [], []  # norms: the gradients' global norm at each step, where the case clips
     for inputs, targets in global_batches(case):
         step_loss = torch.zeros(())
         for rank in range(plan.dp):
@@ -146,10 +147,13 @@ def _train_single(case: Case) -> Run:
                 loss.backward()
                 step_loss += loss.detach()
             replicas[rank] = _buffers(model)
+        if case.clip is not None:
+            norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), case.clip).item())
         optimizer.step()
         optimizer.zero_grad()
         losses.append(step_loss.item())
-    return Run(losses, {name: p.detach().clone() for name, p in model.named_parameters()}, replicas[0])
+    return Run(losses, {name: p.detach().clone() for name, p in model.named_parameters()}, replicas[0],
+               {"grad_norms": norms})
 
 
 def _buffers(model: nn.Module) -> dict[str, Tensor]:
@@ -191,7 +195,7 @@ def _train_plan(case: Case, *, rank: int, world_size: int) -> Run:
     optimizer = build_optimizer(model, plan, cls, **options)
     facts: dict[str, object] = {"wrapper": type(model).__name__, "optimizer": type(optimizer).__name__,
                                 **_embedding_facts(model)}
-    losses = []
+    losses, norms = [], []  # norms: the gradients' global norm at each step, where the case clips
     for inputs, targets in global_batches(case):
         step_loss = torch.zeros(())
         for micro_inputs, micro_targets in micro_batches(inputs, targets, plan, rank=dp_rank(plan, rank)):
@@ -202,11 +206,14 @@ def _train_plan(case: Case, *, rank: int, world_size: int) -> Run:
             facts.setdefault("sharded_between_forward_and_backward", _block_is_sharded(model, plan))
             loss.backward()
             step_loss += loss.detach()
+        if case.clip is not None:
+            norms.append(clip_grad_norm_(model.parameters(), case.clip).item())
         optimizer.step()
         optimizer.zero_grad()
         dist.all_reduce(step_loss)  # gloo has no AVG: sum, then divide (TP ranks repeat a loss)
         losses.append(step_loss.item() / world_size)
     inner = model.module if isinstance(model, DistributedDataParallel) else model
+    facts["grad_norms"] = norms
     return Run(losses, _full_weights(model), _buffers(inner), facts)  # rank 0's: data-parallel rank 0
 
 
@@ -229,12 +236,14 @@ def _train_pipeline(case: Case, *, rank: int, world_size: int) -> Run:
     optimizer = build_optimizer(pipe.modules, plan, cls, **options)
     facts: dict[str, object] = {"wrapper": [type(m).__name__ for m in pipe.modules],
                                 "optimizer": type(optimizer).__name__, "stale_parameters": _gather_objects(stale)}
-    losses = []
+    losses, norms = [], []  # norms: the gradients' global norm at each step, where the case clips
     for step, (inputs, targets) in enumerate(local):
         with SavedBytes(pipe.parameters()) as saved:
             loss = pipe.step(*inputs, target=targets)
         if step == 1:  # the first step also infers the stages' shapes
             facts["peak_saved_bytes"] = _gather_objects(saved.peak)  # per rank
+        if case.clip is not None:
+            norms.append(pipe.clip_grad_norm_(case.clip).item())
         optimizer.step()
         optimizer.zero_grad()
         dist.all_reduce(loss)  # every rank holds its replica's loss: sum, then divide
@@ -248,6 +257,7 @@ def _train_pipeline(case: Case, *, rank: int, world_size: int) -> Run:
     weights: dict[str, Tensor] = {}
     for part in _gather_objects({name: w for m in pipe.modules for name, w in _full_weights(m).items()}):
         weights.update(part)
+    facts["grad_norms"] = norms
     return Run(losses, weights, buffers, facts)
 
 
