@@ -59,7 +59,7 @@ from stratagem.integrations.planning import (
     workload_optimizer,
 )
 from stratagem.integrations.steps import fabric_step
-from stratagem.plugins import apply_plan, build_mesh, build_optimizer, clip_grad_norm_
+from stratagem.plugins import apply_plan, build_mesh, build_optimizer, clip_grad_norm_, clip_grad_value_
 from stratagem.plugins.materialize import has_meta_tensors, initialises_after_sharding, materialize
 from stratagem.plugins.state_dict import (
     load_checkpoint,
@@ -287,6 +287,12 @@ class AutoParallelFabricStrategy(ModelParallelStrategy):
         self.precision.unscale_gradients(optimizer)
         return clip_grad_norm_(self.precision.main_params(optimizer), max_norm, norm_type,
                                error_if_nonfinite=error_if_nonfinite)
+
+    @override
+    def clip_gradients_value(self, module: nn.Module, optimizer: Optimizer, clip_val: float | int) -> None:
+        """Clip by value on any plan (torch's multi-tensor clamp fails on a TP rank's mixed gradients)."""
+        self.precision.unscale_gradients(optimizer)
+        clip_grad_value_(self.precision.main_params(optimizer), clip_val)
 
     @override
     def module_to_device(self, module: nn.Module) -> None:

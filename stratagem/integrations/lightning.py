@@ -59,7 +59,7 @@ from stratagem.integrations.planning import (
     workload_optimizer,
 )
 from stratagem.integrations.steps import forward_inputs, lightning_step, positional
-from stratagem.plugins import apply_plan, build_mesh, build_optimizer, clip_grad_norm_
+from stratagem.plugins import apply_plan, build_mesh, build_optimizer, clip_grad_norm_, clip_grad_value_
 from stratagem.plugins.materialize import has_meta_tensors, initialises_after_sharding, materialize
 from stratagem.plugins.pipeline import Pipeline, rank_module
 from stratagem.plugins.state_dict import (
@@ -80,8 +80,8 @@ log = logging.getLogger(__name__)
 
 class _PlanPrecision(PlanPrecision, Precision):
     """Lightning's fp32 plugin with the Plan's compute precision (see :class:`PlanPrecision`),
-    clipping by the whole model's gradient norm on any plan (``gradient_clip_val``): over every
-    stage of ``pipeline`` where the plan has one (the strategy sets it)."""
+    clipping on any plan (``gradient_clip_val``): by value, or by the whole model's gradient norm,
+    over every stage of ``pipeline`` where the plan has one (the strategy sets it)."""
 
     pipeline: Pipeline | None = None
 
@@ -91,6 +91,10 @@ class _PlanPrecision(PlanPrecision, Precision):
             self.pipeline.clip_grad_norm_(clip_val)
         else:
             clip_grad_norm_(self.main_params(optimizer), clip_val)
+
+    @override
+    def clip_grad_by_value(self, optimizer: Optimizer, clip_val: float) -> None:
+        clip_grad_value_(self.main_params(optimizer), clip_val)
 
 
 # Where a step's collectives run: a lost rank is named there (stratagem.errors.PeerLost).

@@ -32,7 +32,7 @@ from stratagem.plugins.apply import apply_plan, check_applicable, check_plan_fit
 from stratagem.plugins.checkpointing import apply_activation_checkpointing
 from stratagem.plugins.compile import apply_compile
 from stratagem.plugins.data_parallel import apply_data_parallel, build_optimizer
-from stratagem.plugins.grad_norm import clip_grad_norm_
+from stratagem.plugins.grad_norm import clip_grad_norm_, clip_grad_value_
 from stratagem.plugins.host_optimizer import fuse_host_optimizer
 from stratagem.plugins.mesh import build_mesh
 from stratagem.plugins.pipeline import Pipeline
@@ -53,5 +53,6 @@ __all__ = [
     "fuse_host_optimizer",
     "check_applicable",
     "clip_grad_norm_",
+    "clip_grad_value_",
     "check_plan_fits",
 ]

@@ -1,4 +1,4 @@
-"""Gradient clipping by the global norm on every plan the plugins apply.
+"""Gradient clipping on every plan the plugins apply: by the global norm, and by value.
 
 ``torch.nn.utils.clip_grad_norm_`` fails on a TP rank (its DTensor and plain gradients cannot meet in
 one operator, nor can DTensor norms of different placements be stacked), and under a pipeline it
@@ -6,7 +6,9 @@ clips each stage by that stage's own norm. Here each gradient's share of the nor
 elements the rank holds: summed over the mesh dimensions it is sharded on (FSDP's, TP's, a vocabulary
 split), counted once on those it is replicated on (DDP's and TP's copies), over the pipeline's
 stages, a tied weight's copy once. Every gradient is then scaled in place by the same factor, as
-single-process clipping scales it (docs/design.md, "Gradient clipping").
+single-process clipping scales it (docs/design.md, "Gradient clipping"). Clipping by value clamps
+each element the rank holds; on a GPU torch's own meets the mixed lists a multi-tensor operator
+refuses (:mod:`~stratagem.plugins.parameter_groups`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from torch.distributed.tensor import DTensor, Replicate
 from stratagem.plugins.mesh import local_part
 from stratagem.plugins.tensor_parallel import reduce_partial_grads
 
-__all__ = ["clip_grad_norm_"]
+__all__ = ["clip_grad_norm_", "clip_grad_value_"]
 
 
 @torch.no_grad()
@@ -49,6 +51,17 @@ def clip_grad_norm_(parameters: Iterable[nn.Parameter], max_norm: float, norm_ty
     return total
 
 
+@torch.no_grad()
+def clip_grad_value_(parameters: Iterable[nn.Parameter], clip_value: float) -> None:
+    """Clamp every gradient element of ``parameters`` (this rank's) into ``[-clip_value,
+    clip_value]`` in place, as ``torch.nn.utils.clip_grad_value_`` does in one process: on the
+    local parts, a sequence-parallel norm's unreduced gradient summed first."""
+    params = [param for param in parameters if param.grad is not None]
+    reduce_partial_grads(params)
+    for param in params:
+        local_part(param.grad).clamp_(-clip_value, clip_value)
+
+
 def _global_norm(grads: list[Tensor], norm_type: float, pp_group: dist.ProcessGroup | None) -> Tensor:
     """The norm of ``grads`` over every rank that holds a part of them: per mesh and the mesh
     dimensions a gradient is sharded on, one all-reduce of its local shares on each such dimension;
@@ -65,7 +78,9 @@ def _global_norm(grads: list[Tensor], norm_type: float, pp_group: dist.ProcessGr
             # sharded on every dimension it is not replicated on (Shard, and FSDP's _StridedShard under TP)
             dims = tuple(dim for dim, placement in enumerate(grad.placements) if not placement.is_replicate())
             key = (grad.device_mesh, dims) if dims else ()
-        norm = torch.linalg.vector_norm(local_part(grad), norm_type, dtype=torch.float32).to(device)
+        local = local_part(grad)  # empty on a rank an uneven split leaves without elements: no share
+        norm = torch.linalg.vector_norm(local, norm_type, dtype=torch.float32).to(device) if local.numel() else \
+            torch.zeros((), dtype=torch.float32, device=device)
         share = norm if largest else norm ** norm_type
         shares[key] = _combine(shares[key], share, largest) if key in shares else share
     total = torch.zeros((), dtype=torch.float32, device=device)

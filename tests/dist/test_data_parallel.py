@@ -40,6 +40,8 @@ _REPLICATE2 = {"dp_replicate": 2, "zero": 0, "micro_batch_size": 2, "precision":
 CLIP = 0.1
 """A global gradient norm the clipping cases' gradients exceed at every step (their norms are
 about 1), so that every step is clipped."""
+CLIP_VALUE = 0.005
+"""A gradient value about 8 % of llama-tiny's first gradient's elements exceed."""
 _SHARD2 = {"dp_shard": 2, "micro_batch_size": 2, "precision": "fp32", "block_container": "layers"}
 
 TWO_RANKS = {case.name: case for case in [

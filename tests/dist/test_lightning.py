@@ -22,7 +22,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from spawn import free_port
-from test_data_parallel import CLIP
+from test_data_parallel import CLIP, CLIP_VALUE
 from test_tensor_parallel import LLAMA_LAYOUT, TP_FP32, VOCAB
 from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader, TensorDataset
@@ -136,12 +136,12 @@ def rank_batches(dp: int, accumulate: int = 1) -> list[list[list[list[int]]]]:
     return steps
 
 
-def train_single(dp: int, accumulate: int = 1,
-                 clip: float | None = None) -> tuple[list[float], dict[str, torch.Tensor]]:
+def train_single(dp: int, accumulate: int = 1, clip: float | None = None,
+                 clip_by: str = "norm") -> tuple[list[float], dict[str, torch.Tensor]]:
     """The reference: one process runs each step's rank batches one after another and
     accumulates their gradients (each loss divided by dp and by the accumulation window), as in
-    ``training.py``, clipped to the global norm ``clip`` where given; the loss of each batch,
-    averaged over ranks."""
+    ``training.py``, clipped to ``clip`` (a global norm, or a value) where given; the loss of each
+    batch, averaged over ranks."""
     module = TinyLlama()
     module.configure_model()
     optimizer = module.configure_optimizers()
@@ -157,7 +157,9 @@ def train_single(dp: int, accumulate: int = 1,
                 (loss / accumulate).backward()
                 batch_loss += loss.item()
             losses.append(batch_loss)
-        if clip is not None:
+        if clip is not None and clip_by == "value":
+            torch.nn.utils.clip_grad_value_(module.parameters(), clip)
+        elif clip is not None:
             torch.nn.utils.clip_grad_norm_(module.parameters(), clip)
         optimizer.step()
     return losses, {k: v.detach() for k, v in module.state_dict().items()}
@@ -176,9 +178,9 @@ def run_script(out: Path, *options: str, plan: Plan | None = None) -> tuple[dict
 
 
 def assert_matches_single_process(losses: list[float], out: Path, dp: int = 2, tolerance: dict = FP32,
-                                  accumulate: int = 1, clip: float | None = None) -> None:
+                                  accumulate: int = 1, clip: float | None = None, clip_by: str = "norm") -> None:
     """``losses`` (all STEPS × ``accumulate`` of them) and the weights ``out`` holds match one process."""
-    expected_losses, weights = train_single(dp, accumulate, clip)
+    expected_losses, weights = train_single(dp, accumulate, clip, clip_by)
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected_losses), **tolerance)
     trained = torch.load(out / "weights.pt", weights_only=True)
     assert trained.keys() == weights.keys()
@@ -211,16 +213,18 @@ def test_tp_fsdp_plan_matches_single_process(tmp_path: Path) -> None:
 def test_pipeline_plans_match_single_process(tmp_path: Path) -> None:
     """gpipe × DDP on 4 ranks with an uneven partition, resumed from a sharded checkpoint (and that
     checkpoint resumed by two DDP ranks without a pipeline), then test and predict; interleaved
-    1F1B (two stages per rank), then validate, test and predict; 1F1B × TP on 4 ranks, its gradients
-    clipped by their norm over both stages."""
+    1F1B (two stages per rank), clipped by value, then validate, test and predict; 1F1B × TP on 4
+    ranks, its gradients clipped by their norm over both stages."""
     losses, out = _resumed(tmp_path / "gpipe", GPIPE_DDP, "--devices", "4", "--test")
     assert_matches_single_process(losses, out, tolerance=PIPE_FP32)
     assert_predicts_trained_model(out, dp=2)
     ddp, _ = run_script(tmp_path / "ddp", "--resume", str(tmp_path / "gpipe" / "three.ckpt"), plan=DDP)
     assert_matches_single_process(losses[:3] + ddp["losses"], tmp_path / "ddp", tolerance=PIPE_FP32)
-    results, _ = run_script(tmp_path / "interleaved", "--validate", "--test", plan=INTERLEAVED)
+    results, _ = run_script(tmp_path / "interleaved", "--validate", "--test", "--clip", str(CLIP_VALUE),
+                            "--clip-by", "value", plan=INTERLEAVED)
     assert results["plan"] == INTERLEAVED.name
-    assert_matches_single_process(results["losses"], tmp_path / "interleaved", dp=1, tolerance=PIPE_FP32)
+    assert_matches_single_process(results["losses"], tmp_path / "interleaved", dp=1, tolerance=PIPE_FP32,
+                                  clip=CLIP_VALUE, clip_by="value")
     assert results["val_loss"] == results["test_loss"] > 0  # the same data, forward only
     assert_predicts_trained_model(tmp_path / "interleaved", dp=1)
     assert "splits each batch into 2 micro-batches on dim 0, but got shapes [(3, 16)]" in results["predict"]
@@ -357,6 +361,7 @@ def _trainer(args: argparse.Namespace, plan: Plan | None, record: _Record) -> pl
     return pl.Trainer(accelerator="cpu", devices=args.devices, num_nodes=args.num_nodes, strategy=strategy,
                       max_steps=args.steps, limit_train_batches=args.accumulate, accumulate_grad_batches=args.accumulate,
                       max_epochs=-1, precision=precision, gradient_clip_val=args.clip,
+                      gradient_clip_algorithm=args.clip_by,
                       callbacks=[record], logger=plan is None, default_root_dir=args.out, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False)
 
@@ -381,6 +386,7 @@ def main() -> None:
     parser.add_argument("--num-nodes", type=int, default=1)
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--clip", type=float, help="Trainer(gradient_clip_val=...)")
+    parser.add_argument("--clip-by", default="norm", help="Trainer(gradient_clip_algorithm=...)")
     parser.add_argument("--accumulate", type=int, default=1, help="batches per optimizer step (one epoch)")
     parser.add_argument("--save", type=Path, help="save a checkpoint here when training ends")
     parser.add_argument("--resume", type=Path, help="trainer.fit(ckpt_path=...)")

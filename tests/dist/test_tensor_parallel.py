@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import Partial, Replicate
 from spawn import run_on_ranks
-from test_data_parallel import CLIP, assert_matches_single_process
+from test_data_parallel import CLIP, CLIP_VALUE, assert_matches_single_process
 from training import Case, global_batches
 
 from stratagem.advisor.profile.profiler import profile_model
@@ -126,6 +126,7 @@ TWO_RANKS = {case.name: case for case in [
     _case("tp_sp_vocab_hf", Plan(**{**_TP2, "sequence_parallel": True, "block_container": "model.layers",
                                     "tp_layout": HF_LAYOUT}), preset=HF_LLAMA),
     _case("tp_sp_vocab_clip", Plan(sequence_parallel=True, **_VOCAB), clip=CLIP),
+    _case("tp_sp_vocab_clip_value", Plan(sequence_parallel=True, **_VOCAB), clip=CLIP_VALUE, clip_by="value"),
 ]}
 FOUR_RANKS = {case.name: case for case in [
     _case("tp_fsdp", Plan(dp_shard=2, zero=3, **_TP2)),
@@ -145,6 +146,12 @@ def test_gradients_clipped_by_the_global_norm_match_single_process(two_ranks, fo
                       (four_ranks["tp_fsdp_clip"], FOUR_RANKS["tp_fsdp_clip"])):
         assert min(run.facts["grad_norms"]) > CLIP
         assert_matches_single_process(case, run, TP_FP32)
+
+
+def test_gradients_clipped_by_value_match_single_process(two_ranks):
+    """``plugins.clip_grad_value_`` clamps each rank's part, SP's unreduced norm gradients summed
+    first (clamping a partial sum is not clamping the sum)."""
+    assert_matches_single_process(TWO_RANKS["tp_sp_vocab_clip_value"], two_ranks["tp_sp_vocab_clip_value"], TP_FP32)
 
 
 def test_tp_matches_single_process(two_ranks):

@@ -35,7 +35,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from stratagem.plan import Plan
 from stratagem.models import Preset, get_preset
-from stratagem.plugins import apply_plan, autocast_context, build_mesh, build_optimizer, clip_grad_norm_
+from stratagem.plugins import (apply_plan, autocast_context, build_mesh, build_optimizer, clip_grad_norm_,
+                               clip_grad_value_)
 from stratagem.plugins.pipeline import unwrap
 from stratagem.plugins.precision import apply_param_dtype, fp32_norm_names
 from spawn import RANK_THREADS
@@ -68,7 +69,8 @@ class Case:
     preset: str | Preset = "llama-tiny"
     reference: Reference = "fp32"
     optimizer: Literal["adamw", "sgd", "adamw-foreach"] = "adamw"
-    clip: float | None = None  # clip the gradients to this global norm before each step
+    clip: float | None = None  # clip the gradients to this global norm (or value) before each step
+    clip_by: Literal["norm", "value"] = "norm"
 
     @property
     def model(self) -> Preset:
@@ -147,7 +149,9 @@ def _train_single(case: Case) -> Run:
                 loss.backward()
                 step_loss += loss.detach()
             replicas[rank] = _buffers(model)
-        if case.clip is not None:
+        if case.clip is not None and case.clip_by == "value":
+            torch.nn.utils.clip_grad_value_(model.parameters(), case.clip)
+        elif case.clip is not None:
             norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), case.clip).item())
         optimizer.step()
         optimizer.zero_grad()
@@ -206,7 +210,9 @@ def _train_plan(case: Case, *, rank: int, world_size: int) -> Run:
             facts.setdefault("sharded_between_forward_and_backward", _block_is_sharded(model, plan))
             loss.backward()
             step_loss += loss.detach()
-        if case.clip is not None:
+        if case.clip is not None and case.clip_by == "value":
+            clip_grad_value_(model.parameters(), case.clip)
+        elif case.clip is not None:
             norms.append(clip_grad_norm_(model.parameters(), case.clip).item())
         optimizer.step()
         optimizer.zero_grad()
@@ -242,7 +248,9 @@ def _train_pipeline(case: Case, *, rank: int, world_size: int) -> Run:
             loss = pipe.step(*inputs, target=targets)
         if step == 1:  # the first step also infers the stages' shapes
             facts["peak_saved_bytes"] = _gather_objects(saved.peak)  # per rank
-        if case.clip is not None:
+        if case.clip is not None and case.clip_by == "value":
+            clip_grad_value_(pipe.parameters(), case.clip)
+        elif case.clip is not None:
             norms.append(pipe.clip_grad_norm_(case.clip).item())
         optimizer.step()
         optimizer.zero_grad()
