@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import pytest
 import torch
 from lightning.fabric import Fabric
-from test_data_parallel import CLIP, FP32, assert_matches_single_process
+from test_data_parallel import CLIP, CLIP_VALUE, FP32, assert_matches_single_process
 from test_tensor_parallel import TP_FP32, TWO_RANKS
 from torch.utils.data import DataLoader, TensorDataset
 from training import (OPTIMIZERS, SEED, SEQ_LEN, STEPS, Case, Run, assert_no_weight_repeats_its_half, global_batches,
@@ -39,6 +39,7 @@ ZERO3 = Case("fabric_zero3", Plan(dp_shard=2, zero=3, **_PINNED))
 ZERO1 = Case("fabric_zero1", Plan(dp_shard=2, zero=1, **_PINNED))
 META_BF16 = Case("fabric_meta_bf16", Plan(dp_shard=2, zero=3, **{**_PINNED, "precision": "bf16-mixed"}))
 TP = Case("fabric_tp", TWO_RANKS["tp"].plan, clip=CLIP)  # both ranks read every sample; clipped by fabric
+TP_VALUE = Case("fabric_tp_value", TWO_RANKS["tp"].plan, clip=CLIP_VALUE, clip_by="value")
 
 
 def dataset(case: Case) -> TensorDataset:
@@ -64,7 +65,7 @@ def job(case: Case | None, *, steps: int = STEPS, save: Path | None = None, full
     clips."""
     return json.dumps({"plan": case and case.plan.to_dict(), "steps": steps, "save": save and str(save),
                        "full": full, "resume": resume and str(resume), "empty_init": empty_init, "loss_fn": loss_fn,
-                       "clip": case and case.clip})
+                       "clip": case and case.clip, "clip_by": case and case.clip_by})
 
 
 class Launch(NamedTuple):
@@ -99,6 +100,7 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Launch:
         "zero1": job(ZERO1, steps=3, save=out / "zero1.pt", full=True),
         "zero1_resumed": job(ZERO1, resume=out / "zero1.pt"),
         "tp": job(TP),
+        "tp_value": job(TP_VALUE),
         "chosen": job(None),
         "chosen_with_loss": job(None, loss_fn=True),
         "meta": job(META_BF16, empty_init=True),
@@ -129,6 +131,7 @@ def test_zero1_matches_single_process_across_a_full_checkpoint(two_ranks: Launch
 @pytest.mark.timeout(600)
 def test_tp_matches_single_process(two_ranks: Launch) -> None:
     assert_matches_single_process(TP, two_ranks.runs["tp"], TP_FP32)
+    assert_matches_single_process(TP_VALUE, two_ranks.runs["tp_value"], TP_FP32)
     assert min(two_ranks.runs["tp"].facts["grad_norms"]) > CLIP  # clipped by fabric.clip_gradients at every step
     # the user's AdamW mixes the split Linears' DTensors with the plain norms: it steps them one at a time
     assert two_ranks.runs["tp"].facts["foreach"] == [False]
@@ -202,7 +205,9 @@ def train(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]
             continue
         loss = case.model.loss(model(tokens), targets)
         fabric.backward(loss)
-        if spec["clip"] is not None:
+        if spec["clip"] is not None and spec["clip_by"] == "value":
+            fabric.clip_gradients(model, optimizer, clip_val=spec["clip"])
+        elif spec["clip"] is not None:
             norms.append(fabric.clip_gradients(model, optimizer, max_norm=spec["clip"]).item())
         optimizer.step()
         optimizer.zero_grad()
