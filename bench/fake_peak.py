@@ -132,7 +132,7 @@ def _dropout_arguments(input, p=0.5, training=True, inplace=False) -> tuple:
     return input, p, training, inplace
 
 
-def _spec(case: Case, folder: Path) -> str:
+def model_spec(case: Case, folder: Path) -> str:
     config = _hf_config(case.model)
     if config is None:
         return case.model
@@ -145,12 +145,12 @@ def predicted(case: Case, folder: Path) -> float:
     """The advisor's peak bytes for ``single mb=batch`` on one H100, without framework bytes."""
     cluster = parse_cluster("1xH100-SXM-80GB")
     workload = Workload(global_batch_size=case.batch, seq_len=case.seq_len, precision=case.precision)
-    profile = profile_spec(_spec(case, folder), seq_len=case.seq_len, precision=case.precision)
+    profile = profile_spec(model_spec(case, folder), seq_len=case.seq_len, precision=case.precision)
     plan = given_plan({"micro_batch_size": case.batch}, profile, cluster, workload)
     return evaluate(profile, cluster, workload, plan).memory.total
 
 
-def _model_and_step(case: Case):
+def model_and_step(case: Case):
     """The model, and one step's loss from it, built inside the active FakeTensorMode."""
     config = _hf_config(case.model)
     if config is not None:
@@ -178,7 +178,7 @@ def measured(case: Case) -> float:
     """MemTracker's peak bytes over the second of two training steps."""
     precision = get_precision(case.precision)
     with FakeTensorMode(allow_non_fake_inputs=True):
-        model, step = _model_and_step(case)  # parameters in fp32: the cases' precisions keep them so
+        model, step = model_and_step(case)  # parameters in fp32: the cases' precisions keep them so
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)  # as on GPUs
         tracker = MemTracker()
         tracker.track_external(model, optimizer)

@@ -196,40 +196,47 @@ def ddp_bucket_bytes(plan: Plan, params: float) -> float:
 
 class RankStates(NamedTuple):
     """A rank's model states (:func:`_model_states`' breakdown) and the gradients that exist only
-    while backward runs, beyond the sharded ones (:func:`estimate_unsharded_gradients`): those held
-    and the unit's being reduced; and the input embedding's beyond the rank's rows, for a moment at
-    the backward's end (:func:`estimate_embedding_gradient`)."""
+    while backward runs, beyond the sharded ones (:func:`estimate_unsharded_gradients`): those held,
+    the unit's being reduced and its copy for the reduce-scatter; and the input embedding's beyond
+    the rank's rows, for a moment at the backward's end (:func:`estimate_embedding_gradient`)."""
 
     states: MemoryBreakdown
     held_grads: float
     unit_grads: float
+    unit_copy: float  # the reduce-scatter's copy of the unit's gradients
     embedding_grads: float = 0.0
     step_temporaries: float = 0.0  # the optimizer step's (estimate_step_bytes)
     step_buffers: float = 0.0  # the buffers that outlive the backward (estimate_step_bytes)
 
 
-def estimate_unsharded_gradients(view: RankView, layout: StateLayout) -> tuple[float, float]:
-    """Gradient bytes FSDP2 holds unsharded while backward runs, beyond the sharded gradients: those
-    held while a unit's are reduced, and that unit's, which the reduce-scatter copies into its
-    input (two of them for a moment). Each block unit is reduced as its backward ends, the root
-    unit's gradients (the head's) only when the root's backward ends, after the embedding's; a
-    model without block units is one unit, reduced at the end. Under a pipeline, torch's schedule
-    reduces nothing until the last micro-batch's backward has run (``set_requires_gradient_sync(
-    False)``, then ``perform_reduce_grad``): every unit's gradients are held through the step,
-    accumulated in the reduce dtype, and copied for reducing only once the activations are freed.
-    Without FSDP, none: DDP reduces into its buckets (:func:`estimate_buffers`)."""
+def estimate_unsharded_gradients(view: RankView, layout: StateLayout) -> tuple[float, float, float]:
+    """Gradient bytes FSDP2 holds unsharded while backward runs, beyond the sharded gradients:
+    ``(held, unit, copy)``, those held while a unit's are reduced, that unit's, and the copy of
+    them the reduce-scatter takes (for a moment all three). Autograd makes them in the dtype of
+    the parameters FSDP gathered (the compute dtype under ``*-mixed``), and the reduce-scatter
+    copies a unit's into one buffer in the reduce dtype, the sharded gradients' (fp32 under
+    ``*-mixed``; torch's ``foreach_reduce``), before it frees them. Each block unit is reduced as
+    its backward ends, the root unit's gradients (the head's) only when the root's backward ends,
+    after the embedding's; a model without block units is one unit, reduced at the end. Under a
+    pipeline, torch's schedule reduces nothing until the last micro-batch's backward has run
+    (``set_requires_gradient_sync(False)``, then ``perform_reduce_grad``): every unit's gradients
+    are held through the step, accumulated in the reduce dtype, and copied for reducing only once
+    the activations are freed. Without FSDP, none: DDP reduces into its buckets
+    (:func:`estimate_buffers`)."""
     plan = view.plan
     if not plan.uses_fsdp or not layout.frees_gradients:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     stage = estimate_params_per_rank(view)
     if plan.pp > 1:
-        return layout.grads * stage, 0.0
+        return layout.grads * stage, 0.0, 0.0
+    unsharded = get_precision(plan.precision).compute_bytes
     if view.one_fsdp_unit:
-        return 0.0, layout.grads * stage
+        return 0.0, unsharded * stage, layout.grads * stage
     head = sum(s.num_params for s in view.head)
     if view.head and "vocab_head" in plan.vocab_tp_styles:
         head -= view.stage.vocab_shares.get("vocab_head", {}).get("num_params", 0) * (1 - 1 / plan.tp)
-    return layout.grads * head, layout.grads * view.stage.largest_block_params / plan.tp
+    block = view.stage.largest_block_params / plan.tp
+    return unsharded * head, unsharded * block, layout.grads * block
 
 
 def estimate_step_bytes(plan: Plan, params: float, layout: StateLayout, *, on_gpu: bool) -> tuple[float, float]:
@@ -322,14 +329,14 @@ def _alive_at_peak(states: RankStates, activations: RankActivations, meet: bool)
     with the unsharded gradients and the loss's. Otherwise the fullest of three moments of the
     rank's first backward: the loss's backward (every activation and the gradients of the head's
     output, no parameter gradient yet); the end of the first block's backward (the activations
-    but the head's; the gradients held and the block unit's twice, as the reduce-scatter copies
-    them, while the block's activations are freed); the backward's end (every gradient, and the
+    but the head's; the gradients held and the block unit's with the reduce-scatter's copy of them,
+    while the block's activations are freed); the backward's end (every gradient, and the
     block full checkpointing rebuilt last, likewise); the rank's other in-flight micro-batches'
     activations held through all three (``RankActivations.others``). Either way, the embedding's
     backward after the blocks' may peak instead: every gradient, and the whole table's gradient of
     a vocabulary split."""
-    unit = states.unit_grads
-    unsharded = states.held_grads + 2 * unit
+    unit = states.unit_copy  # the block's activations freed as its unit's gradients are reduced, up to these
+    unsharded = states.held_grads + states.unit_grads + states.unit_copy
     embedding = (states.states.gradients + unsharded + states.embedding_grads, activations.others or 0.0)
     if not _apart(activations, meet):
         return max((states.states.gradients + unsharded, activations.total + activations.loss_grads), embedding, key=sum)

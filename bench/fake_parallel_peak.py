@@ -1,0 +1,131 @@
+"""The memory model against torch's own count for plans over several GPUs: TP, SP, FSDP and both,
+as one rank of the plan holds them, with no GPU and no second process.
+
+``bench/fake_peak.py`` does this for one-device plans; here each case's plan is applied by the
+plugins, as ``verify`` applies it, on rank 0 of a fake process group of the plan's size (torch's
+``fake`` backend: every collective returns at once with outputs of the right shapes), the model
+built on fake tensors and trained for two steps (forward, the loss, backward, AdamW one tensor at a
+time, ``zero_grad``), the second under ``MemTracker``, which follows every tensor's
+storage, DTensors' local shards included. CUDA's attention kernel, autocast lists, fused RMSNorm
+and dropout stand in as in ``fake_peak.py``. Printed beside it: the advisor's predicted peak for
+the same plan on H100s, without the framework's bytes and the allocator's rounding. What this
+leaves out is what no tensor holds: NCCL's buffers, and on CPU ranks gloo's (``verify`` measures
+those with the rest of the process); and the foreach step's temporaries, which GPUs run and the
+model prices, since MemTracker miscounts that step on DTensors (``measured``).
+
+    .venv/bin/python bench/fake_parallel_peak.py        # about ten minutes on 2 cores
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+import torch.distributed as dist
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed._tools.mem_tracker import MemTracker
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from fake_peak import CudaDropout, CudaRmsNorm, model_and_step, model_spec  # bench/fake_peak.py
+from fake_peak import Case as Shape
+from plans import given_plan  # bench/plans.py
+from stratagem.advisor.cost.evaluate import evaluate
+from stratagem.advisor.hardware import parse_cluster
+from stratagem.advisor.profile.attention import CudaAttention, unpacked_sequences
+from stratagem.advisor.profile.autocast import CudaAutocast
+from stratagem.advisor.profile.cache import profile_spec
+from stratagem.plan import Plan, Workload
+from stratagem.plan.precision import get_precision, torch_dtype
+from stratagem.plugins import apply_plan, build_mesh, build_optimizer
+
+GIB = 2**30
+
+
+class Case(NamedTuple):
+    shape: Shape  # the model, its micro-batch, sequence and precision (fake_peak.py's cases)
+    world: int  # GPUs of one node of H100s
+    fields: dict[str, Any]  # the plan, completed for the model as --plan completes it
+
+
+_LLAMA_3_8B = Shape("llama-3-8b", 1, 2048, "bf16-mixed")
+_GPT2_LARGE = Shape("gpt2-large", 4, 1024, "bf16-mixed")
+CASES = (
+    Case(Shape("llama-small", 2, 512, "bf16-mixed"), 4, {"tp": 4}),
+    Case(Shape("llama-small", 2, 512, "bf16-mixed"), 4, {"tp": 4, "sequence_parallel": True}),
+    Case(Shape("llama-small", 2, 512, "bf16-mixed"), 4, {"dp_shard": 4, "zero": 3}),
+    Case(_GPT2_LARGE, 4, {"tp": 4}),
+    Case(_GPT2_LARGE, 4, {"tp": 2, "dp_shard": 2, "zero": 3}),
+    Case(_LLAMA_3_8B, 8, {"tp": 8}),
+    Case(_LLAMA_3_8B, 8, {"tp": 8, "sequence_parallel": True}),
+    Case(_LLAMA_3_8B, 8, {"dp_shard": 8, "zero": 3}),
+    Case(_LLAMA_3_8B, 8, {"tp": 4, "dp_shard": 2, "zero": 3}),
+    Case(_LLAMA_3_8B, 8, {"tp": 4, "dp_shard": 2, "zero": 3, "sequence_parallel": True}),
+)
+
+
+def _plan(case: Case, folder: Path) -> tuple[Plan, float]:
+    """The case's plan and the advisor's peak bytes for it on ``world`` H100s (no framework bytes)."""
+    shape = case.shape
+    cluster = parse_cluster(f"{case.world}xH100-SXM-80GB")
+    fields = {"micro_batch_size": shape.batch, **case.fields}
+    replicas = case.world // (fields.get("tp", 1) * fields.get("pp", 1))
+    workload = Workload(global_batch_size=shape.batch * replicas, seq_len=shape.seq_len, precision=shape.precision)
+    profile = profile_spec(model_spec(shape, folder), seq_len=shape.seq_len, precision=shape.precision)
+    plan = given_plan(fields, profile, cluster, workload)
+    return plan, evaluate(profile, cluster, workload, plan).memory.total
+
+
+def measured(case: Case, plan: Plan) -> float:
+    """MemTracker's peak bytes on rank 0 over a training step, after one untracked step."""
+    mesh = build_mesh(plan, device_type="cpu")
+    precision = get_precision(plan.precision)
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    with fake:
+        model, step = model_and_step(case.shape)
+    module = apply_plan(model, plan, mesh)  # outside the mode, where the mesh's own tensors stay real
+    with fake:
+        # one tensor at a time: MemTracker counts AdamW's foreach step on DTensors as states about
+        # 15 times the parameters (gpt2-medium tp4: 4.94 GiB of states for 0.33 of parameters)
+        optimizer = build_optimizer(module, plan, torch.optim.AdamW, lr=1e-4, foreach=False)
+        autocast = torch.autocast("cpu", dtype=torch_dtype(precision.compute_dtype)) if plan.runs_autocast \
+            else contextlib.nullcontext()
+        tracker = MemTracker()
+        for tracked in (False, True):
+            # The first step makes the optimizer's states and fills DTensor's sharding caches: the
+            # fake tensors DTensor propagates shardings with would count as the rank's (a plan
+            # measured after another one that met the same shardings measured 3.6 GiB less).
+            if tracked:
+                tracker.track_external(module, optimizer)
+            with tracker if tracked else contextlib.nullcontext(), CudaAttention(), CudaRmsNorm(), CudaDropout(), \
+                    CudaAutocast(), unpacked_sequences():
+                with autocast:
+                    loss = step()
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                del loss
+        return max(device["Total"] for device in tracker.get_tracker_snapshot("peak").values())
+
+
+def main() -> None:
+    started = time.perf_counter()
+    folder = Path(tempfile.mkdtemp())
+    print(f"{'model':<13} {'mb':>2} {'seq':>5} {'plan':<34} {'predicted':>10} {'MemTracker':>10} {'error':>6}")
+    for case in CASES:
+        plan, ours = _plan(case, folder)
+        dist.init_process_group("fake", rank=0, world_size=case.world, store=FakeStore())
+        try:
+            torchs = measured(case, plan)
+        finally:
+            dist.destroy_process_group()
+        print(f"{case.shape.model:<13} {case.shape.batch:>2} {case.shape.seq_len:>5} {plan.name:<34} "
+              f"{ours / GIB:>8.2f} G {torchs / GIB:>8.2f} G {ours / torchs - 1:>+6.1%}", flush=True)
+    print(f"rank 0 of each plan on H100s, bf16-mixed; {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
