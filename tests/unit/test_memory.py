@@ -9,7 +9,8 @@ import torch
 
 from stratagem.advisor.hardware import parse_cluster
 from stratagem.advisor.cost.activations import estimate_activations, estimate_block_activations
-from stratagem.advisor.cost.memory import StateLayout, estimate_memory, estimate_rank_memory, state_layout
+from stratagem.advisor.cost.memory import (StateLayout, estimate_memory, estimate_rank_memory,
+                                          estimate_unsharded_gradients, state_layout)
 from stratagem.advisor.cost.rank_view import in_flight_microbatches, rank_view
 from stratagem.plan import Plan, Workload
 from stratagem.advisor.profile.profiler import ModelProfile, SegmentProfile, profile_model
@@ -220,6 +221,17 @@ def test_fsdp_backward_holds_the_head_s_and_a_unit_s_unsharded_gradients():
     assert (zero3.gradients, zero3.activations) == (4 * (3000 + 2 * 2000), 40_500 - 500 - 8000)
     ddp = estimate_memory(profile, workload, Plan(dp_replicate=4, precision="fp32"))
     assert (ddp.gradients, ddp.activations) == (4 * 12000, 0)  # the backward's end: every gradient, no activation
+
+
+def test_fsdp_s_unsharded_gradients_come_in_the_gathered_dtype_and_reduce_through_an_fp32_copy():
+    """Under bf16-mixed FSDP2 gathers bf16 parameters, so autograd makes their gradients in bf16;
+    ``foreach_reduce`` copies a unit's into one fp32 buffer before freeing them: the head's held
+    2 bytes a parameter, the unit's 2 + 4 (both were 4 bytes a parameter until 2026-11-28)."""
+    profile = _with_root(_states_only(8000, num_blocks=4), embed=1000, head=3000)  # blocks of 2000
+    plan = Plan(dp_shard=4, zero=3, precision="bf16-mixed", block_container="layers")
+    view = rank_view(profile.computed_by(plan), plan, 0)
+    held, unit, copy = estimate_unsharded_gradients(view, state_layout("bf16-mixed", "adamw"))
+    assert (held, unit, copy) == (2 * 3000, 2 * 2000, 4 * 2000)
 
 
 def test_fsdp_under_a_pipeline_holds_the_stage_gathered_and_its_gradients_unsharded():
