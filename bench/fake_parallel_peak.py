@@ -30,13 +30,11 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.mem_tracker import MemTracker
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
-from fake_peak import CudaDropout, CudaRmsNorm, model_and_step, model_spec  # bench/fake_peak.py
+from fake_peak import cuda_step, model_and_step, model_spec  # bench/fake_peak.py
 from fake_peak import Case as Shape
 from plans import given_plan  # bench/plans.py
 from stratagem.advisor.cost.evaluate import evaluate
 from stratagem.advisor.hardware import parse_cluster
-from stratagem.advisor.profile.attention import CudaAttention, unpacked_sequences
-from stratagem.advisor.profile.autocast import CudaAutocast
 from stratagem.advisor.profile.cache import profile_spec
 from stratagem.plan import Plan, Workload
 from stratagem.plan.precision import get_precision, torch_dtype
@@ -100,14 +98,8 @@ def measured(case: Case, plan: Plan) -> float:
             # measured after another one that met the same shardings measured 3.6 GiB less).
             if tracked:
                 tracker.track_external(module, optimizer)
-            with tracker if tracked else contextlib.nullcontext(), CudaAttention(), CudaRmsNorm(), CudaDropout(), \
-                    CudaAutocast(), unpacked_sequences():
-                with autocast:
-                    loss = step()
-                loss.backward()
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                del loss
+            with tracker if tracked else contextlib.nullcontext():
+                cuda_step(step, optimizer, autocast)
         return max(device["Total"] for device in tracker.get_tracker_snapshot("peak").values())
 
 

@@ -183,17 +183,23 @@ def measured(case: Case) -> float:
         tracker = MemTracker()
         tracker.track_external(model, optimizer)
         autocast = torch.autocast("cpu", dtype=torch_dtype(precision.compute_dtype), enabled=precision.autocast)
-        with tracker, CudaAttention(), CudaRmsNorm(), CudaDropout(), CudaAutocast(), unpacked_sequences():
+        with tracker:
             for index in range(2):
-                with autocast:
-                    loss = step()
-                loss.backward()
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                del loss
+                cuda_step(step, optimizer, autocast)
                 if index == 0:
                     tracker.reset_mod_stats()
         return max(device["Total"] for device in tracker.get_tracker_snapshot("peak").values())
+
+
+def cuda_step(step, optimizer: torch.optim.Optimizer, autocast) -> None:
+    """One training step (``step()``: the loss) as a GPU runs it, CUDA's kernels standing in, the
+    gradients dropped after."""
+    with CudaAttention(), CudaRmsNorm(), CudaDropout(), CudaAutocast(), unpacked_sequences():
+        with autocast:
+            loss = step()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
 
 
 def adamw_step_bytes_per_parameter() -> float:
