@@ -111,6 +111,7 @@ HF_LAYOUT = (*((f"model.layers.*.self_attn.{p}", s) for p, s in (("q_proj", "col
              ("model.layers.*.post_attention_layernorm", "sequence_parallel"),
              ("model.embed_tokens", "vocab_embedding"), ("lm_head", "vocab_head"))
 
+
 def _case(name: str, plan: Plan, **options: Any) -> Case:
     """A TP case, stepped on the multi-tensor path torch.optim takes on GPUs."""
     return Case(name, plan, optimizer="adamw-foreach", **options)
