@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import Partial, Replicate
 from spawn import run_on_ranks
 from test_data_parallel import CLIP, CLIP_VALUE, assert_matches_single_process
-from training import Case, global_batches
+from training import Case, global_batches, train_single
 
 from stratagem.advisor.profile.profiler import profile_model
 from stratagem.plan import Plan
@@ -152,7 +152,11 @@ def test_gradients_clipped_by_the_global_norm_match_single_process(two_ranks, fo
 def test_gradients_clipped_by_value_match_single_process(two_ranks):
     """``plugins.clip_grad_value_`` clamps each rank's part, SP's unreduced norm gradients summed
     first (clamping a partial sum is not clamping the sum)."""
-    assert_matches_single_process(TWO_RANKS["tp_sp_vocab_clip_value"], two_ranks["tp_sp_vocab_clip_value"], TP_FP32)
+    case = TWO_RANKS["tp_sp_vocab_clip_value"]
+    assert_matches_single_process(case, two_ranks["tp_sp_vocab_clip_value"], TP_FP32)
+    unclipped = train_single(dataclasses.replace(case, clip=None))
+    clipped = two_ranks["tp_sp_vocab_clip_value"].weights
+    assert any(not torch.allclose(clipped[name], weight) for name, weight in unclipped.weights.items())
 
 
 def test_tp_matches_single_process(two_ranks):
