@@ -86,16 +86,16 @@ def measured(case: Case, plan: Plan) -> float:
         model, step = model_and_step(case.shape)
     module = apply_plan(model, plan, mesh)  # outside the mode, where the mesh's own tensors stay real
     with fake:
-        # one tensor at a time: MemTracker counts AdamW's foreach step on DTensors as states about
-        # 15 times the parameters (gpt2-medium tp4: 4.94 GiB of states for 0.33 of parameters)
+        # one tensor at a time: MemTracker counts AdamW's foreach step on DTensors as optimizer
+        # states many times the parameters' bytes, which no GPU holds
         optimizer = build_optimizer(module, plan, torch.optim.AdamW, lr=1e-4, foreach=False)
         autocast = torch.autocast("cpu", dtype=torch_dtype(precision.compute_dtype)) if plan.runs_autocast \
             else contextlib.nullcontext()
         tracker = MemTracker()
         for tracked in (False, True):
             # The first step makes the optimizer's states and fills DTensor's sharding caches: the
-            # fake tensors DTensor propagates shardings with would count as the rank's (a plan
-            # measured after another one that met the same shardings measured 3.6 GiB less).
+            # fake tensors DTensor propagates shardings with would count as the rank's (tracked from
+            # the first step, a plan measured GiBs less after another that met the same shardings).
             if tracked:
                 tracker.track_external(module, optimizer)
             with tracker if tracked else contextlib.nullcontext():
