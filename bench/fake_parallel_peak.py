@@ -13,7 +13,7 @@ leaves out is what no tensor holds: NCCL's buffers, and on CPU ranks gloo's (``v
 those with the rest of the process); and the foreach step's temporaries, which GPUs run and the
 model prices, since MemTracker miscounts that step on DTensors (``measured``).
 
-    .venv/bin/python bench/fake_parallel_peak.py        # about ten minutes on 2 cores
+    .venv/bin/python bench/fake_parallel_peak.py        # about two and a half minutes on 2 cores
 """
 
 from __future__ import annotations

@@ -19,6 +19,8 @@ import importlib.util
 import json
 import tempfile
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import NamedTuple
 
@@ -191,7 +193,8 @@ def measured(case: Case) -> float:
         return max(device["Total"] for device in tracker.get_tracker_snapshot("peak").values())
 
 
-def cuda_step(step, optimizer: torch.optim.Optimizer, autocast) -> None:
+def cuda_step(step: Callable[[], torch.Tensor], optimizer: torch.optim.Optimizer,
+              autocast: AbstractContextManager) -> None:
     """One training step (``step()``: the loss) as a GPU runs it, CUDA's kernels standing in, the
     gradients dropped after."""
     with CudaAttention(), CudaRmsNorm(), CudaDropout(), CudaAutocast(), unpacked_sequences():

@@ -19,8 +19,9 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor import DTensor
 
+from stratagem.errors import UsageError
 from stratagem.plugins.mesh import local_part
 from stratagem.plugins.tensor_parallel import reduce_partial_grads
 
@@ -73,8 +74,10 @@ def _global_norm(grads: list[Tensor], norm_type: float, pp_group: dist.ProcessGr
     for grad in grads:
         key = ()
         if isinstance(grad, DTensor):
-            if any(placement.is_partial() for placement in grad.placements):  # summed for the norm alone
-                grad = grad.redistribute(placements=[Replicate() if p.is_partial() else p for p in grad.placements])
+            if any(placement.is_partial() for placement in grad.placements):
+                raise UsageError(f"a gradient is unreduced ({grad.placements}) on a {grad.device_mesh.ndim}-D mesh, "
+                                 "whose norm its parts cannot give\nHINT: reduce it first (the plugins' plans leave "
+                                 "only sequence-parallel norms' gradients so, on a 1-D mesh, which clipping sums)")
             # sharded on every dimension it is not replicated on (Shard, and FSDP's _StridedShard under TP)
             dims = tuple(dim for dim, placement in enumerate(grad.placements) if not placement.is_replicate())
             key = (grad.device_mesh, dims) if dims else ()

@@ -9,8 +9,9 @@ import math
 import pytest
 import torch
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
+from stratagem.errors import UsageError
 from stratagem.plugins import clip_grad_norm_, clip_grad_value_
 
 
@@ -42,6 +43,15 @@ def test_the_norm_and_the_clipped_gradients_are_torchs(one_rank, norm_type):
     torch.testing.assert_close(total, expected)
     for mine, reference in zip(ours, theirs):
         torch.testing.assert_close(_local(mine.grad), reference.grad)
+
+
+def test_a_gradient_left_unreduced_beyond_a_1d_mesh_is_refused(one_rank):
+    """Only a 1-D mesh's ``Partial`` gradients (SP's norms) are summed before clipping; one on a
+    2-D mesh, which no plan the plugins apply leaves, is a usage error rather than a wrong norm."""
+    params = _params(dtensors=False)
+    params[0].grad = DTensor.from_local(params[0].grad, init_device_mesh("cpu", (1, 1)), [Partial(), Replicate()])
+    with pytest.raises(UsageError, match="unreduced"):
+        clip_grad_norm_(params, 1.0)
 
 
 def test_a_non_finite_norm_is_refused_where_asked(one_rank):

@@ -335,7 +335,7 @@ def _alive_at_peak(states: RankStates, activations: RankActivations, meet: bool)
     activations held through all three (``RankActivations.others``). Either way, the embedding's
     backward after the blocks' may peak instead: every gradient, and the whole table's gradient of
     a vocabulary split."""
-    unit = states.unit_copy  # the block's activations freed as its unit's gradients are reduced, up to these
+    unit = states.unit_grads  # the block's activations go as its gradients come, up to their bytes
     unsharded = states.held_grads + states.unit_grads + states.unit_copy
     embedding = (states.states.gradients + unsharded + states.embedding_grads, activations.others or 0.0)
     if not _apart(activations, meet):
