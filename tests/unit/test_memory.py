@@ -9,7 +9,8 @@ import torch
 
 from stratagem.advisor.hardware import parse_cluster
 from stratagem.advisor.cost.activations import estimate_activations, estimate_block_activations
-from stratagem.advisor.cost.memory import (StateLayout, estimate_memory, estimate_rank_memory,
+from stratagem.advisor.cost.memory import (StateLayout, Transient, estimate_buffers, estimate_memory,
+                                          estimate_params_per_rank, estimate_rank_memory,
                                           estimate_unsharded_gradients, state_layout)
 from stratagem.advisor.cost.rank_view import in_flight_microbatches, rank_view
 from stratagem.plan import Plan, Workload
@@ -195,16 +196,46 @@ def test_tp_splits_the_blocks_and_keeps_the_embedding_and_head_whole():
     assert memory.parameters == 4 * (8000 / 4 + 2000)
 
 
-def test_fsdp_buffers_hold_the_root_gathered_and_two_blocks_and_ddp_a_copy_of_every_gradient():
+def test_fsdp_gathers_units_moment_by_moment_and_ddp_keeps_a_copy_of_every_gradient():
+    """Measured with MemTracker on rank 0 of a fake 8-rank group (bench/fake_parallel_peak.py,
+    Llama 3 8B fsdp8): the loss ran with nothing gathered and the last block's backward held the
+    root and that block gathered beside the sharded weights, as ``reshard_after_forward=True`` on
+    the root too has it. Moments: forward's end, loss, first block, last block, embedding."""
     profile = _with_root(_states_only(8000, num_blocks=4), embed=1000, head=3000)  # blocks of 2000
-    workload = Workload(global_batch_size=4, precision="fp32")
-    zero3 = estimate_memory(profile, workload, Plan(dp_shard=4, zero=3, precision="fp32", block_container="layers"))
-    assert zero3.buffers == 4 * (4000 + 2 * 2000)
-    zero2 = estimate_memory(profile, workload, Plan(dp_shard=4, zero=2, precision="fp32", block_container="layers"))
-    assert (zero2.parameters, zero2.buffers) == (4 * 12000 / 4, 4 * 12000)  # shards kept, every unit gathered
-    ddp = estimate_memory(profile, workload, Plan(dp_replicate=4, precision="fp32"))
-    assert ddp.buffers == 4 * 12000
+    root, block = 4 * 4000, 4 * 2000
+
+    def transient(plan: Plan, model: ModelProfile = profile) -> Transient:
+        view = rank_view(model, plan)
+        return estimate_buffers(view, estimate_params_per_rank(view))
+
+    zero3 = Plan(dp_shard=4, zero=3, precision="fp32", block_container="layers")
+    assert transient(zero3) == (root, 0, root + 2 * block, root + block, root)
+    in_forward = dataclasses.replace(profile, loss_in_forward=True)  # the root's backward gathers before the loss
+    assert transient(zero3, in_forward) == (root, root + block, root + 2 * block, root + block, root)
+    every = 4 * 12000
+    zero2 = Plan(dp_shard=4, zero=2, precision="fp32", block_container="layers")
+    assert transient(zero2) == (every, every, every, root + block, root)  # freed after their backward
+    assert transient(Plan(dp_replicate=4, precision="fp32")) == Transient.constant(every)
+    assert transient(Plan(dp_shard=4, zero=3, precision="fp32")) == Transient.constant(every)  # one unit
+    zero2_memory = estimate_memory(profile, Workload(global_batch_size=4, precision="fp32"), zero2)
+    assert zero2_memory.parameters == 4 * 12000 / 4  # shards kept
     assert estimate_memory(profile, Workload(global_batch_size=1), Plan(precision="fp32")).buffers == 0
+
+
+def test_the_loss_under_fsdp_meets_no_gathered_unit_unless_the_forward_computes_it():
+    """A head whose loss gradients are the largest tensors peaks at the loss: under ZeRO-3 nothing
+    is gathered then, unless the model's forward computes the loss (the root gathered again, with
+    the last block prefetched, before the loss's backward)."""
+    profile = _with_root(_states_only(8000, num_blocks=4), embed=1000, head=3000)  # blocks of 2000
+    blocks = tuple(dataclasses.replace(b, saved_bytes=1000) for b in profile.blocks)
+    head = dataclasses.replace(profile.head, saved_bytes=500, output_bytes=200_000, bwd_largest_output_bytes=200_000)
+    profile = dataclasses.replace(profile, batch_size=1, precision="fp32", head=head, blocks=blocks)
+    workload = Workload(global_batch_size=4, precision="fp32")
+    plan = Plan(dp_shard=4, zero=3, precision="fp32", block_container="layers")
+    outside = estimate_memory(profile, workload, plan)
+    assert (outside.activations, outside.buffers, outside.gradients) == (4500 + 2 * 200_000, 0, 0)
+    inside = estimate_memory(dataclasses.replace(profile, loss_in_forward=True), workload, plan)
+    assert (inside.activations, inside.buffers) == (outside.activations, 4 * (4000 + 2000))
 
 
 def test_fsdp_backward_holds_the_head_s_and_a_unit_s_unsharded_gradients():

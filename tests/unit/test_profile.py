@@ -412,6 +412,30 @@ def test_a_training_step_puts_its_loss_in_the_head():
     assert not traced.notes and "sum of the outputs" in summed.notes[0]
 
 
+class _LossInside(nn.Module):
+    """Computes its loss in its forward, as a Hugging Face model given its labels does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = Toy()
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return _ce(self.model(tokens))
+
+
+def test_the_profile_tells_a_loss_the_forward_computes_from_one_after_it(tmp_path):
+    """Where the loss runs decides what FSDP holds gathered at it (cost.memory.estimate_buffers)."""
+    tokens = _tokens()
+    assert profile_model(_LossInside(), (tokens,), precision="fp32").loss_in_forward
+    assert not profile_model(Toy(), (tokens,), loss_fn=_ce, precision="fp32").loss_in_forward
+    traced = profile_model(_Holder(Toy()), ((tokens, _tokens()),), step_fn=_training_step, precision="fp32")
+    assert not traced.loss_in_forward
+    pytest.importorskip("transformers")
+    gpt2 = {"model_type": "gpt2", "n_embd": 32, "n_layer": 2, "n_head": 4, "vocab_size": 128, "n_positions": 64}
+    (tmp_path / "config.json").write_text(json.dumps(gpt2))
+    assert profile_spec(f"hf:{tmp_path}", seq_len=16, precision="fp32", cache=False).loss_in_forward  # its labels
+
+
 def test_a_step_that_returns_no_scalar_loss_is_a_usage_error():
     holder = _Holder(Toy())
     with pytest.raises(UsageError, match=r"step_fn returned a tensor of shape \[2, 16, 97\], not a scalar loss"):

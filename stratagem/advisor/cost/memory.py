@@ -167,25 +167,58 @@ def estimate_optimizer(params: float, plan: Plan, layout: StateLayout) -> float:
     return layout.optimizer * params / shard
 
 
-def estimate_buffers(view: RankView, params: float) -> float:
-    """Bytes beyond the model states, ``params`` being the rank's parameters before sharding.
+class Transient(NamedTuple):
+    """Bytes beyond the model states and gradients (:func:`estimate_buffers`) at each moment the
+    rank's peak may be (:func:`_alive_at_peak`): the forward's end, before the loss; the loss's
+    backward; the first block's backward (the model's last block; the most, no moment of the
+    forward holds more); the last block's (the model's first, as the backward ends); the
+    embedding's, after the blocks'."""
 
-    FSDP2 holds the root unit (embedding, head) gathered from its forward to its backward and a
-    block unit and the next, prefetched (ZeRO-3); ZeRO-2 keeps every unit gathered until backward;
-    a plan without blocks has the root as its only unit. Under a pipeline, torch's schedule keeps
-    every unit gathered after its backward until the last micro-batch's gradients are reduced
-    (``set_reshard_after_backward(False)``): the whole stage, gathered. DDP keeps a copy of every
-    gradient in its buckets for the module's life (``gradient_as_bucket_view=False``, torch's
-    default, which the plugins keep); autocast's compute-dtype weight copies live from forward to
-    backward."""
+    forward: float
+    loss: float
+    first_block: float
+    last_block: float
+    embedding: float
+
+    @classmethod
+    def constant(cls, num_bytes: float) -> Transient:
+        """The same bytes at every moment."""
+        return cls(*(num_bytes,) * len(cls._fields))
+
+
+def estimate_buffers(view: RankView, params: float) -> Transient:
+    """Bytes beyond the model states, moment by moment, ``params`` being the rank's parameters
+    before sharding.
+
+    The plugins ``fully_shard`` each block and the root with one ``reshard_after_forward``, the
+    root included (torch's default would keep the root gathered). ZeRO-3 frees each unit after its
+    forward, so the forward ends with the root gathered and no block; the loss, run after the
+    root's forward, meets nothing gathered. The root is gathered again when the gradient of its
+    output arrives, and with it, prefetched, the last block: before the loss's backward where the
+    model's forward computes the loss (``RankView.loss_in_forward``). Each block's backward holds
+    its unit and the next, prefetched, but the model's first block's, the last to run backward
+    (none left to prefetch); every unit is freed after its backward, the root after the
+    embedding's. ZeRO-2 keeps every unit gathered
+    from its forward to its backward. A plan without blocks has the root as its only unit. Under a
+    pipeline, torch's schedule keeps every unit gathered after its backward until the last
+    micro-batch's gradients are reduced (``set_reshard_after_backward(False)``): the whole stage,
+    gathered. DDP keeps a copy of every gradient in its buckets for the module's life
+    (``gradient_as_bucket_view=False``, torch's default, which the plugins keep); autocast's
+    compute-dtype weight copies live from forward to backward."""
     plan = view.plan
     prec = get_precision(plan.precision)
-    if plan.uses_fsdp:
-        if not plan.shards_parameters or view.one_fsdp_unit or plan.pp > 1:
-            return params * prec.compute_bytes
-        return (view.outside_per_tp_rank("num_params") + 2 * view.stage.largest_block_params / plan.tp) * prec.compute_bytes
-    copies = view.per_tp_rank("saved_param_copy_bytes") if prec.autocast else 0.0
-    return ddp_bucket_bytes(plan, params) + copies
+    if not plan.uses_fsdp:
+        copies = view.per_tp_rank("saved_param_copy_bytes") if prec.autocast else 0.0
+        return Transient.constant(ddp_bucket_bytes(plan, params) + copies)
+    gathered = params * prec.compute_bytes
+    if view.one_fsdp_unit or plan.pp > 1:
+        return Transient.constant(gathered)
+    root = view.outside_per_tp_rank("num_params") * prec.compute_bytes
+    block = view.stage.largest_block_params / plan.tp * prec.compute_bytes
+    if not plan.shards_parameters:
+        return Transient(gathered, gathered, gathered, root + block, root)
+    return Transient(forward=root, loss=root + block if view.loss_in_forward else 0.0, first_block=root + 2 * block,
+                     last_block=root + block, embedding=root)
 
 
 def ddp_bucket_bytes(plan: Plan, params: float) -> float:
@@ -198,9 +231,11 @@ class RankStates(NamedTuple):
     """A rank's model states (:func:`_model_states`' breakdown) and the gradients that exist only
     while backward runs, beyond the sharded ones (:func:`estimate_unsharded_gradients`): those held,
     the unit's being reduced and its copy for the reduce-scatter; and the input embedding's beyond
-    the rank's rows, for a moment at the backward's end (:func:`estimate_embedding_gradient`)."""
+    the rank's rows, for a moment at the backward's end (:func:`estimate_embedding_gradient`);
+    the buffers moment by moment (``states.buffers``: the most of them)."""
 
     states: MemoryBreakdown
+    transient: Transient
     held_grads: float
     unit_grads: float
     unit_copy: float  # the reduce-scatter's copy of the unit's gradients
@@ -312,51 +347,57 @@ def _model_states(view: RankView, layout: StateLayout, *, on_gpu: bool) -> RankS
     ``on_gpu``: the profile counts a GPU's kernels (:func:`estimate_step_bytes`)."""
     plan = view.plan
     params = estimate_params_per_rank(view)
+    transient = estimate_buffers(view, params)
     states = MemoryBreakdown(
         parameters=estimate_parameters(params, plan, layout),
         gradients=estimate_gradients(params, plan, layout),
         optimizer=estimate_optimizer(params, plan, layout),
         activations=0.0,
-        buffers=estimate_buffers(view, params),
+        buffers=max(transient),
         host=estimate_offloaded(params, plan, layout),
     )
-    return RankStates(states, *estimate_unsharded_gradients(view, layout), estimate_embedding_gradient(view, layout),
+    return RankStates(states, transient, *estimate_unsharded_gradients(view, layout),
+                      estimate_embedding_gradient(view, layout),
                       *estimate_step_bytes(plan, params, layout, on_gpu=on_gpu))
 
 
-def _alive_at_peak(states: RankStates, activations: RankActivations, meet: bool) -> tuple[float, float]:
-    """Gradients and activations at the peak. Where they meet (:func:`_apart` false), all of both,
-    with the unsharded gradients and the loss's. Otherwise the fullest of three moments of the
-    rank's first backward: the loss's backward (every activation and the gradients of the head's
-    output, no parameter gradient yet); the end of the first block's backward (the activations
-    but the head's; the gradients held and the block unit's with the reduce-scatter's copy of them,
-    while the block's activations are freed); the backward's end (every gradient, and the
-    block full checkpointing rebuilt last, likewise); the rank's other in-flight micro-batches'
-    activations held through all three (``RankActivations.others``). Either way, the embedding's
-    backward after the blocks' may peak instead: every gradient, and the whole table's gradient of
-    a vocabulary split."""
+def _alive_at_peak(states: RankStates, activations: RankActivations, meet: bool) -> tuple[float, float, float]:
+    """Gradients, activations and buffers (:class:`Transient`) at the peak. Where gradients and
+    activations meet (:func:`_apart` false), all of both, with the unsharded gradients, the loss's
+    and the most buffers. Otherwise the fullest of four moments of the rank's first backward and
+    the forward's end before it (every activation): the loss's backward (every activation and the
+    gradients of the head's output, no parameter gradient yet); the end of the first block's
+    backward (the activations but the head's; the gradients held and the block unit's with the
+    reduce-scatter's copy of them, while the block's activations are freed); the backward's end
+    (every gradient, and the block full checkpointing rebuilt last, likewise); the rank's other
+    in-flight micro-batches' activations held through all of them (``RankActivations.others``).
+    Either way, the embedding's backward after the blocks' may peak instead: every gradient, and
+    the whole table's gradient of a vocabulary split."""
     unit = states.unit_grads  # the block's activations go as its gradients come, up to their bytes
     unsharded = states.held_grads + states.unit_grads + states.unit_copy
-    embedding = (states.states.gradients + unsharded + states.embedding_grads, activations.others or 0.0)
+    at = states.transient
+    embedding = (states.states.gradients + unsharded + states.embedding_grads, activations.others or 0.0, at.embedding)
     if not _apart(activations, meet):
-        return max((states.states.gradients + unsharded, activations.total + activations.loss_grads), embedding, key=sum)
-    moments = ((0.0, activations.total + activations.loss_grads),
-               (unsharded, activations.total - activations.released - min(activations.block, unit)),
+        return max((states.states.gradients + unsharded, activations.total + activations.loss_grads, max(at)),
+                   embedding, key=sum)
+    moments = ((0.0, activations.total, at.forward),
+               (0.0, activations.total + activations.loss_grads, at.loss),
+               (unsharded, activations.total - activations.released - min(activations.block, unit), at.first_block),
                (states.states.gradients + unsharded,
-                activations.others + activations.rebuilt - min(activations.rebuilt, unit)),
+                activations.others + activations.rebuilt - min(activations.rebuilt, unit), at.last_block),
                embedding)
     return max(moments, key=sum)
 
 
 def _peak(states: RankStates, activations: RankActivations, meet: bool) -> tuple[float, float, float, float]:
     """``(gradients, optimizer, activations, buffers)`` at the rank's peak: the fuller of the
-    backward's (:func:`_alive_at_peak`, with the model states and buffers) and the optimizer
-    step's (every gradient, the step's temporaries beside the states, no activation, the buffers
-    that outlive the backward)."""
+    backward's (:func:`_alive_at_peak`, with the model states) and the optimizer step's (every
+    gradient, the step's temporaries beside the states, no activation, the buffers that outlive
+    the backward)."""
     kept = states.states
-    gradients, alive = _alive_at_peak(states, activations, meet)
+    gradients, alive, buffers = _alive_at_peak(states, activations, meet)
     step = (kept.gradients, kept.optimizer + states.step_temporaries, 0.0, states.step_buffers)
-    return max((gradients, kept.optimizer, alive, kept.buffers), step, key=sum)
+    return max((gradients, kept.optimizer, alive, buffers), step, key=sum)
 
 
 def _with_activations(states: RankStates, activations: RankActivations, framework: float,

@@ -18,8 +18,9 @@ class RankView:
     one by one, in schedule order), ``in_flight`` (the micro-batches each of those holds at the
     peak of its schedule: :func:`in_flight_per_stage`), ``head`` (the head segment where the rank
     runs it, else empty), ``scale`` (micro-batch size over profiled batch size: what profiled
-    bytes scale by) and ``one_fsdp_unit`` (FSDP wraps the rank's model as one unit, the root: it
-    has no blocks, or its pipeline stage is a traced graph with no block modules to wrap)."""
+    bytes scale by), ``one_fsdp_unit`` (FSDP wraps the rank's model as one unit, the root: it
+    has no blocks, or its pipeline stage is a traced graph with no block modules to wrap) and
+    ``loss_in_forward`` (the model's forward computes the loss: ``ModelProfile.loss_in_forward``)."""
 
     plan: Plan
     rank: int
@@ -29,6 +30,7 @@ class RankView:
     head: tuple[SegmentProfile, ...]
     scale: float
     one_fsdp_unit: bool = False
+    loss_in_forward: bool = False
 
     def per_tp_rank(self, field: str) -> float:
         """``field`` summed over the rank's segments as one TP rank holds it (:meth:`Stage.per_tp_rank`)."""
@@ -47,7 +49,8 @@ def rank_view(profile: ModelProfile, plan: Plan, rank: int = 0) -> RankView:
                     in_flight=in_flight_per_stage(plan, rank=rank),
                     head=tuple(s for s in stage.segments if s.name == profile.head.name),
                     scale=plan.micro_batch_size / profile.batch_size,
-                    one_fsdp_unit=plan.block_container is None or (plan.pp > 1 and profile.pp_traced))
+                    one_fsdp_unit=plan.block_container is None or (plan.pp > 1 and profile.pp_traced),
+                    loss_in_forward=profile.loss_in_forward)
 
 
 def in_flight_microbatches(plan: Plan, *, rank: int = 0) -> float:

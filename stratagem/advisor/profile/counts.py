@@ -91,6 +91,7 @@ class RunRecord:
     param_segment: dict[str, str] = field(default_factory=dict)  # state name -> first segment to use it
     measured_as: dict[str, str] = field(default_factory=dict)  # duplicate block -> representative
     output_bytes: int = 0
+    loss_in_forward: bool = False  # the model's forward returned a scalar that needs a gradient: the loss
     math_attention_reasons: set[str] = field(default_factory=set)  # why SDPA calls run CUDA's math path (profile.attention)
     block_inputs: dict[str, tuple[tuple, dict]] = field(default_factory=dict)  # each block's first call (block_inputs)
     compiled_note: str = ""  # what the blocks' compiled activations were not measured with, or why not (profile.compiled)

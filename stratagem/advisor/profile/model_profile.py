@@ -38,7 +38,7 @@ def kernels_for(*, accelerator: bool) -> str:
     return "gpu" if accelerator else "cpu"
 
 
-SCHEMA_VERSION = 20
+SCHEMA_VERSION = 21
 """Version of the layout ``ModelProfile.to_dict`` writes and ``from_dict`` reads. Bump it whenever
 a field of ModelProfile, SegmentProfile, LinearLayer, ConvLayer, BatchNormCall or AttentionCall is added, removed, renamed or changes
 meaning (tests/unit/test_profile_cache_checks.py pins the fields to this number)."""
@@ -275,6 +275,7 @@ class ModelProfile:
     class_wrap_extra: str | None = None  # modules beside the blocks of a block's class name (structure.class_wrap_extra)
     sp_unavailable: str | None = None  # why sequence parallelism cannot split the blocks' inputs (profiler.sp_refusal)
     block_sequence: int | None = None  # the sequence SP splits: dim 1 of the blocks' inputs (profiler.block_sequence)
+    loss_in_forward: bool = False  # the model's forward returns the loss, a scalar (step._ModelOutput.returns_loss)
     notes: tuple[str, ...] = ()
     profile_seconds: float = 0.0
     # The same step with parameters in the compute dtype and no autocast: how FSDP2's mixed
@@ -358,6 +359,7 @@ class ModelProfile:
             "class_wrap_extra": self.class_wrap_extra,
             "sp_unavailable": self.sp_unavailable,
             "block_sequence": self.block_sequence,
+            "loss_in_forward": self.loss_in_forward,
             "embed": self.embed.to_dict(),
             "blocks": [b.to_dict() for b in self.blocks],
             "head": self.head.to_dict(),

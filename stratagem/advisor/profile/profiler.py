@@ -169,7 +169,7 @@ def _profile_step(
         pp_tied_params=pp_tied_params(model, structure), ddp_unavailable=ddp_refusal(record.unused_params),
         class_wrap_extra=class_wrap_extra(model, structure),
         sp_unavailable=sp_refusal(record.block_inputs) or tp.sp_unavailable,
-        block_sequence=block_sequence(record.block_inputs),
+        block_sequence=block_sequence(record.block_inputs), loss_in_forward=record.loss_in_forward,
         notes=tuple(notes), profile_seconds=time.perf_counter() - started,
         **_assemble(model, structure.blocks, record, prec, notes, calls, (vocab, vocab_calls), tp.kept),
     )

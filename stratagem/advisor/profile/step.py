@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._pytree import tree_flatten
 
 from stratagem.advisor.profile.attention import CudaAttention, unpacked_sequences
 from stratagem.advisor.profile.autocast import CudaAutocast
@@ -69,6 +70,16 @@ class _ModelOutput:
     def bytes(self) -> int:
         """Bytes of the outermost output recorded (0 when none of the modules ran)."""
         return tensor_bytes(self._outputs[min(self._outputs)]) if self._outputs else 0
+
+    def returns_loss(self) -> bool:
+        """Whether the outermost output recorded holds a scalar that needs a gradient: the model's
+        forward computes the loss (a Hugging Face model given its labels), so the loss runs inside
+        the root FSDP unit's forward rather than after it (``RankView.loss_in_forward``)."""
+        if not self._outputs:
+            return False
+        output = self._outputs[min(self._outputs)]
+        return any(isinstance(leaf, torch.Tensor) and leaf.dim() == 0 and leaf.requires_grad
+                   for leaf in (*tree_flatten(output)[0], getattr(output, "loss", None)))
 
 
 def _sequence_norms(model: nn.Module, blocks: tuple[str, ...], root: str) -> frozenset[str]:
@@ -131,7 +142,7 @@ def run_fake_step(
                                  if t.requires_grad and t.grad is None and not name.startswith(stood_in))
     if kernels == "gpu":  # torch.compile runs on GPUs only (the search offers it nowhere else)
         measure_compiled(inputs.modules, inputs.calls, state, record, autocast_dtype=autocast_dtype)
-    record.output_bytes = output.bytes()
+    record.output_bytes, record.loss_in_forward = output.bytes(), output.returns_loss()
     record.math_attention_reasons = attention.math_reasons
     for block, policies in counter.policies.counts.items():
         record.segments[block].policies = policies
