@@ -7,13 +7,14 @@ plugins, as ``verify`` applies it, on rank 0 of a fake process group of the plan
 built on fake tensors and trained for two steps (forward, the loss, backward, AdamW one tensor at a
 time, ``zero_grad``), the second under ``MemTracker``, which follows every tensor's
 storage, DTensors' local shards included. CUDA's attention kernel, autocast lists, fused RMSNorm
-and dropout stand in as in ``fake_peak.py``. Printed beside it: the advisor's predicted peak for
+and dropout stand in as in ``fake_peak.py``; a Hugging Face model computes its loss from its labels,
+as ``verify`` runs an ``hf:`` model and its profile has it. Printed beside it: the advisor's predicted peak for
 the same plan on H100s, without the framework's bytes and the allocator's rounding. What this
 leaves out is what no tensor holds: NCCL's buffers, and on CPU ranks gloo's (``verify`` measures
 those with the rest of the process); and the foreach step's temporaries, which GPUs run and the
 model prices, since MemTracker miscounts that step on DTensors (``measured``).
 
-    .venv/bin/python bench/fake_parallel_peak.py        # about two and a half minutes on 2 cores
+    .venv/bin/python bench/fake_parallel_peak.py        # about three minutes on 2 cores
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ CASES = (
     Case(_LLAMA_3_8B, 8, {"dp_shard": 8, "zero": 3}),
     Case(_LLAMA_3_8B, 8, {"tp": 4, "dp_shard": 2, "zero": 3}),
     Case(_LLAMA_3_8B, 8, {"tp": 4, "dp_shard": 2, "zero": 3, "sequence_parallel": True}),
+    # Hugging Face models computing their loss, as verify runs them: FSDP gathers before the loss
+    Case(Shape("qwen2-0.5b", 2, 1024, "bf16-mixed"), 4, {"dp_shard": 4, "zero": 3}),
+    Case(Shape("llama-1b", 2, 1024, "bf16-mixed"), 4, {"dp_shard": 4, "zero": 3}),
 )
 
 
@@ -83,7 +87,7 @@ def measured(case: Case, plan: Plan) -> float:
     precision = get_precision(plan.precision)
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     with fake:
-        model, step = model_and_step(case.shape)
+        model, step = model_and_step(case.shape, labels=True)  # an hf: profile's loss is the model's
     module = apply_plan(model, plan, mesh)  # outside the mode, where the mesh's own tensors stay real
     with fake:
         # one tensor at a time: MemTracker counts AdamW's foreach step on DTensors as optimizer

@@ -152,8 +152,10 @@ def predicted(case: Case, folder: Path) -> float:
     return evaluate(profile, cluster, workload, plan).memory.total
 
 
-def model_and_step(case: Case):
-    """The model, and one step's loss from it, built inside the active FakeTensorMode."""
+def model_and_step(case: Case, *, labels: bool = False):
+    """The model, and one step's loss from it, built inside the active FakeTensorMode. A Hugging
+    Face model's loss is computed from its logits, as bench/trainer_hf.py's training step does, or
+    with ``labels`` by the model itself, as ``verify`` runs an ``hf:`` model."""
     config = _hf_config(case.model)
     if config is not None:
         from transformers import AutoConfig, AutoModelForCausalLM
@@ -164,6 +166,8 @@ def model_and_step(case: Case):
         tokens = torch.randint(0, model.config.vocab_size, (case.batch, case.seq_len))
 
         def step() -> torch.Tensor:  # bench/trainer_hf.py's training_step
+            if labels:
+                return model(input_ids=tokens, labels=tokens).loss
             logits = model(input_ids=tokens).logits
             return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten())
 

@@ -23,3 +23,8 @@ def two_ranks() -> dict[str, Run]:
 def four_ranks() -> dict[str, Run]:
     cases = [case for module in _MODULES for case in module.FOUR_RANKS.values()]
     return run_on_ranks(train_plans, cases, world_size=4)
+
+
+@pytest.fixture(scope="session")
+def eight_ranks() -> dict[str, Run]:
+    return run_on_ranks(train_plans, list(test_pipeline.EIGHT_RANKS.values()), world_size=8)

@@ -1,6 +1,6 @@
 """Pipeline plans match one process: GPipe, 1F1B, interleaved 1F1B and interleaved zero-bubble on
-2 and 4 ranks, and pipelines composed with DDP, FSDP and tensor parallelism on 4 ranks, trained
-on real gloo processes (one spawn per world size, shared with the other dist tests:
+2 and 4 ranks, pipelines composed with DDP, FSDP and tensor parallelism on 4 ranks, and with TP
+and FSDP at once on 8, trained on real gloo processes (one spawn per world size, shared with the other dist tests:
 ``conftest.py``), with activation checkpointing on the stages of one.
 
 The single process runs the same micro-batches one after another, each loss divided by the
@@ -84,6 +84,16 @@ FOUR_RANKS = {case.name: case for case in [
     Case("pp2_tp2_sp_clip", Plan(tp=2, sequence_parallel=True, tp_layout=(*LLAMA_LAYOUT, *VOCAB), **_PP2),
          optimizer="adamw-foreach", clip=CLIP),
 ]}
+# all of it at once: stages split by TP with SP and the vocabulary, sharded by FSDP, clipped by the
+# norm over every rank's share (TP and FSDP shards, both stages)
+EIGHT_RANKS = {case.name: case for case in [
+    Case("pp2_tp2_sp_fsdp2_clip", Plan(tp=2, sequence_parallel=True, dp_shard=2, zero=3,
+                                       tp_layout=(*LLAMA_LAYOUT, *VOCAB), **_PP2),
+         optimizer="adamw-foreach", clip=CLIP),
+    Case("pp2_interleaved_tp2_zero2_full_ckpt",
+         Plan(tp=2, dp_shard=2, zero=2, activation_checkpointing="full", tp_layout=LLAMA_LAYOUT,
+              **{**_PP2, "pp_schedule": "interleaved-1f1b", "pp_virtual": 2}), optimizer="adamw-foreach"),
+]}
 TIED = {"pp2_tied": 2, "pp2_tied_clip": 2, "pp2_ddp2_tied": 4, "pp2_fsdp2_tied": 4,
         "pp2_tp2_vocab_tied": 4}  # by world size
 
@@ -112,6 +122,14 @@ def test_pipeline_tp_matches_single_process(four_ranks, name):
     interleaved schedule) splits its sequence and gathers it at its own edges; clipped by the
     norm over both stages (``Pipeline.clip_grad_norm_``), a tied weight counted once."""
     assert_matches_single_process(FOUR_RANKS[name], four_ranks[name], TP_FP32)
+
+
+@pytest.mark.parametrize("name", list(EIGHT_RANKS))
+def test_a_pipeline_of_tp_and_fsdp_ranks_matches_single_process(eight_ranks, name):
+    """pp × tp × FSDP, the layout large models train with, on 8 ranks: each stage's TP ranks
+    shard its units over the FSDP ranks; with SP, the vocabulary split and clipping, or
+    interleaved stages under ZeRO-2 with full checkpointing."""
+    assert_matches_single_process(EIGHT_RANKS[name], eight_ranks[name], TP_FP32)
 
 
 @pytest.mark.parametrize("name", list(TIED))
