@@ -14,6 +14,11 @@ Recomputing a block runs its BatchNorm layers' forward again, which would update
 statistics a second time per micro-batch (fairscale's ``patch_batchnorm`` guards reentrant
 checkpointing against the same); the recompute updates copies instead, so the trained
 statistics are those of the same training without checkpointing.
+
+A Hugging Face model keeps a key/value cache in training where its config says ``use_cache``
+(most causal LMs' default): the cache holds every layer's keys and values from the forward to the
+end of the step, and each recompute adds its own, so a checkpointed block frees little. The plugin
+turns the cache off, as Hugging Face's own ``gradient_checkpointing_enable`` does, and says so.
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ def apply_activation_checkpointing(module: nn.Module, plan: Plan) -> None:
         log.info("activation checkpointing: none")
         return
     blocks = find_blocks(module, plan)
+    _disable_key_value_caches(module)
     for block in blocks:
         norms = [m for m in block.modules() if isinstance(m, _BatchNorm)]
         if plan.checkpoints_selectively or norms:
@@ -75,6 +81,21 @@ def apply_activation_checkpointing(module: nn.Module, plan: Plan) -> None:
         else:
             checkpoint(block)
     log.info("activation checkpointing: %s on %d blocks of %s", mode, len(blocks), plan.block_container)
+
+
+def _disable_key_value_caches(module: nn.Module) -> None:
+    """Set ``config.use_cache`` false on every Hugging Face model in ``module`` that has it true,
+    with a warning for each: its cache would keep what checkpointing frees (module docstring)."""
+    seen: set[int] = set()
+    for name, sub in module.named_modules():
+        config = getattr(sub, "config", None)
+        if id(config) in seen or getattr(config, "use_cache", None) is not True:
+            continue
+        seen.add(id(config))
+        config.use_cache = False
+        log.warning("activation checkpointing: set %s.config.use_cache = False: a key/value cache keeps every "
+                    "layer's keys and values through the step, which checkpointing frees (as Hugging Face's "
+                    "gradient_checkpointing_enable does)", name or type(sub).__name__)
 
 
 def _contexts(*, policy: str | None, norms: list[_BatchNorm]) -> tuple[AbstractContextManager, AbstractContextManager]:

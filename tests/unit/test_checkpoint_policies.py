@@ -232,3 +232,31 @@ def test_llama_3_8b_selective_op_keeps_half_the_matmuls_and_the_attention(llama3
 def test_the_profile_holds_every_selective_policy_the_plan_names():
     names = {f.name for f in fields(SegmentProfile)}
     assert {policy_field(p, q.name) for p in SELECTIVE_POLICIES for q in fields(PolicyCounts)} <= names
+
+
+def test_checkpointing_turns_a_hugging_face_key_value_cache_off(caplog):
+    """A Hugging Face causal LM caches its keys and values in training where its config says
+    ``use_cache``: the cache keeps every layer's through the step and each recompute adds its
+    own, so checkpointing freed little. The plugin turns it off and says so; the step then peaks
+    as one the user runs with ``use_cache=False``, below one with the cache."""
+    transformers = pytest.importorskip("transformers")
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    config = transformers.AutoConfig.for_model("llama", hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                                               num_attention_heads=4, num_key_value_heads=2, vocab_size=128)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    assert model.config.use_cache
+    apply_activation_checkpointing(model, Plan(activation_checkpointing="full", block_container="model.layers"))
+    assert model.config.use_cache is False
+    assert "use_cache = False" in caplog.text
+    tokens = torch.randint(0, 128, (2, 256))
+
+    def peak(**kwargs) -> int:
+        tracker = MemTracker()
+        tracker.track_external(model)
+        with tracker:
+            model(input_ids=tokens, labels=tokens, **kwargs).loss.backward()
+        model.zero_grad(set_to_none=True)
+        return max(device["Total"] for device in tracker.get_tracker_snapshot("peak").values())
+
+    assert peak() == peak(use_cache=False) < peak(use_cache=True)
