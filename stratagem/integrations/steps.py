@@ -36,13 +36,16 @@ class TrainingStep:
     ``inputs`` for a dict) returns the loss. ``forward_inputs`` are forward's inputs in that step,
     which give the batch size and sequence length (None: read from ``inputs``); ``fallback()``
     gives the inputs forward is profiled on when the step cannot run; ``name`` is the step's, for
-    the note saying so."""
+    the note saying so; ``in_forward``: the strategy runs the whole step as the module's forward
+    (Lightning's under FSDP), so its loss runs inside the root FSDP unit's forward wherever the
+    step computes it (``ModelProfile.loss_in_forward``)."""
 
     run: Callable[..., Tensor]
     inputs: tuple[Any, ...] | Mapping[str, Any]
     forward_inputs: Any
     fallback: Callable[[], Any]
     name: str
+    in_forward: bool = False
 
 
 def as_inputs(inputs: Any) -> tuple[Any, ...] | Mapping[str, Any]:
@@ -62,8 +65,9 @@ def profile_for_plan(module: nn.Module, example: Any, *, precision: str, kernels
         return profile_model(module, as_inputs(example), precision=precision, kernels=kernels)
     shape = (None, None) if example.forward_inputs is None else input_shape(as_inputs(example.forward_inputs))
     try:
-        return profile_model(module, example.inputs, step_fn=example.run, precision=precision,
-                             batch_size=shape[0], seq_len=shape[1], kernels=kernels)
+        profile = profile_model(module, example.inputs, step_fn=example.run, precision=precision,
+                                batch_size=shape[0], seq_len=shape[1], kernels=kernels)
+        return profile.with_loss_in_forward() if example.in_forward else profile
     except Exception as err:  # any failure of the step: forward alone is profiled, and the note says why
         cause = err.__cause__ or err
         reason = f"{type(cause).__name__}: {(str(cause).strip().splitlines() or [''])[0]}"
@@ -71,7 +75,8 @@ def profile_for_plan(module: nn.Module, example: Any, *, precision: str, kernels
             "and whatever the step computes around forward are not in the profile")
     log.warning("auto-parallel: %s", note)
     profile = profile_model(module, as_inputs(example.fallback()), precision=precision, kernels=kernels)
-    return replace(profile, notes=(*profile.notes, note))
+    profile = replace(profile, notes=(*profile.notes, note))
+    return profile.with_loss_in_forward() if example.in_forward else profile
 
 
 def fabric_step(inputs: Any, loss_fn: Callable[[Any], Tensor]) -> TrainingStep:
@@ -94,7 +99,7 @@ def lightning_step(module: nn.Module, batch: Any, fallback: Callable[[], Any]) -
     except Exception:  # the step calls a child, or fails before forward: the traced step says why, if it does
         forward = None
     return TrainingStep(run=_training_step, inputs=(batch,), forward_inputs=forward, fallback=fallback,
-                        name=f"{type(module).__name__}.training_step")
+                        name=f"{type(module).__name__}.training_step", in_forward=True)
 
 
 class _Captured(Exception):

@@ -272,6 +272,8 @@ def test_the_training_step_is_profiled_with_its_loss_outside_the_loop() -> None:
     assert profile.head.saved_bytes > summed.head.saved_bytes
     assert not [n for n in profile.notes if "fake tensors" in n or "sum of the outputs" in n]
     assert module.losses == [] and "log" not in vars(module)
+    # the strategy runs training_step as the module's forward under FSDP: the loss is inside the root's
+    assert profile.loss_in_forward and not summed.loss_in_forward
 
 
 def test_a_step_that_cannot_run_on_fake_tensors_falls_back_to_forward_with_a_note(caplog) -> None:
@@ -279,7 +281,7 @@ def test_a_step_that_cannot_run_on_fake_tensors_falls_back_to_forward_with_a_not
     module = _ItemLlama()
     profile = profile_for_plan(module, lightning_step(module, (tokens, targets), fallback=lambda: tokens),
                                precision="fp32")
-    assert profile.batch_size == 2
+    assert profile.batch_size == 2 and profile.loss_in_forward  # training_step still runs as the forward
     assert any(n.startswith("_ItemLlama.training_step could not run on fake tensors (DataDependentOutputException")
                for n in profile.notes)
     assert any("backward was seeded with the sum of the outputs" in n for n in profile.notes)
@@ -297,5 +299,6 @@ def test_fabric_profiles_the_loss_fn_it_is_given() -> None:
     profile = profile_for_plan(model, step, precision="fp32")
     assert profile.head.bwd_largest_output_bytes >= _LOGITS_FP32
     assert not any("backward was seeded" in n for n in profile.notes)
+    assert not profile.loss_in_forward  # Fabric's user computes it after the model's forward
     with pytest.raises(UsageError, match="failed on its example inputs"):  # forward itself fails: no fallback
         profile_for_plan(model, fabric_step(torch.randn(2, 16), lambda out: out.sum()), precision="fp32")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from stratagem.advisor.profile.stored_fields import (
@@ -291,6 +291,13 @@ class ModelProfile:
         if self.in_compute_dtype is not None and not plan.runs_autocast:
             return self.in_compute_dtype
         return self
+
+    def with_loss_in_forward(self) -> ModelProfile:
+        """This profile, and :attr:`in_compute_dtype`'s, for a step whose loss runs inside the
+        model's forward wherever the profiled step computed it (a strategy that runs the whole
+        step as the forward)."""
+        variant = self.in_compute_dtype and self.in_compute_dtype.with_loss_in_forward()
+        return replace(self, loss_in_forward=True, in_compute_dtype=variant)
 
     @property
     def segments(self) -> tuple[SegmentProfile, ...]:
