@@ -9,17 +9,19 @@ time, ``zero_grad``), the second under ``MemTracker``, which follows every tenso
 storage, DTensors' local shards included. CUDA's attention kernel, autocast lists, fused RMSNorm
 and dropout stand in as in ``fake_peak.py``; a Hugging Face model computes its loss from its labels,
 as ``verify`` runs an ``hf:`` model and its profile has it. Printed beside it: the advisor's predicted peak for
-the same plan on H100s, without the framework's bytes and the allocator's rounding. What this
-leaves out is what no tensor holds: NCCL's buffers, and on CPU ranks gloo's (``verify`` measures
-those with the rest of the process); and the foreach step's temporaries, which GPUs run and the
-model prices, since MemTracker miscounts that step on DTensors (``measured``).
+the same plan on H100s, without the framework's bytes and the allocator's rounding, for AdamW
+stepped as here. What this leaves out is what no tensor holds: NCCL's buffers, and on CPU ranks
+gloo's (``verify`` measures those with the rest of the process); and the ``foreach`` step's
+temporaries, which GPUs run and the model prices (``bench/fake_peak.py`` checks them on one
+device), since MemTracker miscounts that step on DTensors (``measured``).
 
-    .venv/bin/python bench/fake_parallel_peak.py        # about three minutes on 2 cores
+    .venv/bin/python bench/fake_parallel_peak.py        # about three and a half minutes on 2 cores
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import tempfile
 import time
 from pathlib import Path
@@ -37,6 +39,7 @@ from plans import given_plan  # bench/plans.py
 from stratagem.advisor.cost.evaluate import evaluate
 from stratagem.advisor.hardware import parse_cluster
 from stratagem.advisor.profile.cache import profile_spec
+from stratagem.advisor.profile.model_profile import ModelProfile
 from stratagem.plan import Plan, Workload
 from stratagem.plan.precision import get_precision, torch_dtype
 from stratagem.plugins import apply_plan, build_mesh, build_optimizer
@@ -66,6 +69,7 @@ CASES = (
     # Hugging Face models computing their loss, as verify runs them: FSDP gathers before the loss
     Case(Shape("qwen2-0.5b", 2, 1024, "bf16-mixed"), 4, {"dp_shard": 4, "zero": 3}),
     Case(Shape("llama-1b", 2, 1024, "bf16-mixed"), 4, {"dp_shard": 4, "zero": 3}),
+    Case(Shape("llama-1b", 2, 1024, "bf16-mixed"), 4, {"dp_shard": 4, "zero": 3, "activation_checkpointing": "full"}),
 )
 
 
@@ -78,7 +82,14 @@ def _plan(case: Case, folder: Path) -> tuple[Plan, float]:
     workload = Workload(global_batch_size=shape.batch * replicas, seq_len=shape.seq_len, precision=shape.precision)
     profile = profile_spec(model_spec(shape, folder), seq_len=shape.seq_len, precision=shape.precision)
     plan = given_plan(fields, profile, cluster, workload)
-    return plan, evaluate(profile, cluster, workload, plan).memory.total
+    return plan, evaluate(_stepped_per_tensor(profile), cluster, workload, plan).memory.total
+
+
+def _stepped_per_tensor(profile: ModelProfile) -> ModelProfile:
+    """``profile`` with its kernels marked as CPU ranks': the memory model reads them only to tell
+    whether AdamW steps on its ``foreach`` path, and this bench steps one tensor at a time."""
+    variant = profile.in_compute_dtype
+    return dataclasses.replace(profile, kernels="cpu", in_compute_dtype=variant and _stepped_per_tensor(variant))
 
 
 def measured(case: Case, plan: Plan) -> float:
