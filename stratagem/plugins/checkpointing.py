@@ -86,12 +86,10 @@ def apply_activation_checkpointing(module: nn.Module, plan: Plan) -> None:
 def _disable_key_value_caches(module: nn.Module) -> None:
     """Set ``config.use_cache`` false on every Hugging Face model in ``module`` that has it true,
     with a warning for each: its cache would keep what checkpointing frees (module docstring)."""
-    seen: set[int] = set()
-    for name, sub in module.named_modules():
+    for name, sub in module.named_modules():  # a model's inner modules share its config: one warning
         config = getattr(sub, "config", None)
-        if id(config) in seen or getattr(config, "use_cache", None) is not True:
+        if getattr(config, "use_cache", None) is not True:
             continue
-        seen.add(id(config))
         config.use_cache = False
         log.warning("activation checkpointing: set %s.config.use_cache = False: a key/value cache keeps every "
                     "layer's keys and values through the step, which checkpointing frees (as Hugging Face's "

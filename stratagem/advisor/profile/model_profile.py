@@ -275,7 +275,7 @@ class ModelProfile:
     class_wrap_extra: str | None = None  # modules beside the blocks of a block's class name (structure.class_wrap_extra)
     sp_unavailable: str | None = None  # why sequence parallelism cannot split the blocks' inputs (profiler.sp_refusal)
     block_sequence: int | None = None  # the sequence SP splits: dim 1 of the blocks' inputs (profiler.block_sequence)
-    loss_in_forward: bool = False  # the model's forward returns the loss, a scalar (step._ModelOutput.returns_loss)
+    loss_in_forward: bool = False  # the loss runs in the model's forward (step._ModelOutput, with_loss_in_forward)
     notes: tuple[str, ...] = ()
     profile_seconds: float = 0.0
     # The same step with parameters in the compute dtype and no autocast: how FSDP2's mixed
