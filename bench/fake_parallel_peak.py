@@ -4,8 +4,8 @@ as one rank of the plan holds them, with no GPU and no second process.
 ``bench/fake_peak.py`` does this for one-device plans; here each case's plan is applied by the
 plugins, as ``verify`` applies it, on rank 0 of a fake process group of the plan's size (torch's
 ``fake`` backend: every collective returns at once with outputs of the right shapes), the model
-built on fake tensors and trained for two steps (forward, the loss, backward, AdamW one tensor at a
-time, ``zero_grad``), the second under ``MemTracker``, which follows every tensor's
+built on fake tensors and trained for two steps (forward, the loss and backward of each of the
+plan's accumulated micro-batches, AdamW one tensor at a time, ``zero_grad``), the second under ``MemTracker``, which follows every tensor's
 storage, DTensors' local shards included. CUDA's attention kernel, autocast lists, fused RMSNorm
 and dropout stand in as in ``fake_peak.py``; a Hugging Face model computes its loss from its labels,
 as ``verify`` runs an ``hf:`` model and its profile has it. Printed beside it: the advisor's predicted peak for
@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -59,11 +60,13 @@ CASES = (
     Case(Shape("llama-small", 2, 512, "bf16-mixed"), 4, {"tp": 4}),
     Case(Shape("llama-small", 2, 512, "bf16-mixed"), 4, {"tp": 4, "sequence_parallel": True}),
     Case(Shape("llama-small", 2, 512, "bf16-mixed"), 4, {"dp_shard": 4, "zero": 3}),
+    Case(Shape("llama-small", 2, 512, "bf16-mixed"), 4, {"tp": 2, "dp_shard": 2, "zero": 3, "grad_accum": 2}),
     Case(_GPT2_LARGE, 4, {"tp": 4}),
     Case(_GPT2_LARGE, 4, {"tp": 2, "dp_shard": 2, "zero": 3}),
     Case(_LLAMA_3_8B, 8, {"tp": 8}),
     Case(_LLAMA_3_8B, 8, {"tp": 8, "sequence_parallel": True}),
     Case(_LLAMA_3_8B, 8, {"dp_shard": 8, "zero": 3}),
+    Case(_LLAMA_3_8B, 8, {"dp_shard": 8, "zero": 3, "grad_accum": 2}),
     Case(_LLAMA_3_8B, 8, {"tp": 4, "dp_shard": 2, "zero": 3}),
     Case(_LLAMA_3_8B, 8, {"tp": 4, "dp_shard": 2, "zero": 3, "sequence_parallel": True}),
     # Hugging Face models computing their loss, as verify runs them: FSDP gathers before the loss
@@ -79,7 +82,8 @@ def _plan(case: Case, folder: Path) -> tuple[Plan, float]:
     cluster = parse_cluster(f"{case.world}xH100-SXM-80GB")
     fields = {"micro_batch_size": shape.batch, **case.fields}
     replicas = case.world // (fields.get("tp", 1) * fields.get("pp", 1))
-    workload = Workload(global_batch_size=shape.batch * replicas, seq_len=shape.seq_len, precision=shape.precision)
+    workload = Workload(global_batch_size=shape.batch * replicas * fields.get("grad_accum", 1), seq_len=shape.seq_len,
+                        precision=shape.precision)
     profile = profile_spec(model_spec(shape, folder), seq_len=shape.seq_len, precision=shape.precision)
     plan = given_plan(fields, profile, cluster, workload)
     return plan, evaluate(_stepped_per_tensor(profile), cluster, workload, plan).memory.total
@@ -114,8 +118,20 @@ def measured(case: Case, plan: Plan) -> float:
             if tracked:
                 tracker.track_external(module, optimizer)
             with tracker if tracked else contextlib.nullcontext():
-                cuda_step(step, optimizer, autocast)
+                cuda_step(each_forward(step, tracker.reset_mod_stats), optimizer, autocast,
+                          accumulate=plan.grad_accum)
         return max(device["Total"] for device in tracker.get_tracker_snapshot("peak").values())
+
+
+def each_forward(step: Callable[[], torch.Tensor], reset: Callable[[], None]) -> Callable[[], torch.Tensor]:
+    """``step`` after ``reset()`` each time: MemTracker follows one forward of a module per
+    context unless its per-module figures are reset (the global peak it keeps)."""
+
+    def run() -> torch.Tensor:
+        reset()
+        return step()
+
+    return run
 
 
 def main() -> None:

@@ -198,13 +198,14 @@ def measured(case: Case) -> float:
 
 
 def cuda_step(step: Callable[[], torch.Tensor], optimizer: torch.optim.Optimizer,
-              autocast: AbstractContextManager) -> None:
-    """One training step (``step()``: the loss) as a GPU runs it, CUDA's kernels standing in, the
-    gradients dropped after."""
+              autocast: AbstractContextManager, *, accumulate: int = 1) -> None:
+    """One training step (``step()``: the loss, of each of ``accumulate`` micro-batches) as a GPU
+    runs it, CUDA's kernels standing in, the gradients dropped after."""
     with CudaAttention(), CudaRmsNorm(), CudaDropout(), CudaAutocast(), unpacked_sequences():
-        with autocast:
-            loss = step()
-        loss.backward()
+        for _ in range(accumulate):
+            with autocast:
+                loss = step()
+            loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 

@@ -236,6 +236,11 @@ def test_the_loss_under_fsdp_meets_no_gathered_unit_unless_the_forward_computes_
     assert (outside.activations, outside.buffers, outside.gradients) == (4500 + 2 * 200_000, 0, 0)
     inside = estimate_memory(dataclasses.replace(profile, loss_in_forward=True), workload, plan)
     assert (inside.activations, inside.buffers) == (outside.activations, 4 * (4000 + 2000))
+    # accumulating, the earlier micro-batch's reduced (sharded) gradients are there too, and only they
+    accumulating = estimate_memory(profile, Workload(global_batch_size=8, precision="fp32"),
+                                   dataclasses.replace(plan, grad_accum=2))
+    assert (accumulating.activations, accumulating.buffers, accumulating.gradients) == (4500 + 2 * 200_000, 0,
+                                                                                        4 * 12000 / 4)
 
 
 def test_fsdp_backward_holds_the_head_s_and_a_unit_s_unsharded_gradients():

@@ -311,20 +311,14 @@ def estimate_memory(profile: ModelProfile, workload: Workload, plan: Plan, *, ru
 
 
 def gradients_meet_activations(plan: Plan, layout: StateLayout) -> bool:
-    """Whether every rank's peak holds its gradients and its activations together: where the
-    runtime keeps gradient buffers (``layout.frees_gradients`` false), and where a step runs
-    several forwards into the same gradients (accumulation). Otherwise the gradients are None
-    through the forward (``zero_grad(set_to_none=True)``) and come during backward as the
-    activations they come from are freed, unless a pipeline rank runs a forward after its first
-    backward (:func:`_apart`)."""
+    """Whether gradients are there at every moment of a rank's step, before its backward makes
+    them: where the runtime keeps gradient buffers (``layout.frees_gradients`` false), and where a
+    step runs several forwards into the same gradients (accumulation: the earlier micro-batches'
+    reduced, FSDP's sharded). Otherwise the gradients are None through the forward
+    (``zero_grad(set_to_none=True)``) and come during backward as the activations they come from
+    are freed, unless a pipeline rank runs a forward after its first backward
+    (:func:`_alive_at_peak`)."""
     return not layout.frees_gradients or plan.grad_accum > 1
-
-
-def _apart(activations: RankActivations, meet: bool) -> bool:
-    """Whether the rank's gradients come only as its activations go: not where they meet for every
-    rank (``meet``: :func:`gradients_meet_activations`), nor on a pipeline rank that runs a
-    forward after its first backward (``RankActivations.others`` None)."""
-    return not meet and activations.others is not None
 
 
 def framework_bytes(cluster: Cluster) -> float:
@@ -362,29 +356,32 @@ def _model_states(view: RankView, layout: StateLayout, *, on_gpu: bool) -> RankS
 
 
 def _alive_at_peak(states: RankStates, activations: RankActivations, meet: bool) -> tuple[float, float, float]:
-    """Gradients, activations and buffers (:class:`Transient`) at the peak. Where gradients and
-    activations meet (:func:`_apart` false), all of both, with the unsharded gradients, the loss's
-    and the most buffers. Otherwise the fullest of four moments of the rank's first backward and
-    the forward's end before it (every activation): the loss's backward (every activation and the
-    gradients of the head's output, no parameter gradient yet); the end of the first block's
-    backward (the activations but the head's; the gradients held and the block unit's with the
-    reduce-scatter's copy of them, while the block's activations are freed); the backward's end
-    (every gradient, and the block full checkpointing rebuilt last, likewise); the rank's other
-    in-flight micro-batches' activations held through all of them (``RankActivations.others``).
-    Either way, the embedding's backward after the blocks' may peak instead: every gradient, and
-    the whole table's gradient of a vocabulary split."""
+    """Gradients, activations and buffers (:class:`Transient`) at the peak: the fullest of the
+    moments of the rank's first backward and the forward's end before it (every activation): the
+    loss's backward (every activation and the gradients of the head's output, no parameter
+    gradient yet); the end of the first block's backward (the activations but the head's; the
+    gradients held and the block unit's with the reduce-scatter's copy of them, while the block's
+    activations are freed); the backward's end (every gradient, and the block full checkpointing
+    rebuilt last, likewise); the embedding's backward after the blocks' (every gradient, and the
+    whole table's gradient of a vocabulary split). The rank's other in-flight micro-batches'
+    activations are held through all of them (``RankActivations.others``). Where gradients meet
+    activations (:func:`gradients_meet_activations`), the gradients kept from the step's earlier
+    micro-batches or in the runtime's buffers are there at every moment; where a pipeline rank
+    runs forwards after its first backward (``others`` None), every in-flight micro-batch's
+    activations meet every gradient, the unsharded ones and the loss's, with the most buffers."""
     unit = states.unit_grads  # the block's activations go as its gradients come, up to their bytes
     unsharded = states.held_grads + states.unit_grads + states.unit_copy
-    at = states.transient
-    embedding = (states.states.gradients + unsharded + states.embedding_grads, activations.others or 0.0, at.embedding)
-    if not _apart(activations, meet):
-        return max((states.states.gradients + unsharded, activations.total + activations.loss_grads, max(at)),
-                   embedding, key=sum)
-    moments = ((0.0, activations.total, at.forward),
-               (0.0, activations.total + activations.loss_grads, at.loss),
-               (unsharded, activations.total - activations.released - min(activations.block, unit), at.first_block),
-               (states.states.gradients + unsharded,
-                activations.others + activations.rebuilt - min(activations.rebuilt, unit), at.last_block),
+    at, every = states.transient, states.states.gradients
+    embedding = (every + unsharded + states.embedding_grads, activations.others or 0.0, at.embedding)
+    if activations.others is None:
+        return max((every + unsharded, activations.total + activations.loss_grads, max(at)), embedding, key=sum)
+    kept = every if meet else 0.0
+    moments = ((kept, activations.total, at.forward),
+               (kept, activations.total + activations.loss_grads, at.loss),
+               (kept + unsharded, activations.total - activations.released - min(activations.block, unit),
+                at.first_block),
+               (every + unsharded, activations.others + activations.rebuilt - min(activations.rebuilt, unit),
+                at.last_block),
                embedding)
     return max(moments, key=sum)
 
