@@ -5,17 +5,18 @@ as one rank of the plan holds them, with no GPU and no second process.
 plugins, as ``verify`` applies it, on rank 0 of a fake process group of the plan's size (torch's
 ``fake`` backend: every collective returns at once with outputs of the right shapes), the model
 built on fake tensors and trained for two steps (forward, the loss and backward of each of the
-plan's accumulated micro-batches, AdamW one tensor at a time, ``zero_grad``), the second under ``MemTracker``, which follows every tensor's
-storage, DTensors' local shards included. CUDA's attention kernel, autocast lists, fused RMSNorm
-and dropout stand in as in ``fake_peak.py``; a Hugging Face model computes its loss from its labels,
-as ``verify`` runs an ``hf:`` model and its profile has it. Printed beside it: the advisor's predicted peak for
-the same plan on H100s, without the framework's bytes and the allocator's rounding, for AdamW
-stepped as here. What this leaves out is what no tensor holds: NCCL's buffers, and on CPU ranks
-gloo's (``verify`` measures those with the rest of the process); and the ``foreach`` step's
-temporaries, which GPUs run and the model prices (``bench/fake_peak.py`` checks them on one
-device), since MemTracker miscounts that step on DTensors (``measured``).
+plan's accumulated micro-batches, AdamW one tensor at a time, ``zero_grad``), the second under
+``MemTracker``, which follows every tensor's storage, DTensors' local shards included. CUDA's
+attention kernel, autocast lists, fused RMSNorm and dropout stand in as in ``fake_peak.py``; a
+Hugging Face model computes its loss from its labels, as ``verify`` runs an ``hf:`` model and its
+profile has it. Printed beside it: the advisor's predicted peak for the same plan on H100s, without
+the framework's bytes and the allocator's rounding, for AdamW stepped as here. What this leaves out
+is what no tensor holds: NCCL's buffers, and on CPU ranks gloo's (``verify`` measures those with the
+rest of the process); and the ``foreach`` step's temporaries, which GPUs run and the model prices
+(``bench/fake_peak.py`` checks them on one device), since MemTracker miscounts that step on DTensors
+(``measured``).
 
-    .venv/bin/python bench/fake_parallel_peak.py        # about three and a half minutes on 2 cores
+    .venv/bin/python bench/fake_parallel_peak.py        # about four minutes on 2 cores
 """
 
 from __future__ import annotations
