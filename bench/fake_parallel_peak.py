@@ -1,5 +1,5 @@
-"""The memory model against torch's own count for plans over several GPUs: TP, SP, FSDP and both,
-as one rank of the plan holds them, with no GPU and no second process.
+"""The memory model against torch's own count for plans over several GPUs (TP, SP, FSDP and both)
+and one (checkpointing), as one rank of the plan holds them, with no GPU and no second process.
 
 ``bench/fake_peak.py`` does this for one-device plans; here each case's plan is applied by the
 plugins, as ``verify`` applies it, on rank 0 of a fake process group of the plan's size (torch's
@@ -16,7 +16,7 @@ rest of the process); and the ``foreach`` step's temporaries, which GPUs run and
 (``bench/fake_peak.py`` checks them on one device), since MemTracker miscounts that step on DTensors
 (``measured``).
 
-    .venv/bin/python bench/fake_parallel_peak.py        # about four minutes on 2 cores
+    .venv/bin/python bench/fake_parallel_peak.py        # about six minutes on 2 cores
 """
 
 from __future__ import annotations
@@ -70,6 +70,12 @@ CASES = (
     Case(_LLAMA_3_8B, 8, {"dp_shard": 8, "zero": 3, "grad_accum": 2}),
     Case(_LLAMA_3_8B, 8, {"tp": 4, "dp_shard": 2, "zero": 3}),
     Case(_LLAMA_3_8B, 8, {"tp": 4, "dp_shard": 2, "zero": 3, "sequence_parallel": True}),
+    # checkpointing, on one GPU and under FSDP or TP
+    Case(Shape("llama-small", 2, 1024, "bf16-mixed"), 1, {"activation_checkpointing": "full"}),
+    Case(Shape("gpt2-large", 2, 1024, "bf16-mixed"), 1, {"activation_checkpointing": "full"}),
+    Case(Shape("gpt2-large", 2, 1024, "bf16-mixed"), 1, {"activation_checkpointing": "selective"}),
+    Case(_LLAMA_3_8B, 8, {"dp_shard": 8, "zero": 3, "activation_checkpointing": "full"}),
+    Case(_LLAMA_3_8B, 8, {"tp": 8, "activation_checkpointing": "selective"}),
     # Hugging Face models computing their loss, as verify runs them: FSDP gathers before the loss
     Case(Shape("qwen2-0.5b", 2, 1024, "bf16-mixed"), 4, {"dp_shard": 4, "zero": 3}),
     Case(Shape("llama-1b", 2, 1024, "bf16-mixed"), 4, {"dp_shard": 4, "zero": 3}),

@@ -205,9 +205,18 @@ def cuda_step(step: Callable[[], torch.Tensor], optimizer: torch.optim.Optimizer
         for _ in range(accumulate):
             with autocast:
                 loss = step()
-            loss.backward()
+            _backward(loss)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+
+
+def _backward(loss: torch.Tensor) -> None:
+    """``loss.backward()`` with the stand-ins above still active in it: a torch function mode is
+    off while it handles a call, so ``Tensor.backward`` would run every checkpointed block's
+    recompute without them (then recomputing what the CPU's kernels save, which checkpointing
+    refuses as different from what the forward saved). The engine's own entry takes no detour."""
+    torch.autograd.graph._engine_run_backward((loss,), (torch.ones_like(loss),), False, False, (),
+                                              allow_unreachable=True, accumulate_grad=True)
 
 
 def adamw_step_bytes_per_parameter() -> float:

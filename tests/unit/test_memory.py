@@ -309,3 +309,25 @@ def test_the_loss_backward_holds_two_logit_gradients_and_pipeline_stages_keep_th
     piped = Plan(precision="fp32", pp=2, microbatches=2, pp_schedule="gpipe", block_container="layers")
     last = estimate_rank_memory(profile, piped, state_layout("fp32", "adamw"), rank=1)
     assert last.activations == 2 * 3000 + 2 * 5000 + 2 * 5000  # two micro-batches' saved and logits, the loss's two
+
+
+def test_checkpointed_blocks_keep_neither_a_rebuilt_block_nor_weight_copies_to_the_loss():
+    """Measured with MemTracker (bench/fake_parallel_peak.py, one H100-shaped rank): under
+    checkpointing the loss's backward meets no rebuilt block (none is rebuilt before the backward
+    reaches it) and, of autocast's weight copies, only those outside the blocks (a checkpointed
+    block saves none; autocast's cache empties as the forward's region ends); the forward's end
+    holds every copy and the logits the loss computes from, as the head made them and widened."""
+    profile = _states_only(1000, num_blocks=2)
+    blocks = tuple(dataclasses.replace(b, saved_bytes=3000, input_bytes=100, saved_param_copy_bytes=500)
+                   for b in profile.blocks)
+    head = dataclasses.replace(profile.head, saved_bytes=2000, output_bytes=5000, bwd_largest_output_bytes=10_000,
+                               saved_param_copy_bytes=300)
+    profile = dataclasses.replace(profile, blocks=blocks, head=head)
+    workload = Workload(global_batch_size=1)
+    memory = estimate_memory(profile, workload, Plan(activation_checkpointing="full"))
+    assert (memory.activations, memory.buffers) == (2 * 100 + 2000 + 2 * 10_000, 300)  # the loss's backward
+    plain = estimate_memory(profile, workload, Plan())
+    assert plain.buffers == 2 * 500 + 300  # without checkpointing the backward keeps every copy
+    copied = tuple(dataclasses.replace(b, saved_param_copy_bytes=5000) for b in blocks)
+    forward = estimate_memory(dataclasses.replace(profile, blocks=copied), workload, Plan(activation_checkpointing="full"))
+    assert (forward.activations, forward.buffers) == (2 * 100 + 2000 + 10_000 + 5000, 2 * 5000 + 300)

@@ -27,7 +27,8 @@ class RankActivations(NamedTuple):
     ``rebuilt``: that block's under full checkpointing, which the backward holds to its end (0
     without it); ``others``: what the rank's other in-flight micro-batches hold while its first
     backward runs, where every forward precedes that backward (0 without a pipeline), None where a
-    forward follows it (:func:`held_through_first_backward`)."""
+    forward follows it (:func:`held_through_first_backward`); ``loss_inputs``: what the loss's
+    forward holds beside what it saves (on the last stage: :func:`_loss_inputs`)."""
 
     total: float
     loss_grads: float
@@ -35,6 +36,7 @@ class RankActivations(NamedTuple):
     block: float
     rebuilt: float
     others: float | None
+    loss_inputs: float = 0.0
 
 
 def estimate_block_activations(block: SegmentProfile, plan: Plan, *, scale: float,
@@ -92,7 +94,8 @@ def rank_activations(view: RankView) -> RankActivations:
     return RankActivations(estimate_activations(view) + _stage_outputs(view),
                            loss_grads=LOSS_GRADIENT_COPIES * view.scale * sum(_logits_gradient(s) for s in view.head),
                            released=view.scale * sum(s.saved_bytes for s in view.head),
-                           block=block, rebuilt=rebuilt, others=held_through_first_backward(view))
+                           block=block, rebuilt=rebuilt, others=held_through_first_backward(view),
+                           loss_inputs=view.scale * sum(_loss_inputs(s) for s in view.head))
 
 
 def held_through_first_backward(view: RankView) -> float | None:
@@ -146,6 +149,14 @@ def _logits_gradient(head: SegmentProfile) -> int:
     """Bytes of one gradient of the logits as the loss's backward makes it: the largest tensor the
     head's backward writes (the loss's dtype: fp32 under autocast), at least the head's output."""
     return max(head.output_bytes, head.bwd_largest_output_bytes)
+
+
+def _loss_inputs(head: SegmentProfile) -> int:
+    """Bytes of the logits the loss's forward holds beside what it saves (the log-probabilities):
+    the head's output, and where the loss computes in a wider dtype (fp32 under autocast) its copy
+    of them in that dtype, as wide as one of its gradients (:func:`_logits_gradient`)."""
+    widened = _logits_gradient(head)
+    return widened + head.output_bytes if widened > head.output_bytes else widened
 
 
 def _per_microbatch(stage: Stage, plan: Plan, *, scale: float) -> float:

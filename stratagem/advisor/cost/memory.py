@@ -45,9 +45,9 @@ HOST_MEMORY_PER_DEVICE_MEMORY = 2.0
 # Share of host RAM offloaded states may take; the OS, data loaders and pinned buffers need the rest. Estimate.
 HOST_USABLE_FRACTION = 0.8
 
-# What model states never depend on: a layout's plans differ only in these.
-_NOT_IN_MODEL_STATES = ("micro_batch_size", "microbatches", "grad_accum", "pp_schedule", "sequence_parallel",
-                        "activation_checkpointing")
+# What model states never depend on: a layout's plans differ only in these (checkpointing decides
+# which autocast weight copies a step keeps: _autocast_copies).
+_NOT_IN_MODEL_STATES = ("micro_batch_size", "microbatches", "grad_accum", "pp_schedule", "sequence_parallel")
 # What activations never depend on: the data-parallel sharding, offload, precision (profiled in it).
 _NOT_IN_ACTIVATIONS = ("dp_replicate", "dp_shard", "zero", "offload", "precision", "grad_accum",
                        "block_container", "tp_layout")
@@ -208,8 +208,7 @@ def estimate_buffers(view: RankView, params: float) -> Transient:
     plan = view.plan
     prec = get_precision(plan.precision)
     if not plan.uses_fsdp:
-        copies = view.per_tp_rank("saved_param_copy_bytes") if prec.autocast else 0.0
-        return Transient.constant(ddp_bucket_bytes(plan, params) + copies)
+        return _autocast_copies(view, ddp_bucket_bytes(plan, params))
     gathered = params * prec.compute_bytes
     if view.one_fsdp_unit or plan.pp > 1:
         return Transient.constant(gathered)
@@ -219,6 +218,24 @@ def estimate_buffers(view: RankView, params: float) -> Transient:
         return Transient(gathered, gathered, gathered, root + block, root)
     return Transient(forward=root, loss=root + block if view.loss_in_forward else 0.0, first_block=root + 2 * block,
                      last_block=root + block, embedding=root)
+
+
+def _autocast_copies(view: RankView, buckets: float) -> Transient:
+    """``buckets`` and autocast's compute-dtype weight copies, moment by moment: without
+    checkpointing the backward keeps every copy it saved; a checkpointed block saves none, so its
+    copies live in autocast's cache alone, which empties as the forward's autocast region ends,
+    before the loss's backward: then the copies outside the blocks remain, and a block's own while
+    its backward recomputes it. A pipeline's schedule runs its backward inside that region."""
+    plan = view.plan
+    if not get_precision(plan.precision).autocast:
+        return Transient.constant(buckets)
+    copies = buckets + view.per_tp_rank("saved_param_copy_bytes")
+    if not plan.checkpoints or plan.pp > 1:
+        return Transient.constant(copies)
+    outside = buckets + view.outside_per_tp_rank("saved_param_copy_bytes")
+    block = max((b.saved_param_copy_bytes for b, _ in view.stage.kinds), default=0) / plan.tp
+    return Transient(forward=copies, loss=outside, first_block=outside + block, last_block=outside + block,
+                     embedding=outside)
 
 
 def ddp_bucket_bytes(plan: Plan, params: float) -> float:
@@ -376,8 +393,9 @@ def _alive_at_peak(states: RankStates, activations: RankActivations, meet: bool)
     if activations.others is None:
         return max((every + unsharded, activations.total + activations.loss_grads, max(at)), embedding, key=sum)
     kept = every if meet else 0.0
-    moments = ((kept, activations.total, at.forward),
-               (kept, activations.total + activations.loss_grads, at.loss),
+    forward = activations.total - activations.rebuilt  # no block is rebuilt before the backward reaches it
+    moments = ((kept, forward + activations.loss_inputs, at.forward),
+               (kept, forward + activations.loss_grads, at.loss),
                (kept + unsharded, activations.total - activations.released - min(activations.block, unit),
                 at.first_block),
                (every + unsharded, activations.others + activations.rebuilt - min(activations.rebuilt, unit),
