@@ -329,5 +329,6 @@ def test_checkpointed_blocks_keep_neither_a_rebuilt_block_nor_weight_copies_to_t
     plain = estimate_memory(profile, workload, Plan())
     assert plain.buffers == 2 * 500 + 300  # without checkpointing the backward keeps every copy
     copied = tuple(dataclasses.replace(b, saved_param_copy_bytes=5000) for b in blocks)
-    forward = estimate_memory(dataclasses.replace(profile, blocks=copied), workload, Plan(activation_checkpointing="full"))
+    forward = estimate_memory(dataclasses.replace(profile, blocks=copied), workload,
+                              Plan(activation_checkpointing="full"))
     assert (forward.activations, forward.buffers) == (2 * 100 + 2000 + 10_000 + 5000, 2 * 5000 + 300)
