@@ -198,13 +198,13 @@ def estimate_buffers(view: RankView, params: float) -> Transient:
     model's forward computes the loss (``RankView.loss_in_forward``). Each block's backward holds
     its unit and the next, prefetched, but the model's first block's, the last to run backward
     (none left to prefetch); every unit is freed after its backward, the root after the
-    embedding's. ZeRO-2 keeps every unit gathered
-    from its forward to its backward. A plan without blocks has the root as its only unit. Under a
-    pipeline, torch's schedule keeps every unit gathered after its backward until the last
-    micro-batch's gradients are reduced (``set_reshard_after_backward(False)``): the whole stage,
-    gathered. DDP keeps a copy of every gradient in its buckets for the module's life
-    (``gradient_as_bucket_view=False``, torch's default, which the plugins keep); autocast's
-    compute-dtype weight copies live from forward to backward."""
+    embedding's. ZeRO-2 keeps every unit gathered from its forward to its backward. A plan
+    without blocks has the root as its only unit. Under a pipeline, torch's schedule keeps every
+    unit gathered after its backward until the last micro-batch's gradients are reduced
+    (``set_reshard_after_backward(False)``): the whole stage, gathered. DDP keeps a copy of every
+    gradient in its buckets for the module's life (``gradient_as_bucket_view=False``, torch's
+    default, which the plugins keep), beside autocast's compute-dtype weight copies
+    (:func:`_autocast_copies`)."""
     plan = view.plan
     prec = get_precision(plan.precision)
     if not plan.uses_fsdp:
