@@ -59,15 +59,22 @@ def profile_for_plan(module: nn.Module, example: Any, *, precision: str, kernels
     A step that cannot run is profiled as forward alone on its ``fallback()``, with a note (and a
     warning) giving the reason; a model that fails there too raises that error. ``kernels``: whose
     (``profile_model``)."""
-    from stratagem.advisor.profile.profiler import input_shape, profile_model
+    from stratagem.advisor.profile.profiler import profile_model
 
     if not isinstance(example, TrainingStep):
         return profile_model(module, as_inputs(example), precision=precision, kernels=kernels)
+    profile = _step_profile(module, example, precision=precision, kernels=kernels)
+    return profile.with_loss_in_forward() if example.in_forward else profile
+
+
+def _step_profile(module: nn.Module, example: TrainingStep, *, precision: str, kernels: str) -> ModelProfile:
+    """:func:`profile_for_plan` of a step: traced, else forward alone with the note."""
+    from stratagem.advisor.profile.profiler import input_shape, profile_model
+
     shape = (None, None) if example.forward_inputs is None else input_shape(as_inputs(example.forward_inputs))
     try:
-        profile = profile_model(module, example.inputs, step_fn=example.run, precision=precision,
-                                batch_size=shape[0], seq_len=shape[1], kernels=kernels)
-        return profile.with_loss_in_forward() if example.in_forward else profile
+        return profile_model(module, example.inputs, step_fn=example.run, precision=precision,
+                             batch_size=shape[0], seq_len=shape[1], kernels=kernels)
     except Exception as err:  # any failure of the step: forward alone is profiled, and the note says why
         cause = err.__cause__ or err
         reason = f"{type(cause).__name__}: {(str(cause).strip().splitlines() or [''])[0]}"
@@ -75,8 +82,7 @@ def profile_for_plan(module: nn.Module, example: Any, *, precision: str, kernels
             "and whatever the step computes around forward are not in the profile")
     log.warning("auto-parallel: %s", note)
     profile = profile_model(module, as_inputs(example.fallback()), precision=precision, kernels=kernels)
-    profile = replace(profile, notes=(*profile.notes, note))
-    return profile.with_loss_in_forward() if example.in_forward else profile
+    return replace(profile, notes=(*profile.notes, note))
 
 
 def fabric_step(inputs: Any, loss_fn: Callable[[Any], Tensor]) -> TrainingStep:
