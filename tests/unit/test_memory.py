@@ -200,7 +200,7 @@ def test_fsdp_gathers_units_moment_by_moment_and_ddp_keeps_a_copy_of_every_gradi
     """Measured with MemTracker on rank 0 of a fake 8-rank group (bench/fake_parallel_peak.py,
     Llama 3 8B fsdp8): the loss ran with nothing gathered and the last block's backward held the
     root and that block gathered beside the sharded weights, as ``reshard_after_forward=True`` on
-    the root too has it. Moments: forward's end, loss, first block, last block, embedding."""
+    the root too has it. Moments: forward's end, loss, head, first block, last block, embedding."""
     profile = _with_root(_states_only(8000, num_blocks=4), embed=1000, head=3000)  # blocks of 2000
     root, block = 4 * 4000, 4 * 2000
 
@@ -209,12 +209,12 @@ def test_fsdp_gathers_units_moment_by_moment_and_ddp_keeps_a_copy_of_every_gradi
         return estimate_buffers(view, estimate_params_per_rank(view))
 
     zero3 = Plan(dp_shard=4, zero=3, precision="fp32", block_container="layers")
-    assert transient(zero3) == (root, 0, root + 2 * block, root + block, root)
+    assert transient(zero3) == (root, 0, root + block, root + 2 * block, root + block, root)
     in_forward = dataclasses.replace(profile, loss_in_forward=True)  # the root's backward gathers before the loss
-    assert transient(zero3, in_forward) == (root, root + block, root + 2 * block, root + block, root)
+    assert transient(zero3, in_forward) == (root, root + block, root + block, root + 2 * block, root + block, root)
     every = 4 * 12000
     zero2 = Plan(dp_shard=4, zero=2, precision="fp32", block_container="layers")
-    assert transient(zero2) == (every, every, every, root + block, root)  # freed after their backward
+    assert transient(zero2) == (every, every, every, every, root + block, root)  # freed after their backward
     assert transient(Plan(dp_replicate=4, precision="fp32")) == Transient.constant(every)
     assert transient(Plan(dp_shard=4, zero=3, precision="fp32")) == Transient.constant(every)  # one unit
     zero2_memory = estimate_memory(profile, Workload(global_batch_size=4, precision="fp32"), zero2)
@@ -241,6 +241,28 @@ def test_the_loss_under_fsdp_meets_no_gathered_unit_unless_the_forward_computes_
                                    dataclasses.replace(plan, grad_accum=2))
     assert (accumulating.activations, accumulating.buffers, accumulating.gradients) == (4500 + 2 * 200_000, 0,
                                                                                         4 * 12000 / 4)
+
+
+def test_the_head_s_backward_starts_with_the_root_gathered_again_and_gloo_gathers_and_reduces_through_copies():
+    """Under ZeRO-3 the root is gathered again, the last block prefetched, when the head's output
+    gradient arrives, the loss's backward done: with a large root and logits a little smaller,
+    that moment is the peak. Gloo's all-gather holds its output twice while it runs, its
+    reduce-scatter its input (bench/gloo_collective_memory.py): on CPU ranks the moment holds the
+    root twice (its own gather) and every unit's reduce-scatter copies its gradients twice."""
+    profile = _with_root(_states_only(8000, num_blocks=4), embed=5000, head=100)  # blocks of 2000
+    blocks = tuple(dataclasses.replace(b, saved_bytes=1000) for b in profile.blocks)
+    head = dataclasses.replace(profile.head, saved_bytes=500, output_bytes=26_000, bwd_largest_output_bytes=26_000)
+    profile = dataclasses.replace(profile, batch_size=1, precision="fp32", head=head, blocks=blocks)
+    workload = Workload(global_batch_size=4, precision="fp32")
+    plan = Plan(dp_shard=4, zero=3, precision="fp32", block_container="layers")
+    root, block = 4 * 5100, 4 * 2000
+    gpus = estimate_memory(profile, workload, plan, cluster=parse_cluster("4xH100-SXM-80GB"))
+    assert (gpus.activations, gpus.buffers, gpus.gradients) == (4500 + 26_000, root + block, 0)
+    cpus = estimate_memory(profile, workload, plan, cluster=parse_cluster("4xcpu"))
+    assert (cpus.activations, cpus.buffers, cpus.gradients) == (4500 + 26_000, 2 * root, 0)
+    view = rank_view(profile.computed_by(plan), plan, 0)
+    layout = state_layout("fp32", "adamw")
+    assert estimate_unsharded_gradients(view, layout, collectives_copy=True) == (4 * 100, block, 2 * block)
 
 
 def test_fsdp_backward_holds_the_head_s_and_a_unit_s_unsharded_gradients():

@@ -28,7 +28,8 @@ class RankActivations(NamedTuple):
     without it); ``others``: what the rank's other in-flight micro-batches hold while its first
     backward runs, where every forward precedes that backward (0 without a pipeline), None where a
     forward follows it (:func:`held_through_first_backward`); ``loss_inputs``: what the loss's
-    forward holds beside what it saves (on the last stage: :func:`_loss_inputs`)."""
+    forward holds beside what it saves (on the last stage: :func:`_loss_inputs`); ``output_grad``: the
+    one gradient of the head's output, in its dtype, that the loss's backward leaves for the head's."""
 
     total: float
     loss_grads: float
@@ -37,6 +38,7 @@ class RankActivations(NamedTuple):
     rebuilt: float
     others: float | None
     loss_inputs: float = 0.0
+    output_grad: float = 0.0
 
 
 def estimate_block_activations(block: SegmentProfile, plan: Plan, *, scale: float,
@@ -95,7 +97,8 @@ def rank_activations(view: RankView) -> RankActivations:
                            loss_grads=LOSS_GRADIENT_COPIES * view.scale * sum(_logits_gradient(s) for s in view.head),
                            released=view.scale * sum(s.saved_bytes for s in view.head),
                            block=block, rebuilt=rebuilt, others=held_through_first_backward(view),
-                           loss_inputs=view.scale * sum(_loss_inputs(s) for s in view.head))
+                           loss_inputs=view.scale * sum(_loss_inputs(s) for s in view.head),
+                           output_grad=view.scale * sum(s.output_bytes for s in view.head))
 
 
 def held_through_first_backward(view: RankView) -> float | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from stratagem.advisor.cost.estimate import Estimate, MemoryBreakdown, TimeBreakdown
 from stratagem.advisor.hardware import Cluster
-from stratagem.advisor.cost.memory import estimate_memory, framework_bytes, usable_bytes, usable_host_bytes_per_rank
+from stratagem.advisor.cost.memory import estimate_memory, usable_bytes, usable_host_bytes_per_rank
 from stratagem.plan import Plan, Workload
 from stratagem.advisor.profile.model_profile import ModelProfile
 from stratagem.advisor.cost.timing import estimate_time, mfu, tokens_per_second
@@ -20,7 +20,7 @@ def evaluate(profile: ModelProfile, cluster: Cluster, workload: Workload, plan: 
     already computed for this plan."""
     plan.check(world_size=cluster.world_size, num_heads=profile.num_heads,
                num_kv_heads=profile.num_kv_heads, num_blocks=len(profile.blocks))
-    memory = memory or estimate_memory(profile, workload, plan, runtime=runtime, framework=framework_bytes(cluster))
+    memory = memory or estimate_memory(profile, workload, plan, runtime=runtime, cluster=cluster)
     time = time or estimate_time(profile, cluster=cluster, workload=workload, plan=plan)
     return Estimate(
         plan=plan, memory=memory, time=time,

@@ -170,12 +170,13 @@ def estimate_optimizer(params: float, plan: Plan, layout: StateLayout) -> float:
 class Transient(NamedTuple):
     """Bytes beyond the model states and gradients (:func:`estimate_buffers`) at each moment the
     rank's peak may be (:func:`_alive_at_peak`): the forward's end, before the loss; the loss's
-    backward; the first block's backward (the model's last block; the most, no moment of the
-    forward holds more); the last block's (the model's first, as the backward ends); the
-    embedding's, after the blocks'."""
+    backward; the head's backward as it starts, the loss's done; the first block's backward (the
+    model's last block; the most, no moment of the forward holds more); the last block's (the
+    model's first, as the backward ends); the embedding's, after the blocks'."""
 
     forward: float
     loss: float
+    head: float
     first_block: float
     last_block: float
     embedding: float
@@ -186,16 +187,19 @@ class Transient(NamedTuple):
         return cls(*(num_bytes,) * len(cls._fields))
 
 
-def estimate_buffers(view: RankView, params: float) -> Transient:
+def estimate_buffers(view: RankView, params: float, *, collectives_copy: bool = False) -> Transient:
     """Bytes beyond the model states, moment by moment, ``params`` being the rank's parameters
-    before sharding.
+    before sharding; ``collectives_copy``: the backend's all-gathers hold their output twice while
+    they run (:func:`collectives_copy`).
 
     The plugins ``fully_shard`` each block and the root with one ``reshard_after_forward``, the
     root included (torch's default would keep the root gathered). ZeRO-3 frees each unit after its
     forward, so the forward ends with the root gathered and no block; the loss, run after the
     root's forward, meets nothing gathered. The root is gathered again when the gradient of its
-    output arrives, and with it, prefetched, the last block: before the loss's backward where the
-    model's forward computes the loss (``RankView.loss_in_forward``). Each block's backward holds
+    output arrives, and with it, prefetched, the last block: as the head's backward starts, or
+    before the loss's backward where the model's forward computes the loss
+    (``RankView.loss_in_forward``); a copying backend holds the root twice as it gathers it, then
+    the block as it prefetches it. Each block's backward holds
     its unit and the next, prefetched, but the model's first block's, the last to run backward
     (none left to prefetch); every unit is freed after its backward, the root after the
     embedding's. ZeRO-2 keeps every unit gathered from its forward to its backward. A plan
@@ -215,9 +219,10 @@ def estimate_buffers(view: RankView, params: float) -> Transient:
     root = view.outside_per_tp_rank("num_params") * prec.compute_bytes
     block = view.stage.largest_block_params / plan.tp * prec.compute_bytes
     if not plan.shards_parameters:
-        return Transient(gathered, gathered, gathered, root + block, root)
-    return Transient(forward=root, loss=root + block if view.loss_in_forward else 0.0, first_block=root + 2 * block,
-                     last_block=root + block, embedding=root)
+        return Transient(gathered, gathered, gathered, gathered, root + block, root)
+    regathered = max(2 * root, root + 2 * block) if collectives_copy else root + block
+    return Transient(forward=root, loss=root + block if view.loss_in_forward else 0.0, head=regathered,
+                     first_block=root + 2 * block, last_block=root + block, embedding=root)
 
 
 def _autocast_copies(view: RankView, buckets: float) -> Transient:
@@ -234,8 +239,8 @@ def _autocast_copies(view: RankView, buckets: float) -> Transient:
         return Transient.constant(copies)
     outside = buckets + view.outside_per_tp_rank("saved_param_copy_bytes")
     block = max((b.saved_param_copy_bytes for b, _ in view.stage.kinds), default=0) / plan.tp
-    return Transient(forward=copies, loss=outside, first_block=outside + block, last_block=outside + block,
-                     embedding=outside)
+    return Transient(forward=copies, loss=outside, head=outside, first_block=outside + block,
+                     last_block=outside + block, embedding=outside)
 
 
 def ddp_bucket_bytes(plan: Plan, params: float) -> float:
@@ -255,19 +260,22 @@ class RankStates(NamedTuple):
     transient: Transient
     held_grads: float
     unit_grads: float
-    unit_copy: float  # the reduce-scatter's copy of the unit's gradients
+    unit_copy: float  # the reduce-scatter's copy of the unit's gradients (a copying backend's own too)
     embedding_grads: float = 0.0
     step_temporaries: float = 0.0  # the optimizer step's (estimate_step_bytes)
     step_buffers: float = 0.0  # the buffers that outlive the backward (estimate_step_bytes)
 
 
-def estimate_unsharded_gradients(view: RankView, layout: StateLayout) -> tuple[float, float, float]:
+def estimate_unsharded_gradients(view: RankView, layout: StateLayout, *,
+                                 collectives_copy: bool = False) -> tuple[float, float, float]:
     """Gradient bytes FSDP2 holds unsharded while backward runs, beyond the sharded gradients:
     ``(held, unit, copy)``, those held while a unit's are reduced, that unit's, and the copy of
     them the reduce-scatter takes (for a moment all three). Autograd makes them in the dtype of
     the parameters FSDP gathered (the compute dtype under ``*-mixed``), and the reduce-scatter
     copies a unit's into one buffer in the reduce dtype, the sharded gradients' (fp32 under
-    ``*-mixed``; torch's ``foreach_reduce``), before it frees them. Each block unit is reduced as
+    ``*-mixed``; torch's ``foreach_reduce``), before it frees them; a backend whose
+    reduce-scatter holds its input again while it runs (``collectives_copy``:
+    :func:`collectives_copy`) holds that copy twice. Each block unit is reduced as
     its backward ends, the root unit's gradients (the head's) only when the root's backward ends,
     after the embedding's; a model without block units is one unit, reduced at the end. Under a
     pipeline, torch's schedule reduces nothing until the last micro-batch's backward has run
@@ -282,13 +290,14 @@ def estimate_unsharded_gradients(view: RankView, layout: StateLayout) -> tuple[f
     if plan.pp > 1:
         return layout.grads * stage, 0.0, 0.0
     unsharded = get_precision(plan.precision).compute_bytes
+    copies = 2 if collectives_copy else 1
     if view.one_fsdp_unit:
-        return 0.0, unsharded * stage, layout.grads * stage
+        return 0.0, unsharded * stage, copies * layout.grads * stage
     head = sum(s.num_params for s in view.head)
     if view.head and "vocab_head" in plan.vocab_tp_styles:
         head -= view.stage.vocab_shares.get("vocab_head", {}).get("num_params", 0) * (1 - 1 / plan.tp)
     block = view.stage.largest_block_params / plan.tp
-    return unsharded * head, unsharded * block, layout.grads * block
+    return unsharded * head, unsharded * block, copies * layout.grads * block
 
 
 def estimate_step_bytes(plan: Plan, params: float, layout: StateLayout, *, on_gpu: bool) -> tuple[float, float]:
@@ -315,13 +324,16 @@ def estimate_embedding_gradient(view: RankView, layout: StateLayout) -> float:
 
 
 def estimate_memory(profile: ModelProfile, workload: Workload, plan: Plan, *, runtime: str = "torch",
-                    framework: float = 0.0) -> MemoryBreakdown:
+                    cluster: Cluster | None = None) -> MemoryBreakdown:
     """Peak bytes per rank on the most loaded rank, term by term: every pipeline rank that may be
     the most loaded is costed, the fullest reported, from the profile of what the plan computes
-    (``ModelProfile.computed_by``). ``framework``: :func:`framework_bytes`."""
+    (``ModelProfile.computed_by``). ``cluster``: what its ranks' processes take beyond the tensors
+    (:func:`framework_bytes`) and whether its collectives copy (:func:`collectives_copy`); None
+    for neither."""
     profile = profile.computed_by(plan)
     layout = state_layout(plan.precision, workload.optimizer, runtime=runtime)
-    ranks = zip(_candidates_states(profile, plan, layout), _candidates_activations(profile, plan))
+    framework, copying = _cluster_terms(cluster)
+    ranks = zip(_candidates_states(profile, plan, layout, copying), _candidates_activations(profile, plan))
     meet = gradients_meet_activations(plan, layout)
     states, activations = max(ranks, key=lambda rank: _fullness(*rank, framework, meet))
     return _with_activations(states, activations, framework, meet)
@@ -345,20 +357,35 @@ def framework_bytes(cluster: Cluster) -> float:
     return cluster.node.framework_bytes or 0.0
 
 
+def _cluster_terms(cluster: Cluster | None) -> tuple[float, bool]:
+    """:func:`framework_bytes` and :func:`collectives_copy` of ``cluster``; none of either without one."""
+    return (framework_bytes(cluster), collectives_copy(cluster)) if cluster else (0.0, False)
+
+
+def collectives_copy(cluster: Cluster) -> bool:
+    """Whether the cluster's collectives hold a second copy of what they move while they run:
+    gloo's (CPU ranks) do, an all-gather its output, a reduce-scatter its input (two ranks, 64 MiB
+    fp32: 127.7 and 65.7 MiB beyond the tensors, ``bench/gloo_collective_memory.py``); NCCL's
+    work in the tensors given them, beside a fixed buffer of their own."""
+    return cluster.backend == "gloo"
+
+
 def estimate_rank_memory(profile: ModelProfile, plan: Plan, layout: StateLayout, *, rank: int,
-                         framework: float = 0.0) -> MemoryBreakdown:
-    """Peak bytes of pipeline rank ``rank``, term by term (``framework``: :func:`framework_bytes`)."""
+                         cluster: Cluster | None = None) -> MemoryBreakdown:
+    """Peak bytes of pipeline rank ``rank``, term by term (``cluster``: as :func:`estimate_memory`)."""
     view = rank_view(profile.computed_by(plan), plan, rank)
-    return _with_activations(_model_states(view, layout, on_gpu=profile.kernels == "gpu"), rank_activations(view),
-                             framework, gradients_meet_activations(plan, layout))
+    framework, copying = _cluster_terms(cluster)
+    states = _model_states(view, layout, on_gpu=profile.kernels == "gpu", collectives_copy=copying)
+    return _with_activations(states, rank_activations(view), framework, gradients_meet_activations(plan, layout))
 
 
-def _model_states(view: RankView, layout: StateLayout, *, on_gpu: bool) -> RankStates:
+def _model_states(view: RankView, layout: StateLayout, *, on_gpu: bool, collectives_copy: bool) -> RankStates:
     """Every term of the rank but activations and framework: what micro-batching leaves alone.
-    ``on_gpu``: the profile counts a GPU's kernels (:func:`estimate_step_bytes`)."""
+    ``on_gpu``: the profile counts a GPU's kernels (:func:`estimate_step_bytes`); ``collectives_copy``:
+    :func:`collectives_copy`."""
     plan = view.plan
     params = estimate_params_per_rank(view)
-    transient = estimate_buffers(view, params)
+    transient = estimate_buffers(view, params, collectives_copy=collectives_copy)
     states = MemoryBreakdown(
         parameters=estimate_parameters(params, plan, layout),
         gradients=estimate_gradients(params, plan, layout),
@@ -367,7 +394,7 @@ def _model_states(view: RankView, layout: StateLayout, *, on_gpu: bool) -> RankS
         buffers=max(transient),
         host=estimate_offloaded(params, plan, layout),
     )
-    return RankStates(states, transient, *estimate_unsharded_gradients(view, layout),
+    return RankStates(states, transient, *estimate_unsharded_gradients(view, layout, collectives_copy=collectives_copy),
                       estimate_embedding_gradient(view, layout),
                       *estimate_step_bytes(plan, params, layout, on_gpu=on_gpu))
 
@@ -376,9 +403,10 @@ def _alive_at_peak(states: RankStates, activations: RankActivations, meet: bool)
     """Gradients, activations and buffers (:class:`Transient`) at the peak: the fullest of the
     moments of the rank's first backward and the forward's end before it (every activation): the
     loss's backward (every activation and the gradients of the head's output, no parameter
-    gradient yet); the end of the first block's backward (the activations but the head's; the
-    gradients held and the block unit's with the reduce-scatter's copy of them, while the block's
-    activations are freed); the backward's end (every gradient, and the block full checkpointing
+    gradient yet); the head's backward as it starts (one gradient of the head's output); the end
+    of the first block's backward (the activations but the head's; the gradients held and the
+    block unit's with the reduce-scatter's copy of them, while the block's activations are
+    freed); the backward's end (every gradient, and the block full checkpointing
     rebuilt last, likewise); the embedding's backward after the blocks' (every gradient, and the
     whole table's gradient of a vocabulary split). The rank's other in-flight micro-batches'
     activations are held through all of them (``RankActivations.others``). Where gradients meet
@@ -396,6 +424,7 @@ def _alive_at_peak(states: RankStates, activations: RankActivations, meet: bool)
     forward = activations.total - activations.rebuilt  # no block is rebuilt before the backward reaches it
     moments = ((kept, forward + activations.loss_inputs, at.forward),
                (kept, forward + activations.loss_grads, at.loss),
+               (kept, forward + activations.output_grad, at.head),
                (kept + unsharded, activations.total - activations.released - min(activations.block, unit),
                 at.first_block),
                (every + unsharded, activations.others + activations.rebuilt - min(activations.rebuilt, unit),
@@ -433,10 +462,11 @@ def _fullness(states: RankStates, activations: RankActivations, framework: float
 
 
 @by_identity_and_plan(ignoring=_NOT_IN_MODEL_STATES)
-def _candidates_states(profile: ModelProfile, plan: Plan, layout: StateLayout) -> tuple[RankStates, ...]:
+def _candidates_states(profile: ModelProfile, plan: Plan, layout: StateLayout,
+                       collectives_copy: bool) -> tuple[RankStates, ...]:
     """:func:`_model_states` of each of :func:`candidate_ranks`, once for the plans of a layout."""
-    return tuple(_model_states(rank_view(profile, plan, r), layout, on_gpu=profile.kernels == "gpu")
-                 for r in candidate_ranks(profile, plan))
+    return tuple(_model_states(rank_view(profile, plan, r), layout, on_gpu=profile.kernels == "gpu",
+                               collectives_copy=collectives_copy) for r in candidate_ranks(profile, plan))
 
 
 @by_identity_and_plan(ignoring=_NOT_IN_ACTIVATIONS)

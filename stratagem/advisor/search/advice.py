@@ -15,7 +15,7 @@ from stratagem.advisor.cost.batch_norm import latency_unknown_note
 from stratagem.advisor.cost.estimate import Estimate, MemoryBreakdown, TimeBreakdown
 from stratagem.advisor.cost.evaluate import evaluate
 from stratagem.advisor.cost.rates import matmul_dtype
-from stratagem.advisor.cost.memory import estimate_memory, framework_bytes, overflow
+from stratagem.advisor.cost.memory import estimate_memory, overflow
 from stratagem.advisor.cost.communication import splits_routed_experts
 from stratagem.advisor.cost.timing import estimate_time, tokens_per_second
 from stratagem.advisor.hardware import Cluster
@@ -118,7 +118,7 @@ def advise(profile: ModelProfile, cluster: Cluster, workload: Workload, *, top: 
         raise UsageError(f"the pinned stage_blocks {list(pinned_stages)} cover {sum(pinned_stages)} blocks, but "
                          f"{profile.name} has {len(profile.blocks)}\nHINT: give one block count per pipeline "
                          "stage, adding up to the model's blocks")
-    runtime, framework = runtime_for(target), framework_bytes(cluster)
+    runtime = runtime_for(target)
     excluded: Counter = Counter()
     fitting, smallest, evaluated = [], None, 0
     for group in search_plans(profile, cluster, workload, excluded=excluded, stage_blocks=pinned_stages,
@@ -129,7 +129,7 @@ def advise(profile: ModelProfile, cluster: Cluster, workload: Workload, *, top: 
                 excluded[reason] += 1
                 continue
             evaluated += 1
-            memory = estimate_memory(profile, workload, plan, runtime=runtime, framework=framework)
+            memory = estimate_memory(profile, workload, plan, runtime=runtime, cluster=cluster)
             fullness = overflow(memory, cluster)
             if smallest is None or fullness < smallest[0]:
                 smallest = (fullness, plan, memory)

@@ -15,7 +15,6 @@ from stratagem.advisor.hardware.lookup import device_from_entry, find_gpu, find_
 from stratagem.advisor.cost.memory import (
     HOST_MEMORY_PER_DEVICE_MEMORY,
     estimate_memory,
-    framework_bytes,
     overflow,
     usable_bytes,
     usable_host_bytes_per_rank,
@@ -251,8 +250,7 @@ def _more_devices(profile: ModelProfile, cluster: Cluster, workload: Workload, *
     for bigger in _larger_clusters(cluster):
         for group in candidates(profile, bigger, workload):
             plan = next(group, None)  # the group's smallest micro-batch
-            if plan and overflow(estimate_memory(profile, workload, plan, runtime=runtime,
-                                                 framework=framework_bytes(bigger)), bigger) <= 1:
+            if plan and overflow(estimate_memory(profile, workload, plan, runtime=runtime, cluster=bigger), bigger) <= 1:
                 if bigger.is_tpu:
                     return (f"It would fit on a slice of {bigger.world_size} {cluster.device.name} chips, "
                             f"e.g. as {plan.name}.")
