@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from stratagem.advisor.profile.cache import profile_spec
-from stratagem.advisor.profile.model_profile import LinearLayer
+from stratagem.advisor.profile.model_profile import LinearLayer, policy_field
 from stratagem.advisor.profile.profiler import profile_model
 
 from model_factories import Embedded
@@ -103,6 +103,18 @@ def test_what_a_split_leaves_whole_is_measured_per_block(kernels, widths):
     block = profile_spec("llama-tiny", precision="fp32", kernels=kernels).blocks[0]
     assert block.tp_replicated_bytes / block.input_bytes == pytest.approx(widths, abs=0.2)
     assert block.tp_gathered_bytes == 2 * block.input_bytes  # what q, k, v and w1, w3 read, gathered under SP
+
+
+@pytest.mark.parametrize("policy, widths", [("selective", 3), ("selective-op", 2)])
+def test_what_a_split_leaves_whole_of_what_a_selective_policy_keeps(policy, widths):
+    """A block checkpointed under a selective policy keeps its input and the kept matmuls' outputs:
+    of those a TP split leaves whole on every rank the input and the row Linears' outputs (wo and
+    w2 under ``selective``; w2 alone under ``selective-op``, which recomputes every second matmul,
+    wo the fourth), each one input width; the column Linears' outputs and attention's are split."""
+    block = profile_spec("llama-tiny", precision="fp32", kernels="gpu").blocks[0]
+    replicated = getattr(block, policy_field(policy, "tp_replicated_bytes"))
+    assert replicated == widths * block.input_bytes
+    assert replicated < getattr(block, policy_field(policy, "kept_bytes"))  # the rest is split
 
 
 def test_a_mixture_of_experts_keeps_its_routed_tokens_whole():

@@ -49,7 +49,8 @@ def estimate_block_activations(block: SegmentProfile, plan: Plan, *, scale: floa
     selective policy keeps what the profile measured a block checkpointed under it keeping (its
     input and the kept operators' outputs, eager). TP without SP leaves on each rank what the
     profile measured a split block keeping whole (eq. 2's replicated part, measured:
-    :mod:`~stratagem.advisor.profile.tp_layout`), at most what the block keeps, and splits the rest;
+    :mod:`~stratagem.advisor.profile.tp_layout`; under a selective policy, of what the policy
+    keeps), at most what the block keeps, and splits the rest;
     with SP, eq. 4 splits it all but, without checkpointing, the column Linears' inputs, which
     torch's SP all-gathers and autograd keeps so (Megatron-LM gathers them again in backward)."""
     checkpointing = checkpointing or plan.activation_checkpointing
@@ -62,8 +63,9 @@ def estimate_block_activations(block: SegmentProfile, plan: Plan, *, scale: floa
         saved = getattr(block, policy_field(checkpointing, "kept_bytes")) * scale
     if plan.tp == 1:
         return saved
-    if not plan.sequence_parallel:
-        whole = block.tp_replicated_bytes  # eq. 2
+    if not plan.sequence_parallel:  # eq. 2, of what the block keeps under its policy
+        whole = getattr(block, "tp_replicated_bytes" if checkpointing == "none"
+                        else policy_field(checkpointing, "tp_replicated_bytes"))
     elif checkpointing == "none":
         whole = block.tp_gathered_bytes  # eq. 4, but for the gathered inputs torch keeps
     else:

@@ -38,7 +38,7 @@ def kernels_for(*, accelerator: bool) -> str:
     return "gpu" if accelerator else "cpu"
 
 
-SCHEMA_VERSION = 21
+SCHEMA_VERSION = 22
 """Version of the layout ``ModelProfile.to_dict`` writes and ``from_dict`` reads. Bump it whenever
 a field of ModelProfile, SegmentProfile, LinearLayer, ConvLayer, BatchNormCall or AttentionCall is added, removed, renamed or changes
 meaning (tests/unit/test_profile_cache_checks.py pins the fields to this number)."""
@@ -190,16 +190,19 @@ class SegmentProfile:
     tp_gathered_bytes: int = 0  # of saved_bytes, the column Linears' inputs, which TP with SP keeps gathered
     tp_replicated_op_bytes: int = 0  # of fwd_op_bytes, what TP without SP moves whole on each rank (tp_layout.py)
     # A block checkpointed under each selective policy (stratagem.plan.checkpointing; 0 outside
-    # the blocks): the bytes it keeps (its input and the kept operators' outputs), and the forward
-    # work its backward runs again: FLOPs, operators, bytes moved (batch-sized, parameter-sized),
-    # and of its FLOPs those of fused attention kernels.
+    # the blocks): the bytes it keeps (its input and the kept operators' outputs), of them what TP
+    # without SP leaves whole on each rank (tp_layout.py), and the forward work its backward runs
+    # again: FLOPs, operators, bytes moved (batch-sized, parameter-sized), and of its FLOPs those
+    # of fused attention kernels.
     selective_kept_bytes: int = 0
+    selective_tp_replicated_bytes: int = 0
     selective_recompute_flops: int = 0
     selective_recompute_ops: int = 0
     selective_recompute_op_bytes: int = 0
     selective_recompute_param_op_bytes: int = 0
     selective_recompute_attention_flops: int = 0
     selective_op_kept_bytes: int = 0
+    selective_op_tp_replicated_bytes: int = 0
     selective_op_recompute_flops: int = 0
     selective_op_recompute_ops: int = 0
     selective_op_recompute_op_bytes: int = 0

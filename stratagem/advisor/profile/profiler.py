@@ -49,7 +49,7 @@ from stratagem.advisor.profile.structure import (
     pp_tied_params,
     pp_unavailable,
 )
-from stratagem.advisor.profile.tp_layout import LinearCallRecorder, SplitKept, find_tp_layout
+from stratagem.advisor.profile.tp_layout import LinearCallRecorder, SplitKept, find_tp_layout, split_fields
 from stratagem.advisor.profile.vocab_layout import VocabCallRecorder, find_vocab_layout, vocab_segment_fields
 from stratagem.errors import UsageError
 from stratagem.units import format_list
@@ -429,9 +429,7 @@ def _assemble(model: nn.Module, blocks: tuple[str, ...], record: RunRecord, prec
         counts, kept = record.segments[rep or fqn], tp_kept.get(rep or fqn, SplitKept())
         block_profiles.append(make(fqn, type(module).__name__, counts,
                                    linears=linear_layers(module, calls.rows(rep or fqn)), measured_as=rep,
-                                   tp_replicated_bytes=min(kept.replicated, counts.saved_bytes),
-                                   tp_gathered_bytes=min(kept.gathered, counts.saved_bytes),
-                                   tp_replicated_op_bytes=round(kept.op_share * counts.fwd_op_bytes)))
+                                   **split_fields(kept, counts)))
     embed_counts = record.segments[EMBED]
     embed_counts.output_bytes = block_profiles[0].input_bytes if block_profiles else record.output_bytes
     head_counts = record.segments[HEAD]

@@ -18,7 +18,10 @@ block saves ``W = R + S``, the halved one ``H = R + S/2``, and ``R = 2H − W`` 
 dropout masks; a block's own code decides which tensors they are here). The whole run also counts
 what the column Linears save of their inputs: sequence parallelism all-gathers those inputs, and
 torch's autograd keeps them gathered for the weights' gradients (Megatron-LM keeps the shard and
-gathers it again in backward; docs/cost-model.md, "What TP leaves whole, measured").
+gathers it again in backward; docs/cost-model.md, "What TP leaves whole, measured"). A block
+checkpointed under a selective policy keeps its input and the outputs of the operators the policy
+keeps (:mod:`stratagem.plan.checkpointing`); the same two runs measure what of those outputs each
+rank keeps whole (a row Linear's full-width output), as ``2H − W`` of them.
 
 A model that declares its own plan — Hugging Face's ``config.base_model_tp_plan`` — gets that
 plan instead of the structural pairing, when every entry splits a block's Linear by column or row
@@ -33,9 +36,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import nn
@@ -48,9 +52,14 @@ from stratagem.advisor.profile.autocast import CudaAutocast
 from stratagem.advisor.profile.block_inputs import fresh
 from stratagem.advisor.profile.fused import FusedKernels
 from stratagem.advisor.profile.measure import CAST_OPS, MASK_OPS, quiet_fake_tensor_log, stored_bytes
+from stratagem.advisor.profile.model_profile import policy_field
 from stratagem.advisor.profile.op_bytes import moved_bytes, priced_by_bytes
 from stratagem.advisor.profile.vocab_layout import HF_VOCAB_STYLES
+from stratagem.plan.checkpointing import SELECTIVE_POLICIES, PolicyState
 from stratagem.plan.tp_styles import is_sequence_norm
+
+if TYPE_CHECKING:
+    from stratagem.advisor.profile.counts import SegmentCounts
 
 Layout = tuple[tuple[str, str], ...]
 
@@ -58,13 +67,30 @@ Layout = tuple[tuple[str, str], ...]
 class SplitKept(NamedTuple):
     """Of the bytes a block saves for backward at the profiled batch, what a TP split keeps whole on
     every rank: without sequence parallelism (``replicated``, R = 2H − W), and with it, the column
-    Linears' all-gathered inputs (``gathered``); and of the bytes its forward's operators without
+    Linears' all-gathered inputs (``gathered``); of the bytes its forward's operators without
     FLOPs move, the share no split divides without sequence parallelism (``op_share``, the same
-    2H − W over W: the norms and residual adds on the whole residual stream)."""
+    2H − W over W: the norms and residual adds on the whole residual stream); and, per selective
+    checkpointing policy, of the outputs the policy keeps, what no split divides
+    (``policy_replicated``; the block's input, kept whole too, aside)."""
 
     replicated: int = 0
     gathered: int = 0
     op_share: float = 0.0
+    policy_replicated: Mapping[str, int] = MappingProxyType({})
+
+
+def split_fields(kept: SplitKept, counts: SegmentCounts) -> dict[str, int]:
+    """A block's :class:`~.model_profile.SegmentProfile` fields of what a TP split keeps whole,
+    from ``kept`` and the block's ``counts``: of what it saves, without SP and with it; of what its
+    operators without FLOPs move; and of what each selective policy keeps, its input and the kept
+    outputs no split divides. Each at most the whole it is part of."""
+    fields = {"tp_replicated_bytes": min(kept.replicated, counts.saved_bytes),
+              "tp_gathered_bytes": min(kept.gathered, counts.saved_bytes),
+              "tp_replicated_op_bytes": round(kept.op_share * counts.fwd_op_bytes)}
+    for policy, measured in counts.policies.items():
+        whole = counts.input_bytes + kept.policy_replicated.get(policy, 0)
+        fields[policy_field(policy, "tp_replicated_bytes")] = min(whole, counts.input_bytes + measured.kept_bytes)
+    return fields
 
 
 class TPLayout(NamedTuple):
@@ -240,8 +266,9 @@ def _try_split(block: nn.Module, fqn: str, styles: dict[str, str], inputs: tuple
                       "column-split Linears alone") if whole_readers else None
     moved = whole_saved.op_bytes
     op_share = min(1.0, max(0, 2 * halves_saved.op_bytes - moved) / moved) if moved else 0.0
+    policies = {p: max(0, 2 * halves_saved.kept[p] - whole_saved.kept[p]) for p in SELECTIVE_POLICIES}
     return _SplitRun(None, SplitKept(max(0, 2 * halves_saved.bytes - whole_saved.bytes), whole_saved.gathered,
-                                     op_share), sp_unavailable)
+                                     op_share, MappingProxyType(policies)), sp_unavailable)
 
 
 class _NormReaders:
@@ -310,8 +337,11 @@ class _SavedBytes(TorchDispatchMode):
     :meth:`leave_column`), their inputs, each storage once, counted there even where an operator
     before them saved it too (SP gathers a copy of its own). And ``op_bytes``: what the operators
     the profile prices by bytes read and write, as the step counts them
-    (:func:`~.op_bytes.moved_bytes`; autocast's weight copies, parameter-sized, aside). It is the
-    counter :class:`~.fused.FusedKernels` reports a fused kernel's saved tensors and bytes to."""
+    (:func:`~.op_bytes.moved_bytes`; autocast's weight copies, parameter-sized, aside). And
+    ``kept``: per selective checkpointing policy, the bytes of the outputs it keeps, each storage
+    once (:class:`~stratagem.plan.checkpointing.PolicyState` decides, op by op, as the plugin's
+    policy does). It is the counter :class:`~.fused.FusedKernels` reports a fused kernel's saved
+    tensors and bytes to."""
 
     def __init__(self, weights: dict[str, torch.Tensor], *, gpu_kernels: bool) -> None:
         super().__init__()
@@ -326,9 +356,14 @@ class _SavedBytes(TorchDispatchMode):
         self._masks: set[StorageWeakRef] = set()
         self._gathered: set[StorageWeakRef] = set()
         self._seen: list[torch.Tensor] = []  # strong references keep the storages distinct
+        self.kept = dict.fromkeys(SELECTIVE_POLICIES, 0)
+        self._policies = {policy: PolicyState(policy) for policy in SELECTIVE_POLICIES}
+        self._kept: set[tuple[str, StorageWeakRef]] = set()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         out = func(*args, **(kwargs or {}))
+        if not self.suppressed:  # a fused kernel's decomposition runs no operator a policy keeps
+            self._keep(str(func.overloadpacket), out)
         if not isinstance(out, torch.Tensor):
             return out
         packet = func.overloadpacket
@@ -341,6 +376,20 @@ class _SavedBytes(TorchDispatchMode):
         if not self.suppressed and priced_by_bytes(packet):
             self.op_bytes += moved_bytes(packet, args, out)
         return out
+
+    def _keep(self, op: str, out: Any) -> None:
+        """Count ``out``'s storages (each once, weights aside) as kept by each policy that keeps ``op``'s output."""
+        for policy, state in self._policies.items():
+            if not state.keeps(op):
+                continue
+            for tensor in tree_flatten(out)[0]:
+                if not isinstance(tensor, torch.Tensor):
+                    continue
+                ref = StorageWeakRef(tensor.untyped_storage())
+                if ref not in self._weights and (policy, ref) not in self._kept:
+                    self._kept.add((policy, ref))
+                    self._seen.append(tensor)
+                    self.kept[policy] += tensor.untyped_storage().nbytes()
 
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
         """The saved-tensor hook: count ``tensor`` unless a fused kernel counts what it saves."""
