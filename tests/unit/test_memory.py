@@ -9,9 +9,9 @@ import torch
 
 from stratagem.advisor.hardware import parse_cluster
 from stratagem.advisor.cost.activations import estimate_activations, estimate_block_activations
-from stratagem.advisor.cost.memory import (StateLayout, Transient, estimate_buffers, estimate_memory,
-                                          estimate_params_per_rank, estimate_rank_memory,
-                                          estimate_unsharded_gradients, state_layout)
+from stratagem.advisor.cost.buffers import Transient, estimate_buffers
+from stratagem.advisor.cost.memory import (StateLayout, estimate_memory, estimate_params_per_rank, estimate_rank_memory,
+                                          estimate_root_reduce, estimate_unsharded_gradients, state_layout)
 from stratagem.advisor.cost.rank_view import in_flight_microbatches, rank_view
 from stratagem.plan import Plan, Workload
 from stratagem.advisor.profile.profiler import ModelProfile, SegmentProfile, profile_model
@@ -263,6 +263,27 @@ def test_the_head_s_backward_starts_with_the_root_gathered_again_and_gloo_gather
     view = rank_view(profile.computed_by(plan), plan, 0)
     layout = state_layout("fp32", "adamw")
     assert estimate_unsharded_gradients(view, layout, collectives_copy=True) == (4 * 100, block, 2 * block)
+
+
+def test_the_backward_ends_reducing_the_root_unit_through_a_copy_before_its_shard_exists():
+    """FSDP2 reduces the root unit (embedding and head) last, its parameters resharded first: its
+    gradients unsharded and their copy in the reduce dtype beside every other unit's shard, its own
+    not made yet (bench/fake_parallel_peak.py, Llama 3 8B fsdp8 ckpt=full: exactly this, 20.34 GiB).
+    Gloo copies the reduce-scatter's input again; an earlier micro-batch's reduction made the shard."""
+    profile = _with_root(_states_only(8000, num_blocks=4), embed=11_900, head=100)  # blocks of 2000
+    profile = dataclasses.replace(profile, batch_size=1, precision="fp32")
+    plan = Plan(dp_shard=4, zero=3, precision="fp32", block_container="layers")
+    root, every, shard = 12_000, 4 * 20_000 / 4, 4 * 12_000 / 4
+    view = rank_view(profile.computed_by(plan), plan, 0)
+    assert estimate_root_reduce(view, state_layout("fp32", "adamw")) == (root * (4 + 4), shard)
+    workload = Workload(global_batch_size=4, precision="fp32")
+    gpus = estimate_memory(profile, workload, plan, cluster=parse_cluster("4xH100-SXM-80GB"))
+    assert (gpus.gradients, gpus.activations, gpus.buffers) == (every - shard + root * (4 + 4), 0, 0)
+    cpus = estimate_memory(profile, workload, plan, cluster=parse_cluster("4xcpu"))
+    assert cpus.gradients == every - shard + root * (4 + 2 * 4)
+    accumulating = estimate_memory(profile, Workload(global_batch_size=8, precision="fp32"),
+                                   dataclasses.replace(plan, grad_accum=2))
+    assert accumulating.gradients == every + root * (4 + 4)
 
 
 def test_fsdp_backward_holds_the_head_s_and_a_unit_s_unsharded_gradients():

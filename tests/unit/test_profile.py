@@ -424,7 +424,7 @@ class _LossInside(nn.Module):
 
 
 def test_the_profile_tells_a_loss_the_forward_computes_from_one_after_it(tmp_path):
-    """Where the loss runs decides what FSDP holds gathered at it (cost.memory.estimate_buffers)."""
+    """Where the loss runs decides what FSDP holds gathered at it (cost.buffers.estimate_buffers)."""
     tokens = _tokens()
     assert profile_model(_LossInside(), (tokens,), precision="fp32").loss_in_forward
     assert not profile_model(Toy(), (tokens,), loss_fn=_ce, precision="fp32").loss_in_forward

@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from stratagem.advisor.cost import communication, host, memory
+from stratagem.advisor.cost import buffers, communication, host, memory
 from stratagem.advisor.cost.rank_step import rank_step
 from stratagem.advisor.cost.rank_view import rank_view
 from stratagem.advisor.cost.stages import rank_stages
@@ -82,8 +82,8 @@ def test_states_divide_and_the_whole_embedding_gradient_meets_every_gradient_onc
     params = [memory.estimate_params_per_rank(view) for view in views]
     assert params[1] - params[0] == pytest.approx(2 * table * (1 - 1 / TP))
     # FSDP's root unit, gathered in the compute dtype, holds the rank's share of the vocabulary
-    buffers = [memory.estimate_buffers(view, p).first_block for view, p in zip(views, params)]
-    assert buffers[1] - buffers[0] == pytest.approx(2 * table * (1 - 1 / TP) * 2)
+    gathered = [buffers.estimate_buffers(view, p).first_block for view, p in zip(views, params)]
+    assert gathered[1] - gathered[0] == pytest.approx(2 * table * (1 - 1 / TP) * 2)
     assert memory.estimate_embedding_gradient(views[0], layout) == pytest.approx(layout.grads * table * (1 - 1 / TP))
     assert memory.estimate_embedding_gradient(views[1], layout) == 0
     workload = Workload(global_batch_size=2, seq_len=LLAMA.seq_len)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from stratagem.advisor.cost.activations import RankActivations, rank_activations
+from stratagem.advisor.cost.buffers import Transient, ddp_bucket_bytes, estimate_buffers
 from stratagem.advisor.cost.estimate import MemoryBreakdown, device_bytes
 from stratagem.advisor.cost.optimizer import runs_foreach
 from stratagem.advisor.cost.rank_view import RankView, rank_view
@@ -167,93 +168,12 @@ def estimate_optimizer(params: float, plan: Plan, layout: StateLayout) -> float:
     return layout.optimizer * params / shard
 
 
-class Transient(NamedTuple):
-    """Bytes beyond the model states and gradients (:func:`estimate_buffers`) at each moment the
-    rank's peak may be (:func:`_alive_at_peak`): the forward's end, before the loss; the loss's
-    backward; the head's backward as it starts, the loss's done; the first block's backward (the
-    model's last block; the most, no moment of the forward holds more); the last block's (the
-    model's first, as the backward ends); the embedding's, after the blocks'."""
-
-    forward: float
-    loss: float
-    head: float
-    first_block: float
-    last_block: float
-    embedding: float
-
-    @classmethod
-    def constant(cls, num_bytes: float) -> Transient:
-        """The same bytes at every moment."""
-        return cls(*(num_bytes,) * len(cls._fields))
-
-
-def estimate_buffers(view: RankView, params: float, *, collectives_copy: bool = False) -> Transient:
-    """Bytes beyond the model states, moment by moment, ``params`` being the rank's parameters
-    before sharding; ``collectives_copy``: the backend's all-gathers hold their output twice while
-    they run (:func:`collectives_copy`).
-
-    The plugins ``fully_shard`` each block and the root with one ``reshard_after_forward``, the
-    root included (torch's default would keep the root gathered). ZeRO-3 frees each unit after its
-    forward, so the forward ends with the root gathered and no block; the loss, run after the
-    root's forward, meets nothing gathered. The root is gathered again when the gradient of its
-    output arrives, and with it, prefetched, the last block: as the head's backward starts, or
-    before the loss's backward where the model's forward computes the loss
-    (``RankView.loss_in_forward``); a copying backend holds the root twice as it gathers it, then
-    the block as it prefetches it. Each block's backward holds
-    its unit and the next, prefetched, but the model's first block's, the last to run backward
-    (none left to prefetch); every unit is freed after its backward, the root after the
-    embedding's. ZeRO-2 keeps every unit gathered from its forward to its backward. A plan
-    without blocks has the root as its only unit. Under a pipeline, torch's schedule keeps every
-    unit gathered after its backward until the last micro-batch's gradients are reduced
-    (``set_reshard_after_backward(False)``): the whole stage, gathered. DDP keeps a copy of every
-    gradient in its buckets for the module's life (``gradient_as_bucket_view=False``, torch's
-    default, which the plugins keep), beside autocast's compute-dtype weight copies
-    (:func:`_autocast_copies`)."""
-    plan = view.plan
-    prec = get_precision(plan.precision)
-    if not plan.uses_fsdp:
-        return _autocast_copies(view, ddp_bucket_bytes(plan, params))
-    gathered = params * prec.compute_bytes
-    if view.one_fsdp_unit or plan.pp > 1:
-        return Transient.constant(gathered)
-    root = view.outside_per_tp_rank("num_params") * prec.compute_bytes
-    block = view.stage.largest_block_params / plan.tp * prec.compute_bytes
-    if not plan.shards_parameters:
-        return Transient(gathered, gathered, gathered, gathered, root + block, root)
-    regathered = max(2 * root, root + 2 * block) if collectives_copy else root + block
-    return Transient(forward=root, loss=root + block if view.loss_in_forward else 0.0, head=regathered,
-                     first_block=root + 2 * block, last_block=root + block, embedding=root)
-
-
-def _autocast_copies(view: RankView, buckets: float) -> Transient:
-    """``buckets`` and autocast's compute-dtype weight copies, moment by moment: without
-    checkpointing the backward keeps every copy it saved; a checkpointed block saves none, so its
-    copies live in autocast's cache alone, which empties as the forward's autocast region ends,
-    before the loss's backward: then the copies outside the blocks remain, and a block's own while
-    its backward recomputes it. A pipeline's schedule runs its backward inside that region."""
-    plan = view.plan
-    if not get_precision(plan.precision).autocast:
-        return Transient.constant(buckets)
-    copies = buckets + view.per_tp_rank("saved_param_copy_bytes")
-    if not plan.checkpoints or plan.pp > 1:
-        return Transient.constant(copies)
-    outside = buckets + view.outside_per_tp_rank("saved_param_copy_bytes")
-    block = max((b.saved_param_copy_bytes for b, _ in view.stage.kinds), default=0) / plan.tp
-    return Transient(forward=copies, loss=outside, head=outside, first_block=outside + block,
-                     last_block=outside + block, embedding=outside)
-
-
-def ddp_bucket_bytes(plan: Plan, params: float) -> float:
-    """DDP's gradient buckets: a copy of every gradient, in the parameter dtype, for the module's
-    life (``gradient_as_bucket_view=False``); none without data parallelism or under FSDP."""
-    return params * get_precision(plan.precision).param_bytes if plan.uses_ddp else 0.0
-
-
 class RankStates(NamedTuple):
     """A rank's model states (:func:`_model_states`' breakdown) and the gradients that exist only
     while backward runs, beyond the sharded ones (:func:`estimate_unsharded_gradients`): those held,
-    the unit's being reduced and its copy for the reduce-scatter; and the input embedding's beyond
-    the rank's rows, for a moment at the backward's end (:func:`estimate_embedding_gradient`);
+    the unit's being reduced and its copy for the reduce-scatter; the input embedding's beyond
+    the rank's rows, for a moment at the backward's end (:func:`estimate_embedding_gradient`); the
+    root unit's as it is reduced last, and its shard they make (:func:`estimate_root_reduce`);
     the buffers moment by moment (``states.buffers``: the most of them)."""
 
     states: MemoryBreakdown
@@ -262,6 +182,8 @@ class RankStates(NamedTuple):
     unit_grads: float
     unit_copy: float  # the reduce-scatter's copy of the unit's gradients (a copying backend's own too)
     embedding_grads: float = 0.0
+    root_reduce: float = 0.0
+    root_shard: float = 0.0
     step_temporaries: float = 0.0  # the optimizer step's (estimate_step_bytes)
     step_buffers: float = 0.0  # the buffers that outlive the backward (estimate_step_bytes)
 
@@ -298,6 +220,26 @@ def estimate_unsharded_gradients(view: RankView, layout: StateLayout, *,
         head -= view.stage.vocab_shares.get("vocab_head", {}).get("num_params", 0) * (1 - 1 / plan.tp)
     block = view.stage.largest_block_params / plan.tp
     return unsharded * head, unsharded * block, copies * layout.grads * block
+
+
+def estimate_root_reduce(view: RankView, layout: StateLayout, *,
+                         collectives_copy: bool = False) -> tuple[float, float]:
+    """``(reduce, shard)``: what FSDP2 holds beyond the sharded gradients as it reduces the root
+    unit (the embedding's and head's gradients), the backward's last moment where the blocks are
+    units of their own: the root's gradients unsharded, in the dtype of the parameters it gathered,
+    and their copy in the reduce dtype (twice where the backend's reduce-scatter copies its input:
+    :func:`collectives_copy`); and the root's shard of the sharded gradients, which this reduction
+    makes (until then absent, unless an earlier micro-batch made it). The root's parameters are
+    resharded before its gradients are reduced (``FSDPParamGroup.post_backward``). Measured on
+    fake H100 ranks (``bench/fake_parallel_peak.py``, Llama 3 8B ``fsdp8 zero3 ckpt=full``): the
+    peak held exactly this, 20.34 GiB, which the model put at 19.52 without the moment."""
+    plan = view.plan
+    if not plan.uses_fsdp or not layout.frees_gradients or plan.pp > 1 or view.one_fsdp_unit:
+        return 0.0, 0.0
+    root = view.outside_per_tp_rank("num_params")
+    copies = 2 if collectives_copy else 1
+    reduce = root * (get_precision(plan.precision).compute_bytes + copies * layout.grads)
+    return reduce, root * layout.grads / plan.dp_shard
 
 
 def estimate_step_bytes(plan: Plan, params: float, layout: StateLayout, *, on_gpu: bool) -> tuple[float, float]:
@@ -396,6 +338,7 @@ def _model_states(view: RankView, layout: StateLayout, *, on_gpu: bool, collecti
     )
     return RankStates(states, transient, *estimate_unsharded_gradients(view, layout, collectives_copy=collectives_copy),
                       estimate_embedding_gradient(view, layout),
+                      *estimate_root_reduce(view, layout, collectives_copy=collectives_copy),
                       *estimate_step_bytes(plan, params, layout, on_gpu=on_gpu))
 
 
@@ -408,7 +351,9 @@ def _alive_at_peak(states: RankStates, activations: RankActivations, meet: bool)
     block unit's with the reduce-scatter's copy of them, while the block's activations are
     freed); the backward's end (every gradient, and the block full checkpointing
     rebuilt last, likewise); the embedding's backward after the blocks' (every gradient, and the
-    whole table's gradient of a vocabulary split). The rank's other in-flight micro-batches'
+    whole table's gradient of a vocabulary split); the root unit's reduction, the last (every
+    gradient but the root's shard, which it makes, unless kept from an earlier micro-batch, and the
+    root's unsharded with their copy, its parameters resharded). The rank's other in-flight micro-batches'
     activations are held through all of them (``RankActivations.others``). Where gradients meet
     activations (:func:`gradients_meet_activations`), the gradients kept from the step's earlier
     micro-batches or in the runtime's buffers are there at every moment; where a pipeline rank
@@ -418,8 +363,9 @@ def _alive_at_peak(states: RankStates, activations: RankActivations, meet: bool)
     unsharded = states.held_grads + states.unit_grads + states.unit_copy
     at, every = states.transient, states.states.gradients
     embedding = (every + unsharded + states.embedding_grads, activations.others or 0.0, at.embedding)
+    root = (every - (0.0 if meet else states.root_shard) + states.root_reduce, activations.others or 0.0, 0.0)
     if activations.others is None:
-        return max((every + unsharded, activations.total + activations.loss_grads, max(at)), embedding, key=sum)
+        return max((every + unsharded, activations.total + activations.loss_grads, max(at)), embedding, root, key=sum)
     kept = every if meet else 0.0
     forward = activations.total - activations.rebuilt  # no block is rebuilt before the backward reaches it
     moments = ((kept, forward + activations.loss_inputs, at.forward),
@@ -429,7 +375,7 @@ def _alive_at_peak(states: RankStates, activations: RankActivations, meet: bool)
                 at.first_block),
                (every + unsharded, activations.others + activations.rebuilt - min(activations.rebuilt, unit),
                 at.last_block),
-               embedding)
+               embedding, root)
     return max(moments, key=sum)
 
 
