@@ -55,13 +55,15 @@ from stratagem.advisor.profile.measure import CAST_OPS, MASK_OPS, quiet_fake_ten
 from stratagem.advisor.profile.model_profile import policy_field
 from stratagem.advisor.profile.op_bytes import moved_bytes, priced_by_bytes
 from stratagem.advisor.profile.vocab_layout import HF_VOCAB_STYLES
-from stratagem.plan.checkpointing import SELECTIVE_POLICIES, PolicyState
+from stratagem.advisor.profile.recompute import CheckpointPolicies
+from stratagem.plan.checkpointing import SELECTIVE_POLICIES
 from stratagem.plan.tp_styles import is_sequence_norm
 
 if TYPE_CHECKING:
     from stratagem.advisor.profile.counts import SegmentCounts
 
 Layout = tuple[tuple[str, str], ...]
+_BLOCK = "block"  # the one block a split run counts
 
 
 class SplitKept(NamedTuple):
@@ -339,8 +341,8 @@ class _SavedBytes(TorchDispatchMode):
     the profile prices by bytes read and write, as the step counts them
     (:func:`~.op_bytes.moved_bytes`; autocast's weight copies, parameter-sized, aside). And
     ``kept``: per selective checkpointing policy, the bytes of the outputs it keeps, each storage
-    once (:class:`~stratagem.plan.checkpointing.PolicyState` decides, op by op, as the plugin's
-    policy does). It is the counter :class:`~.fused.FusedKernels` reports a fused kernel's saved
+    once (:class:`~.recompute.CheckpointPolicies` counts them op by op, as the profile's step
+    does). It is the counter :class:`~.fused.FusedKernels` reports a fused kernel's saved
     tensors and bytes to."""
 
     def __init__(self, weights: dict[str, torch.Tensor], *, gpu_kernels: bool) -> None:
@@ -356,14 +358,13 @@ class _SavedBytes(TorchDispatchMode):
         self._masks: set[StorageWeakRef] = set()
         self._gathered: set[StorageWeakRef] = set()
         self._seen: list[torch.Tensor] = []  # strong references keep the storages distinct
-        self.kept = dict.fromkeys(SELECTIVE_POLICIES, 0)
-        self._policies = {policy: PolicyState(policy) for policy in SELECTIVE_POLICIES}
-        self._kept: set[tuple[str, StorageWeakRef]] = set()
+        self._policies = CheckpointPolicies(self._weights)  # the weights' casts join the set as they are made
+        self._policies.start(_BLOCK)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         out = func(*args, **(kwargs or {}))
         if not self.suppressed:  # a fused kernel's decomposition runs no operator a policy keeps
-            self._keep(str(func.overloadpacket), out)
+            self._policies.op(_BLOCK, str(func.overloadpacket), out, flops=0, ops=0, op_bytes=0, param_op_bytes=0)
         if not isinstance(out, torch.Tensor):
             return out
         packet = func.overloadpacket
@@ -377,19 +378,10 @@ class _SavedBytes(TorchDispatchMode):
             self.op_bytes += moved_bytes(packet, args, out)
         return out
 
-    def _keep(self, op: str, out: Any) -> None:
-        """Count ``out``'s storages (each once, weights aside) as kept by each policy that keeps ``op``'s output."""
-        for policy, state in self._policies.items():
-            if not state.keeps(op):
-                continue
-            for tensor in tree_flatten(out)[0]:
-                if not isinstance(tensor, torch.Tensor):
-                    continue
-                ref = StorageWeakRef(tensor.untyped_storage())
-                if ref not in self._weights and (policy, ref) not in self._kept:
-                    self._kept.add((policy, ref))
-                    self._seen.append(tensor)
-                    self.kept[policy] += tensor.untyped_storage().nbytes()
+    @property
+    def kept(self) -> dict[str, int]:
+        """Per selective policy, the bytes of the operators' outputs it keeps (the block's input aside)."""
+        return {policy: counts.kept_bytes for policy, counts in self._policies.counts[_BLOCK].items()}
 
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
         """The saved-tensor hook: count ``tensor`` unless a fused kernel counts what it saves."""
