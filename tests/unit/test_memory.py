@@ -222,16 +222,22 @@ def test_fsdp_gathers_units_moment_by_moment_and_ddp_keeps_a_copy_of_every_gradi
     assert estimate_memory(profile, Workload(global_batch_size=1), Plan(precision="fp32")).buffers == 0
 
 
+def _zero3_with_logits(*, embed: int, head: int, logits: int) -> tuple[ModelProfile, Workload, Plan]:
+    """Four blocks of 2000 parameters keeping 1000 bytes each, the root's ``embed`` and ``head``
+    parameters, a head keeping 500 bytes and writing ``logits`` bytes; fp32 ZeRO-3 over 4 ranks."""
+    profile = _with_root(_states_only(8000, num_blocks=4), embed=embed, head=head)
+    blocks = tuple(dataclasses.replace(b, saved_bytes=1000) for b in profile.blocks)
+    head_kept = dataclasses.replace(profile.head, saved_bytes=500, output_bytes=logits, bwd_largest_output_bytes=logits)
+    profile = dataclasses.replace(profile, batch_size=1, precision="fp32", head=head_kept, blocks=blocks)
+    return (profile, Workload(global_batch_size=4, precision="fp32"),
+            Plan(dp_shard=4, zero=3, precision="fp32", block_container="layers"))
+
+
 def test_the_loss_under_fsdp_meets_no_gathered_unit_unless_the_forward_computes_it():
     """A head whose loss gradients are the largest tensors peaks at the loss: under ZeRO-3 nothing
     is gathered then, unless the model's forward computes the loss (the root gathered again, with
     the last block prefetched, before the loss's backward)."""
-    profile = _with_root(_states_only(8000, num_blocks=4), embed=1000, head=3000)  # blocks of 2000
-    blocks = tuple(dataclasses.replace(b, saved_bytes=1000) for b in profile.blocks)
-    head = dataclasses.replace(profile.head, saved_bytes=500, output_bytes=200_000, bwd_largest_output_bytes=200_000)
-    profile = dataclasses.replace(profile, batch_size=1, precision="fp32", head=head, blocks=blocks)
-    workload = Workload(global_batch_size=4, precision="fp32")
-    plan = Plan(dp_shard=4, zero=3, precision="fp32", block_container="layers")
+    profile, workload, plan = _zero3_with_logits(embed=1000, head=3000, logits=200_000)
     outside = estimate_memory(profile, workload, plan)
     assert (outside.activations, outside.buffers, outside.gradients) == (4500 + 2 * 200_000, 0, 0)
     inside = estimate_memory(dataclasses.replace(profile, loss_in_forward=True), workload, plan)
@@ -249,12 +255,7 @@ def test_the_head_s_backward_starts_with_the_root_gathered_again_and_gloo_gather
     that moment is the peak. Gloo's all-gather holds its output twice while it runs, its
     reduce-scatter its input (bench/gloo_collective_memory.py): on CPU ranks the moment holds the
     root twice (its own gather) and every unit's reduce-scatter copies its gradients twice."""
-    profile = _with_root(_states_only(8000, num_blocks=4), embed=5000, head=100)  # blocks of 2000
-    blocks = tuple(dataclasses.replace(b, saved_bytes=1000) for b in profile.blocks)
-    head = dataclasses.replace(profile.head, saved_bytes=500, output_bytes=26_000, bwd_largest_output_bytes=26_000)
-    profile = dataclasses.replace(profile, batch_size=1, precision="fp32", head=head, blocks=blocks)
-    workload = Workload(global_batch_size=4, precision="fp32")
-    plan = Plan(dp_shard=4, zero=3, precision="fp32", block_container="layers")
+    profile, workload, plan = _zero3_with_logits(embed=5000, head=100, logits=26_000)
     root, block = 4 * 5100, 4 * 2000
     gpus = estimate_memory(profile, workload, plan, cluster=parse_cluster("4xH100-SXM-80GB"))
     assert (gpus.activations, gpus.buffers, gpus.gradients) == (4500 + 26_000, root + block, 0)

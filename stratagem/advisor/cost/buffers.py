@@ -16,10 +16,11 @@ __all__ = ["Transient", "ddp_bucket_bytes", "estimate_buffers"]
 
 class Transient(NamedTuple):
     """Bytes beyond the model states and gradients (:func:`estimate_buffers`) at each moment the
-    rank's peak may be (:func:`~stratagem.advisor.cost.memory._alive_at_peak`): the forward's end, before the loss; the loss's
-    backward; the head's backward as it starts, the loss's done; the first block's backward (the
-    model's last block; the most, no moment of the forward holds more); the last block's (the
-    model's first, as the backward ends); the embedding's, after the blocks'."""
+    rank's peak may be (:func:`~stratagem.advisor.cost.memory._alive_at_peak`): the forward's end,
+    before the loss; the loss's backward; the head's backward as it starts, the loss's done; the
+    first block's backward (the model's last block; the most, no moment of the forward holds
+    more); the last block's (the model's first, as the backward ends); the embedding's, after the
+    blocks'."""
 
     forward: float
     loss: float
@@ -48,13 +49,13 @@ def estimate_buffers(view: RankView, params: float, *, collectives_copy: bool = 
     (``RankView.loss_in_forward``); a copying backend holds the root twice as it gathers it, then
     the block as it prefetches it. Each block's backward holds its unit and the next, prefetched,
     but the model's first block's, the last to run backward (none left to prefetch); every unit is
-    freed after its backward, the root after the embedding's. ZeRO-2 keeps every unit gathered from its forward to its backward. A plan
-    without blocks has the root as its only unit. Under a pipeline, torch's schedule keeps every
-    unit gathered after its backward until the last micro-batch's gradients are reduced
-    (``set_reshard_after_backward(False)``): the whole stage, gathered. DDP keeps a copy of every
-    gradient in its buckets for the module's life (``gradient_as_bucket_view=False``, torch's
-    default, which the plugins keep), beside autocast's compute-dtype weight copies
-    (:func:`_autocast_copies`)."""
+    freed after its backward, the root after the embedding's. ZeRO-2 keeps every unit gathered
+    from its forward to its backward. A plan without blocks has the root as its only unit. Under a
+    pipeline, torch's schedule keeps every unit gathered after its backward until the last
+    micro-batch's gradients are reduced (``set_reshard_after_backward(False)``): the whole stage,
+    gathered. DDP keeps a copy of every gradient in its buckets for the module's life
+    (``gradient_as_bucket_view=False``, torch's default, which the plugins keep), beside
+    autocast's compute-dtype weight copies (:func:`_autocast_copies`)."""
     plan = view.plan
     prec = get_precision(plan.precision)
     if not plan.uses_fsdp:

@@ -250,7 +250,8 @@ def _more_devices(profile: ModelProfile, cluster: Cluster, workload: Workload, *
     for bigger in _larger_clusters(cluster):
         for group in candidates(profile, bigger, workload):
             plan = next(group, None)  # the group's smallest micro-batch
-            if plan and overflow(estimate_memory(profile, workload, plan, runtime=runtime, cluster=bigger), bigger) <= 1:
+            if plan and overflow(estimate_memory(profile, workload, plan, runtime=runtime, cluster=bigger),
+                                 bigger) <= 1:
                 if bigger.is_tpu:
                     return (f"It would fit on a slice of {bigger.world_size} {cluster.device.name} chips, "
                             f"e.g. as {plan.name}.")
