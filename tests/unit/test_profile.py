@@ -436,6 +436,37 @@ def test_the_profile_tells_a_loss_the_forward_computes_from_one_after_it(tmp_pat
     assert profile_spec(f"hf:{tmp_path}", seq_len=16, precision="fp32", cache=False).loss_in_forward  # its labels
 
 
+class _CheckpointsItself(nn.Module):
+    """Two MLP blocks the model's own forward checkpoints (as a Hugging Face model does after
+    ``gradient_checkpointing_enable()``), or runs plainly."""
+
+    def __init__(self, checkpointing: bool) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(97, 32)
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32)) for _ in range(2))
+        self.head = nn.Linear(32, 97)
+        self.checkpointing = checkpointing
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.emb(tokens)
+        for layer in self.layers:
+            x = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False) if self.checkpointing else layer(x)
+        return self.head(x)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+def test_a_model_that_checkpoints_its_own_blocks_recomputes_them_on_the_fake_state(precision):
+    """The recompute runs in backward: it ran after the profile's state swap had ended, on the
+    model's own fp32 parameters, and under autocast checkpointing refused it (CheckpointError: the
+    recomputed tensors' dtypes differ). Its work is the backward's: the first Linear again (torch's
+    recompute stops after the last operator that saves a tensor, GELU)."""
+    checked, plain = (profile_model(_CheckpointsItself(c), (_tokens(),), loss_fn=_ce, precision=precision)
+                      for c in (True, False))
+    block, unchecked = checked.blocks[0], plain.blocks[0]
+    assert block.fwd_flops == unchecked.fwd_flops
+    assert block.bwd_flops == unchecked.bwd_flops + unchecked.fwd_flops / 2
+
+
 def test_a_step_that_returns_no_scalar_loss_is_a_usage_error():
     holder = _Holder(Toy())
     with pytest.raises(UsageError, match=r"step_fn returned a tensor of shape \[2, 16, 97\], not a scalar loss"):

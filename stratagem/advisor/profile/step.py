@@ -35,15 +35,25 @@ model (or a child of it) inside; the fake step runs backward from the loss it re
 class _StepCall(nn.Module):
     """The step as one module call, ``model`` its child: ``functional_call`` swaps the fake state
     in, and the module tracker names the model's modules from here, whether the step calls the
-    model itself or one of its children (a LightningModule's ``self.model(...)``)."""
+    model itself or one of its children (a LightningModule's ``self.model(...)``). The call runs
+    the step's forward under autocast in ``autocast_dtype`` (none where None), then its backward,
+    so that the fake state is still swapped in when a model that checkpoints its own blocks (a
+    Hugging Face model after ``gradient_checkpointing_enable()``) recomputes them in backward:
+    after ``functional_call`` returned, the recompute ran on the module's own parameters (fp32,
+    or meta) and checkpointing refused it."""
 
-    def __init__(self, model: nn.Module, step: Step) -> None:
+    def __init__(self, model: nn.Module, step: Step, autocast_dtype: torch.dtype | None) -> None:
         super().__init__()
         self.model = model
         self._step = step
+        self._autocast_dtype = autocast_dtype
 
     def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        return self._step(self.model, *args, **kwargs)
+        with torch.autocast("cpu", dtype=self._autocast_dtype, enabled=self._autocast_dtype is not None):
+            loss = self._step(self.model, *args, **kwargs)
+        _check_differentiable(loss)
+        loss.backward()
+        return loss
 
 
 class _ModelOutput:
@@ -127,15 +137,11 @@ def run_fake_step(
     # entered last, handled first: CUDA's autocast casts an rms_norm's input before its fused kernel counts it
     on_gpu = (FusedKernels(counter), attention, CudaAutocast()) if kernels == "gpu" else ()
     inputs = BlockInputs(model, blocks, counter)
-    call = _StepCall(model, step)
+    call = _StepCall(model, step, autocast_dtype)
     with reuse, _ModelOutput(model, blocks) as output, inputs, contextlib.ExitStack() as modes:
         for mode in (counter, hooks, *on_gpu, unpacked_sequences()):
             modes.enter_context(mode)
-        with torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None):
-            loss = torch.func.functional_call(call, {f"model.{k}": v for k, v in state.items()}, args, kwargs,
-                                              strict=False)
-        _check_differentiable(loss)
-        loss.backward()
+        torch.func.functional_call(call, {f"model.{k}": v for k, v in state.items()}, args, kwargs, strict=False)
     record.block_inputs = inputs.calls
     stood_in = tuple(f"{fqn}." for fqn in record.measured_as)  # blocks reuse ran no backward through
     record.unused_params = tuple(name for name, t in state.items()
