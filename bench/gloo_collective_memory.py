@@ -4,8 +4,9 @@ one collective runs on a 64 MiB fp32 input over two gloo ranks, less the output'
 
 FSDP gathers its units with ``all_gather_into_tensor`` and reduces their gradients with
 ``reduce_scatter_tensor``; TP all-reduces its row Linears' outputs and gathers a vocabulary-split
-head's logits. On NCCL none of them holds more than a fixed buffer; what gloo holds beyond the
-tensors is what the memory model, which prices tensors, leaves out on CPU ranks.
+head's logits. On NCCL none of them holds more than a fixed buffer. On gloo clusters the memory
+model prices the copies the first two hold (``stratagem.advisor.cost.memory.collectives_copy``);
+all-reduce's own buffer it leaves out.
 
     .venv/bin/python bench/gloo_collective_memory.py        # about 20 seconds on 2 cores
 """
