@@ -285,6 +285,10 @@ def test_the_backward_ends_reducing_the_root_unit_through_a_copy_before_its_shar
     accumulating = estimate_memory(profile, Workload(global_batch_size=8, precision="fp32"),
                                    dataclasses.replace(plan, grad_accum=2))
     assert accumulating.gradients == every + root * (4 + 4)
+    offloaded = dataclasses.replace(plan, offload="params")  # the shards go to the host: none to subtract
+    assert estimate_root_reduce(rank_view(profile.computed_by(offloaded), offloaded, 0),
+                                state_layout("fp32", "adamw")) == (root * (4 + 4), 0.0)
+    assert estimate_memory(profile, workload, offloaded).gradients == root * (4 + 4)
 
 
 def test_fsdp_backward_holds_the_head_s_and_a_unit_s_unsharded_gradients():

@@ -229,7 +229,8 @@ def estimate_root_reduce(view: RankView, layout: StateLayout, *,
     units of their own: the root's gradients unsharded, in the dtype of the parameters it gathered,
     and their copy in the reduce dtype (twice where the backend's reduce-scatter copies its input:
     :func:`collectives_copy`); and the root's shard of the sharded gradients, which this reduction
-    makes (until then absent, unless an earlier micro-batch made it). The root's parameters are
+    makes (until then absent, unless an earlier micro-batch made it; none on the device where the
+    plan offloads the sharded gradients, :func:`estimate_gradients`). The root's parameters are
     resharded before its gradients are reduced (``FSDPParamGroup.post_backward``). Measured on
     fake H100 ranks (``bench/fake_parallel_peak.py``, Llama 3 8B ``fsdp8 zero3 ckpt=full``): the
     peak held exactly this, 20.34 GiB, which the model put at 19.52 without the moment."""
@@ -239,7 +240,7 @@ def estimate_root_reduce(view: RankView, layout: StateLayout, *,
     root = view.outside_per_tp_rank("num_params")
     copies = 2 if collectives_copy else 1
     reduce = root * (get_precision(plan.precision).compute_bytes + copies * layout.grads)
-    return reduce, root * layout.grads / plan.dp_shard
+    return reduce, 0.0 if plan.offloads else root * layout.grads / plan.dp_shard
 
 
 def estimate_step_bytes(plan: Plan, params: float, layout: StateLayout, *, on_gpu: bool) -> tuple[float, float]:
