@@ -271,13 +271,10 @@ def test_the_backward_ends_reducing_the_root_unit_through_a_copy_before_its_shar
     gradients unsharded and their copy in the reduce dtype beside every other unit's shard, its own
     not made yet (bench/fake_parallel_peak.py, Llama 3 8B fsdp8 ckpt=full: exactly this, 20.34 GiB).
     Gloo copies the reduce-scatter's input again; an earlier micro-batch's reduction made the shard."""
-    profile = _with_root(_states_only(8000, num_blocks=4), embed=11_900, head=100)  # blocks of 2000
-    profile = dataclasses.replace(profile, batch_size=1, precision="fp32")
-    plan = Plan(dp_shard=4, zero=3, precision="fp32", block_container="layers")
+    profile, workload, plan = _zero3_with_logits(embed=11_900, head=100, logits=0)
     root, every, shard = 12_000, 4 * 20_000 / 4, 4 * 12_000 / 4
     view = rank_view(profile.computed_by(plan), plan, 0)
     assert estimate_root_reduce(view, state_layout("fp32", "adamw")) == (root * (4 + 4), shard)
-    workload = Workload(global_batch_size=4, precision="fp32")
     gpus = estimate_memory(profile, workload, plan, cluster=parse_cluster("4xH100-SXM-80GB"))
     assert (gpus.gradients, gpus.activations, gpus.buffers) == (every - shard + root * (4 + 4), 0, 0)
     cpus = estimate_memory(profile, workload, plan, cluster=parse_cluster("4xcpu"))

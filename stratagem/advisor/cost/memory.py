@@ -212,7 +212,7 @@ def estimate_unsharded_gradients(view: RankView, layout: StateLayout, *,
     if plan.pp > 1:
         return layout.grads * stage, 0.0, 0.0
     unsharded = get_precision(plan.precision).compute_bytes
-    copies = 2 if collectives_copy else 1
+    copies = reduce_scatter_copies(collectives_copy)
     if view.one_fsdp_unit:
         return 0.0, unsharded * stage, copies * layout.grads * stage
     head = sum(s.num_params for s in view.head)
@@ -238,9 +238,15 @@ def estimate_root_reduce(view: RankView, layout: StateLayout, *,
     if not plan.uses_fsdp or not layout.frees_gradients or plan.pp > 1 or view.one_fsdp_unit:
         return 0.0, 0.0
     root = view.outside_per_tp_rank("num_params")
-    copies = 2 if collectives_copy else 1
+    copies = reduce_scatter_copies(collectives_copy)
     reduce = root * (get_precision(plan.precision).compute_bytes + copies * layout.grads)
     return reduce, 0.0 if plan.offloads else root * layout.grads / plan.dp_shard
+
+
+def reduce_scatter_copies(collectives_copy: bool) -> int:
+    """Copies of a unit's gradients FSDP2's reduce-scatter holds beyond them: its input buffer, and
+    the backend's own copy of that input where its collectives copy (:func:`collectives_copy`)."""
+    return 2 if collectives_copy else 1
 
 
 def estimate_step_bytes(plan: Plan, params: float, layout: StateLayout, *, on_gpu: bool) -> tuple[float, float]:
