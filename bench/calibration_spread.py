@@ -33,8 +33,10 @@ def main() -> None:
         intra = calibration.links["intra"]["all_reduce"]
         links = ", ".join(f"×{size} α {format_seconds(fit.latency)} β {format_bytes(fit.bandwidth)}/s"
                           for size, fit in sorted(intra.items()))
+        waits = ", ".join(f"×{size} {format_seconds(wait)}"
+                          for size, wait in sorted((calibration.sync_seconds or {}).items()))
         print(f"calibration {i + 1} ({calibration.seconds:.0f} s): all-reduce {links}; wait after compute "
-              f"{format_seconds(calibration.sync_seconds or 0.0)}", flush=True)
+              f"{waits or 'none'}", flush=True)
         clusters.append(calibration.apply(parse_cluster(f"{args.nproc}xcpu")))
     worst = {True: 0.0, False: 0.0}
     for case in cases(args.nproc, "small"):

@@ -100,8 +100,8 @@ def calibration_table(calibration: Calibration) -> Table:
         per_step, per_tensor = calibration.dtensor_optimizer_seconds
         table.add_row("adamw step on DTensors per step, per tensor",
                       f"{format_seconds(per_step)}, {format_seconds(per_tensor)}")
-    if calibration.sync_seconds is not None:
-        table.add_row("collective's wait after compute", format_seconds(calibration.sync_seconds))
+    for size, wait in sorted((calibration.sync_seconds or {}).items()):
+        table.add_row(f"collective's wait after compute ×{size}", format_seconds(wait))
     if calibration.framework_bytes is not None:
         table.add_row("framework memory per rank", format_bytes(calibration.framework_bytes))
     table.caption = "\n".join(calibration.notes) or None

@@ -55,7 +55,7 @@ def test_calibrate_then_advise_uses_it(one_node: _OneNode) -> None:
     assert "calibrate:" not in done.stdout
     assert "rows off 16 bytes (fp32)" in done.stdout
     assert (calibration.backend, calibration.world_size) == ("gloo", 2)
-    assert set(calibration.links["intra"]) == set(COLLECTIVES)
+    assert set(calibration.links["intra"]) == set(COLLECTIVES) and set(calibration.sync_seconds) == {2}
     assert calibration.matmul_rate("fp32") > 0 and calibration.memory_bandwidth > 0
     assert set(calibration.unaligned_matmul) == set(calibration.matmul)
     assert all(0 < share <= 1 for share in calibration.unaligned_matmul.values())
@@ -74,6 +74,19 @@ def test_calibrate_then_advise_uses_it(one_node: _OneNode) -> None:
     catalog = _stratagem("advise", "--model", "llama-tiny", "--cluster", "2xcpu", "--global-batch-size", "8",
                          "--seq-len", "32", "--precision", "fp32", "--no-calibration", env=env)
     assert "calibrated" not in catalog.stdout
+
+
+def test_calibrate_on_three_ranks_measures_the_node_as_one_group(tmp_path: Path) -> None:
+    """A node whose ranks are no power of two measures the group sizes that divide it (here the
+    node alone; ranks 2 and 3 had been paired where there is no rank 3), and p2p passes a message
+    around the ring (a pair's swap left the third rank waiting on a peer that does not exist)."""
+    env = {**os.environ, "STRATAGEM_CACHE_DIR": str(tmp_path)}
+    done = _stratagem("calibrate", "--quick", "--nproc", "3", env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (path,) = (tmp_path / "calibration").glob("*.json")
+    calibration = Calibration.load(path)
+    assert {op: set(fits) for op, fits in calibration.links["intra"].items()} == {op: {3} for op in COLLECTIVES}
+    assert set(calibration.sync_seconds) == {3}
 
 
 def test_calibrate_on_one_process_measures_all_but_collectives_and_says_so(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ import weakref
 import torch
 
 from stratagem.advisor.calibrate.benchmarks import interleaved, repeated
+from stratagem.advisor.calibrate.run import group_sizes
 from stratagem.advisor.calibrate.optimizers import (
     HOST_OPTIMIZER_BYTES,
     benchmark_parameters,
@@ -120,3 +121,8 @@ def test_the_hosts_optimizer_is_timed_over_tensors_larger_than_its_cache():
     assert host_optimizer_shape(320 * 2**20, 64 * 2**30, ranks=8) == (2, 2**30 // 16)  # the memory's eighth
     assert host_optimizer_shape(None, 2**40, ranks=1) == (2, HOST_OPTIMIZER_BYTES // 16)
     assert host_optimizer_shape(2**20, 2**30, ranks=64) == (2, HOST_OPTIMIZER_BYTES // 16)
+
+
+def test_the_groups_measured_in_a_node_are_the_powers_of_two_that_divide_it_and_the_node() -> None:
+    assert {n: group_sizes(n) for n in (1, 2, 3, 4, 6, 8)} == {
+        1: [], 2: [2], 3: [3], 4: [2, 4], 6: [2, 6], 8: [2, 4, 8]}

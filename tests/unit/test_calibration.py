@@ -58,7 +58,7 @@ def _calibration(cluster: Cluster, **links: LinkFit) -> Calibration:
         links={scope: {"all_reduce": {cluster.devices_per_node if scope == "intra" else cluster.world_size: fit}}
                for scope, fit in links.items()},
         overlap=0.7, op_seconds=4e-6, op_byte_seconds=2e-10, dtensor_optimizer_seconds=(2e-4, 1e-4),
-        tp_linear_seconds=3e-4, sync_seconds=2e-5,
+        tp_linear_seconds=3e-4, sync_seconds={8: 2e-5, 16: 3e-5},
         optimizer_seconds={"adamw": (2e-11, 1e-5), "sgd": (3e-12, 2e-6)}, framework_bytes=300 * 2**20,
         seconds=42.0, unaligned_matmul={"bf16": 0.2}, host_optimizer_seconds={"adamw": (1.5e-9, 2e-5)},
         created="2026-11-22T00:00:00+00:00")
@@ -75,8 +75,9 @@ def test_apply_replaces_catalog_figures() -> None:
     assert result.network.latency == 15e-6
     assert result.node.comm_overlap == 0.7 and Cluster.from_dict(result.to_dict()) == result
     assert result.node.collectives == (("all_reduce", 8, 300e9, 5e-6),)  # in-node fits only
-    assert (result.node.op_seconds, result.node.op_byte_seconds, result.node.sync_seconds,
-            result.node.framework_bytes, result.node.tp_linear_seconds) == (4e-6, 2e-10, 2e-5, 300 * 2**20, 3e-4)
+    assert (result.node.op_seconds, result.node.op_byte_seconds, result.node.framework_bytes,
+            result.node.tp_linear_seconds) == (4e-6, 2e-10, 300 * 2**20, 3e-4)
+    assert result.node.sync_seconds == ((8, 2e-5), (16, 3e-5))  # per group size
     assert result.node.optimizer_seconds == (("adamw", 2e-11, 1e-5), ("sgd", 3e-12, 2e-6))
     assert result.node.host_optimizer_seconds == (("adamw", 1.5e-9, 2e-5),)
     assert result.node.dtensor_optimizer_seconds == (2e-4, 1e-4)
@@ -254,3 +255,14 @@ def test_a_format_10_host_figure_timed_one_tensor_at_a_time_is_dropped() -> None
     read = Calibration.from_dict(older)
     assert read.host_optimizer_seconds is None and stale_host_optimizer_note(10) in read.notes
     assert read.optimizer_seconds["adamw"] == _calibration(cluster).optimizer_seconds["adamw"]  # the device's stands
+
+
+def test_a_format_12_wait_after_compute_reads_as_the_whole_worlds() -> None:
+    """Before format 13 calibration measured a collective's wait after compute over every rank
+    alone: read now, it is that group size's figure, which smaller groups take until
+    `stratagem calibrate` measures theirs."""
+    cluster = parse_cluster("2x8xH100-SXM-80GB:ib-ndr")
+    older = {**_calibration(cluster).to_dict(), "version": 12, "sync_seconds": 2e-5}
+    read = Calibration.from_dict(older)
+    assert read.sync_seconds == {16: 2e-5} and read.apply(cluster).node.sync_seconds == ((16, 2e-5),)
+    assert Calibration.from_dict(_calibration(cluster).to_dict()).sync_seconds == {8: 2e-5, 16: 3e-5}

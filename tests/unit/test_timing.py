@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -392,7 +393,7 @@ def test_pp_comm_sends_every_microbatch_both_ways_and_exposes_fill_and_drain():
     assert time.pp_comm_total == pytest.approx(2 * 4 * one)
     assert time.pp_comm == pytest.approx(2 * 1 * one)
     # ranks that reach a message apart (calibrated on CPU ranks sharing cores) wait on each one
-    waiting = dataclasses.replace(H100, node=dataclasses.replace(H100.node, sync_seconds=1e-3))
+    waiting = dataclasses.replace(H100, node=dataclasses.replace(H100.node, sync_seconds=((8, 1e-3),)))
     assert _time(plan, cluster=waiting).pp_comm_total == pytest.approx(2 * 4 * (one + 1e-3))
 
 
@@ -420,7 +421,7 @@ def test_every_blocking_collective_waits_the_calibrated_sync_time():
     """Ranks that reach a collective apart (measured: ``NodeSpec.sync_seconds``) add that wait to
     each TP all-reduce, DDP bucket, FSDP gather and reduce-scatter, and to nothing else."""
     wait = 1e-3
-    waiting = dataclasses.replace(H100, node=dataclasses.replace(H100.node, sync_seconds=wait))
+    waiting = dataclasses.replace(H100, node=dataclasses.replace(H100.node, sync_seconds=((8, wait),)))
     tp = Plan(tp=4, dp_replicate=2, micro_batch_size=2, grad_accum=3)
     assert _time(tp, cluster=waiting).tp_comm - _time(tp).tp_comm == pytest.approx(3 * 8 * 4 * wait)
     ddp = Plan(dp_replicate=8, grad_accum=4)
@@ -430,6 +431,21 @@ def test_every_blocking_collective_waits_the_calibrated_sync_time():
     assert _time(fsdp, cluster=waiting).dp_comm_total - _time(fsdp).dp_comm_total == \
         pytest.approx(2 * 3 * units * wait)
     assert _time(Plan(), cluster=waiting) == _time(Plan())
+
+
+def test_a_collective_waits_what_calibration_measured_for_its_group_size():
+    """A collective ends when the last of its ranks arrives: the fewer it waits for, the shorter
+    (4 gloo ranks on 2 cores: pairs of ranks ≈ half the world's wait). Calibration measures the wait
+    per group size; a group of a size not measured takes the nearest measured, the larger on a tie."""
+    measured = ((2, 1e-3), (4, 2e-3), (8, 5e-3))
+    calibrated = dataclasses.replace(H100, node=dataclasses.replace(H100.node, sync_seconds=measured))
+    step = SimpleNamespace(cluster=calibrated)
+    waits = {n: communication.collective_wait_seconds(step, n) for n in (1, 2, 3, 4, 6, 8, 16)}
+    assert waits == {1: 0.0, 2: 1e-3, 3: 2e-3, 4: 2e-3, 6: 5e-3, 8: 5e-3, 16: 5e-3}
+    tp2, tp8 = (Plan(tp=tp, dp_replicate=8 // tp, grad_accum=3) for tp in (2, 8))
+    collectives = 3 * 8 * 4  # micro-batches × blocks × TP collectives each (two per direction)
+    assert _time(tp2, cluster=calibrated).tp_comm - _time(tp2).tp_comm == pytest.approx(collectives * 1e-3)
+    assert _time(tp8, cluster=calibrated).tp_comm - _time(tp8).tp_comm == pytest.approx(collectives * 5e-3)
 
 
 @pytest.mark.parametrize("precision", ["bf16-true", "fp32"])

@@ -181,7 +181,8 @@ def collective_seconds(op: str, sizes: Sequence[int], device: torch.device, *, g
     """Median seconds of one ``op`` (all_reduce, all_gather, reduce_scatter, p2p) on each of
     ``sizes`` bytes per rank, timed :func:`interleaved` — the full buffer for all-reduce, the
     gathered output for all-gather and the input for reduce-scatter (the cost model's
-    convention), one message each way for p2p (ranks paired 0↔1, 2↔3, …)."""
+    convention), for p2p one message sent to the next rank of the group and one received from the
+    one before (a ring, as pipeline stages pass activations on; pairs swap)."""
     if op not in COLLECTIVES:
         raise ValueError(f"unknown collective {op!r}")
     return interleaved([_collective(op, num_bytes, device, group) for num_bytes in sizes], device, repeats=repeats,
@@ -200,11 +201,13 @@ def _collective(op: str, num_bytes: int, device: torch.device, group: dist.Proce
     if op == "reduce_scatter":
         return lambda: dist.reduce_scatter_single(shard, full, group=group)
     rank = dist.get_rank(group)
-    peer = dist.get_global_rank(group, rank ^ 1) if group is not None else rank ^ 1
+    after, before = ((rank + step) % size for step in (1, -1))
+    if group is not None:
+        after, before = dist.get_global_rank(group, after), dist.get_global_rank(group, before)
 
     def p2p() -> None:
-        ops = [dist.P2POp(dist.isend, full, peer, group=group),
-               dist.P2POp(dist.irecv, shard.new_empty(numel), peer, group=group)]
+        ops = [dist.P2POp(dist.isend, full, after, group=group),
+               dist.P2POp(dist.irecv, shard.new_empty(numel), before, group=group)]
         for request in dist.batch_isend_irecv(ops):
             request.wait()
 
@@ -216,36 +219,55 @@ SYNC_BURST_SECONDS = 0.01
 small rank; TP's collectives come more often, FSDP's less)."""
 
 
-def sync_seconds(device: torch.device, *, repeats: int, collectives: int = 8) -> float:
-    """Seconds a blocking collective waits for the ranks when it follows compute, beyond what the
-    calibrated compute rates hold: the mean over ranks of a small all-reduce's time after
-    :data:`SYNC_BURST_SECONDS` of matmuls (ranks that share cores drift apart; GPUs hardly), less
-    the share a :data:`SUSTAINED_SECONDS` burst already puts in the rates (the slowest rank's)."""
-    burst = _mean_wait(SYNC_BURST_SECONDS, device, calls=repeats * collectives)
-    sustained = _mean_wait(SUSTAINED_SECONDS, device, calls=repeats)
+def sync_seconds(device: torch.device, *, repeats: int, group: dist.ProcessGroup | None = None,
+                 across: dist.ProcessGroup | None = None, collectives: int = 8) -> float:
+    """Seconds a blocking collective over ``group`` (default: every rank) waits for its ranks when
+    it follows compute, beyond what the calibrated compute rates hold: the mean over the group's
+    ranks of a small all-reduce's time after :data:`SYNC_BURST_SECONDS` of matmuls (ranks that
+    share cores drift apart; GPUs hardly), less the share a :data:`SUSTAINED_SECONDS` burst
+    already puts in the rates (the slowest rank's). Every group of a size runs at once, as a
+    plan's TP or DP groups do, and with ``across`` (the group of ranks across them, a plan's other
+    mesh axis) each all-reduce alternates with one over it after as much compute, as a plan's
+    collectives over two axes keep every rank in step (docs/cost-model.md); as many collectives
+    run either way."""
+    per_call = 1 if across is None else 2
+    burst = _mean_wait(SYNC_BURST_SECONDS, device, group, across, calls=max(1, repeats * collectives // per_call))
+    sustained = _mean_wait(SUSTAINED_SECONDS, device, group, across, calls=max(1, repeats // per_call))
     return max(0.0, burst - SYNC_BURST_SECONDS * sustained / SUSTAINED_SECONDS)
 
 
-def _mean_wait(burst: float, device: torch.device, *, calls: int) -> float:
-    """The mean over ranks and ``calls`` of an all-reduce's time after ``burst`` seconds of
-    matmuls, beyond the last rank's (who arrives last waits for nobody)."""
+def _mean_wait(burst: float, device: torch.device, group: dist.ProcessGroup | None,
+               across: dist.ProcessGroup | None, *, calls: int) -> float:
+    """The mean over ``group``'s ranks and ``calls`` of an all-reduce's time after ``burst`` seconds
+    of matmuls, beyond its last rank's (who arrives last waits for nobody), averaged over the groups
+    of its size: the same on every rank. With ``across``, an untimed all-reduce over it after as
+    many matmuls follows each."""
     a = torch.randn(256, 256, device=device)
     buffer = torch.ones(1024, device=device)
     count = max(1, round(burst / across_ranks(timed(lambda: a @ a, device, repeats=3))))
-    times = []
-    for _ in range(1 + calls):  # the first call is a warm-up
+
+    def compute() -> None:
         for _ in range(count):
             a @ a
         _sync(device)
+
+    times = []
+    for _ in range(1 + calls):  # the first call is a warm-up
+        compute()
         start = time.perf_counter()
-        dist.all_reduce(buffer)
+        dist.all_reduce(buffer, group=group)
         _sync(device)
         times.append(time.perf_counter() - start)
+        if across is not None:
+            compute()
+            dist.all_reduce(buffer, group=across)
     mine = torch.tensor(times[1:], dtype=torch.float64, device=device)
-    every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(every, mine)
-    table = torch.stack(every)  # ranks × calls
-    return float((table.mean(dim=0) - table.min(dim=0).values).mean())
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(every, mine, group=group)
+    table = torch.stack(every)  # the group's ranks × calls
+    wait = (table.mean(dim=0) - table.min(dim=0).values).mean().reshape(1)
+    dist.all_reduce(wait)  # each rank adds its group's: the groups are the same size
+    return float(wait.item()) / dist.get_world_size()
 
 
 def overlap_fraction(n: int, num_bytes: int, device: torch.device, *, repeats: int) -> float:

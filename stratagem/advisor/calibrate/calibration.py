@@ -29,13 +29,14 @@ __all__ = ["COLLECTIVES", "Calibration", "LinkFit", "calibrated", "calibration_p
            "fit_link", "hardware_key", "ring_steps"]
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "p2p")
-FORMAT_VERSION = 12  # 6: op_byte_seconds per byte moved, not written; unaligned_matmul. 7: tp_linear_seconds.
+FORMAT_VERSION = 13  # 6: op_byte_seconds per byte moved, not written; unaligned_matmul. 7: tp_linear_seconds.
 # 8: dtensor_optimizer_seconds (per step, per tensor) in place of dtensor_op_seconds (per operator);
 # host_optimizer_seconds over DTensors. 9: host_optimizer_seconds over tensors larger than the host's cache.
 # 10: host_optimizer_seconds over DTensors whose shards stay on the host, pinned as FSDP2 keeps them.
 # 11: host_optimizer_seconds of torch's fused kernel, which the plugins step offloaded parameters with.
 # 12: SGD timed with momentum (OPTIMIZER_OPTIONS), as the memory model counts its buffer.
-READABLE_FORMATS = (8, 9, 10, 11, FORMAT_VERSION)
+# 13: sync_seconds per group size measured (the world's alone before: read as that size's).
+READABLE_FORMATS = (8, 9, 10, 11, 12, FORMAT_VERSION)
 SGD_WITH_MOMENTUM_FORMAT = 12
 STALE_HOST_OPTIMIZER_NOTES = {
     8: "timed by a calibration of format 8, over tensors small enough for a server's CPU cache to hold",
@@ -141,8 +142,8 @@ class Calibration:
     tensor; ``tp_linear_seconds``: what a tensor-parallel Linear's forward and backward on
     DTensors add to the host's time beyond a plain Linear's; ``optimizer_seconds``: per
     optimizer, its step's seconds per fp32 parameter and per parameter tensor. ``sync_seconds``:
-    what a blocking collective waits beyond its own time when it follows compute (the ranks
-    arriving apart). ``framework_bytes``: the memory a fresh process's first training steps take
+    per group size measured, what a blocking collective waits beyond its own time when it follows
+    compute (the ranks arriving apart). ``framework_bytes``: the memory a fresh process's first training steps take
     beyond their tensors. ``memory_latency``: seconds a load from device memory takes to come back
     with few in flight (GPUs; None on CPU ranks and in earlier calibrations).
     ``host_optimizer_seconds``: ``optimizer_seconds`` as the host's CPU runs the step over DTensor
@@ -163,7 +164,7 @@ class Calibration:
     dtensor_optimizer_seconds: tuple[float, float] | None
     tp_linear_seconds: float
     optimizer_seconds: dict[str, tuple[float, float]] | None
-    sync_seconds: float | None
+    sync_seconds: dict[int, float] | None
     framework_bytes: float | None
     seconds: float
     created: str
@@ -233,7 +234,8 @@ class Calibration:
                                                            in (self.optimizer_seconds or {}).items()),
                                    host_optimizer_seconds=tuple((name, *costs) for name, costs
                                                                 in (self.host_optimizer_seconds or {}).items()),
-                                   sync_seconds=self.sync_seconds, framework_bytes=self.framework_bytes)
+                                   sync_seconds=tuple(sorted((self.sync_seconds or {}).items())),
+                                   framework_bytes=self.framework_bytes)
         notes = (note, STALE_ATTENTION_NOTE) if cluster.is_accelerator and not self.attention else (note,)
         return dataclasses.replace(cluster, node=node, notes=(*cluster.notes, *notes))
 
@@ -242,6 +244,8 @@ class Calibration:
         data = dataclasses.asdict(self)
         data["links"] = {scope: {op: {str(n): dataclasses.asdict(fit) for n, fit in fits.items()}
                                  for op, fits in ops.items()} for scope, ops in self.links.items()}
+        if self.sync_seconds is not None:
+            data["sync_seconds"] = {str(n): seconds for n, seconds in self.sync_seconds.items()}
         return data
 
     @classmethod
@@ -260,8 +264,11 @@ class Calibration:
         attention = {dtype: tuple(map(tuple, points)) for dtype, points in data.get("attention", {}).items()}
         optimizers, host = (data.get(key) and {name: tuple(costs) for name, costs in data[key].items()}
                             for key in ("optimizer_seconds", "host_optimizer_seconds"))
-        dtensor = data["dtensor_optimizer_seconds"]
+        dtensor, sync = data["dtensor_optimizer_seconds"], data["sync_seconds"]
+        if isinstance(sync, (int, float)):  # before format 13: measured over every rank
+            sync = {str(data["world_size"]): sync}
         return cls(**{**data, "links": links, "matmul": matmul, "conv": conv, "attention": attention,
+                      "sync_seconds": sync and {int(n): seconds for n, seconds in sync.items()},
                       "optimizer_seconds": optimizers, "host_optimizer_seconds": host,
                       "dtensor_optimizer_seconds": dtensor and tuple(dtensor), "notes": tuple(data.get("notes", ()))})
 

@@ -58,7 +58,9 @@ from stratagem.progress import Progress
 
 __all__ = ["Settings", "calibrate", "calibrate_on_group"]
 
-_Group = tuple[str, int, "dist.ProcessGroup | None"]
+_Group = tuple[str, int, "dist.ProcessGroup | None", "dist.ProcessGroup | None"]
+"""Scope, size, this rank's group of that size (None: the world) and the group of ranks across
+it (one of each of those groups; None when the group is the world)."""
 """(scope, size, this rank's group of that size; None for the default group)."""
 
 LOST_HINT = "HINT: run stratagem calibrate again once every rank can run"
@@ -186,7 +188,7 @@ def calibrate_on_group(*, quick: bool = False, progress: bool = False) -> Calibr
             cluster = gather_cluster(probe_local())
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         settings = Settings.for_device(device, quick=quick)
-        groups = _groups(cluster.num_nodes, cluster.devices_per_node)
+        groups = measured_groups(cluster.num_nodes, cluster.devices_per_node)
         dtypes = ["fp32", "bf16"] if device.type == "cpu" or torch.cuda.is_bf16_supported() else ["fp32"]
         phase = functools.partial(display.phase, "calibrate")
         measured = {**_measure_compute(device, settings, dtypes, phase), **_measure_links(device, settings, groups, phase)}
@@ -269,14 +271,15 @@ def op_byte_seconds_at_least_a_copy(measured: float | None, bandwidth: float) ->
 
 
 def _measure_links(device: torch.device, settings: Settings, groups: list[_Group], phase: _Phase) -> dict[str, Any]:
-    """The collectives: their wait after compute, each one per group, their overlap with compute
-    (none with one process: the catalog's figures stand); Calibration's fields."""
+    """The collectives per group: their wait after compute and each one's time; their overlap with
+    compute (none with one process: the catalog's figures stand); Calibration's fields."""
     if dist.get_world_size() == 1:
         return dict(links={}, overlap=None, sync_seconds=None)
-    with phase("collectives after compute"):
-        sync = sync_seconds(device, repeats=settings.collective_repeats)
     links: dict[str, dict[str, dict[int, LinkFit]]] = {}
-    for scope, size, group in groups:
+    sync: dict[int, float] = {}
+    for scope, size, group, across in groups:
+        with phase(f"collectives after compute {scope} ×{size}"):
+            sync[size] = sync_seconds(device, repeats=settings.collective_repeats, group=group, across=across)
         for op in COLLECTIVES:
             with phase(f"{op} {scope} ×{size}"):
                 seconds = collective_seconds(op, settings.message_bytes, device, group=group,
@@ -289,20 +292,38 @@ def _measure_links(device: torch.device, settings: Settings, groups: list[_Group
     return dict(links=links, overlap=overlap, sync_seconds=sync)
 
 
-def _groups(num_nodes: int, per_node: int) -> list[_Group]:
-    """The groups measured: consecutive ranks inside a node for each power-of-two size, and the
-    whole world across nodes. Every rank creates every group (``new_group`` is a collective)."""
-    groups = []
-    size = 2
-    while size <= per_node:
-        mine = None
-        for start in range(0, num_nodes * per_node, size):
-            ranks = list(range(start, start + size))
-            group = dist.new_group(ranks) if size < dist.get_world_size() else None
-            if dist.get_rank() in ranks:
-                mine = group
-        groups.append(("intra", size, mine))
-        size *= 2
+def group_sizes(per_node: int) -> list[int]:
+    """The sizes of the groups of consecutive ranks measured inside a node of ``per_node`` ranks:
+    each power of two that divides it, and the node itself."""
+    powers = {2**k for k in range(1, per_node.bit_length()) if per_node % 2**k == 0}
+    return sorted(powers | {per_node}) if per_node > 1 else []
+
+
+def measured_groups(num_nodes: int, per_node: int) -> list[_Group]:
+    """The groups measured: consecutive ranks inside a node for each size :func:`group_sizes` names,
+    with the groups across them (ranks as many apart: a plan's other mesh axis), and the whole
+    world across nodes."""
+    world = num_nodes * per_node
+    groups: list[_Group] = []
+    for size in group_sizes(per_node):
+        if size == world:
+            groups.append(("intra", size, None, None))
+            continue
+        mine = _new_groups([list(range(start, start + size)) for start in range(0, world, size)])
+        across = _new_groups([list(range(offset, world, size)) for offset in range(size)])
+        groups.append(("intra", size, mine, across))
     if num_nodes > 1:
-        groups.append(("inter", num_nodes * per_node, None))
+        groups.append(("inter", world, None, None))
     return groups
+
+
+def _new_groups(partition: list[list[int]]) -> dist.ProcessGroup:
+    """This rank's group of the groups ``partition`` lists. Every rank creates every group
+    (``new_group`` is a collective)."""
+    mine = None
+    for ranks in partition:
+        group = dist.new_group(ranks)
+        if dist.get_rank() in ranks:
+            mine = group
+    assert mine is not None, "the partition leaves this rank out"
+    return mine

@@ -35,10 +35,15 @@ _Messages = tuple[tuple[str, float], ...]
 
 def collective_wait_seconds(step: RankStep, group_size: int) -> float:
     """What a blocking collective over ``group_size`` ranks waits beyond its own time, seconds: the
-    ranks reach it apart after the compute before it. As calibrated (``NodeSpec.sync_seconds``:
-    ranks that share cores arrive a scheduler slice apart); uncalibrated none, as for ranks with a
-    device each, which arrive within microseconds of each other."""
-    return (step.cluster.node.sync_seconds or 0.0) if group_size > 1 else 0.0
+    ranks reach it apart after the compute before it, and it ends when the last of them arrives, so
+    the more ranks it waits for the longer. As calibrated for the group's size, or the nearest
+    measured (``NodeSpec.sync_seconds``: ranks that share cores arrive a scheduler slice apart);
+    uncalibrated none, as for ranks with a device each, which arrive within microseconds of each
+    other."""
+    measured = step.cluster.node.sync_seconds
+    if group_size == 1 or not measured:
+        return 0.0
+    return min(measured, key=lambda point: (abs(point[0] - group_size), -point[0]))[1]
 
 
 # -- tensor parallelism -----------------------------------------------------------------------

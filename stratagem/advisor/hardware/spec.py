@@ -210,7 +210,9 @@ class NodeSpec:
     # The same as the host's CPU runs the step, which an offloaded plan's optimizer does (GPUs,
     # ``stratagem calibrate``); () costs it from HOST_OPTIMIZER_BANDWIDTH_PER_NODE.
     host_optimizer_seconds: tuple[tuple[str, float, float], ...] = ()
-    sync_seconds: float | None = None  # measured wait of a blocking collective after compute, beyond its own time
+    # Measured (group size, seconds) a blocking collective waits after compute beyond its own time, the
+    # ranks arriving apart (``stratagem calibrate``); () waits for nothing.
+    sync_seconds: tuple[tuple[int, float], ...] = ()
     framework_bytes: float | None = None  # measured memory a training process takes beyond its tensors
 
     def to_dict(self) -> dict[str, Any]:
@@ -239,7 +241,7 @@ class NodeSpec:
             tp_linear_seconds=data.get("tp_linear_seconds"),
             optimizer_seconds=tuple(tuple(c) for c in data.get("optimizer_seconds", ())),
             host_optimizer_seconds=tuple(tuple(c) for c in data.get("host_optimizer_seconds", ())),
-            sync_seconds=data.get("sync_seconds"),
+            sync_seconds=tuple(tuple(c) for c in data.get("sync_seconds", ())),
             framework_bytes=data.get("framework_bytes"),
         )
 
