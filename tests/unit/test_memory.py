@@ -11,7 +11,8 @@ from stratagem.advisor.hardware import parse_cluster
 from stratagem.advisor.cost.activations import estimate_activations, estimate_block_activations
 from stratagem.advisor.cost.buffers import Transient, estimate_buffers
 from stratagem.advisor.cost.memory import (StateLayout, estimate_memory, estimate_params_per_rank, estimate_rank_memory,
-                                          estimate_root_reduce, estimate_unsharded_gradients, state_layout)
+                                          estimate_root_reduce, estimate_step_bytes, estimate_unsharded_gradients,
+                                          largest_stepped_tensor, state_layout)
 from stratagem.advisor.cost.rank_view import in_flight_microbatches, rank_view
 from stratagem.plan import Plan, Workload
 from stratagem.advisor.profile.profiler import ModelProfile, SegmentProfile, profile_model
@@ -45,8 +46,10 @@ def test_zero_paper_table_1(zero, expected_gb):
 
 
 def test_torch_layout_keeps_fp32_weights_and_grads_under_autocast():
-    assert state_layout("bf16-mixed", "adamw") == StateLayout(weights=4, grads=4, optimizer=8, step_temporaries=4)
-    assert state_layout("bf16-true", "adamw") == StateLayout(weights=2, grads=2, optimizer=4, step_temporaries=2)
+    assert state_layout("bf16-mixed", "adamw") == StateLayout(weights=4, grads=4, optimizer=8, step_temporaries=4,
+                                                              tensor_temporaries=8)
+    assert state_layout("bf16-true", "adamw") == StateLayout(weights=2, grads=2, optimizer=4, step_temporaries=2,
+                                                             tensor_temporaries=4)
     assert state_layout("fp32", "sgd") == StateLayout(weights=4, grads=4, optimizer=4)
     assert state_layout("bf16-mixed", "adamw", runtime="deepspeed") == StateLayout(
         weights=2, grads=2, optimizer=12, zero2_shards_weights=False, frees_gradients=False)
@@ -188,6 +191,35 @@ def test_the_optimizer_step_peaks_with_foreach_adamw_s_temporaries():
     blocks = dataclasses.replace(_states_only(1000, num_blocks=100), precision="fp32", batch_size=1)
     fsdp = estimate_memory(blocks, workload, Plan(dp_shard=4, zero=3, precision="fp32", block_container="layers"))
     assert (fsdp.optimizer, fsdp.buffers) == ((8000 + 4000) / 4, 0)  # the shard's temporaries; nothing gathered
+
+
+def test_adamw_one_tensor_at_a_time_holds_two_states_of_the_largest_tensor_it_steps():
+    """On CPU ranks torch.optim steps one tensor at a time; AdamW's denominator holds the square root
+    of ``exp_avg_sq`` and its quotient at once: two states' bytes of the tensor it steps, the
+    largest deciding (MemTracker on fake tensors, bench/fake_parallel_peak.py: GPT-2 large
+    ``single ckpt=full``, stepped so, peaks at its states and two fp32 copies of its 64M-entry
+    table). FSDP shards each tensor, ZeRO-1 steps whole ones, TP splits the blocks'; SGD's momentum
+    step is in place."""
+    blocks = tuple(_segment(f"layers.{i}", 2000, largest_tensor_params=600) for i in range(2))
+    profile = ModelProfile(name="psi", precision="fp32", batch_size=1, seq_len=None, kernels="cpu",
+                           embed=_segment("embed", 1000, largest_tensor_params=1000), blocks=blocks,
+                           head=_segment("head"), block_container="layers")
+
+    def step_bytes(plan: Plan, optimizer: str = "adamw") -> float:
+        view = rank_view(profile, plan)
+        return estimate_step_bytes(view, estimate_params_per_rank(view), state_layout("fp32", optimizer),
+                                   on_gpu=False)[0]
+
+    assert step_bytes(Plan(precision="fp32")) == 2 * 4 * 1000
+    assert estimate_memory(profile, Workload(global_batch_size=1, precision="fp32"),
+                           Plan(precision="fp32")).total == 16 * 5000 + 2 * 4 * 1000
+    assert step_bytes(Plan(dp_shard=4, zero=3, precision="fp32", block_container="layers")) == 2 * 4 * 1000 / 4
+    assert step_bytes(Plan(dp_shard=4, zero=1, precision="fp32")) == 2 * 4 * 1000
+    assert step_bytes(Plan(tp=4, precision="fp32")) == 2 * 4 * 1000  # the embedding's table stays whole
+    assert step_bytes(Plan(tp=2, dp_replicate=2, precision="fp32"), "sgd") == 0
+    small_table = dataclasses.replace(profile, embed=_segment("embed", 1000, largest_tensor_params=100))
+    view = rank_view(small_table, Plan(tp=4, precision="fp32"))
+    assert largest_stepped_tensor(view) == 600 / 4  # a block's Linear, split
 
 
 def test_tp_splits_the_blocks_and_keeps_the_embedding_and_head_whole():

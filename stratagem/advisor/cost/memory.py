@@ -69,6 +69,7 @@ class StateLayout:
     zero2_shards_weights: bool = True
     frees_gradients: bool = True
     step_temporaries: float = 0.0  # bytes per parameter the optimizer's step allocates at once (foreach)
+    tensor_temporaries: float = 0.0  # bytes per element of the tensor a per-tensor step allocates at once
 
 
 @functools.lru_cache(maxsize=None)
@@ -93,8 +94,12 @@ def state_layout(precision: str, optimizer: str, *, runtime: str = "torch") -> S
     # at once, one state's bytes: 20 bytes per fp32 parameter at its step against 16 (MemTracker,
     # bench/fake_peak.py); foreach SGD with momentum updates in place; DeepSpeed's fused Adam too.
     temporaries = prec.param_bytes if optimizer == "adamw" and not deepspeed else 0.0
+    # One tensor at a time (CPU ranks), AdamW's denominator `(exp_avg_sq.sqrt() / bias_correction2_sqrt)`
+    # holds the root and the quotient at once, two states' bytes of the tensor it steps
+    # (torch/optim/adam.py, _single_tensor_adam); SGD's momentum step is in place.
     return StateLayout(weights=weights, grads=grads, optimizer=states, zero2_shards_weights=not deepspeed,
-                       frees_gradients=not deepspeed, step_temporaries=temporaries)
+                       frees_gradients=not deepspeed, step_temporaries=temporaries,
+                       tensor_temporaries=2 * temporaries)
 
 
 def usable_bytes(memory_bytes: float) -> float:
@@ -249,16 +254,32 @@ def reduce_scatter_copies(collectives_copy: bool) -> int:
     return 2 if collectives_copy else 1
 
 
-def estimate_step_bytes(plan: Plan, params: float, layout: StateLayout, *, on_gpu: bool) -> tuple[float, float]:
+def estimate_step_bytes(view: RankView, params: float, layout: StateLayout, *, on_gpu: bool) -> tuple[float, float]:
     """Bytes beyond the model states while the optimizer steps (``params``: the rank's before
-    sharding): the step's temporaries over the rank's optimizer shard where torch.optim runs its
+    sharding): the step's temporaries, over the rank's optimizer shard where torch.optim runs its
     ``foreach`` path (:func:`~stratagem.advisor.cost.optimizer.runs_foreach`; ``on_gpu``: the
-    profile counts a GPU's kernels), and the buffers that outlive the backward: DDP's gradient
-    buckets (FSDP's gathered units and autocast's weight copies are gone by then)."""
-    temporaries = 0.0
+    profile counts a GPU's kernels), else those of the largest tensor it steps
+    (:func:`largest_stepped_tensor`), none on the device where the plan offloads the step; and the
+    buffers that outlive the backward: DDP's gradient buckets (FSDP's gathered units and
+    autocast's weight copies are gone by then)."""
+    plan = view.plan
     if runs_foreach(plan, on_accelerator=on_gpu):
         temporaries = layout.step_temporaries * params / (plan.dp_shard if plan.shards_optimizer else 1)
+    else:
+        temporaries = 0.0 if plan.offloads else layout.tensor_temporaries * largest_stepped_tensor(view)
     return temporaries, ddp_bucket_bytes(plan, params)
+
+
+def largest_stepped_tensor(view: RankView) -> float:
+    """Elements of the largest parameter tensor the rank's optimizer steps: TP splits the blocks'
+    tensors (their norms' are smaller than their Linears'), and the embedding's table and head's
+    weight where the plan splits the vocabulary (``Plan.vocab_tp_styles``); FSDP shards each
+    tensor over ``dp_shard``, where ZeRO-1 steps whole ones."""
+    plan = view.plan
+    split = {"embed": "vocab_embedding" in plan.vocab_tp_styles, "head": "vocab_head" in plan.vocab_tp_styles}
+    largest = max((s.largest_tensor_params / (plan.tp if split.get(s.kind, True) else 1)
+                   for s in view.stage.segments), default=0.0)
+    return largest / plan.dp_shard if plan.uses_fsdp else largest
 
 
 def estimate_embedding_gradient(view: RankView, layout: StateLayout) -> float:
@@ -346,7 +367,7 @@ def _model_states(view: RankView, layout: StateLayout, *, on_gpu: bool, collecti
     return RankStates(states, transient, *estimate_unsharded_gradients(view, layout, collectives_copy=collectives_copy),
                       estimate_embedding_gradient(view, layout),
                       *estimate_root_reduce(view, layout, collectives_copy=collectives_copy),
-                      *estimate_step_bytes(plan, params, layout, on_gpu=on_gpu))
+                      *estimate_step_bytes(view, params, layout, on_gpu=on_gpu))
 
 
 def _alive_at_peak(states: RankStates, activations: RankActivations, meet: bool) -> tuple[float, float, float]:

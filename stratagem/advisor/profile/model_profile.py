@@ -38,7 +38,7 @@ def kernels_for(*, accelerator: bool) -> str:
     return "gpu" if accelerator else "cpu"
 
 
-SCHEMA_VERSION = 22
+SCHEMA_VERSION = 23
 """Version of the layout ``ModelProfile.to_dict`` writes and ``from_dict`` reads. Bump it whenever
 a field of ModelProfile, SegmentProfile, LinearLayer, ConvLayer, BatchNormCall or AttentionCall is added, removed, renamed or changes
 meaning (tests/unit/test_profile_cache_checks.py pins the fields to this number)."""
@@ -171,6 +171,7 @@ class SegmentProfile:
     input_bytes: int
     output_bytes: int  # what a pipeline stage ending here sends; what full checkpointing keeps
     num_tensors: int = 0  # parameter tensors (what a per-tensor optimizer loops over)
+    largest_tensor_params: int = 0  # the largest parameter tensor's elements (a per-tensor step's temporaries)
     fwd_ops: int = 0  # operators dispatched in forward
     bwd_ops: int = 0  # operators dispatched in backward
     fwd_op_bytes: int = 0  # bytes read and written in forward by operators without FLOPs (norms, elementwise)

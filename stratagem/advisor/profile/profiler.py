@@ -405,6 +405,7 @@ def _assemble(model: nn.Module, blocks: tuple[str, ...], record: RunRecord, prec
         return SegmentProfile(
             name=seg, kind=kind,
             num_params=sum(n for n, _, _ in params), num_tensors=len(params),
+            largest_tensor_params=max((n for n, _, _ in params), default=0),
             param_bytes=sum(b for _, b, _ in params),
             buffer_bytes=sum(b for _, b, _ in buffers),
             fwd_flops=counts.fwd_flops, bwd_flops=counts.bwd_flops,
