@@ -143,8 +143,8 @@ class Calibration:
     DTensors add to the host's time beyond a plain Linear's; ``optimizer_seconds``: per
     optimizer, its step's seconds per fp32 parameter and per parameter tensor. ``sync_seconds``:
     per group size measured, what a blocking collective waits beyond its own time when it follows
-    compute (the ranks arriving apart). ``framework_bytes``: the memory a fresh process's first training steps take
-    beyond their tensors. ``memory_latency``: seconds a load from device memory takes to come back
+    compute (the ranks arriving apart). ``framework_bytes``: the memory a fresh process's first
+    training steps take beyond their tensors. ``memory_latency``: seconds a load from device memory takes to come back
     with few in flight (GPUs; None on CPU ranks and in earlier calibrations).
     ``host_optimizer_seconds``: ``optimizer_seconds`` as the host's CPU runs the step over DTensor
     parameters, which an offloaded plan's optimizer does (GPUs; None on CPU ranks, whose

@@ -61,7 +61,6 @@ __all__ = ["Settings", "calibrate", "calibrate_on_group"]
 _Group = tuple[str, int, "dist.ProcessGroup | None", "dist.ProcessGroup | None"]
 """Scope, size, this rank's group of that size (None: the world) and the group of ranks across
 it (one of each of those groups; None when the group is the world)."""
-"""(scope, size, this rank's group of that size; None for the default group)."""
 
 LOST_HINT = "HINT: run stratagem calibrate again once every rank can run"
 """What the ranks left say when one of them died: a calibration is measured whole or not at all."""
