@@ -46,10 +46,8 @@ def test_zero_paper_table_1(zero, expected_gb):
 
 
 def test_torch_layout_keeps_fp32_weights_and_grads_under_autocast():
-    assert state_layout("bf16-mixed", "adamw") == StateLayout(weights=4, grads=4, optimizer=8, step_temporaries=4,
-                                                              tensor_temporaries=8)
-    assert state_layout("bf16-true", "adamw") == StateLayout(weights=2, grads=2, optimizer=4, step_temporaries=2,
-                                                             tensor_temporaries=4)
+    assert state_layout("bf16-mixed", "adamw") == StateLayout(weights=4, grads=4, optimizer=8, step_temporaries=4)
+    assert state_layout("bf16-true", "adamw") == StateLayout(weights=2, grads=2, optimizer=4, step_temporaries=2)
     assert state_layout("fp32", "sgd") == StateLayout(weights=4, grads=4, optimizer=4)
     assert state_layout("bf16-mixed", "adamw", runtime="deepspeed") == StateLayout(
         weights=2, grads=2, optimizer=12, zero2_shards_weights=False, frees_gradients=False)

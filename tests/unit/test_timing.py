@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -435,11 +434,11 @@ def test_every_blocking_collective_waits_the_calibrated_sync_time():
 
 def test_a_collective_waits_what_calibration_measured_for_its_group_size():
     """A collective ends when the last of its ranks arrives: the fewer it waits for, the shorter
-    (4 gloo ranks on 2 cores: pairs of ranks ≈ half the world's wait). Calibration measures the wait
-    per group size; a group of a size not measured takes the nearest measured, the larger on a tie."""
+    (bench/collective_wait.py). Calibration measures the wait per group size; a group of a size not
+    measured takes the nearest measured, the larger on a tie."""
     measured = ((2, 1e-3), (4, 2e-3), (8, 5e-3))
     calibrated = dataclasses.replace(H100, node=dataclasses.replace(H100.node, sync_seconds=measured))
-    step = SimpleNamespace(cluster=calibrated)
+    step = rank_step(TOY, cluster=calibrated, plan=Plan(), workload=Workload(global_batch_size=1, seq_len=SEQ))
     waits = {n: communication.collective_wait_seconds(step, n) for n in (1, 2, 3, 4, 6, 8, 16)}
     assert waits == {1: 0.0, 2: 1e-3, 3: 2e-3, 4: 2e-3, 6: 5e-3, 8: 5e-3, 16: 5e-3}
     tp2, tp8 = (Plan(tp=tp, dp_replicate=8 // tp, grad_accum=3) for tp in (2, 8))

@@ -14,11 +14,22 @@ from __future__ import annotations
 
 import math
 
+from collections.abc import Sequence
+from typing import TypeVar
+
 from stratagem.advisor.hardware.spec import Cluster, LinkSpec, NetworkSpec
 from stratagem.advisor.memo import by_identity
 from stratagem.plan import MeshAxis, Plan
 from stratagem.plan.plan import mesh_strides
 from stratagem.errors import UsageError
+
+_Measured = TypeVar("_Measured")
+
+
+def nearest_measured(points: Sequence[tuple[int, _Measured]], size: int) -> _Measured:
+    """What ``points`` ((group size, figure) as calibration measured them) hold for the group size
+    nearest ``size``, the larger on a tie: a collective over more ranks takes and waits longer."""
+    return min(points, key=lambda point: (abs(point[0] - size), -point[0]))[1]
 
 
 def estimate_all_reduce_seconds(num_bytes: float, *, group_size: int, bandwidth: float,
@@ -109,11 +120,9 @@ def _group_link(cluster: Cluster, size: int, stride: int, axis: MeshAxis, op: st
     members_per_node = max(1, min(size, per_node // stride))
     intra = _in_node_link(cluster, span=stride * (members_per_node - 1) + 1)
     if members_per_node == size:
-        fits = [(abs(n - size), bandwidth, latency) for name, n, bandwidth, latency in cluster.node.collectives
-                if name == op]
+        fits = [(n, (bandwidth, latency)) for name, n, bandwidth, latency in cluster.node.collectives if name == op]
         if fits:
-            _, bandwidth, latency = min(fits)
-            return bandwidth, latency
+            return nearest_measured(fits, size)
         return intra.effective_bandwidth, intra.latency
     network = _network(cluster, axis, size)
     per_rank = members_per_node * network.node_bandwidth * network.efficiency / per_node

@@ -14,6 +14,7 @@ from stratagem.advisor.cost.collectives import (
     estimate_all_gather_seconds,
     estimate_all_reduce_seconds,
     estimate_reduce_scatter_seconds,
+    nearest_measured,
 )
 from stratagem.advisor.cost.rank_step import RankStep
 from stratagem.advisor.cost.rates import linear_rows, model_width
@@ -37,13 +38,14 @@ def collective_wait_seconds(step: RankStep, group_size: int) -> float:
     """What a blocking collective over ``group_size`` ranks waits beyond its own time, seconds: the
     ranks reach it apart after the compute before it, and it ends when the last of them arrives, so
     the more ranks it waits for the longer. As calibrated for the group's size, or the nearest
-    measured (``NodeSpec.sync_seconds``: ranks that share cores arrive a scheduler slice apart);
+    measured (:func:`~stratagem.advisor.cost.collectives.nearest_measured`; ``NodeSpec.sync_seconds``:
+    ranks that share cores arrive a scheduler slice apart);
     uncalibrated none, as for ranks with a device each, which arrive within microseconds of each
     other."""
     measured = step.cluster.node.sync_seconds
     if group_size == 1 or not measured:
         return 0.0
-    return min(measured, key=lambda point: (abs(point[0] - group_size), -point[0]))[1]
+    return nearest_measured(measured, group_size)
 
 
 # -- tensor parallelism -----------------------------------------------------------------------

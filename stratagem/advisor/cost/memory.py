@@ -69,7 +69,6 @@ class StateLayout:
     zero2_shards_weights: bool = True
     frees_gradients: bool = True
     step_temporaries: float = 0.0  # bytes per parameter the optimizer's step allocates at once (foreach)
-    tensor_temporaries: float = 0.0  # bytes per element of the tensor a per-tensor step allocates at once
 
 
 @functools.lru_cache(maxsize=None)
@@ -94,12 +93,8 @@ def state_layout(precision: str, optimizer: str, *, runtime: str = "torch") -> S
     # at once, one state's bytes: 20 bytes per fp32 parameter at its step against 16 (MemTracker,
     # bench/fake_peak.py); foreach SGD with momentum updates in place; DeepSpeed's fused Adam too.
     temporaries = prec.param_bytes if optimizer == "adamw" and not deepspeed else 0.0
-    # One tensor at a time (CPU ranks), AdamW's denominator `(exp_avg_sq.sqrt() / bias_correction2_sqrt)`
-    # holds the root and the quotient at once, two states' bytes of the tensor it steps
-    # (torch/optim/adam.py, _single_tensor_adam); SGD's momentum step is in place.
     return StateLayout(weights=weights, grads=grads, optimizer=states, zero2_shards_weights=not deepspeed,
-                       frees_gradients=not deepspeed, step_temporaries=temporaries,
-                       tensor_temporaries=2 * temporaries)
+                       frees_gradients=not deepspeed, step_temporaries=temporaries)
 
 
 def usable_bytes(memory_bytes: float) -> float:
@@ -265,8 +260,9 @@ def estimate_step_bytes(view: RankView, params: float, layout: StateLayout, *, o
     plan = view.plan
     if runs_foreach(plan, on_accelerator=on_gpu):
         temporaries = layout.step_temporaries * params / (plan.dp_shard if plan.shards_optimizer else 1)
-    else:
-        temporaries = 0.0 if plan.offloads else layout.tensor_temporaries * largest_stepped_tensor(view)
+    else:  # AdamW's denominator, `(exp_avg_sq.sqrt() / bias_correction2_sqrt)`, holds the root and the
+        # quotient at once: two of foreach's one state per element (torch/optim/adam.py, _single_tensor_adam)
+        temporaries = 0.0 if plan.offloads else 2 * layout.step_temporaries * largest_stepped_tensor(view)
     return temporaries, ddp_bucket_bytes(plan, params)
 
 
