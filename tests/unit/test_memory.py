@@ -113,6 +113,22 @@ def test_activations_scale_with_micro_batch_and_split_over_pipeline_stages():
     assert estimate_activations(rank_view(profile, Plan(pp=4, microbatches=8, micro_batch_size=2, pp_schedule="gpipe"))) == 2 * base
 
 
+def test_blocks_the_model_checkpoints_itself_are_rebuilt_one_at_a_time_in_backward():
+    """A model that checkpoints its own blocks keeps their inputs through the forward, and its
+    backward rebuilds one block at a time (``rebuilt_bytes``, measured by
+    stratagem/advisor/profile/own_checkpoints.py): the largest counts beside every kept input.
+    Under the plan's full checkpointing as well, its recompute rebuilds the block's input (all the
+    model's own checkpoint keeps of it) and then the model's own checkpoint the rest."""
+    profile = _states_only(1000, num_blocks=8)
+    profile = dataclasses.replace(profile, batch_size=2, blocks=tuple(
+        dataclasses.replace(b, saved_bytes=100, input_bytes=100, rebuilt_bytes=900 + i)
+        for i, b in enumerate(profile.blocks)))
+    assert estimate_activations(rank_view(profile, Plan(micro_batch_size=2))) == 8 * 100 + 907
+    assert estimate_activations(rank_view(profile, Plan(micro_batch_size=4))) == 2 * (8 * 100 + 907)
+    full = Plan(micro_batch_size=2, activation_checkpointing="full")
+    assert estimate_activations(rank_view(profile, full)) == 8 * 100 + 100 + 907
+
+
 def test_interleaving_keeps_korthikanti_s_share_of_layers():
     profile = _states_only(1000, num_blocks=8)
     profile = dataclasses.replace(profile, batch_size=1, blocks=tuple(

@@ -437,34 +437,64 @@ def test_the_profile_tells_a_loss_the_forward_computes_from_one_after_it(tmp_pat
 
 
 class _CheckpointsItself(nn.Module):
-    """Two MLP blocks the model's own forward checkpoints (as a Hugging Face model does after
-    ``gradient_checkpointing_enable()``), or runs plainly."""
+    """Two MLP blocks the model's own forward checkpoints, or runs plainly (``placement`` None):
+    ``around`` each block from the loop that calls it, non-reentrant or ``reentrant`` (torch's
+    default where ``use_reentrant`` is not given), or ``wrapped`` in torch's ``checkpoint_wrapper``,
+    which checkpoints inside the block's own call (as a Hugging Face model does after
+    ``gradient_checkpointing_enable()``)."""
 
-    def __init__(self, checkpointing: bool) -> None:
+    def __init__(self, placement: str | None) -> None:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
         super().__init__()
         self.emb = nn.Embedding(97, 32)
-        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32)) for _ in range(2))
+        layers = [nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32)) for _ in range(2)]
+        self.layers = nn.ModuleList(map(checkpoint_wrapper, layers) if placement == "wrapped" else layers)
         self.head = nn.Linear(32, 97)
-        self.checkpointing = checkpointing
+        self.placement = placement
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.emb(tokens)
         for layer in self.layers:
-            x = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False) if self.checkpointing else layer(x)
+            if self.placement in ("around", "reentrant"):
+                x = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=self.placement == "reentrant")
+            else:
+                x = layer(x)
         return self.head(x)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
-def test_a_model_that_checkpoints_its_own_blocks_recomputes_them_on_the_fake_state(precision):
+@pytest.mark.parametrize("placement", ["around", "reentrant", "wrapped"])
+def test_a_model_that_checkpoints_its_own_blocks_recomputes_them_on_the_fake_state(precision, placement):
     """The recompute runs in backward: it ran after the profile's state swap had ended, on the
     model's own fp32 parameters, and under autocast checkpointing refused it (CheckpointError: the
-    recomputed tensors' dtypes differ). Its work is the backward's: the first Linear again (torch's
-    recompute stops after the last operator that saves a tensor, GELU)."""
-    checked, plain = (profile_model(_CheckpointsItself(c), (_tokens(),), loss_fn=_ce, precision=precision)
-                      for c in (True, False))
+    recomputed tensors' dtypes differ). Its work is the block's backward's: the first Linear again
+    (torch's non-reentrant recompute stops after the last operator that saves a tensor, GELU), or
+    the whole forward and its own backward (the reentrant one's, run as a backward of its own)."""
+    checked, plain = (profile_model(_CheckpointsItself(p), (_tokens(),), loss_fn=_ce, precision=precision)
+                      for p in (placement, None))
     block, unchecked = checked.blocks[0], plain.blocks[0]
     assert block.fwd_flops == unchecked.fwd_flops
-    assert block.bwd_flops == unchecked.bwd_flops + unchecked.fwd_flops / 2
+    rerun = unchecked.fwd_flops if placement == "reentrant" else unchecked.fwd_flops / 2
+    assert block.bwd_flops == unchecked.bwd_flops + rerun
+    assert checked.embed.bwd_flops == plain.embed.bwd_flops
+
+
+@pytest.mark.parametrize("placement", ["around", "reentrant", "wrapped"])
+def test_a_block_the_model_checkpoints_keeps_its_input_and_rebuilds_the_rest_in_its_backward(placement):
+    """Checkpointed by the model, a block keeps its input from the forward, wherever the checkpoint
+    call is placed (one around the block saves it before the block is entered, a reentrant one
+    after it returned), and its backward holds what the rerun saves: all the block saves unchecked
+    but the input (which the rerun reads, not copies), and after a reentrant rerun its output too,
+    held while the rerun's own backward runs."""
+    checked, plain = (profile_model(_CheckpointsItself(p), (_tokens(),), loss_fn=_ce, precision="fp32")
+                      for p in (placement, None))
+    width = 2 * 16 * 32 * 4  # the blocks' input and output, fp32
+    for block, unchecked in zip(checked.blocks, plain.blocks, strict=True):
+        assert block.saved_bytes == block.input_bytes == width
+        assert block.rebuilt_bytes == unchecked.saved_bytes - width + (width if placement == "reentrant" else 0)
+        assert unchecked.rebuilt_bytes == 0
+    assert (checked.embed.saved_bytes, checked.head.saved_bytes) == (plain.embed.saved_bytes, plain.head.saved_bytes)
 
 
 def test_a_step_that_returns_no_scalar_loss_is_a_usage_error():

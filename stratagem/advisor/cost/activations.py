@@ -122,16 +122,24 @@ def held_through_first_backward(view: RankView) -> float | None:
 
 def _rebuilt_block(view: RankView) -> float:
     """What a checkpointed block's backward rebuilds for one micro-batch, one block at a time, for
-    the largest: under full checkpointing its full activations; under a selective policy those
-    beyond what the block kept (its recomputed operators' saved tensors); 0 without checkpointing."""
-    plan = view.plan
+    the largest (:func:`_rebuilt`); 0 without checkpointing."""
+    return max((_rebuilt(b, view.plan, scale=view.scale) for b, _ in view.stage.kinds), default=0.0)
+
+
+def _rebuilt(block: SegmentProfile, plan: Plan, *, scale: float) -> float:
+    """What ``block``'s backward rebuilds for one micro-batch: under the plan's full checkpointing
+    its full activations; under a selective policy those beyond what the block kept (its
+    recomputed operators' saved tensors); and what the model's own checkpoint of the block
+    rebuilds (``rebuilt_bytes``, :mod:`~stratagem.advisor.profile.own_checkpoints`), split over the
+    TP ranks with SP (eq. 4) and, as no run measured what TP without SP leaves whole of it, whole
+    without."""
+    own = block.rebuilt_bytes * scale / (plan.tp if plan.sequence_parallel else 1)
     if plan.recomputes_blocks:
-        return _largest_block(view, checkpointing="none")
+        return estimate_block_activations(block, plan, scale=scale, checkpointing="none") + own
     if not plan.checkpoints_selectively:
-        return 0.0
-    return max((max(0.0, estimate_block_activations(b, plan, scale=view.scale, checkpointing="none")
-                    - estimate_block_activations(b, plan, scale=view.scale)) for b, _ in view.stage.kinds),
-               default=0.0)
+        return own
+    return own + max(0.0, estimate_block_activations(block, plan, scale=scale, checkpointing="none")
+                     - estimate_block_activations(block, plan, scale=scale))
 
 
 def _largest_block(view: RankView, *, checkpointing: str | None = None) -> float:

@@ -62,6 +62,7 @@ from stratagem.advisor.profile.counts import RunRecord, SegmentCounts
 from stratagem.advisor.profile.flop_formulas import FLOP_FORMULAS
 from stratagem.advisor.profile.fusion import FusionTracker, Read, region_of, sums_across_rows
 from stratagem.advisor.profile.op_bytes import UNCOUNTED_OPS, WHOLE_KERNELS, priced_by_bytes, reads, written_by
+from stratagem.advisor.profile.own_checkpoints import RebuiltBytes
 from stratagem.advisor.profile.recompute import CheckpointPolicies
 from stratagem.advisor.profile.reread import REREAD_BYTES
 
@@ -182,6 +183,7 @@ class CostCounter(FlopCounterMode):
         self.suppressed = 0  # inside a decomposition counted as its fused kernel (fused.FusedKernels)
         self.saved: SavedTensorCounter | None = None
         self.policies = CheckpointPolicies(set(state_names))
+        self.rebuilt = RebuiltBytes(record)
         self.fusion = FusionTracker()
 
     def segment(self) -> str:
@@ -192,7 +194,7 @@ class CostCounter(FlopCounterMode):
         if not self._has_blocks:
             return EMBED
         if self.mod_tracker.is_bw:
-            block = self._backward.segment(parents)
+            block = self.rebuilt.nested_segment() or self._backward.segment(parents)
             return block if block is not None else EMBED if self._backward.last is not None else HEAD
         block = next((b for name in parents if (b := self._backward.within(name)) is not None), None)
         if block is not None:
@@ -258,6 +260,8 @@ class CostCounter(FlopCounterMode):
 
     def _count_flops(self, func_packet, out, args, kwargs):
         seg = self._gradient_segment(out, self.segment())
+        if self.mod_tracker.is_bw:
+            self.rebuilt.op(seg, args, out)
         if not self.suppressed:
             self._count(seg, func_packet, out, args, kwargs)
         elif priced_by_bytes(func_packet):
@@ -394,16 +398,20 @@ class CostCounter(FlopCounterMode):
 
 
 class SavedTensorCounter:
-    """``saved_tensors_hooks`` pack hook: bytes saved for backward per segment, once per storage."""
+    """``saved_tensors_hooks`` pack hook: bytes saved for backward per segment, once per storage.
+    What a block's rerun saves in backward (a reentrant checkpoint's) is not kept from the forward:
+    :class:`~stratagem.advisor.profile.own_checkpoints.RebuiltBytes` counts it."""
 
     def __init__(self, counter: CostCounter, record: RunRecord, params: set[StorageWeakRef]) -> None:
         self._counter = counter
         self._record = record
         self._params = params
         self._seen: dict[StorageWeakRef, torch.Tensor] = {}  # strong refs: ids stay unique
+        self._outside: dict[StorageWeakRef, tuple[str, int]] = {}  # saved outside the blocks: (segment, bytes)
+        self._inputs: dict[StorageWeakRef, str] = {}  # the blocks' inputs: the block that took each last
 
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        if not self._counter.suppressed:
+        if not self._counter.suppressed and not self._counter.mod_tracker.is_bw:
             self.count(tensor)
         if not self._counter.mod_tracker.is_bw:  # a checkpointed block's recompute reaches this far
             self._counter.policies.saved(self._counter.segment())
@@ -421,7 +429,10 @@ class SavedTensorCounter:
         if ref in self._params or ref in self._seen:
             return
         self._seen[ref] = tensor
-        counts = self._record.segments[self._counter.segment()]
+        segment = self._counter.segment()
+        if segment in (EMBED, HEAD):  # a reentrant checkpoint saves its block's input once the block ran
+            segment = self._inputs.get(ref, segment)
+        counts = self._record.segments[segment]
         if ref in self._counter.param_copies:
             counts.saved_param_copy_bytes += tensor.untyped_storage().nbytes()
             return
@@ -429,6 +440,22 @@ class SavedTensorCounter:
         counts.saved_bytes += num_bytes
         if self._counter.is_scores(tensor):
             counts.attention_saved_bytes += num_bytes
+        elif segment in (EMBED, HEAD):
+            self._outside[ref] = (segment, num_bytes)
+
+    def claim(self, block: str, inputs: list[torch.Tensor]) -> None:
+        """Count in ``block`` its ``inputs`` saved outside the blocks, before its forward starts or
+        after (:meth:`count`): a checkpoint placed around the block saved them for it
+        (:mod:`~stratagem.advisor.profile.own_checkpoints`)."""
+        if self._counter.mod_tracker.is_bw:
+            return
+        for tensor in inputs:
+            ref = StorageWeakRef(tensor.untyped_storage())
+            self._inputs[ref] = block
+            if (found := self._outside.pop(ref, None)) is not None:
+                segment, num_bytes = found
+                self._record.segments[segment].saved_bytes -= num_bytes
+                self._record.segments[block].saved_bytes += num_bytes
 
     @staticmethod
     def unpack(tensor: torch.Tensor) -> torch.Tensor:

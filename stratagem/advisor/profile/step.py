@@ -23,6 +23,7 @@ from stratagem.advisor.profile.counts import RunRecord
 from stratagem.advisor.profile.fused import FusedKernels
 from stratagem.advisor.profile.fusion import FusionTracker
 from stratagem.advisor.profile.measure import CostCounter, SavedTensorCounter
+from stratagem.advisor.profile.own_checkpoints import ClaimedInputs
 from stratagem.errors import UsageError
 from stratagem.plan.tp_styles import is_sequence_norm
 
@@ -138,10 +139,12 @@ def run_fake_step(
     on_gpu = (FusedKernels(counter), attention, CudaAutocast()) if kernels == "gpu" else ()
     inputs = BlockInputs(model, blocks, counter)
     call = _StepCall(model, step, autocast_dtype)
-    with reuse, _ModelOutput(model, blocks) as output, inputs, contextlib.ExitStack() as modes:
+    claimed = ClaimedInputs(inputs.modules, saved.claim)
+    with reuse, _ModelOutput(model, blocks) as output, inputs, claimed, contextlib.ExitStack() as modes:
         for mode in (counter, hooks, *on_gpu, unpacked_sequences()):
             modes.enter_context(mode)
         torch.func.functional_call(call, {f"model.{k}": v for k, v in state.items()}, args, kwargs, strict=False)
+    counter.rebuilt.settle()
     record.block_inputs = inputs.calls
     stood_in = tuple(f"{fqn}." for fqn in record.measured_as)  # blocks reuse ran no backward through
     record.unused_params = tuple(name for name, t in state.items()
