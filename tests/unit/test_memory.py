@@ -129,6 +129,20 @@ def test_blocks_the_model_checkpoints_itself_are_rebuilt_one_at_a_time_in_backwa
     assert estimate_activations(rank_view(profile, full)) == 8 * 100 + 100 + 907
 
 
+def test_autocast_holds_the_forward_s_weight_copies_to_its_end_though_a_checkpoint_drops_them():
+    """Measured with MemTracker (bench/own_checkpoint_peak.py): a model that checkpoints its own
+    blocks under autocast holds every weight copy its forward made in autocast's cache through the
+    loss's forward, though no block saves one; the loss's backward meets those the head saved."""
+    profile = _states_only(1000, num_blocks=2)
+    blocks = tuple(dataclasses.replace(b, saved_bytes=100, input_bytes=100, rebuilt_bytes=900,
+                                       forward_param_copy_bytes=5000) for b in profile.blocks)
+    head = dataclasses.replace(profile.head, saved_bytes=2000, output_bytes=5000, bwd_largest_output_bytes=10_000,
+                               saved_param_copy_bytes=300, forward_param_copy_bytes=300)
+    memory = estimate_memory(dataclasses.replace(profile, blocks=blocks, head=head), Workload(global_batch_size=1),
+                             Plan())
+    assert (memory.activations, memory.buffers) == (2 * 100 + 2000 + 10_000 + 5000, 2 * 5000 + 300)
+
+
 def test_interleaving_keeps_korthikanti_s_share_of_layers():
     profile = _states_only(1000, num_blocks=8)
     profile = dataclasses.replace(profile, batch_size=1, blocks=tuple(

@@ -480,6 +480,17 @@ def test_a_model_that_checkpoints_its_own_blocks_recomputes_them_on_the_fake_sta
     assert checked.embed.bwd_flops == plain.embed.bwd_flops
 
 
+def test_autocast_caches_every_weight_copy_the_forward_makes_saved_or_not():
+    """Autocast's cache holds each compute-dtype copy of a weight to the forward's end: the biases',
+    which no matmul saves, and those of a block the model checkpoints itself, whose checkpoint
+    drops them (its rerun makes its own in backward, among what it rebuilds)."""
+    checked, plain = (profile_model(_CheckpointsItself(p), (_tokens(),), loss_fn=_ce, precision="bf16-mixed")
+                      for p in ("around", None))
+    weights, biases = 2 * (32 * 64 + 64 * 32), 2 * (64 + 32)
+    assert (plain.blocks[0].saved_param_copy_bytes, checked.blocks[0].saved_param_copy_bytes) == (weights, 0)
+    assert plain.blocks[0].forward_param_copy_bytes == checked.blocks[0].forward_param_copy_bytes == weights + biases
+
+
 @pytest.mark.parametrize("placement", ["around", "reentrant", "wrapped"])
 def test_a_block_the_model_checkpoints_keeps_its_input_and_rebuilds_the_rest_in_its_backward(placement):
     """Checkpointed by the model, a block keeps its input from the forward, wherever the checkpoint

@@ -89,3 +89,13 @@ def test_states_divide_and_the_whole_embedding_gradient_meets_every_gradient_onc
     workload = Workload(global_batch_size=2, seq_len=LLAMA.seq_len)
     totals = [memory.estimate_memory(LLAMA, workload, plan).total for plan in (split, whole)]
     assert totals[0] < totals[1]
+
+
+def test_autocast_s_copy_of_the_head_s_weight_divides_as_made_and_as_saved():
+    """Autocast's copy of the head's weight is of the rank's share of it: in its cache through the
+    forward (``forward_param_copy_bytes``) and saved for the backward (``saved_param_copy_bytes``)."""
+    split, whole = _plans(precision="bf16-mixed")
+    moments = [buffers.estimate_buffers(rank_view(LLAMA.computed_by(plan), plan), 0.0) for plan in (split, whole)]
+    copy = 2 * 32_000 * 4096 * (1 - 1 / TP)  # bf16
+    assert moments[1].forward - moments[0].forward == pytest.approx(copy, rel=1e-3)
+    assert moments[1].loss - moments[0].loss == pytest.approx(copy, rel=1e-3)

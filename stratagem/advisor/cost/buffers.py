@@ -73,20 +73,27 @@ def estimate_buffers(view: RankView, params: float, *, collectives_copy: bool = 
 
 
 def _autocast_copies(view: RankView, buckets: float) -> Transient:
-    """``buckets`` and autocast's compute-dtype weight copies, moment by moment: without
-    checkpointing the backward keeps every copy it saved; a checkpointed block saves none, so its
-    copies live in autocast's cache alone, which empties as the forward's autocast region ends,
-    before the loss's backward: then the copies outside the blocks remain, and a block's own while
-    its backward recomputes it. A pipeline's schedule runs its backward inside that region."""
+    """``buckets`` and autocast's compute-dtype weight copies, moment by moment. Autocast's cache
+    holds every copy the forward makes (``forward_param_copy_bytes``, saved or not) until the
+    forward's autocast region ends, after the loss's forward; then the backward holds those it
+    saved (``saved_param_copy_bytes``): without checkpointing, every block's, but none of a block
+    the model checkpoints itself, whose rerun makes its own (counted in what it rebuilds:
+    :mod:`~stratagem.advisor.cost.activations`); under the plan's checkpointing the copies outside
+    the blocks, and a block's own while its backward recomputes it. A pipeline's schedule runs its
+    backward inside that region."""
     plan = view.plan
     if not get_precision(plan.precision).autocast:
         return Transient.constant(buckets)
-    copies = buckets + view.per_tp_rank("saved_param_copy_bytes")
-    if not plan.checkpoints or plan.pp > 1:
-        return Transient.constant(copies)
+    saved = view.per_tp_rank("saved_param_copy_bytes")
+    cached = buckets + max(view.per_tp_rank("forward_param_copy_bytes"), saved)  # the saved are among them
+    if plan.pp > 1:
+        return Transient.constant(cached)
+    if not plan.checkpoints:
+        kept = buckets + saved
+        return Transient(forward=cached, loss=kept, head=kept, first_block=kept, last_block=kept, embedding=kept)
     outside = buckets + view.outside_per_tp_rank("saved_param_copy_bytes")
     block = max((b.saved_param_copy_bytes for b, _ in view.stage.kinds), default=0) / plan.tp
-    return Transient(forward=copies, loss=outside, head=outside, first_block=outside + block,
+    return Transient(forward=cached, loss=outside, head=outside, first_block=outside + block,
                      last_block=outside + block, embedding=outside)
 
 

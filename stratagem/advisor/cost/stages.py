@@ -71,8 +71,8 @@ def vocabulary_shares(embed: SegmentProfile | None, head: SegmentProfile | None)
     table (its parameters; DTensor computes the table's gradient whole, so its dense gradient's
     bytes stay: docs/design.md); the head's weight, its projection's forward GEMM and the
     backward's two (input and weight gradients: twice the forward), their unaligned share, and the
-    head's parameter-sized traffic (autocast's copies of its weight and casts of its gradient: all
-    but a final norm's of them are the projection's)."""
+    head's parameter-sized traffic and copies (autocast's copies of its weight, made and saved, and
+    casts of its gradient: all but a final norm's of them are the projection's)."""
     shares: dict[str, dict[str, float]] = {}
     if embed is not None and embed.vocab_params:
         shares["vocab_embedding"] = {"num_params": embed.vocab_params}
@@ -82,7 +82,8 @@ def vocabulary_shares(embed: SegmentProfile | None, head: SegmentProfile | None)
             "num_params": head.vocab_params, "fwd_flops": forward, "bwd_flops": 2 * forward,
             "fwd_unaligned_flops": min(head.fwd_unaligned_flops, forward),
             "bwd_unaligned_flops": min(head.bwd_unaligned_flops, 2 * forward),
-            **{f: getattr(head, f) for f in ("saved_param_copy_bytes", "fwd_param_op_bytes", "bwd_param_op_bytes")},
+            **{f: getattr(head, f) for f in ("saved_param_copy_bytes", "forward_param_copy_bytes", "fwd_param_op_bytes",
+                                             "bwd_param_op_bytes")},
         }
     return shares
 

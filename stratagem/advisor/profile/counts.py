@@ -57,6 +57,7 @@ class SegmentCounts:
     bwd_flops: int = 0
     saved_bytes: int = 0
     saved_param_copy_bytes: int = 0
+    forward_param_copy_bytes: int = 0  # the forward's copies of parameters (autocast's casts), saved or not
     rebuilt_bytes: int = 0  # what a rerun of the block's forward in backward held (profile.own_checkpoints)
     attention_fwd_flops: int = 0
     attention_saved_bytes: int = 0

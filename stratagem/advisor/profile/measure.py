@@ -392,9 +392,17 @@ class CostCounter(FlopCounterMode):
                     if not self.mod_tracker.is_bw:
                         self._param_users[name].add(seg)
                     if func_packet in CAST_OPS and isinstance(out, torch.Tensor):
-                        self.param_copies.add(StorageWeakRef(out.untyped_storage()))
+                        self._param_copy(seg, out)
         if self._gpu_kernels and func_packet in MASK_OPS and isinstance(out, torch.Tensor):
             self.masks.add(StorageWeakRef(out.untyped_storage()))
+
+    def _param_copy(self, seg: str, copy: torch.Tensor) -> None:
+        """Follow a copy of a parameter (autocast's cast to the compute dtype); count it once in the
+        forward's copies, which autocast's cache holds to the forward's end, saved or not."""
+        ref = StorageWeakRef(copy.untyped_storage())
+        if not self.mod_tracker.is_bw and ref not in self.param_copies:
+            self._record.segments[seg].forward_param_copy_bytes += copy.untyped_storage().nbytes()
+        self.param_copies.add(ref)
 
 
 class SavedTensorCounter:
