@@ -22,10 +22,13 @@ LOSS_GRADIENT_COPIES = 2
 class RankActivations(NamedTuple):
     """A rank's activations at the end of its forward (with a pipeline stage's kept outputs);
     ``loss_grads``: the gradients the loss's backward makes of the head's output (on the last
-    stage); ``released``: the activations its backward frees first (the head's); ``block``: the
-    largest block's, alive while that block's backward runs (as rebuilt under full checkpointing);
-    ``rebuilt``: that block's under full checkpointing, which the backward holds to its end (0
-    without it); ``others``: what the rank's other in-flight micro-batches hold while its first
+    stage); ``released``: the activations its backward frees first (the head's); ``block``: those of
+    the rank's last block, the first its backward reaches, alive while that block's backward runs
+    (as rebuilt under full checkpointing); ``rebuilt``: the most a block's backward rebuilds
+    (:func:`_rebuilt`; 0 without checkpointing), in ``total``; ``rebuilt_first`` and
+    ``rebuilt_last``: what the backward rebuilds of the rank's last block, which it reaches first,
+    and of its first, which it holds to its end (blocks differ: a convolutional network's first
+    rebuilds its widest images, its last its smallest); ``others``: what the rank's other in-flight micro-batches hold while its first
     backward runs, where every forward precedes that backward (0 without a pipeline), None where a
     forward follows it (:func:`held_through_first_backward`); ``loss_inputs``: what the loss's
     forward holds beside what it saves (on the last stage: :func:`_loss_inputs`); ``output_grad``: the
@@ -37,6 +40,8 @@ class RankActivations(NamedTuple):
     block: float
     rebuilt: float
     others: float | None
+    rebuilt_first: float = 0.0
+    rebuilt_last: float = 0.0
     loss_inputs: float = 0.0
     output_grad: float = 0.0
 
@@ -93,12 +98,16 @@ def rank_activations(view: RankView) -> RankActivations:
     """:func:`estimate_activations` of the rank and its stages' kept outputs, with the loss's
     gradients, what its backward frees first (the head's saved bytes, for one micro-batch), holds
     per block (a checkpointed block's as rebuilt: its full activations) and rebuilds."""
-    rebuilt = _rebuilt_block(view)
-    block = _largest_block(view, checkpointing="none" if view.plan.checkpoints else None)
+    plan, blocks = view.plan, view.stage.blocks
+    first, last = (blocks[-1], blocks[0]) if blocks else (None, None)
+    block = 0.0 if first is None else estimate_block_activations(
+        first, plan, scale=view.scale, checkpointing="none" if plan.checkpoints else None)
     return RankActivations(estimate_activations(view) + _stage_outputs(view),
                            loss_grads=LOSS_GRADIENT_COPIES * view.scale * sum(_logits_gradient(s) for s in view.head),
                            released=view.scale * sum(s.saved_bytes for s in view.head),
-                           block=block, rebuilt=rebuilt, others=held_through_first_backward(view),
+                           block=block, rebuilt=_rebuilt_block(view), others=held_through_first_backward(view),
+                           rebuilt_first=0.0 if first is None else _rebuilt(first, plan, scale=view.scale),
+                           rebuilt_last=0.0 if last is None else _rebuilt(last, plan, scale=view.scale),
                            loss_inputs=view.scale * sum(_loss_inputs(s) for s in view.head),
                            output_grad=view.scale * sum(s.output_bytes for s in view.head))
 
@@ -140,12 +149,6 @@ def _rebuilt(block: SegmentProfile, plan: Plan, *, scale: float) -> float:
         return own
     return own + max(0.0, estimate_block_activations(block, plan, scale=scale, checkpointing="none")
                      - estimate_block_activations(block, plan, scale=scale))
-
-
-def _largest_block(view: RankView, *, checkpointing: str | None = None) -> float:
-    """The largest of :func:`estimate_block_activations` over the rank's blocks (0 without)."""
-    return max((estimate_block_activations(b, view.plan, scale=view.scale, checkpointing=checkpointing)
-                for b, _ in view.stage.kinds), default=0.0)
 
 
 def _stage_outputs(view: RankView) -> float:

@@ -395,9 +395,9 @@ def _alive_at_peak(states: RankStates, activations: RankActivations, meet: bool)
     moments = ((kept, forward + activations.loss_inputs, at.forward),
                (kept, forward + activations.loss_grads, at.loss),
                (kept, forward + activations.output_grad, at.head),
-               (kept + unsharded, activations.total - activations.released - min(activations.block, unit),
-                at.first_block),
-               (every + unsharded, activations.others + activations.rebuilt - min(activations.rebuilt, unit),
+               (kept + unsharded, forward + activations.rebuilt_first - activations.released
+                - min(activations.block, unit), at.first_block),
+               (every + unsharded, activations.others + activations.rebuilt_last - min(activations.rebuilt_last, unit),
                 at.last_block),
                embedding, root)
     return max(moments, key=sum)
