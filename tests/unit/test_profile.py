@@ -480,6 +480,18 @@ def test_a_model_that_checkpoints_its_own_blocks_recomputes_them_on_the_fake_sta
     assert checked.embed.bwd_flops == plain.embed.bwd_flops
 
 
+@pytest.mark.parametrize("placement", [None, "around", "wrapped"])
+def test_a_block_s_backward_holds_the_gradients_of_its_activations_beyond_what_it_kept(placement):
+    """The second Linear's backward writes the gradient of GELU's output (2 × 16 tokens × 64,
+    fp32) while the block's output's gradient (× 32) is still there and nothing the block kept or
+    rebuilt is freed yet: the most the block holds beyond them. At 32 tokens the first gradient
+    has the second Linear's weight's shape (``[32, 64]``) and the weight's own gradient, which the
+    model states count, comes a moment later: the profile tells them apart by what the
+    parameters' ``AccumulateGrad`` takes."""
+    profile = profile_model(_CheckpointsItself(placement), (_tokens(),), loss_fn=_ce, precision="fp32")
+    assert [block.bwd_held_bytes for block in profile.blocks] == [2 * 16 * (64 + 32) * 4] * 2
+
+
 def test_autocast_caches_every_weight_copy_the_forward_makes_saved_or_not():
     """Autocast's cache holds each compute-dtype copy of a weight to the forward's end: the biases',
     which no matmul saves, and those of a block the model checkpoints itself, whose checkpoint

@@ -19,16 +19,28 @@ from stratagem.plan import Plan
 LOSS_GRADIENT_COPIES = 2
 
 
+class BlockBackward(NamedTuple):
+    """One block's backward on a rank, for one micro-batch: what the block keeps from the forward
+    (:func:`estimate_block_activations`), what its backward rebuilds (:func:`_rebuilt`) and what it
+    holds at most beyond both: the gradients of its activations as it makes them (:func:`_held`)."""
+
+    kept: float = 0.0
+    rebuilt: float = 0.0
+    held: float = 0.0
+
+
 class RankActivations(NamedTuple):
     """A rank's activations at the end of its forward (with a pipeline stage's kept outputs);
     ``loss_grads``: the gradients the loss's backward makes of the head's output (on the last
     stage); ``released``: the activations its backward frees first (the head's); ``block``: those of
     the rank's last block, the first its backward reaches, alive while that block's backward runs
     (as rebuilt under full checkpointing); ``rebuilt``: the most a block's backward rebuilds
-    (:func:`_rebuilt`; 0 without checkpointing), in ``total``; ``rebuilt_first`` and
-    ``rebuilt_last``: what the backward rebuilds of the rank's last block, which it reaches first,
-    and of its first, which it holds to its end (blocks differ: a convolutional network's first
-    rebuilds its widest images, its last its smallest); ``others``: what the rank's other in-flight micro-batches hold while its first
+    (:func:`_rebuilt`; 0 without checkpointing), in ``total``; ``first`` and ``last``: the backward
+    of the rank's last block, which it reaches first, and of its first, which it holds to its end
+    (:class:`BlockBackward`; blocks differ: a convolutional network's first block holds its widest
+    images, its last its smallest); ``before``: what the rank's embedding (what runs before the
+    blocks) keeps, which its backward frees after every block's (a convolutional network's stem
+    keeps its widest images); ``others``: what the rank's other in-flight micro-batches hold while its first
     backward runs, where every forward precedes that backward (0 without a pipeline), None where a
     forward follows it (:func:`held_through_first_backward`); ``loss_inputs``: what the loss's
     forward holds beside what it saves (on the last stage: :func:`_loss_inputs`); ``output_grad``: the
@@ -40,8 +52,9 @@ class RankActivations(NamedTuple):
     block: float
     rebuilt: float
     others: float | None
-    rebuilt_first: float = 0.0
-    rebuilt_last: float = 0.0
+    first: BlockBackward = BlockBackward()
+    last: BlockBackward = BlockBackward()
+    before: float = 0.0
     loss_inputs: float = 0.0
     output_grad: float = 0.0
 
@@ -99,15 +112,15 @@ def rank_activations(view: RankView) -> RankActivations:
     gradients, what its backward frees first (the head's saved bytes, for one micro-batch), holds
     per block (a checkpointed block's as rebuilt: its full activations) and rebuilds."""
     plan, blocks = view.plan, view.stage.blocks
-    first, last = (blocks[-1], blocks[0]) if blocks else (None, None)
-    block = 0.0 if first is None else estimate_block_activations(
-        first, plan, scale=view.scale, checkpointing="none" if plan.checkpoints else None)
+    block = 0.0 if not blocks else estimate_block_activations(
+        blocks[-1], plan, scale=view.scale, checkpointing="none" if plan.checkpoints else None)
+    first, last = (_block_backward(b, plan, scale=view.scale) for b in (blocks[-1], blocks[0])) if blocks else ((), ())
     return RankActivations(estimate_activations(view) + _stage_outputs(view),
                            loss_grads=LOSS_GRADIENT_COPIES * view.scale * sum(_logits_gradient(s) for s in view.head),
                            released=view.scale * sum(s.saved_bytes for s in view.head),
                            block=block, rebuilt=_rebuilt_block(view), others=held_through_first_backward(view),
-                           rebuilt_first=0.0 if first is None else _rebuilt(first, plan, scale=view.scale),
-                           rebuilt_last=0.0 if last is None else _rebuilt(last, plan, scale=view.scale),
+                           first=BlockBackward(*first), last=BlockBackward(*last),
+                           before=view.scale * sum(s.saved_bytes for s in view.stage.segments if s.kind == "embed"),
                            loss_inputs=view.scale * sum(_loss_inputs(s) for s in view.head),
                            output_grad=view.scale * sum(s.output_bytes for s in view.head))
 
@@ -133,6 +146,22 @@ def _rebuilt_block(view: RankView) -> float:
     """What a checkpointed block's backward rebuilds for one micro-batch, one block at a time, for
     the largest (:func:`_rebuilt`); 0 without checkpointing."""
     return max((_rebuilt(b, view.plan, scale=view.scale) for b, _ in view.stage.kinds), default=0.0)
+
+
+def _block_backward(block: SegmentProfile, plan: Plan, *, scale: float) -> BlockBackward:
+    return BlockBackward(estimate_block_activations(block, plan, scale=scale), _rebuilt(block, plan, scale=scale),
+                         _held(block, plan, scale=scale))
+
+
+def _held(block: SegmentProfile, plan: Plan, *, scale: float) -> float:
+    """The most ``block``'s backward holds for one micro-batch beyond what it keeps and rebuilds
+    (``bwd_held_bytes``, :mod:`~stratagem.advisor.profile.backward_held`): gradients of its
+    activations, of which a TP rank holds the share it keeps of the activations themselves."""
+    if not block.bwd_held_bytes:
+        return 0.0
+    whole = block.saved_bytes * scale
+    share = estimate_block_activations(block, plan, scale=scale, checkpointing="none") / whole if whole else 1 / plan.tp
+    return block.bwd_held_bytes * scale * share
 
 
 def _rebuilt(block: SegmentProfile, plan: Plan, *, scale: float) -> float:

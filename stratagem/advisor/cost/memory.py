@@ -186,6 +186,7 @@ class RankStates(NamedTuple):
     root_shard: float = 0.0
     step_temporaries: float = 0.0  # the optimizer step's (estimate_step_bytes)
     step_buffers: float = 0.0  # the buffers that outlive the backward (estimate_step_bytes)
+    first_block_grads: float = 0.0  # of the gradients, the rank's first block's, which its backward makes last
 
 
 def estimate_unsharded_gradients(view: RankView, layout: StateLayout, *,
@@ -360,21 +361,26 @@ def _model_states(view: RankView, layout: StateLayout, *, on_gpu: bool, collecti
         buffers=max(transient),
         host=estimate_offloaded(params, plan, layout),
     )
+    first_block = view.stage.blocks[0].num_params / plan.tp if view.stage.blocks else 0.0
     return RankStates(states, transient, *estimate_unsharded_gradients(view, layout, collectives_copy=collectives_copy),
                       estimate_embedding_gradient(view, layout),
                       *estimate_root_reduce(view, layout, collectives_copy=collectives_copy),
-                      *estimate_step_bytes(view, params, layout, on_gpu=on_gpu))
+                      *estimate_step_bytes(view, params, layout, on_gpu=on_gpu),
+                      first_block_grads=estimate_gradients(first_block, plan, layout))
 
 
 def _alive_at_peak(states: RankStates, activations: RankActivations, meet: bool) -> tuple[float, float, float]:
     """Gradients, activations and buffers (:class:`Transient`) at the peak: the fullest of the
     moments of the rank's first backward and the forward's end before it (every activation): the
     loss's backward (every activation and the gradients of the head's output, no parameter
-    gradient yet); the head's backward as it starts (one gradient of the head's output); the end
-    of the first block's backward (the activations but the head's; the gradients held and the
-    block unit's with the reduce-scatter's copy of them, while the block's activations are
-    freed); the backward's end (every gradient, and the block full checkpointing
-    rebuilt last, likewise); the embedding's backward after the blocks' (every gradient, and the
+    gradient yet); the head's backward as it starts (one gradient of the head's output); the
+    first block's backward (the rank's last block: the activations but the head's, what the block
+    rebuilds and, in its middle, the gradients of its activations, ``BlockBackward.held``; at its
+    end the gradients held and the block unit's with the reduce-scatter's copy of them, while the
+    block's activations are freed); the last block's (the rank's first: every gradient, in its
+    middle but its own, with what the embedding keeps and what the block keeps, rebuilds and
+    holds; at its end every gradient, the block's activations freed likewise); the
+    embedding's backward after the blocks' (every gradient, and the
     whole table's gradient of a vocabulary split); the root unit's reduction, the last (every
     gradient but the root's shard, which it makes, unless kept from an earlier micro-batch, and the
     root's unsharded with their copy, its parameters resharded). The rank's other in-flight micro-batches'
@@ -386,18 +392,23 @@ def _alive_at_peak(states: RankStates, activations: RankActivations, meet: bool)
     unit = states.unit_grads  # the block's activations go as its gradients come, up to their bytes
     unsharded = states.held_grads + states.unit_grads + states.unit_copy
     at, every = states.transient, states.states.gradients
-    embedding = (every + unsharded + states.embedding_grads, activations.others or 0.0, at.embedding)
+    embedding = (every + unsharded + states.embedding_grads, (activations.others or 0.0) + activations.before,
+                 at.embedding)
     root = (every - (0.0 if meet else states.root_shard) + states.root_reduce, activations.others or 0.0, 0.0)
     if activations.others is None:
         return max((every + unsharded, activations.total + activations.loss_grads, max(at)), embedding, root, key=sum)
     kept = every if meet else 0.0
     forward = activations.total - activations.rebuilt  # no block is rebuilt before the backward reaches it
+    first, last = activations.first, activations.last
     moments = ((kept, forward + activations.loss_inputs, at.forward),
                (kept, forward + activations.loss_grads, at.loss),
                (kept, forward + activations.output_grad, at.head),
-               (kept + unsharded, forward + activations.rebuilt_first - activations.released
-                - min(activations.block, unit), at.first_block),
-               (every + unsharded, activations.others + activations.rebuilt_last - min(activations.rebuilt_last, unit),
+               (kept + states.held_grads, forward - activations.released + first.rebuilt + first.held, at.first_block),
+               (kept + unsharded, forward - activations.released + first.rebuilt - min(activations.block, unit),
+                at.first_block),
+               (every - states.first_block_grads + states.held_grads,
+                activations.others + activations.before + last.kept + last.rebuilt + last.held, at.last_block),
+               (every + unsharded, activations.others + activations.before + last.rebuilt - min(last.rebuilt, unit),
                 at.last_block),
                embedding, root)
     return max(moments, key=sum)

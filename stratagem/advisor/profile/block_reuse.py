@@ -9,7 +9,7 @@ stand-in that returns outputs of the recorded shapes, and they inherit the measu
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
@@ -17,6 +17,11 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 if TYPE_CHECKING:
     from stratagem.advisor.profile.counts import RunRecord
+
+
+def tensor_leaves(tree: Any) -> list[torch.Tensor]:
+    """The tensors among the leaves of a (nested) structure."""
+    return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
 
 
 def tensor_bytes(tree: Any) -> int:
@@ -27,7 +32,7 @@ def tensor_bytes(tree: Any) -> int:
 def _differentiable(tree: Any) -> list[torch.Tensor]:
     """The tensors of ``tree`` that carry gradients (hidden states, not masks or RoPE tables);
     all of its tensors when none does."""
-    tensors = [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
+    tensors = tensor_leaves(tree)
     return [t for t in tensors if t.requires_grad] or tensors
 
 
@@ -46,16 +51,28 @@ def block_signature(block: nn.Module) -> tuple:
     )
 
 
+class SavedOutputs(Protocol):
+    """What the step's saved-tensor count tells of a block's output (measure.SavedTensorCounter)."""
+
+    def kept_in(self, segment: str, tree: Any) -> bool: ...
+
+    def mark_counted(self, tree: Any) -> None: ...
+
+
 class BlockReuse:
     """Record each block's input and output bytes and call ``on_start(fqn)`` as each call of a
     block begins; with ``reuse``, measure the first of each group of identical blocks and stand
-    in for the others."""
+    in for the others. A stand-in's output is a new tensor, where the block's own would be what the
+    block saved where it saves its output (a bottleneck's last ReLU): ``saved`` marks it counted
+    then, lest the next block count again, as its input, what the stand-in's inherited count holds."""
 
     def __init__(self, model: nn.Module, blocks: tuple[str, ...], record: RunRecord, *, reuse: bool,
-                 on_start: Callable[[str], None] = lambda fqn: None) -> None:
+                 on_start: Callable[[str], None] = lambda fqn: None, saved: SavedOutputs | None = None) -> None:
         self._record = record
         self._reuse = reuse
         self._on_start = on_start
+        self._saved = saved
+        self._saves_output: set[str] = set()  # representatives that save their own output
         self._modules = {fqn: model.get_submodule(fqn) for fqn in blocks}
         self._seen: dict[tuple, str] = {}  # signature -> representative FQN
         self._calls: dict[str, tuple[tuple, Any]] = {}  # representative -> (input meta, output)
@@ -82,8 +99,10 @@ class BlockReuse:
             counts = self._record.segments[fqn]
             counts.input_bytes = tensor_bytes(_differentiable((args, kwargs)))
             counts.output_bytes = tensor_bytes(output)
-            if fqn not in self._record.measured_as:
+            if fqn not in self._record.measured_as and fqn not in self._calls:  # a rerun in backward: not again
                 self._calls[fqn] = (_leaf_meta((args, kwargs)), output)
+                if self._saved is not None and self._saved.kept_in(fqn, output):
+                    self._saves_output.add(fqn)
         return hook
 
     def _stand_in(self, fqn: str, module: nn.Module, representative: str) -> Callable:
@@ -94,7 +113,10 @@ class BlockReuse:
             if meta != _leaf_meta((args, kwargs)):
                 return real_forward(*args, **kwargs)  # other input shapes: measure it for real
             self._record.measured_as[fqn] = representative
-            return _outputs_like(rep_output, args, kwargs)
+            outputs = _outputs_like(rep_output, args, kwargs)
+            if representative in self._saves_output:
+                self._saved.mark_counted(outputs)
+            return outputs
 
         return forward
 

@@ -58,6 +58,7 @@ class SegmentCounts:
     saved_bytes: int = 0
     saved_param_copy_bytes: int = 0
     forward_param_copy_bytes: int = 0  # the forward's copies of parameters (autocast's casts), saved or not
+    bwd_held_bytes: int = 0  # what its backward held at once beyond what it kept and rebuilt (backward_held)
     rebuilt_bytes: int = 0  # what a rerun of the block's forward in backward held (profile.own_checkpoints)
     attention_fwd_flops: int = 0
     attention_saved_bytes: int = 0

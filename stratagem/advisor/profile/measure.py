@@ -55,7 +55,8 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 
 from stratagem.advisor.profile.backward_blocks import BackwardBlocks
-from stratagem.advisor.profile.block_reuse import tensor_bytes
+from stratagem.advisor.profile.backward_held import BackwardHeld
+from stratagem.advisor.profile.block_reuse import tensor_bytes, tensor_leaves
 from stratagem.advisor.profile.batch_norms import BATCH_NORM_OPS, batch_norm_call
 from stratagem.advisor.profile.convolutions import conv_layer
 from stratagem.advisor.profile.counts import RunRecord, SegmentCounts
@@ -184,6 +185,7 @@ class CostCounter(FlopCounterMode):
         self.saved: SavedTensorCounter | None = None
         self.policies = CheckpointPolicies(set(state_names))
         self.rebuilt = RebuiltBytes(record)
+        self.held: BackwardHeld | None = None
         self.fusion = FusionTracker()
 
     def segment(self) -> str:
@@ -262,6 +264,8 @@ class CostCounter(FlopCounterMode):
         seg = self._gradient_segment(out, self.segment())
         if self.mod_tracker.is_bw:
             self.rebuilt.op(seg, args, out)
+            if self.held is not None:
+                self.held.op(seg, args, out, parameter_sized=self._parameter_sized(func_packet, args, out))
         if not self.suppressed:
             self._count(seg, func_packet, out, args, kwargs)
         elif priced_by_bytes(func_packet):
@@ -330,16 +334,13 @@ class CostCounter(FlopCounterMode):
     def _track_fusion(self, seg: str, func_packet: Any, args: Any, out: Any, *, fusible: bool) -> None:
         """Tell the fusion tracker what an operator reads and writes (``fusible``: it moves
         batch-sized bytes without FLOPs, so a compiler may fuse it with its neighbours)."""
-        def tensors(tree: Any) -> list[torch.Tensor]:
-            return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
-
         def refs(tree: Any) -> list[tuple[StorageWeakRef, int]]:
-            return [(StorageWeakRef(t.untyped_storage()), tensor_bytes(t)) for t in tensors(tree)]
+            return [(StorageWeakRef(t.untyped_storage()), tensor_bytes(t)) for t in tensor_leaves(tree)]
 
         written = written_by(func_packet, out, args)
         sums = [t for t in written if sums_across_rows(tree_flatten(args)[0], t)] if fusible else []
         cast = (out.dtype, tuple(out.shape)) if func_packet in CAST_OPS and isinstance(out, torch.Tensor) else None
-        reads = [Read(ref, size, region_of(t)) for (ref, size), t in zip(refs(args), tensors(args), strict=True)]
+        reads = [Read(ref, size, region_of(t)) for (ref, size), t in zip(refs(args), tensor_leaves(args), strict=True)]
         self.fusion.op((seg, self.mod_tracker.is_bw), fusible=fusible, reads=reads, writes=refs(written),
                        sums=refs(sums), cast=cast)
 
@@ -414,8 +415,8 @@ class SavedTensorCounter:
         self._counter = counter
         self._record = record
         self._params = params
-        self._seen: dict[StorageWeakRef, torch.Tensor] = {}  # strong refs: ids stay unique
-        self._outside: dict[StorageWeakRef, tuple[str, int]] = {}  # saved outside the blocks: (segment, bytes)
+        self._seen: set[StorageWeakRef] = set()  # counted once (a weak reference keeps its storage's id unique)
+        self.kept: dict[StorageWeakRef, tuple[str, int]] = {}  # the activations counted: (segment, bytes)
         self._inputs: dict[StorageWeakRef, str] = {}  # the blocks' inputs: the block that took each last
 
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -436,7 +437,7 @@ class SavedTensorCounter:
         self._counter.fusion.saved(ref)
         if ref in self._params or ref in self._seen:
             return
-        self._seen[ref] = tensor
+        self._seen.add(ref)
         segment = self._counter.segment()
         if segment in (EMBED, HEAD):  # a reentrant checkpoint saves its block's input once the block ran
             segment = self._inputs.get(ref, segment)
@@ -446,10 +447,18 @@ class SavedTensorCounter:
             return
         num_bytes = stored_bytes(tensor, ref, self._counter.masks)
         counts.saved_bytes += num_bytes
+        self.kept[ref] = (segment, num_bytes)
         if self._counter.is_scores(tensor):
             counts.attention_saved_bytes += num_bytes
-        elif segment in (EMBED, HEAD):
-            self._outside[ref] = (segment, num_bytes)
+
+    def kept_in(self, segment: str, tree: Any) -> bool:
+        """Whether ``segment`` counted a tensor of ``tree`` as kept for backward."""
+        return any(self.kept.get(StorageWeakRef(t.untyped_storage()), ("",))[0] == segment for t in tensor_leaves(tree))
+
+    def mark_counted(self, tree: Any) -> None:
+        """Count ``tree``'s tensors as counted already (a stand-in block's output, which the block's
+        inherited count holds: :class:`~stratagem.advisor.profile.block_reuse.BlockReuse`)."""
+        self._seen.update(StorageWeakRef(t.untyped_storage()) for t in tensor_leaves(tree))
 
     def claim(self, block: str, inputs: list[torch.Tensor]) -> None:
         """Count in ``block`` its ``inputs`` saved outside the blocks, before its forward starts or
@@ -460,10 +469,11 @@ class SavedTensorCounter:
         for tensor in inputs:
             ref = StorageWeakRef(tensor.untyped_storage())
             self._inputs[ref] = block
-            if (found := self._outside.pop(ref, None)) is not None:
-                segment, num_bytes = found
+            segment, num_bytes = self.kept.get(ref, (block, 0))
+            if segment in (EMBED, HEAD):
                 self._record.segments[segment].saved_bytes -= num_bytes
                 self._record.segments[block].saved_bytes += num_bytes
+                self.kept[ref] = (block, num_bytes)
 
     @staticmethod
     def unpack(tensor: torch.Tensor) -> torch.Tensor:

@@ -28,16 +28,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._pytree import tree_flatten
+
+from stratagem.advisor.profile.block_reuse import tensor_leaves
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from stratagem.advisor.profile.counts import RunRecord
-
-
-def _tensors(tree: Any) -> list[torch.Tensor]:
-    return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
 
 
 class RebuiltBytes:
@@ -63,8 +60,8 @@ class RebuiltBytes:
         (a view writes none): with autograd on, a rerun's, followed; with it off, backward's own,
         before which those followed so far are counted. (Autograd turns it off in a pack hook
         too, where the rerun's saves are detached: views.)"""
-        read = {StorageWeakRef(t.untyped_storage()) for t in _tensors(args)}
-        written = {ref: t.untyped_storage().nbytes() for t in _tensors(out)
+        read = {StorageWeakRef(t.untyped_storage()) for t in tensor_leaves(args)}
+        written = {ref: t.untyped_storage().nbytes() for t in tensor_leaves(out)
                    if (ref := StorageWeakRef(t.untyped_storage())) not in read}
         if not written:
             return
@@ -95,7 +92,8 @@ class ClaimedInputs:
     def __enter__(self) -> ClaimedInputs:
         for fqn, module in self._blocks.items():
             self._handles.append(module.register_forward_pre_hook(
-                lambda _module, args, kwargs, fqn=fqn: self._claim(fqn, _tensors((args, kwargs))), with_kwargs=True))
+                lambda _module, args, kwargs, fqn=fqn: self._claim(fqn, tensor_leaves((args, kwargs))),
+                with_kwargs=True))
         return self
 
     def __exit__(self, *exc: object) -> None:

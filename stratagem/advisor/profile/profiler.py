@@ -411,6 +411,7 @@ def _assemble(model: nn.Module, blocks: tuple[str, ...], record: RunRecord, prec
             fwd_flops=counts.fwd_flops, bwd_flops=counts.bwd_flops,
             saved_bytes=counts.saved_bytes, saved_param_copy_bytes=counts.saved_param_copy_bytes,
             forward_param_copy_bytes=counts.forward_param_copy_bytes, rebuilt_bytes=counts.rebuilt_bytes,
+            bwd_held_bytes=counts.bwd_held_bytes,
             attention_fwd_flops=counts.attention_fwd_flops, attention_saved_bytes=counts.attention_saved_bytes,
             input_bytes=counts.input_bytes, output_bytes=counts.output_bytes,
             fwd_ops=counts.fwd_ops, bwd_ops=counts.bwd_ops,

@@ -31,7 +31,7 @@ class CheckpointPolicies:
         self.counts: dict[str, dict[str, PolicyCounts]] = {}  # block -> policy -> counts
         self._states: dict[str, dict[str, PolicyState]] = {}
         self._pending: dict[str, dict[str, PolicyCounts]] = {}  # work since the last saved tensor
-        self._kept: dict[str, dict[StorageWeakRef, torch.Tensor]] = {}  # block/policy -> kept storages (strong refs)
+        self._kept: dict[str, set[StorageWeakRef]] = {}  # block/policy -> kept storages (weak: autograd frees them)
 
     def start(self, block: str) -> None:
         """A call of ``block`` begins: each policy counts matmuls from 0 (as the plugin's does)."""
@@ -66,7 +66,7 @@ class CheckpointPolicies:
     def _new_bytes(self, key: str, out: object) -> int:
         """Bytes of the storages of ``out``'s tensors not counted under ``key`` before, parameters
         excluded."""
-        seen = self._kept.setdefault(key, {})
+        seen = self._kept.setdefault(key, set())
         total = 0
         for tensor in tree_flatten(out)[0]:
             if not isinstance(tensor, torch.Tensor):
@@ -74,6 +74,6 @@ class CheckpointPolicies:
             ref = StorageWeakRef(tensor.untyped_storage())
             if ref in self._params or ref in seen:
                 continue
-            seen[ref] = tensor
+            seen.add(ref)
             total += tensor.untyped_storage().nbytes()
         return total

@@ -16,6 +16,7 @@ from torch.utils._pytree import tree_flatten
 
 from stratagem.advisor.profile.attention import CudaAttention, unpacked_sequences
 from stratagem.advisor.profile.autocast import CudaAutocast
+from stratagem.advisor.profile.backward_held import BackwardHeld
 from stratagem.advisor.profile.block_reuse import BlockReuse, tensor_bytes
 from stratagem.advisor.profile.block_inputs import BlockInputs
 from stratagem.advisor.profile.compiled import measure_compiled
@@ -123,17 +124,18 @@ def run_fake_step(
     record = RunRecord()
     root = f"{_StepCall.__name__}.model"  # the module tracker's name for the model (see _StepCall)
     block_of = {f"{root}.{fqn}": fqn for fqn in blocks}
-    state_names: dict[StorageWeakRef, str] = {}
-    for name, tensor in state.items():  # tied names share a tensor: the first name owns it
-        state_names.setdefault(StorageWeakRef(tensor.untyped_storage()), name)
+    # tied names share a tensor: the first name owns it (written last)
+    state_names = {StorageWeakRef(tensor.untyped_storage()): name for name, tensor in reversed(state.items())}
     gradient_shapes = {(tuple(t.shape), t.dtype) for t in state.values() if t.requires_grad}
     counter = CostCounter(block_of=block_of, record=record, state_names=state_names,
                           gradient_shapes=gradient_shapes, has_blocks=bool(blocks), seq_len=seq_len,
                           batch_size=batch_size, gpu_kernels=kernels == "gpu", model_name=root,
                           sequence_norms=_sequence_norms(model, blocks, root))
     saved = counter.saved = SavedTensorCounter(counter, record, set(state_names))
+    counter.held = BackwardHeld(record, saved.kept)
     hooks = torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack)
-    reuse = BlockReuse(model, blocks, record, reuse=reuse_identical_blocks, on_start=counter.policies.start)
+    reuse = BlockReuse(model, blocks, record, reuse=reuse_identical_blocks, on_start=counter.policies.start,
+                       saved=saved)
     attention = CudaAttention()
     # entered last, handled first: CUDA's autocast casts an rms_norm's input before its fused kernel counts it
     on_gpu = (FusedKernels(counter), attention, CudaAutocast()) if kernels == "gpu" else ()
@@ -145,6 +147,7 @@ def run_fake_step(
             modes.enter_context(mode)
         torch.func.functional_call(call, {f"model.{k}": v for k, v in state.items()}, args, kwargs, strict=False)
     counter.rebuilt.settle()
+    counter.held.finish()
     record.block_inputs = inputs.calls
     stood_in = tuple(f"{fqn}." for fqn in record.measured_as)  # blocks reuse ran no backward through
     record.unused_params = tuple(name for name, t in state.items()

@@ -109,7 +109,7 @@ class TPLayout(NamedTuple):
 @dataclass(frozen=True, slots=True)
 class _LinearCall:
     name: str  # FQN relative to the block
-    reads: int  # id of the input tensor (views of one storage are different inputs)
+    reads: tuple  # the data its input reads (_reads): Linears reading one view of one storage read the same
     in_features: int
     out_features: int
     rows: int  # rows the call multiplied: its input's elements over in_features
@@ -122,7 +122,6 @@ class LinearCallRecorder:
         self._model = model
         self._blocks = blocks
         self.calls: dict[str, list[_LinearCall]] = {b: [] for b in blocks}
-        self._inputs_seen: list[torch.Tensor] = []  # keeps the ids in ``reads`` unique
         self._handles: list = []
 
     def __enter__(self) -> LinearCallRecorder:
@@ -141,8 +140,7 @@ class LinearCallRecorder:
         def hook(module, args, output):
             calls = self.calls[block]
             if not any(c.name == name for c in calls):
-                self._inputs_seen.append(args[0])
-                calls.append(_LinearCall(name, id(args[0]), module.in_features, module.out_features,
+                calls.append(_LinearCall(name, _reads(args[0]), module.in_features, module.out_features,
                                          args[0].numel() // max(module.in_features, 1)))
         return hook
 
@@ -151,10 +149,16 @@ class LinearCallRecorder:
         return {call.name: call.rows for call in self.calls.get(block, [])}
 
 
+def _reads(tensor: torch.Tensor) -> tuple:
+    """What ``tensor`` reads: its storage, by a weak reference (which keeps the storage's id unique
+    without keeping its data: the step frees what its backward no longer needs), and its view of it."""
+    return StorageWeakRef(tensor.untyped_storage()), tensor.storage_offset(), tuple(tensor.shape), tensor.stride()
+
+
 def pair_linears(calls: list[_LinearCall]) -> dict[str, str]:
     """``{linear: "colwise" | "rowwise"}`` for every column group with a row partner."""
     styles: dict[str, str] = {}
-    seen_reads: list[int] = []
+    seen_reads: list[tuple] = []
     for call in calls:
         if call.reads not in seen_reads:
             seen_reads.append(call.reads)
