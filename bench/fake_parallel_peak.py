@@ -1,5 +1,6 @@
 """The memory model against torch's own count for plans over several GPUs (TP, SP, FSDP and both)
-and one (checkpointing), as one rank of the plan holds them, with no GPU and no second process.
+and one (checkpointing; vision models, whose blocks differ), as one rank of the plan holds them,
+with no GPU and no second process.
 
 ``bench/fake_peak.py`` does this for one-device plans; here each case's plan is applied by the
 plugins, as ``verify`` applies it, on rank 0 of a fake process group of the plan's size (torch's
@@ -76,6 +77,10 @@ CASES = (
     Case(Shape("gpt2-large", 2, 1024, "bf16-mixed"), 1, {"activation_checkpointing": "selective"}),
     Case(_LLAMA_3_8B, 8, {"dp_shard": 8, "zero": 3, "activation_checkpointing": "full"}),
     Case(_LLAMA_3_8B, 8, {"tp": 8, "activation_checkpointing": "selective"}),
+    # vision models, whose blocks differ (ResNet's shrink with its images) and whose heads are small
+    Case(Shape("vit-small", 64, None, "bf16-mixed"), 1, {"activation_checkpointing": "full"}),
+    Case(Shape("resnet-50", 64, None, "bf16-mixed"), 1, {}),
+    Case(Shape("resnet-50", 64, None, "bf16-mixed"), 1, {"activation_checkpointing": "full"}),
     # Hugging Face models computing their loss, as verify runs them: FSDP gathers before the loss
     Case(Shape("qwen2-0.5b", 2, 1024, "bf16-mixed"), 4, {"dp_shard": 4, "zero": 3}),
     Case(Shape("llama-1b", 2, 1024, "bf16-mixed"), 4, {"dp_shard": 4, "zero": 3}),
@@ -152,7 +157,7 @@ def main() -> None:
             torchs = measured(case, plan)
         finally:
             dist.destroy_process_group()
-        print(f"{case.shape.model:<13} {case.shape.batch:>2} {case.shape.seq_len:>5} {plan.name:<34} "
+        print(f"{case.shape.model:<13} {case.shape.batch:>2} {case.shape.seq_len or '-':>5} {plan.name:<34} "
               f"{ours / GIB:>8.2f} G {torchs / GIB:>8.2f} G {ours / torchs - 1:>+6.1%}", flush=True)
     print(f"rank 0 of each plan on H100s, bf16-mixed; {time.perf_counter() - started:.0f} s")
 

@@ -185,6 +185,41 @@ def test_identical_blocks_on_other_shapes_are_measured_for_real():
     assert any("sum of the outputs" in note for note in fast.notes)
 
 
+class _SavesItsOutput(nn.Module):
+    """A block whose last operator saves its output (ReLU), as a bottleneck's does."""
+
+    def __init__(self, width_in: int, width_out: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(width_in, width_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x).relu()
+
+
+def test_a_stand_in_block_s_output_counts_once_where_the_block_saves_it():
+    """Identical blocks between others, as in a convolutional network's stage: the stand-in for
+    the third block inherits a count that holds its output (its ReLU saves it), and the fourth,
+    which saves its input, must not count it again (ResNet-50: +98 MiB at 64 images at each
+    stage's first block, +5.6 % of its peak)."""
+    model = nn.Sequential(_SavesItsOutput(16, 32), _SavesItsOutput(32, 32), _SavesItsOutput(32, 32),
+                          _SavesItsOutput(32, 16))
+    x = torch.randn(2, 16, 16)
+    fast, slow = (profile_model(model, (x,), precision="fp32", reuse_identical_blocks=reuse) for reuse in (True, False))
+    assert fast.blocks[2].measured_as == "1"
+    assert [b.saved_bytes for b in fast.blocks] == [b.saved_bytes for b in slow.blocks]
+
+
+def test_a_block_called_on_an_input_saved_before_it_stands_for_none_called_on_a_new_one():
+    """Identical blocks that save their input and output: the first takes the model's input, new,
+    and counts it; the others take inputs the block before saved. The second is measured for real
+    and stands for the rest (standing for the first, each would count its input again)."""
+    model = nn.Sequential(*(_SavesItsOutput(32, 32) for _ in range(4)))
+    x = torch.randn(2, 16, 32)
+    fast, slow = (profile_model(model, (x,), precision="fp32", reuse_identical_blocks=reuse) for reuse in (True, False))
+    assert [b.measured_as for b in fast.blocks] == [None, None, "1", "1"]
+    assert [b.saved_bytes for b in fast.blocks] == [b.saved_bytes for b in slow.blocks]
+
+
 def test_models_without_blocks_and_keyword_inputs():
     model = nn.Sequential(nn.Linear(8, 16))
     profile = profile_model(model, {"input": torch.randn(4, 8)}, precision="fp32")

@@ -28,8 +28,8 @@ if TYPE_CHECKING:
 
 class BackwardHeld:
     """Per segment, the most its backward held at once beyond what it kept and rebuilt (module
-    docstring); ``kept``: the activations the forward saved, by storage (segment, bytes), as
-    :class:`~stratagem.advisor.profile.measure.SavedTensorCounter` counted them.
+    docstring); :attr:`kept`: the activations the forward saved, by storage (segment, bytes), as
+    :class:`~stratagem.advisor.profile.measure.SavedTensorCounter` counts them into it.
 
     A weight's gradient is written by an operator like an activation's (``mm`` writes a Linear's,
     transposed) and taken as ``.grad`` by the parameter's ``AccumulateGrad`` a node or two later
@@ -39,9 +39,9 @@ class BackwardHeld:
     ``AccumulateGrad`` took or a parameter-sized operator read by the backward's end are taken
     out of it."""
 
-    def __init__(self, record: RunRecord, kept: dict[StorageWeakRef, tuple[str, int]]) -> None:
+    def __init__(self, record: RunRecord) -> None:
         self._record = record
-        self._kept = kept
+        self.kept: dict[StorageWeakRef, tuple[str, int]] = {}
         self._made: dict[StorageWeakRef, int] = {}  # storages the backward's operators wrote
         self._saved: dict[str, dict[StorageWeakRef, int]] | None = None  # kept, by segment, as backward starts
         self._accumulated: set[StorageWeakRef] = set()  # what AccumulateGrad took: parameters' gradients
@@ -54,7 +54,7 @@ class BackwardHeld:
         ``AccumulateGrad``, what it takes as the gradient."""
         if self._saved is None:
             self._saved = {}
-            for ref, (owner, num_bytes) in self._kept.items():
+            for ref, (owner, num_bytes) in self.kept.items():
                 self._saved.setdefault(owner, {})[ref] = num_bytes
         node = torch._C._current_autograd_node()
         read = {StorageWeakRef(t.untyped_storage()) for t in tensor_leaves(args)}
@@ -66,8 +66,7 @@ class BackwardHeld:
             self._accumulated |= read
         else:
             self._made.update((ref, num_bytes) for ref, num_bytes in written.items() if ref not in read)
-        made = _alive(self._made)
-        held = made + _alive(self._saved.setdefault(segment, {}))
+        held = _alive(self._made) + _alive(self._saved.setdefault(segment, {}))
         if node is not self._node or not self._peaks:
             self._node = node
             self._peaks.append((segment, -1, {}))
@@ -78,7 +77,7 @@ class BackwardHeld:
         """Set each segment's ``bwd_held_bytes``: the most it held at once, parameters' gradients
         aside, less what it kept (those the step followed by storage) and rebuilt."""
         kept: dict[str, int] = {}
-        for owner, num_bytes in self._kept.values():
+        for owner, num_bytes in self.kept.values():
             kept[owner] = kept.get(owner, 0) + num_bytes
         peaks: dict[str, int] = {}
         for segment, held, made in self._peaks:

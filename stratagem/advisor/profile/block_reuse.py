@@ -26,7 +26,7 @@ def tensor_leaves(tree: Any) -> list[torch.Tensor]:
 
 def tensor_bytes(tree: Any) -> int:
     """Bytes of every tensor leaf in a (nested) structure of tensors."""
-    return sum(t.numel() * t.element_size() for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor))
+    return sum(t.numel() * t.element_size() for t in tensor_leaves(tree))
 
 
 def _differentiable(tree: Any) -> list[torch.Tensor]:
@@ -51,8 +51,10 @@ def block_signature(block: nn.Module) -> tuple:
     )
 
 
-class SavedOutputs(Protocol):
-    """What the step's saved-tensor count tells of a block's output (measure.SavedTensorCounter)."""
+class SavedTensors(Protocol):
+    """What the step's saved-tensor count tells of a block's inputs and outputs (measure.SavedTensorCounter)."""
+
+    def counted(self, tree: Any) -> bool: ...
 
     def kept_in(self, segment: str, tree: Any) -> bool: ...
 
@@ -62,30 +64,38 @@ class SavedOutputs(Protocol):
 class BlockReuse:
     """Record each block's input and output bytes and call ``on_start(fqn)`` as each call of a
     block begins; with ``reuse``, measure the first of each group of identical blocks and stand
-    in for the others. A stand-in's output is a new tensor, where the block's own would be what the
-    block saved where it saves its output (a bottleneck's last ReLU): ``saved`` marks it counted
-    then, lest the next block count again, as its input, what the stand-in's inherited count holds."""
+    in for the others called alike. A stand-in inherits what its block saved, so its block must
+    have come in alike: with inputs of the same shapes, and, where ``saved`` tells, with the
+    inputs that carry gradients already counted as saved by what ran before (a convolutional
+    block's, which the block before saved as its output, a bottleneck's last ReLU) or not (a
+    transformer block's, or the first block's); otherwise it is measured for real, and stands
+    for the blocks called like it after. A stand-in's output is a new tensor, where the block's
+    own would be what it saved where it saves its output: ``saved`` marks it counted then, lest
+    the next block count it again as its input."""
 
     def __init__(self, model: nn.Module, blocks: tuple[str, ...], record: RunRecord, *, reuse: bool,
-                 on_start: Callable[[str], None] = lambda fqn: None, saved: SavedOutputs | None = None) -> None:
+                 on_start: Callable[[str], None] = lambda fqn: None, saved: SavedTensors | None = None) -> None:
         self._record = record
         self._reuse = reuse
         self._on_start = on_start
         self._saved = saved
-        self._saves_output: set[str] = set()  # representatives that save their own output
+        self._saves_output: set[str] = set()  # measured blocks that save their own output
         self._modules = {fqn: model.get_submodule(fqn) for fqn in blocks}
-        self._seen: dict[tuple, str] = {}  # signature -> representative FQN
-        self._calls: dict[str, tuple[tuple, Any]] = {}  # representative -> (input meta, output)
+        self._entries: dict[str, tuple] = {}  # block -> how its first call came in: (input meta, inputs counted)
+        self._outputs: dict[str, Any] = {}  # measured block -> its first call's output
         self._handles: list = []
 
     def __enter__(self) -> BlockReuse:
+        kinds: dict[tuple, list[str]] = {}  # signature -> the blocks of it measured for real, in order
         for fqn, module in self._modules.items():
             self._handles.append(module.register_forward_hook(self._output_hook(fqn), with_kwargs=True))
-            self._handles.append(module.register_forward_pre_hook(lambda *_, fqn=fqn: self._on_start(fqn)))
-            signature = block_signature(module)
-            representative = self._seen.setdefault(signature, fqn)
-            if self._reuse and representative != fqn:
-                module.forward = self._stand_in(fqn, module, representative)
+            self._handles.append(module.register_forward_pre_hook(
+                lambda _module, args, kwargs, fqn=fqn: self._start(fqn, args, kwargs), with_kwargs=True))
+            measured = kinds.setdefault(block_signature(module), [])
+            if self._reuse and measured:
+                module.forward = self._stand_in(fqn, module, measured)
+            else:
+                measured.append(fqn)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -94,26 +104,35 @@ class BlockReuse:
         for module in self._modules.values():
             module.__dict__.pop("forward", None)
 
+    def _start(self, fqn: str, args: tuple, kwargs: dict) -> None:
+        counted = self._saved is not None and self._saved.counted(_differentiable((args, kwargs)))  # not RoPE tables
+        self._entries.setdefault(fqn, (_leaf_meta((args, kwargs)), counted))
+        self._on_start(fqn)
+
     def _output_hook(self, fqn: str) -> Callable:
         def hook(module, args, kwargs, output):
             counts = self._record.segments[fqn]
             counts.input_bytes = tensor_bytes(_differentiable((args, kwargs)))
             counts.output_bytes = tensor_bytes(output)
-            if fqn not in self._record.measured_as and fqn not in self._calls:  # a rerun in backward: not again
-                self._calls[fqn] = (_leaf_meta((args, kwargs)), output)
+            if fqn not in self._record.measured_as and fqn not in self._outputs:  # a rerun in backward: not again
+                self._outputs[fqn] = output
                 if self._saved is not None and self._saved.kept_in(fqn, output):
                     self._saves_output.add(fqn)
         return hook
 
-    def _stand_in(self, fqn: str, module: nn.Module, representative: str) -> Callable:
+    def _stand_in(self, fqn: str, module: nn.Module, measured: list[str]) -> Callable:
         real_forward = type(module).forward.__get__(module)
 
         def forward(*args, **kwargs):
-            meta, rep_output = self._calls.get(representative, (None, None))
-            if meta != _leaf_meta((args, kwargs)):
-                return real_forward(*args, **kwargs)  # other input shapes: measure it for real
+            entry = self._entries[fqn]
+            representative = None if fqn in measured else next(
+                (rep for rep in measured if rep in self._outputs and self._entries[rep] == entry), None)
+            if representative is None:  # called otherwise than any measured (or a rerun of one): measured for real
+                if fqn not in measured:
+                    measured.append(fqn)
+                return real_forward(*args, **kwargs)
             self._record.measured_as[fqn] = representative
-            outputs = _outputs_like(rep_output, args, kwargs)
+            outputs = _outputs_like(self._outputs[representative], args, kwargs)
             if representative in self._saves_output:
                 self._saved.mark_counted(outputs)
             return outputs

@@ -185,7 +185,7 @@ class CostCounter(FlopCounterMode):
         self.saved: SavedTensorCounter | None = None
         self.policies = CheckpointPolicies(set(state_names))
         self.rebuilt = RebuiltBytes(record)
-        self.held: BackwardHeld | None = None
+        self.held = BackwardHeld(record)
         self.fusion = FusionTracker()
 
     def segment(self) -> str:
@@ -264,8 +264,7 @@ class CostCounter(FlopCounterMode):
         seg = self._gradient_segment(out, self.segment())
         if self.mod_tracker.is_bw:
             self.rebuilt.op(seg, args, out)
-            if self.held is not None:
-                self.held.op(seg, args, out, parameter_sized=self._parameter_sized(func_packet, args, out))
+            self.held.op(seg, args, out, parameter_sized=self._parameter_sized(func_packet, args, out))
         if not self.suppressed:
             self._count(seg, func_packet, out, args, kwargs)
         elif priced_by_bytes(func_packet):
@@ -398,8 +397,7 @@ class CostCounter(FlopCounterMode):
             self.masks.add(StorageWeakRef(out.untyped_storage()))
 
     def _param_copy(self, seg: str, copy: torch.Tensor) -> None:
-        """Follow a copy of a parameter (autocast's cast to the compute dtype); count it once in the
-        forward's copies, which autocast's cache holds to the forward's end, saved or not."""
+        """Follow a parameter's copy (autocast's cast); count it once in the forward's, saved or not."""
         ref = StorageWeakRef(copy.untyped_storage())
         if not self.mod_tracker.is_bw and ref not in self.param_copies:
             self._record.segments[seg].forward_param_copy_bytes += copy.untyped_storage().nbytes()
@@ -416,7 +414,7 @@ class SavedTensorCounter:
         self._record = record
         self._params = params
         self._seen: set[StorageWeakRef] = set()  # counted once (a weak reference keeps its storage's id unique)
-        self.kept: dict[StorageWeakRef, tuple[str, int]] = {}  # the activations counted: (segment, bytes)
+        self.kept = counter.held.kept  # the activations counted, by storage: (segment, bytes)
         self._inputs: dict[StorageWeakRef, str] = {}  # the blocks' inputs: the block that took each last
 
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -451,13 +449,16 @@ class SavedTensorCounter:
         if self._counter.is_scores(tensor):
             counts.attention_saved_bytes += num_bytes
 
+    def counted(self, tree: Any) -> bool:
+        """Whether a tensor of ``tree`` was counted as saved (by any segment)."""
+        return any(StorageWeakRef(t.untyped_storage()) in self._seen for t in tensor_leaves(tree))
+
     def kept_in(self, segment: str, tree: Any) -> bool:
         """Whether ``segment`` counted a tensor of ``tree`` as kept for backward."""
         return any(self.kept.get(StorageWeakRef(t.untyped_storage()), ("",))[0] == segment for t in tensor_leaves(tree))
 
     def mark_counted(self, tree: Any) -> None:
-        """Count ``tree``'s tensors as counted already (a stand-in block's output, which the block's
-        inherited count holds: :class:`~stratagem.advisor.profile.block_reuse.BlockReuse`)."""
+        """Count ``tree``'s tensors as counted already (a stand-in's output: block_reuse.BlockReuse)."""
         self._seen.update(StorageWeakRef(t.untyped_storage()) for t in tensor_leaves(tree))
 
     def claim(self, block: str, inputs: list[torch.Tensor]) -> None:

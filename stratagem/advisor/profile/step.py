@@ -16,7 +16,6 @@ from torch.utils._pytree import tree_flatten
 
 from stratagem.advisor.profile.attention import CudaAttention, unpacked_sequences
 from stratagem.advisor.profile.autocast import CudaAutocast
-from stratagem.advisor.profile.backward_held import BackwardHeld
 from stratagem.advisor.profile.block_reuse import BlockReuse, tensor_bytes
 from stratagem.advisor.profile.block_inputs import BlockInputs
 from stratagem.advisor.profile.compiled import measure_compiled
@@ -132,7 +131,6 @@ def run_fake_step(
                           batch_size=batch_size, gpu_kernels=kernels == "gpu", model_name=root,
                           sequence_norms=_sequence_norms(model, blocks, root))
     saved = counter.saved = SavedTensorCounter(counter, record, set(state_names))
-    counter.held = BackwardHeld(record, saved.kept)
     hooks = torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack)
     reuse = BlockReuse(model, blocks, record, reuse=reuse_identical_blocks, on_start=counter.policies.start,
                        saved=saved)
