@@ -69,9 +69,10 @@ class BlockReuse:
     inputs that carry gradients already counted as saved by what ran before (a convolutional
     block's, which the block before saved as its output, a bottleneck's last ReLU) or not (a
     transformer block's, or the first block's); otherwise it is measured for real, and stands
-    for the blocks called like it after. A stand-in's output is a new tensor, where the block's
-    own would be what it saved where it saves its output: ``saved`` marks it counted then, lest
-    the next block count it again as its input."""
+    for the blocks called like it after. A stand-in's outputs are new tensors, where those the
+    block saved itself (its hidden state after a last ReLU; an attention map it returns beside
+    the hidden state) would be counted: ``saved`` marks those the measured block saved counted,
+    lest the next block count one again as its input."""
 
     def __init__(self, model: nn.Module, blocks: tuple[str, ...], record: RunRecord, *, reuse: bool,
                  on_start: Callable[[str], None] = lambda fqn: None, saved: SavedTensors | None = None) -> None:
@@ -79,7 +80,7 @@ class BlockReuse:
         self._reuse = reuse
         self._on_start = on_start
         self._saved = saved
-        self._saves_output: set[str] = set()  # measured blocks that save their own output
+        self._saved_outputs: dict[str, list[int]] = {}  # measured block -> the leaves of its output it saved
         self._modules = {fqn: model.get_submodule(fqn) for fqn in blocks}
         self._entries: dict[str, tuple] = {}  # block -> how its first call came in: (input meta, inputs counted)
         self._outputs: dict[str, Any] = {}  # measured block -> its first call's output
@@ -116,8 +117,9 @@ class BlockReuse:
             counts.output_bytes = tensor_bytes(output)
             if fqn not in self._record.measured_as and fqn not in self._outputs:  # a rerun in backward: not again
                 self._outputs[fqn] = output
-                if self._saved is not None and self._saved.kept_in(fqn, output):
-                    self._saves_output.add(fqn)
+                if self._saved is not None:
+                    self._saved_outputs[fqn] = [i for i, leaf in enumerate(tree_flatten(output)[0])
+                                                if isinstance(leaf, torch.Tensor) and self._saved.kept_in(fqn, leaf)]
         return hook
 
     def _stand_in(self, fqn: str, module: nn.Module, measured: list[str]) -> Callable:
@@ -133,8 +135,9 @@ class BlockReuse:
                 return real_forward(*args, **kwargs)
             self._record.measured_as[fqn] = representative
             outputs = _outputs_like(self._outputs[representative], args, kwargs)
-            if representative in self._saves_output:
-                self._saved.mark_counted(outputs)
+            if self._saved is not None:
+                leaves = tree_flatten(outputs)[0]
+                self._saved.mark_counted([leaves[i] for i in self._saved_outputs.get(representative, ())])
             return outputs
 
         return forward
