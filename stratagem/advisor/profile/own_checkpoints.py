@@ -8,10 +8,10 @@ forward then keeps each block's input, and its backward reruns each block's forw
 block's gradients, holding what the rerun saves until they are done (docs/cost-model.md,
 "A model that checkpoints itself").
 
-* The input: torch's checkpoint saves it through the saved-tensor hooks as it starts, so one placed
-  around a block saves it before the block is entered, while the step counts what runs outside the
-  blocks (in the embedding or head). :class:`ClaimedInputs` moves a tensor saved outside the blocks
-  to the block that then takes it as input.
+* The input: torch's checkpoint saves it through the saved-tensor hooks as it starts (a reentrant
+  one once the block returned), so one placed around a block saves it outside the block, where the
+  step counts what runs outside the blocks (in the embedding or head). :class:`ClaimedInputs` hands
+  each block its inputs, and a tensor saved outside the blocks counts in the block that takes it.
 * The rerun: it runs in backward with autograd on (torch's non-reentrant recompute and the reentrant
   ``CheckpointFunction.backward`` both turn it on), where backward's own operators run with it off.
   The non-reentrant rerun saves through checkpoint's own hooks, which the step's do not see, so
