@@ -35,13 +35,14 @@ from stratagem.advisor.hardware import parse_cluster
 from stratagem.advisor.profile.attention import CudaAttention, unpacked_sequences
 from stratagem.advisor.profile.autocast import CudaAutocast
 from stratagem.advisor.profile.cache import profile_spec
+from stratagem.advisor.profile.model_profile import ModelProfile
 from stratagem.plan import Workload
 from stratagem.plan.precision import get_precision, torch_dtype
 
 GIB = 2**30
 
 from plans import given_plan  # bench/plans.py
-from trainer_hf import SHAPES  # bench/trainer_hf.py's Hugging Face shapes, trained as it trains them
+from trainer_hf import SHAPES, next_token_loss  # bench/trainer_hf.py's HF shapes, trained as it trains them
 
 
 class Case(NamedTuple):
@@ -145,11 +146,18 @@ def model_spec(case: Case, folder: Path) -> str:
 
 def predicted(case: Case, folder: Path) -> float:
     """The advisor's peak bytes for ``single mb=batch`` on one H100, without framework bytes."""
-    cluster = parse_cluster("1xH100-SXM-80GB")
-    workload = Workload(global_batch_size=case.batch, seq_len=case.seq_len, precision=case.precision)
     profile = profile_spec(model_spec(case, folder), seq_len=case.seq_len, precision=case.precision)
-    plan = given_plan({"micro_batch_size": case.batch}, profile, cluster, workload)
-    return evaluate(profile, cluster, workload, plan).memory.total
+    return single_plan_peak(profile, case.batch)
+
+
+def single_plan_peak(profile: ModelProfile, batch: int) -> float:
+    """The advisor's peak bytes for ``single mb=batch`` on one H100, at the profile's sequence and
+    precision, without the framework's bytes (none on the catalog's figures) and the allocator's rounding."""
+    cluster = parse_cluster("1xH100-SXM-80GB")
+    workload = Workload(global_batch_size=batch, seq_len=profile.seq_len, precision=profile.precision)
+    plan = given_plan({"micro_batch_size": batch}, profile, cluster, workload)
+    memory = evaluate(profile, cluster, workload, plan).memory
+    return memory.total - memory.framework
 
 
 def model_and_step(case: Case, *, labels: bool = False):
@@ -168,8 +176,7 @@ def model_and_step(case: Case, *, labels: bool = False):
         def step() -> torch.Tensor:  # bench/trainer_hf.py's training_step
             if labels:
                 return model(input_ids=tokens, labels=tokens).loss
-            logits = model(input_ids=tokens).logits
-            return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten())
+            return next_token_loss(model(input_ids=tokens).logits, tokens)
 
         return model, step
     from stratagem.models import get_preset
@@ -186,15 +193,21 @@ def measured(case: Case) -> float:
     with FakeTensorMode(allow_non_fake_inputs=True):
         model, step = model_and_step(case)  # parameters in fp32: the cases' precisions keep them so
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)  # as on GPUs
-        tracker = MemTracker()
-        tracker.track_external(model, optimizer)
         autocast = torch.autocast("cpu", dtype=torch_dtype(precision.compute_dtype), enabled=precision.autocast)
-        with tracker:
-            for index in range(2):
-                cuda_step(step, optimizer, autocast)
-                if index == 0:
-                    tracker.reset_mod_stats()
-        return max(device["Total"] for device in tracker.get_tracker_snapshot("peak").values())
+        return tracked_peak(model, optimizer, lambda: cuda_step(step, optimizer, autocast))
+
+
+def tracked_peak(model: torch.nn.Module, optimizer: torch.optim.Optimizer, train_step: Callable[[], None]) -> float:
+    """MemTracker's peak bytes over the second of two calls of ``train_step`` (the first makes the
+    optimizer's states), inside the active FakeTensorMode."""
+    tracker = MemTracker()
+    tracker.track_external(model, optimizer)
+    with tracker:
+        for index in range(2):
+            train_step()
+            if index == 0:
+                tracker.reset_mod_stats()
+    return max(device["Total"] for device in tracker.get_tracker_snapshot("peak").values())
 
 
 def cuda_step(step: Callable[[], torch.Tensor], optimizer: torch.optim.Optimizer,
@@ -225,17 +238,13 @@ def adamw_step_bytes_per_parameter() -> float:
     with FakeTensorMode():
         model = torch.nn.Sequential(*(torch.nn.Linear(4096, 4096, bias=False) for _ in range(8)))
         optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
-        tracker = MemTracker()
-        tracker.track_external(model, optimizer)
-        with tracker:
-            for index in range(2):
-                model(torch.randn(1, 4096)).sum().backward()
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                if index == 0:
-                    tracker.reset_mod_stats()
-        peak = max(device["Total"] for device in tracker.get_tracker_snapshot("peak").values())
-        return peak / sum(p.numel() for p in model.parameters())
+
+        def train_step() -> None:
+            model(torch.randn(1, 4096)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        return tracked_peak(model, optimizer, train_step) / sum(p.numel() for p in model.parameters())
 
 
 def main() -> None:

@@ -21,19 +21,13 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.distributed._tools.mem_tracker import MemTracker
 
-from fake_peak import cuda_step  # bench/fake_peak.py
-from plans import given_plan  # bench/plans.py
-from trainer_hf import SHAPES  # bench/trainer_hf.py's Hugging Face shapes
-from stratagem.advisor.cost.evaluate import evaluate
-from stratagem.advisor.hardware import parse_cluster
+from fake_peak import cuda_step, single_plan_peak, tracked_peak  # bench/fake_peak.py
+from trainer_hf import SHAPES, next_token_loss  # bench/trainer_hf.py's Hugging Face shapes and training loss
 from stratagem.advisor.profile.profiler import profile_model
 from stratagem.models import Transformer, get_preset
-from stratagem.plan import Workload
 
 GIB = 2**30
 PRECISION = "bf16-mixed"
@@ -59,7 +53,8 @@ def preset_case(placement: str | None) -> Callable[[], tuple[nn.Module, torch.Te
     def build() -> tuple[nn.Module, torch.Tensor]:
         config = get_preset(PRESET).config
         model = _Checkpointed(config) if placement in ("around", "reentrant") else Transformer(config)
-        model.reentrant = placement == "reentrant"
+        if placement == "reentrant":
+            model.reentrant = True
         if placement == "wrapped":
             from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
@@ -83,20 +78,15 @@ def hf_case(reentrant: bool | None) -> Callable[[], tuple[nn.Module, torch.Tenso
     return build
 
 
-def _loss(logits: Any, tokens: torch.Tensor) -> torch.Tensor:
-    logits = getattr(logits, "logits", logits)
-    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten())
+def _loss(output: Any, tokens: torch.Tensor) -> torch.Tensor:
+    """The training step's loss of a preset's logits or a Hugging Face model's output."""
+    return next_token_loss(getattr(output, "logits", output), tokens)
 
 
 def predicted(build: Callable[[], tuple[nn.Module, torch.Tensor]]) -> float:
     model, tokens = build()
-    batch, seq = tokens.shape
     profile = profile_model(model, (tokens,), loss_fn=lambda out: _loss(out, tokens), precision=PRECISION)
-    cluster = parse_cluster("1xH100-SXM-80GB")
-    workload = Workload(global_batch_size=batch, seq_len=seq, precision=PRECISION)
-    plan = given_plan({"micro_batch_size": batch}, profile, cluster, workload)
-    memory = evaluate(profile, cluster, workload, plan).memory
-    return memory.total - memory.framework
+    return single_plan_peak(profile, tokens.size(0))
 
 
 def measured(build: Callable[[], tuple[nn.Module, torch.Tensor]]) -> float:
@@ -105,14 +95,12 @@ def measured(build: Callable[[], tuple[nn.Module, torch.Tensor]]) -> float:
         model, tokens = build()
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
-        tracker = MemTracker()
-        tracker.track_external(model, optimizer)
-        with tracker:
-            for index in range(2):
-                cuda_step(lambda: _loss(model(tokens), tokens), optimizer, torch.autocast("cpu", dtype=torch.bfloat16))
-                if index == 0:
-                    tracker.reset_mod_stats()
-        return max(device["Total"] for device in tracker.get_tracker_snapshot("peak").values())
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16)
+
+        def step() -> torch.Tensor:
+            return _loss(model(tokens), tokens)
+
+        return tracked_peak(model, optimizer, lambda: cuda_step(step, optimizer, autocast))
 
 
 def main() -> None:

@@ -43,6 +43,11 @@ TINY = {**QWEN2_0_5B, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_
         "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 1024}
 
 
+def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of each position's logits against the next token, in fp32: the training step's loss."""
+    return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten())
+
+
 class CausalLM(pl.LightningModule):
     """``AutoModelForCausalLM`` from ``config``, trained on next-token cross-entropy."""
 
@@ -64,8 +69,7 @@ class CausalLM(pl.LightningModule):
 
     def training_step(self, batch: tuple[torch.Tensor], batch_idx: int) -> torch.Tensor:
         (tokens,) = batch
-        logits = self(tokens)
-        return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten())
+        return next_token_loss(self(tokens), tokens)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.parameters(), lr=1e-4)

@@ -146,8 +146,8 @@ def test_autocast_holds_the_forward_s_weight_copies_to_its_end_though_a_checkpoi
 def test_the_backward_rebuilds_the_last_block_first_and_holds_the_first_to_its_end():
     """Under full checkpointing the backward rebuilds the rank's last block first, beside every
     kept input, and its first block last, beside every gradient: a convolutional network's blocks
-    shrink with its images (ResNet-50, bench/fake_parallel_peak.py's way: +14.0 -> -10.5 % at 64
-    images, priced as its first block rebuilt beside every kept input)."""
+    shrink with its images (bench/fake_parallel_peak.py's ResNet-50 ``single ckpt=full`` at 64
+    images: +14.0 % over abc8e0c, which priced its first block rebuilt beside every kept input)."""
     profile = _states_only(0, num_blocks=3)
     blocks = tuple(dataclasses.replace(b, saved_bytes=saved, input_bytes=100)
                    for b, saved in zip(profile.blocks, (4000, 1000, 1000)))
@@ -160,8 +160,8 @@ def test_the_backward_rebuilds_the_last_block_first_and_holds_the_first_to_its_e
 
 
 def test_a_block_s_backward_holds_its_activations_gradients_beside_what_it_kept_and_rebuilt():
-    """Measured with MemTracker (bench/fake_parallel_peak.py's way, ViT-S/16 at 64 images under
-    full checkpointing: -9.9 -> +3.4 %): as a block's backward runs it holds the gradients of its
+    """Measured with MemTracker (bench/fake_parallel_peak.py's ViT-S/16 ``single ckpt=full`` at 64
+    images: -9.9 % over abc8e0c, +3.2 % with it): as a block's backward runs it holds the gradients of its
     activations (``bwd_held_bytes``) beside all it kept and rebuilt, the first block it reaches
     beside every kept input, the last beside every gradient and what the embedding keeps (a
     stem's widest images), which its own backward frees after the blocks'."""
@@ -257,8 +257,8 @@ def test_adamw_one_tensor_at_a_time_holds_two_states_of_the_largest_tensor_it_st
     """On CPU ranks torch.optim steps one tensor at a time; AdamW's denominator holds the square root
     of ``exp_avg_sq`` and its quotient at once: two states' bytes of the tensor it steps, the
     largest deciding (MemTracker on fake tensors, bench/fake_parallel_peak.py: GPT-2 large
-    ``single ckpt=full``, stepped so, peaks at its states and two fp32 copies of its 64M-entry
-    table). FSDP shards each tensor, ZeRO-1 steps whole ones, TP splits the blocks'; SGD's momentum
+    ``single ckpt=full``, stepped so, 12.01 GiB predicted and counted; 11.79 predicted without
+    them). FSDP shards each tensor, ZeRO-1 steps whole ones, TP splits the blocks'; SGD's momentum
     step is in place."""
     blocks = tuple(_segment(f"layers.{i}", 2000, largest_tensor_params=600) for i in range(2))
     profile = ModelProfile(name="psi", precision="fp32", batch_size=1, seq_len=None, kernels="cpu",

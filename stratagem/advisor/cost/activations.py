@@ -114,12 +114,13 @@ def rank_activations(view: RankView) -> RankActivations:
     plan, blocks = view.plan, view.stage.blocks
     block = 0.0 if not blocks else estimate_block_activations(
         blocks[-1], plan, scale=view.scale, checkpointing="none" if plan.checkpoints else None)
-    first, last = (_block_backward(b, plan, scale=view.scale) for b in (blocks[-1], blocks[0])) if blocks else ((), ())
+    first, last = ((_block_backward(b, plan, scale=view.scale) for b in (blocks[-1], blocks[0])) if blocks
+                   else (BlockBackward(), BlockBackward()))
     return RankActivations(estimate_activations(view) + _stage_outputs(view),
                            loss_grads=LOSS_GRADIENT_COPIES * view.scale * sum(_logits_gradient(s) for s in view.head),
                            released=view.scale * sum(s.saved_bytes for s in view.head),
                            block=block, rebuilt=_rebuilt_block(view), others=held_through_first_backward(view),
-                           first=BlockBackward(*first), last=BlockBackward(*last),
+                           first=first, last=last,
                            before=view.scale * sum(s.saved_bytes for s in view.stage.segments if s.kind == "embed"),
                            loss_inputs=view.scale * sum(_loss_inputs(s) for s in view.head),
                            output_grad=view.scale * sum(s.output_bytes for s in view.head))

@@ -13,7 +13,6 @@ reduce-scatter the unsharded input.
 from __future__ import annotations
 
 import math
-
 from collections.abc import Sequence
 from typing import TypeVar
 

@@ -57,16 +57,15 @@ class BackwardHeld:
             for ref, (owner, num_bytes) in self.kept.items():
                 self._saved.setdefault(owner, {})[ref] = num_bytes
         node = torch._C._current_autograd_node()
-        read = {StorageWeakRef(t.untyped_storage()) for t in tensor_leaves(args)}
-        written = {StorageWeakRef(t.untyped_storage()): t.untyped_storage().nbytes() for t in tensor_leaves(out)}
+        read, written = storages(args), storages(out)
         if node is not None and node.name().endswith("AccumulateGrad"):
-            self._accumulated |= read | set(written)
+            self._accumulated |= read.keys() | written.keys()
             return
         if parameter_sized:  # a gradient cast to its parameter's dtype, tied weights' summed: what it reads is too
-            self._accumulated |= read
+            self._accumulated |= read.keys()
         else:
             self._made.update((ref, num_bytes) for ref, num_bytes in written.items() if ref not in read)
-        held = _alive(self._made) + _alive(self._saved.setdefault(segment, {}))
+        held = alive_bytes(self._made) + alive_bytes(self._saved.setdefault(segment, {}))
         if node is not self._node or not self._peaks:
             self._node = node
             self._peaks.append((segment, -1, {}))
@@ -88,8 +87,13 @@ class BackwardHeld:
             counts.bwd_held_bytes = max(0, peak - kept.get(segment, 0) - counts.rebuilt_bytes)
 
 
-def _alive(storages: dict[StorageWeakRef, int]) -> int:
-    """Bytes of ``storages`` still alive, those freed forgotten."""
-    for ref in [ref for ref in storages if ref.expired()]:
-        del storages[ref]
-    return sum(storages.values())
+def storages(tree: Any) -> dict[StorageWeakRef, int]:
+    """The storages of ``tree``'s tensors, by weak reference, with their bytes."""
+    return {StorageWeakRef(t.untyped_storage()): t.untyped_storage().nbytes() for t in tensor_leaves(tree)}
+
+
+def alive_bytes(followed: dict[StorageWeakRef, int]) -> int:
+    """Bytes of the ``followed`` storages still alive, those freed forgotten."""
+    for ref in [ref for ref in followed if ref.expired()]:
+        del followed[ref]
+    return sum(followed.values())

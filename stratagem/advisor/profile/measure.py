@@ -418,10 +418,10 @@ class SavedTensorCounter:
         self._inputs: dict[StorageWeakRef, str] = {}  # the blocks' inputs: the block that took each last
 
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        if not self._counter.suppressed and not self._counter.mod_tracker.is_bw:
-            self.count(tensor)
-        if not self._counter.mod_tracker.is_bw:  # a checkpointed block's recompute reaches this far
-            self._counter.policies.saved(self._counter.segment())
+        if not self._counter.mod_tracker.is_bw:  # in backward, a rerun's save: what the block rebuilds (RebuiltBytes)
+            if not self._counter.suppressed:
+                self.count(tensor)
+            self._counter.policies.saved(self._counter.segment())  # a checkpointed block's recompute reaches this far
         return tensor
 
     def count(self, tensor: torch.Tensor | None, *, num_bytes: int = 0) -> None:

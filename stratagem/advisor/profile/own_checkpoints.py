@@ -29,6 +29,7 @@ import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from stratagem.advisor.profile.backward_held import alive_bytes, storages
 from stratagem.advisor.profile.block_reuse import tensor_leaves
 
 if TYPE_CHECKING:
@@ -60,9 +61,8 @@ class RebuiltBytes:
         (a view writes none): with autograd on, a rerun's, followed; with it off, backward's own,
         before which those followed so far are counted. (Autograd turns it off in a pack hook
         too, where the rerun's saves are detached: views.)"""
-        read = {StorageWeakRef(t.untyped_storage()) for t in tensor_leaves(args)}
-        written = {ref: t.untyped_storage().nbytes() for t in tensor_leaves(out)
-                   if (ref := StorageWeakRef(t.untyped_storage())) not in read}
+        read = storages(args)
+        written = {ref: num_bytes for ref, num_bytes in storages(out).items() if ref not in read}
         if not written:
             return
         if torch.is_grad_enabled():
@@ -75,7 +75,7 @@ class RebuiltBytes:
         """Count, per segment, the bytes of the storages its rerun wrote that are still alive."""
         for segment, written in self._written.items():
             counts = self._record.segments[segment]
-            counts.rebuilt_bytes = max(counts.rebuilt_bytes, sum(n for ref, n in written.items() if not ref.expired()))
+            counts.rebuilt_bytes = max(counts.rebuilt_bytes, alive_bytes(written))
         self._written.clear()
 
 
