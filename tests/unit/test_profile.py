@@ -563,6 +563,47 @@ def test_a_block_s_backward_holds_the_gradients_of_its_activations_beyond_what_i
     assert [block.bwd_held_bytes for block in profile.blocks] == [2 * 16 * (64 + 32) * 4] * 2
 
 
+class _Branches(nn.Module):
+    """Two branches summed, then a ReLU, as a ResNet bottleneck ends: the branches' outputs stay
+    alive (locals) through the sum and the ReLU, which alone saves its output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(32, 32), nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        shortcut = self.b(x)
+        return (h + shortcut).relu()
+
+
+class _BranchModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(97, 32)
+        self.layers = nn.ModuleList(_Branches() for _ in range(2))
+        self.head = nn.Linear(32, 97)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.emb(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def test_a_block_s_forward_holds_what_it_made_and_has_not_freed_beyond_what_it_saves():
+    """At its ReLU the block holds both branches' outputs, their sum and the ReLU's output beside
+    its input, which the Linears saved: three of its outputs' size beyond what it saves (the input,
+    unless the block before saved it as its ReLU's output, and the ReLU's output). A full
+    checkpoint's rerun holds as much again in backward, and saves the input the block saves itself
+    from what the checkpoint kept."""
+    profile = profile_model(_BranchModel(), (_tokens(),), loss_fn=_ce, precision="fp32")
+    width = 2 * 16 * 32 * 4
+    assert [block.saved_bytes for block in profile.blocks] == [2 * width, width]
+    assert [block.input_saved_bytes for block in profile.blocks] == [width, 0]
+    assert [block.fwd_held_bytes for block in profile.blocks] == [3 * width] * 2
+
+
 def test_autocast_caches_every_weight_copy_the_forward_makes_saved_or_not():
     """Autocast's cache holds each compute-dtype copy of a weight to the forward's end: the biases',
     which no matmul saves, and those of a block the model checkpoints itself, whose checkpoint

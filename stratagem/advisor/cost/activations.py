@@ -21,12 +21,14 @@ LOSS_GRADIENT_COPIES = 2
 
 class BlockBackward(NamedTuple):
     """One block's backward on a rank, for one micro-batch: what the block keeps from the forward
-    (:func:`estimate_block_activations`), what its backward rebuilds (:func:`_rebuilt`) and what it
-    holds at most beyond both: the gradients of its activations as it makes them (:func:`_held`)."""
+    (:func:`estimate_block_activations`), what its backward rebuilds (:func:`_rebuilt`), what it
+    holds at most beyond both: the gradients of its activations as it makes them (:func:`_held`),
+    and ``input``: the input a full checkpoint keeps, which its rerun reads, to the backward's end."""
 
     kept: float = 0.0
     rebuilt: float = 0.0
     held: float = 0.0
+    input: float = 0.0
 
 
 class RankActivations(NamedTuple):
@@ -150,31 +152,41 @@ def _rebuilt_block(view: RankView) -> float:
 
 
 def _block_backward(block: SegmentProfile, plan: Plan, *, scale: float) -> BlockBackward:
-    return BlockBackward(estimate_block_activations(block, plan, scale=scale), _rebuilt(block, plan, scale=scale),
-                         _held(block, plan, scale=scale))
+    kept = estimate_block_activations(block, plan, scale=scale)
+    return BlockBackward(kept, _rebuilt(block, plan, scale=scale), _held(block, plan, scale=scale),
+                         input=kept if plan.recomputes_blocks else 0.0)
 
 
 def _held(block: SegmentProfile, plan: Plan, *, scale: float) -> float:
-    """The most ``block``'s backward holds for one micro-batch beyond what it keeps and rebuilds
-    (``bwd_held_bytes``, :mod:`~stratagem.advisor.profile.backward_held`): gradients of its
-    activations, of which a TP rank holds the share it keeps of the activations themselves."""
-    if not block.bwd_held_bytes:
-        return 0.0
+    """The most ``block``'s backward holds for one micro-batch beyond what it keeps and rebuilds:
+    the gradients of its activations as it makes them (``bwd_held_bytes``,
+    :mod:`~stratagem.advisor.profile.backward_held`) or, under full checkpointing where more, its
+    forward's rerun at its fullest: what that forward holds beyond what it saves
+    (``fwd_held_bytes``, :mod:`~stratagem.advisor.profile.forward_held`) beside the gradient of the
+    block's output, which waits for the rerun (a compiled block's rerun keeps its intermediates in
+    its kernels). Of either a TP rank holds the share it keeps of the activations themselves."""
     whole = block.saved_bytes * scale
     share = estimate_block_activations(block, plan, scale=scale, checkpointing="none") / whole if whole else 1 / plan.tp
-    return block.bwd_held_bytes * scale * share
+    held = block.bwd_held_bytes * scale * share
+    if not plan.recomputes_blocks or (plan.compile and block.compiled_saved_bytes):
+        return held
+    output_grad = block.output_bytes * scale / (plan.tp if plan.sequence_parallel else 1)
+    return max(held, block.fwd_held_bytes * scale * share + output_grad)
 
 
 def _rebuilt(block: SegmentProfile, plan: Plan, *, scale: float) -> float:
     """What ``block``'s backward rebuilds for one micro-batch: under the plan's full checkpointing
-    its full activations; under a selective policy those beyond what the block kept (its
-    recomputed operators' saved tensors); and what the model's own checkpoint of the block
-    rebuilds (``rebuilt_bytes``, :mod:`~stratagem.advisor.profile.own_checkpoints`), split over the
-    TP ranks with SP (eq. 4) and, as no run measured what TP without SP leaves whole of it, whole
-    without."""
-    own = block.rebuilt_bytes * scale / (plan.tp if plan.sequence_parallel else 1)
+    its full activations but the input it saves itself, which the rerun saves again from what the
+    checkpoint kept, not a copy (``input_saved_bytes``); under a selective policy those beyond what
+    the block kept (its recomputed operators' saved tensors); and what the model's own checkpoint
+    of the block rebuilds (``rebuilt_bytes``, :mod:`~stratagem.advisor.profile.own_checkpoints`),
+    split over the TP ranks with SP (eq. 4) and, as no run measured what TP without SP leaves
+    whole of it, whole without."""
+    split = plan.tp if plan.sequence_parallel else 1
+    own = block.rebuilt_bytes * scale / split
     if plan.recomputes_blocks:
-        return estimate_block_activations(block, plan, scale=scale, checkpointing="none") + own
+        full = estimate_block_activations(block, plan, scale=scale, checkpointing="none")
+        return full - block.input_saved_bytes * scale / split + own
     if not plan.checkpoints_selectively:
         return own
     return own + max(0.0, estimate_block_activations(block, plan, scale=scale, checkpointing="none")

@@ -379,7 +379,8 @@ def _alive_at_peak(states: RankStates, activations: RankActivations, meet: bool)
     end the gradients held and the block unit's with the reduce-scatter's copy of them, while the
     block's activations are freed); the last block's (the rank's first: every gradient, in its
     middle but its own, with what the embedding keeps and what the block keeps, rebuilds and
-    holds; at its end every gradient, the block's activations freed likewise); the
+    holds; at its end every gradient, the block's activations freed likewise, its input where a full
+    checkpoint keeps it); the
     embedding's backward after the blocks' (every gradient, and the
     whole table's gradient of a vocabulary split); the root unit's reduction, the last (every
     gradient but the root's shard, which it makes, unless kept from an earlier micro-batch, and the
@@ -408,7 +409,8 @@ def _alive_at_peak(states: RankStates, activations: RankActivations, meet: bool)
                 at.first_block),
                (every - states.first_block_grads + states.held_grads,
                 activations.others + activations.before + last.kept + last.rebuilt + last.held, at.last_block),
-               (every + unsharded, activations.others + activations.before + last.rebuilt - min(last.rebuilt, unit),
+               (every + unsharded,
+                activations.others + activations.before + last.input + last.rebuilt - min(last.rebuilt, unit),
                 at.last_block),
                embedding, root)
     return max(moments, key=sum)

@@ -113,7 +113,10 @@ class BlockReuse:
     def _output_hook(self, fqn: str) -> Callable:
         def hook(module, args, kwargs, output):
             counts = self._record.segments[fqn]
-            counts.input_bytes = tensor_bytes(_differentiable((args, kwargs)))
+            inputs = _differentiable((args, kwargs))
+            counts.input_bytes = tensor_bytes(inputs)
+            if self._saved is not None:
+                counts.input_saved_bytes = tensor_bytes([t for t in inputs if self._saved.kept_in(fqn, t)])
             counts.output_bytes = tensor_bytes(output)
             if fqn not in self._record.measured_as and fqn not in self._outputs:  # a rerun in backward: not again
                 self._outputs[fqn] = output

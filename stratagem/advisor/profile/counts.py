@@ -59,10 +59,12 @@ class SegmentCounts:
     saved_param_copy_bytes: int = 0
     forward_param_copy_bytes: int = 0  # the forward's copies of parameters (autocast's casts), saved or not
     bwd_held_bytes: int = 0  # what its backward held at once beyond what it kept and rebuilt (backward_held)
+    fwd_peak_bytes: int = 0  # the most its forward held at once: what it wrote and saved, alive (forward_held)
     rebuilt_bytes: int = 0  # what a rerun of the block's forward in backward held (profile.own_checkpoints)
     attention_fwd_flops: int = 0
     attention_saved_bytes: int = 0
     input_bytes: int = 0
+    input_saved_bytes: int = 0  # of input_bytes, what the segment saved itself (block_reuse)
     output_bytes: int = 0
     fwd_ops: int = 0
     bwd_ops: int = 0

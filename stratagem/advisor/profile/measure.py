@@ -43,10 +43,8 @@ what the CPU runs.
 
 from __future__ import annotations
 
-import contextlib
-import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -61,6 +59,7 @@ from stratagem.advisor.profile.batch_norms import BATCH_NORM_OPS, batch_norm_cal
 from stratagem.advisor.profile.convolutions import conv_layer
 from stratagem.advisor.profile.counts import RunRecord, SegmentCounts
 from stratagem.advisor.profile.flop_formulas import FLOP_FORMULAS
+from stratagem.advisor.profile.forward_held import ForwardHeld
 from stratagem.advisor.profile.fusion import FusionTracker, Read, region_of, sums_across_rows
 from stratagem.advisor.profile.op_bytes import UNCOUNTED_OPS, WHOLE_KERNELS, priced_by_bytes, reads, written_by
 from stratagem.advisor.profile.own_checkpoints import RebuiltBytes
@@ -112,8 +111,6 @@ def attention_shape(func_packet: Any, args: tuple, kwargs: dict) -> tuple[int, i
 
 def _no_flops(*args: Any, **kwargs: Any) -> int:
     return 0
-
-
 
 
 def unaligned_gemm(args: Any, out: Any) -> bool:
@@ -186,6 +183,7 @@ class CostCounter(FlopCounterMode):
         self.policies = CheckpointPolicies(set(state_names))
         self.rebuilt = RebuiltBytes(record)
         self.held = BackwardHeld(record)
+        self.fwd_held = ForwardHeld(record)
         self.fusion = FusionTracker()
 
     def segment(self) -> str:
@@ -264,7 +262,8 @@ class CostCounter(FlopCounterMode):
         seg = self._gradient_segment(out, self.segment())
         if self.mod_tracker.is_bw:
             self.rebuilt.op(seg, args, out)
-            self.held.op(seg, args, out, parameter_sized=self._parameter_sized(func_packet, args, out))
+        held = self.held if self.mod_tracker.is_bw else self.fwd_held
+        held.op(seg, args, out, parameter_sized=self._parameter_sized(func_packet, args, out))
         if not self.suppressed:
             self._count(seg, func_packet, out, args, kwargs)
         elif priced_by_bytes(func_packet):
@@ -446,6 +445,7 @@ class SavedTensorCounter:
         num_bytes = stored_bytes(tensor, ref, self._counter.masks)
         counts.saved_bytes += num_bytes
         self.kept[ref] = (segment, num_bytes)
+        self._counter.fwd_held.saved(segment, ref, num_bytes)
         if self._counter.is_scores(tensor):
             counts.attention_saved_bytes += num_bytes
 
@@ -486,15 +486,3 @@ def stored_bytes(tensor: torch.Tensor, ref: StorageWeakRef, masks: set[StorageWe
     element where it is a dropout mask CUDA draws (``masks``, the storages :data:`MASK_OPS` drew
     into where the profile counts a GPU's kernels)."""
     return tensor.numel() if ref in masks else tensor.untyped_storage().nbytes()
-
-
-@contextlib.contextmanager
-def quiet_fake_tensor_log() -> Iterator[None]:
-    """Silence FakeTensorMode's own error log: a failing op is reported once, by the caller."""
-    logger = logging.getLogger("torch._subclasses.fake_tensor")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)

@@ -38,7 +38,7 @@ def kernels_for(*, accelerator: bool) -> str:
     return "gpu" if accelerator else "cpu"
 
 
-SCHEMA_VERSION = 26
+SCHEMA_VERSION = 27
 """Version of the layout ``ModelProfile.to_dict`` writes and ``from_dict`` reads. Bump it whenever
 a field of ModelProfile, SegmentProfile, LinearLayer, ConvLayer, BatchNormCall or AttentionCall is added, removed, renamed or changes
 meaning (tests/unit/test_profile_cache_checks.py pins the fields to this number)."""
@@ -168,10 +168,12 @@ class SegmentProfile:
     saved_param_copy_bytes: int  # compute-dtype copies of parameters saved for backward (autocast)
     forward_param_copy_bytes: int = 0  # the forward's copies of its parameters, which autocast's cache holds to its end
     bwd_held_bytes: int = 0  # the most its backward holds at once beyond what it kept and rebuilt (backward_held.py)
+    fwd_held_bytes: int = 0  # the most its forward holds at once beyond what it saves (forward_held.py)
     rebuilt_bytes: int = 0  # what the model's own checkpoint of the block rebuilds in backward (own_checkpoints.py)
     attention_fwd_flops: int  # forward FLOPs of the attention core (QKᵀ, AV, fused attention kernels)
     attention_saved_bytes: int  # of saved_bytes, the s×s score-shaped tensors (Korthikanti's 5as²b)
     input_bytes: int
+    input_saved_bytes: int = 0  # of input_bytes, what the block saves itself (as does a full checkpoint's rerun)
     output_bytes: int  # what a pipeline stage ending here sends; what full checkpointing keeps
     num_tensors: int = 0  # parameter tensors (what a per-tensor optimizer loops over)
     largest_tensor_params: int = 0  # the largest parameter tensor's elements (a per-tensor step's temporaries)

@@ -36,7 +36,9 @@ from stratagem.advisor.profile.attention import math_attention_note
 from stratagem.advisor.profile.convolutions import memory_format
 from stratagem.advisor.profile.counts import RunRecord, SegmentCounts
 from stratagem.advisor.profile.kernel_fallbacks import KernelFallbacks
-from stratagem.advisor.profile.measure import EMBED, HEAD, quiet_fake_tensor_log
+from stratagem.advisor.profile.fake_tensor_log import quiet_fake_tensor_log
+from stratagem.advisor.profile.forward_held import forward_held_bytes
+from stratagem.advisor.profile.measure import EMBED, HEAD
 from stratagem.advisor.profile.step import Step, run_fake_step
 from stratagem.advisor.profile.value_reads import ValueReads
 from stratagem.plan.precision import Precision, get_precision, in_compute_dtype, torch_dtype
@@ -411,10 +413,10 @@ def _assemble(model: nn.Module, blocks: tuple[str, ...], record: RunRecord, prec
             fwd_flops=counts.fwd_flops, bwd_flops=counts.bwd_flops,
             saved_bytes=counts.saved_bytes, saved_param_copy_bytes=counts.saved_param_copy_bytes,
             forward_param_copy_bytes=counts.forward_param_copy_bytes, rebuilt_bytes=counts.rebuilt_bytes,
-            bwd_held_bytes=counts.bwd_held_bytes,
+            bwd_held_bytes=counts.bwd_held_bytes, fwd_held_bytes=forward_held_bytes(counts),
             attention_fwd_flops=counts.attention_fwd_flops, attention_saved_bytes=counts.attention_saved_bytes,
-            input_bytes=counts.input_bytes, output_bytes=counts.output_bytes,
-            fwd_ops=counts.fwd_ops, bwd_ops=counts.bwd_ops,
+            input_bytes=counts.input_bytes, input_saved_bytes=counts.input_saved_bytes,
+            output_bytes=counts.output_bytes, fwd_ops=counts.fwd_ops, bwd_ops=counts.bwd_ops,
             fwd_op_bytes=counts.fwd_op_bytes, bwd_op_bytes=counts.bwd_op_bytes,
             fwd_unaligned_flops=counts.fwd_unaligned_flops, bwd_unaligned_flops=counts.bwd_unaligned_flops,
             fwd_param_op_bytes=counts.fwd_param_op_bytes, bwd_param_op_bytes=counts.bwd_param_op_bytes,

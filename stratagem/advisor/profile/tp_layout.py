@@ -51,7 +51,8 @@ from stratagem.advisor.profile.attention import CudaAttention
 from stratagem.advisor.profile.autocast import CudaAutocast
 from stratagem.advisor.profile.block_inputs import fresh
 from stratagem.advisor.profile.fused import FusedKernels
-from stratagem.advisor.profile.measure import CAST_OPS, MASK_OPS, quiet_fake_tensor_log, stored_bytes
+from stratagem.advisor.profile.fake_tensor_log import quiet_fake_tensor_log
+from stratagem.advisor.profile.measure import CAST_OPS, MASK_OPS, stored_bytes
 from stratagem.advisor.profile.model_profile import policy_field
 from stratagem.advisor.profile.op_bytes import moved_bytes, priced_by_bytes
 from stratagem.advisor.profile.vocab_layout import HF_VOCAB_STYLES

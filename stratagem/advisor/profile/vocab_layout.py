@@ -25,7 +25,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from stratagem.advisor.profile.measure import HEAD, quiet_fake_tensor_log
+from stratagem.advisor.profile.fake_tensor_log import quiet_fake_tensor_log
+from stratagem.advisor.profile.measure import HEAD
 from stratagem.advisor.profile.model_profile import LinearLayer
 
 Layout = tuple[tuple[str, str], ...]
