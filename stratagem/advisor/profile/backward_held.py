@@ -64,7 +64,7 @@ class BackwardHeld:
         if parameter_sized:  # a gradient cast to its parameter's dtype, tied weights' summed: what it reads is too
             self._accumulated |= read.keys()
         else:
-            self._made.update((ref, num_bytes) for ref, num_bytes in written.items() if ref not in read)
+            follow_written(self._made, written, read)
         held = alive_bytes(self._made) + alive_bytes(self._saved.setdefault(segment, {}))
         if node is not self._node or not self._peaks:
             self._node = node
@@ -90,6 +90,19 @@ class BackwardHeld:
 def storages(tree: Any) -> dict[StorageWeakRef, int]:
     """The storages of ``tree``'s tensors, by weak reference, with their bytes."""
     return {StorageWeakRef(t.untyped_storage()): t.untyped_storage().nbytes() for t in tensor_leaves(tree)}
+
+
+def follow_written(followed: dict[StorageWeakRef, int], written: dict[StorageWeakRef, int],
+                   read: dict[StorageWeakRef, int]) -> bool:
+    """Follow the storages an operator ``written`` that it did not ``read`` (a view's, one written
+    in place), in ``followed``; whether there were any. One followed already that equals a new one
+    is a freed storage's, whose address the new one took: it is replaced, lest it be dropped as
+    freed with the new one's bytes."""
+    new = {ref: num_bytes for ref, num_bytes in written.items() if ref not in read}
+    for ref in new:
+        followed.pop(ref, None)
+    followed.update(new)
+    return bool(new)
 
 
 def alive_bytes(followed: dict[StorageWeakRef, int]) -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from stratagem.advisor.profile.backward_held import alive_bytes, storages
+from stratagem.advisor.profile.backward_held import alive_bytes, follow_written, storages
 
 if TYPE_CHECKING:
     from torch.multiprocessing.reductions import StorageWeakRef
@@ -29,24 +29,27 @@ class ForwardHeld:
     """Per segment, the most its forward held at once: what its operators wrote and what it
     saved, still alive (module docstring)."""
 
-    def __init__(self, record: RunRecord) -> None:
+    def __init__(self, record: RunRecord, *, outside: tuple[str, ...]) -> None:
         self._record = record
+        self._outside = outside  # segments that are not blocks, which no checkpoint reruns
         self._followed: dict[str, dict[StorageWeakRef, int]] = {}  # per segment: written or saved, with bytes
 
     def op(self, segment: str, args: Any, out: Any, *, parameter_sized: bool) -> None:
         """Follow one operator dispatched in ``segment``'s forward: the storages it writes (not a
-        view's, not a parameter's copy: ``parameter_sized``), then the bytes alive."""
+        view's, not a parameter's copy: ``parameter_sized``), then, where it wrote one, the bytes
+        alive (no fuller moment comes between two writes)."""
+        if parameter_sized or segment in self._outside:
+            return
         followed = self._followed.setdefault(segment, {})
-        if not parameter_sized:
-            read = storages(args)
-            followed.update((ref, num_bytes) for ref, num_bytes in storages(out).items() if ref not in read)
+        if not follow_written(followed, storages(out), storages(args)):
+            return
         counts = self._record.segments[segment]
         counts.fwd_peak_bytes = max(counts.fwd_peak_bytes, alive_bytes(followed))
 
     def saved(self, segment: str, ref: StorageWeakRef, num_bytes: int) -> None:
         """Follow a storage ``segment`` saved for backward (its input's too), at the bytes it
         counted as saved (a dropout mask at CUDA's byte an element)."""
-        self._followed.setdefault(segment, {})[ref] = num_bytes
+        follow_written(self._followed.setdefault(segment, {}), {ref: num_bytes}, {})
 
 
 def forward_held_bytes(counts: SegmentCounts) -> int:

@@ -183,7 +183,7 @@ class CostCounter(FlopCounterMode):
         self.policies = CheckpointPolicies(set(state_names))
         self.rebuilt = RebuiltBytes(record)
         self.held = BackwardHeld(record)
-        self.fwd_held = ForwardHeld(record)
+        self.fwd_held = ForwardHeld(record, outside=(EMBED, HEAD))
         self.fusion = FusionTracker()
 
     def segment(self) -> str:
