@@ -79,7 +79,9 @@ def _autocast_copies(view: RankView, buckets: float) -> Transient:
     saved (``saved_param_copy_bytes``): without checkpointing, every block's, but none of a block
     the model checkpoints itself, whose rerun makes its own (counted in what it rebuilds:
     :mod:`~stratagem.advisor.cost.activations`); under the plan's checkpointing the copies outside
-    the blocks, and a block's own while its backward recomputes it. A pipeline's schedule runs its
+    the blocks, the head's until its backward has run, and a block's own while its backward
+    recomputes it: the rank's last block's first, its first block's as the backward ends (a
+    convolutional network's first block has its fewest weights). A pipeline's schedule runs its
     backward inside that region."""
     plan = view.plan
     if not get_precision(plan.precision).autocast:
@@ -92,9 +94,11 @@ def _autocast_copies(view: RankView, buckets: float) -> Transient:
         kept = buckets + saved
         return Transient(forward=cached, loss=kept, head=kept, first_block=kept, last_block=kept, embedding=kept)
     outside = buckets + view.outside_per_tp_rank("saved_param_copy_bytes")
-    block = max((b.saved_param_copy_bytes for b, _ in view.stage.kinds), default=0) / plan.tp
-    return Transient(forward=cached, loss=outside, head=outside, first_block=outside + block,
-                     last_block=outside + block, embedding=outside)
+    embedding = buckets + sum(s.saved_param_copy_bytes for s in view.stage.segments if s.kind == "embed")
+    blocks = view.stage.blocks
+    first, last = (blocks[i].saved_param_copy_bytes / plan.tp if blocks else 0.0 for i in (-1, 0))
+    return Transient(forward=cached, loss=outside, head=outside, first_block=embedding + first,
+                     last_block=embedding + last, embedding=embedding)
 
 
 def ddp_bucket_bytes(plan: Plan, params: float) -> float:
