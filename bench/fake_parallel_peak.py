@@ -81,6 +81,7 @@ CASES = (
     Case(Shape("vit-small", 64, None, "bf16-mixed"), 1, {"activation_checkpointing": "full"}),
     Case(Shape("resnet-50", 64, None, "bf16-mixed"), 1, {}),
     Case(Shape("resnet-50", 64, None, "bf16-mixed"), 1, {"activation_checkpointing": "full"}),
+    Case(Shape("resnet-101", 32, None, "bf16-mixed"), 1, {"activation_checkpointing": "full"}),
     # Hugging Face models computing their loss, as verify runs them: FSDP gathers before the loss
     Case(Shape("qwen2-0.5b", 2, 1024, "bf16-mixed"), 4, {"dp_shard": 4, "zero": 3}),
     Case(Shape("llama-1b", 2, 1024, "bf16-mixed"), 4, {"dp_shard": 4, "zero": 3}),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from stratagem.advisor.cost.buffers import recomputed_copies
 from stratagem.advisor.cost.rank_view import RankView
 from stratagem.advisor.cost.stages import Stage
 from stratagem.advisor.profile.model_profile import SegmentProfile, policy_field
@@ -42,11 +43,15 @@ class RankActivations(NamedTuple):
     (:class:`BlockBackward`; blocks differ: a convolutional network's first block holds its widest
     images, its last its smallest); ``before``: what the rank's embedding (what runs before the
     blocks) keeps, which its backward frees after every block's (a convolutional network's stem
-    keeps its widest images); ``others``: what the rank's other in-flight micro-batches hold while its first
-    backward runs, where every forward precedes that backward (0 without a pipeline), None where a
-    forward follows it (:func:`held_through_first_backward`); ``loss_inputs``: what the loss's
-    forward holds beside what it saves (on the last stage: :func:`_loss_inputs`); ``output_grad``: the
-    one gradient of the head's output, in its dtype, that the loss's backward leaves for the head's."""
+    keeps its widest images); ``middle``: for each block between those two that begins or ends a
+    run of identical ones, what its backward holds at its fullest, the parameters of the blocks up
+    to it, whose gradients are yet to come, and the weight copies it recomputes beyond the rank's
+    last block's (:func:`_middle_backwards`); ``others``: what the rank's other in-flight
+    micro-batches hold while its first backward runs, where every forward precedes that backward
+    (0 without a pipeline), None where a forward follows it (:func:`held_through_first_backward`);
+    ``loss_inputs``: what the loss's forward holds beside what it saves (on the last stage:
+    :func:`_loss_inputs`); ``output_grad``: the one gradient of the head's output, in its dtype,
+    that the loss's backward leaves for the head's."""
 
     total: float
     loss_grads: float
@@ -56,6 +61,7 @@ class RankActivations(NamedTuple):
     others: float | None
     first: BlockBackward = BlockBackward()
     last: BlockBackward = BlockBackward()
+    middle: tuple[tuple[float, float, float], ...] = ()
     before: float = 0.0
     loss_inputs: float = 0.0
     output_grad: float = 0.0
@@ -118,12 +124,12 @@ def rank_activations(view: RankView) -> RankActivations:
         blocks[-1], plan, scale=view.scale, checkpointing="none" if plan.checkpoints else None)
     first, last = ((_block_backward(b, plan, scale=view.scale) for b in (blocks[-1], blocks[0])) if blocks
                    else (BlockBackward(), BlockBackward()))
+    before = view.scale * sum(s.saved_bytes for s in view.stage.segments if s.kind == "embed")
     return RankActivations(estimate_activations(view) + _stage_outputs(view),
                            loss_grads=LOSS_GRADIENT_COPIES * view.scale * sum(_logits_gradient(s) for s in view.head),
                            released=view.scale * sum(s.saved_bytes for s in view.head),
                            block=block, rebuilt=_rebuilt_block(view), others=held_through_first_backward(view),
-                           first=first, last=last,
-                           before=view.scale * sum(s.saved_bytes for s in view.stage.segments if s.kind == "embed"),
+                           first=first, last=last, middle=_middle_backwards(view, before), before=before,
                            loss_inputs=view.scale * sum(_loss_inputs(s) for s in view.head),
                            output_grad=view.scale * sum(s.output_bytes for s in view.head))
 
@@ -149,6 +155,38 @@ def _rebuilt_block(view: RankView) -> float:
     """What a checkpointed block's backward rebuilds for one micro-batch, one block at a time, for
     the largest (:func:`_rebuilt`); 0 without checkpointing."""
     return max((_rebuilt(b, view.plan, scale=view.scale) for b, _ in view.stage.kinds), default=0.0)
+
+
+def _middle_backwards(view: RankView, before: float) -> tuple[tuple[float, float, float], ...]:
+    """For each of the rank's blocks but its first and last that begins or ends a run of identical
+    blocks: the activations alive at its backward's fullest (``before``, what the embedding keeps;
+    what every block up to it keeps; what it rebuilds and holds beyond that), the parameters of
+    the blocks up to it and, where its backward recomputes it under autocast, its weight copies
+    beyond the rank's last block's (:func:`~stratagem.advisor.cost.buffers.recomputed_copies`),
+    which the buffers of that block's backward hold. As the backward goes from block to block it
+    frees one block's activations and makes its gradients; along a run of identical blocks their
+    sum changes by as much each time, so the fullest moment of a run is at one of its ends. Where
+    a network's blocks differ (a convolutional network's stages: the last have the fewest
+    activations and the most weights), the fullest can be inside: a ResNet-101's at the end of
+    its third stage."""
+    blocks, plan = view.stage.blocks, view.plan
+    if len(view.stage.kinds) < 2:
+        return ()
+    kinds = [b.measured_as or b.name for b in blocks]
+    costs: dict[str, tuple[float, float, float]] = {}  # kind -> (kept, held beyond it at its fullest, copies)
+    last_copies = recomputed_copies(view, blocks[-1])
+    moments, kept, params = [], before, 0.0
+    for i, block in enumerate(blocks):
+        if kinds[i] not in costs:
+            backward = _block_backward(block, plan, scale=view.scale)
+            costs[kinds[i]] = (backward.kept, backward.rebuilt + backward.held,
+                               recomputed_copies(view, block) - last_copies)
+        block_kept, beyond, copies = costs[kinds[i]]
+        kept += block_kept
+        params += block.num_params
+        if 0 < i < len(blocks) - 1 and (kinds[i - 1] != kinds[i] or kinds[i + 1] != kinds[i]):
+            moments.append((kept + beyond, params, copies))
+    return tuple(moments)
 
 
 def _block_backward(block: SegmentProfile, plan: Plan, *, scale: float) -> BlockBackward:

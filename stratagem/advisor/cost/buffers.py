@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from stratagem.advisor.cost.rank_view import RankView
+from stratagem.advisor.profile.model_profile import SegmentProfile
 from stratagem.plan import Plan
 from stratagem.plan.precision import get_precision
 
@@ -96,9 +97,19 @@ def _autocast_copies(view: RankView, buckets: float) -> Transient:
     outside = buckets + view.outside_per_tp_rank("saved_param_copy_bytes")
     embedding = buckets + sum(s.saved_param_copy_bytes for s in view.stage.segments if s.kind == "embed")
     blocks = view.stage.blocks
-    first, last = (blocks[i].saved_param_copy_bytes / plan.tp if blocks else 0.0 for i in (-1, 0))
+    first, last = (recomputed_copies(view, blocks[i]) if blocks else 0.0 for i in (-1, 0))
     return Transient(forward=cached, loss=outside, head=outside, first_block=embedding + first,
                      last_block=embedding + last, embedding=embedding)
+
+
+def recomputed_copies(view: RankView, block: SegmentProfile) -> float:
+    """Autocast's weight copies of ``block`` that its backward holds where the plan checkpoints it
+    and the rest of the backward holds none (:func:`_autocast_copies`): those its recompute saves,
+    as one TP rank holds them; 0 otherwise."""
+    plan = view.plan
+    if not (plan.checkpoints and plan.pp == 1 and get_precision(plan.precision).autocast):
+        return 0.0
+    return block.saved_param_copy_bytes / plan.tp
 
 
 def ddp_bucket_bytes(plan: Plan, params: float) -> float:

@@ -187,6 +187,7 @@ class RankStates(NamedTuple):
     step_temporaries: float = 0.0  # the optimizer step's (estimate_step_bytes)
     step_buffers: float = 0.0  # the buffers that outlive the backward (estimate_step_bytes)
     first_block_grads: float = 0.0  # of the gradients, the rank's first block's, which its backward makes last
+    grads_per_param: float = 0.0  # the gradient bytes on the rank of one of a block's parameters
 
 
 def estimate_unsharded_gradients(view: RankView, layout: StateLayout, *,
@@ -366,7 +367,8 @@ def _model_states(view: RankView, layout: StateLayout, *, on_gpu: bool, collecti
                       estimate_embedding_gradient(view, layout),
                       *estimate_root_reduce(view, layout, collectives_copy=collectives_copy),
                       *estimate_step_bytes(view, params, layout, on_gpu=on_gpu),
-                      first_block_grads=estimate_gradients(first_block, plan, layout))
+                      first_block_grads=estimate_gradients(first_block, plan, layout),
+                      grads_per_param=estimate_gradients(1 / plan.tp, plan, layout))
 
 
 def _alive_at_peak(states: RankStates, activations: RankActivations, meet: bool) -> tuple[float, float, float]:
@@ -379,9 +381,10 @@ def _alive_at_peak(states: RankStates, activations: RankActivations, meet: bool)
     end the gradients held and the block unit's with the reduce-scatter's copy of them, while the
     block's activations are freed); the last block's (the rank's first: every gradient, in its
     middle but its own, with what the embedding keeps and what the block keeps, rebuilds and
-    holds; at its end every gradient, the block's activations freed likewise, its input where a full
-    checkpoint keeps it); the
-    embedding's backward after the blocks' (every gradient, and the
+    holds; at its end every gradient, the block's activations freed likewise, its input where a
+    full checkpoint keeps it); between the two, where blocks differ, those that begin or end a run
+    of identical blocks (``RankActivations.middle``: every gradient but those of the blocks up to
+    it, what they keep, what it rebuilds and holds); the embedding's backward after the blocks' (every gradient, and the
     whole table's gradient of a vocabulary split); the root unit's reduction, the last (every
     gradient but the root's shard, which it makes, unless kept from an earlier micro-batch, and the
     root's unsharded with their copy, its parameters resharded). The rank's other in-flight micro-batches'
@@ -412,6 +415,8 @@ def _alive_at_peak(states: RankStates, activations: RankActivations, meet: bool)
                (every + unsharded,
                 activations.others + activations.before + last.input + last.rebuilt - min(last.rebuilt, unit),
                 at.last_block),
+               *((max(kept, every - states.grads_per_param * params) + states.held_grads,
+                  activations.others + alive, at.first_block + copies) for alive, params, copies in activations.middle),
                embedding, root)
     return max(moments, key=sum)
 

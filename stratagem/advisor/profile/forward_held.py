@@ -10,7 +10,7 @@ saves again and those tensors beside the gradient of its output, waiting for the
 view's, not a parameter's copy, which the model states and autocast's cache count) and every one
 it saves, by weak references, which tell when the fake tensors' storages are freed as real ones
 would be; the most alive at once is the segment's ``fwd_peak_bytes``, and what exceeds what the
-segment saved its :func:`forward_held_bytes` (docs/cost-model.md, "The backward's own gradients").
+segment saved its :func:`forward_held_bytes` (docs/cost-model.md, "A full checkpoint's rerun").
 """
 
 from __future__ import annotations
