@@ -105,11 +105,11 @@ def _autocast_copies(view: RankView, buckets: float) -> Transient:
 def recomputed_copies(view: RankView, block: SegmentProfile) -> float:
     """Autocast's weight copies of ``block`` that its backward holds where the plan checkpoints it
     and the rest of the backward holds none (:func:`_autocast_copies`): those its recompute saves,
-    as one TP rank holds them; 0 otherwise."""
+    as one TP rank holds them (none but under autocast: a profile without it made no copies); 0
+    otherwise. Not of the plan's precision, which the activations' costs do not depend on
+    (``memory._NOT_IN_ACTIVATIONS``)."""
     plan = view.plan
-    if not (plan.checkpoints and plan.pp == 1 and get_precision(plan.precision).autocast):
-        return 0.0
-    return block.saved_param_copy_bytes / plan.tp
+    return block.saved_param_copy_bytes / plan.tp if plan.checkpoints and plan.pp == 1 else 0.0
 
 
 def ddp_bucket_bytes(plan: Plan, params: float) -> float:
