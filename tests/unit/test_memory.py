@@ -182,7 +182,7 @@ def test_a_full_checkpoint_s_rerun_holds_what_the_forward_held_beside_the_output
     the gradient of the block's output waiting, where more than its backward holds; not where the
     block is compiled, whose kernels keep those intermediates, nor without full checkpointing. The
     rerun saves the input the block saves itself (``input_saved_bytes``) from what the checkpoint
-    kept: counted once (+2.6 % on ResNet-50 and +3.2 % on ViT-S/16 there, counted twice)."""
+    kept: counted once (ViT-S/16 ``ckpt=full`` there +3.2 % at 442a1e3, counted twice; -0.5 % at 060aa73)."""
     profile = _states_only(0, num_blocks=3)
     blocks = tuple(dataclasses.replace(b, saved_bytes=saved, input_bytes=100, input_saved_bytes=100, output_bytes=400,
                                        bwd_held_bytes=500, fwd_held_bytes=held, compiled_saved_bytes=saved)
@@ -213,7 +213,8 @@ def test_a_checkpointed_backward_holds_the_weight_copies_of_the_block_it_recompu
 
 def test_where_blocks_differ_the_backward_can_peak_between_the_rank_s_first_and_last_block():
     """Measured with MemTracker (bench/fake_parallel_peak.py's ResNet-101 ``single ckpt=full`` at 32
-    images: -1.9 % with only the first and last blocks' moments): the backward frees one block's
+    images, -0.0 %; -1.9 % with only the first and last blocks' moments, the case run through the
+    bench's functions at d0f6aea, before it joined the bench): the backward frees one block's
     activations and makes its gradients as it goes, and where the last blocks have the weights and
     the first the activations, as a convolutional network's stages, the fullest moment lies
     between: here at the third block, beside the last one's gradients and what the three keep."""

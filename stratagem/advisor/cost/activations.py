@@ -124,7 +124,7 @@ def rank_activations(view: RankView) -> RankActivations:
         blocks[-1], plan, scale=view.scale, checkpointing="none" if plan.checkpoints else None)
     first, last = ((_block_backward(b, plan, scale=view.scale) for b in (blocks[-1], blocks[0])) if blocks
                    else (BlockBackward(), BlockBackward()))
-    before = view.scale * sum(s.saved_bytes for s in view.stage.segments if s.kind == "embed")
+    before = view.scale * view.stage.embedding_sum("saved_bytes")
     return RankActivations(estimate_activations(view) + _stage_outputs(view),
                            loss_grads=LOSS_GRADIENT_COPIES * view.scale * sum(_logits_gradient(s) for s in view.head),
                            released=view.scale * sum(s.saved_bytes for s in view.head),

@@ -95,7 +95,7 @@ def _autocast_copies(view: RankView, buckets: float) -> Transient:
         kept = buckets + saved
         return Transient(forward=cached, loss=kept, head=kept, first_block=kept, last_block=kept, embedding=kept)
     outside = buckets + view.outside_per_tp_rank("saved_param_copy_bytes")
-    embedding = buckets + sum(s.saved_param_copy_bytes for s in view.stage.segments if s.kind == "embed")
+    embedding = buckets + view.stage.embedding_sum("saved_param_copy_bytes")
     blocks = view.stage.blocks
     first, last = (recomputed_copies(view, blocks[i]) if blocks else 0.0 for i in (-1, 0))
     return Transient(forward=cached, loss=outside, head=outside, first_block=embedding + first,

@@ -384,8 +384,8 @@ def _alive_at_peak(states: RankStates, activations: RankActivations, meet: bool)
     holds; at its end every gradient, the block's activations freed likewise, its input where a
     full checkpoint keeps it); between the two, where blocks differ, those that begin or end a run
     of identical blocks (``RankActivations.middle``: every gradient but those of the blocks up to
-    it, what they keep, what it rebuilds and holds); the embedding's backward after the blocks' (every gradient, and the
-    whole table's gradient of a vocabulary split); the root unit's reduction, the last (every
+    it, what they keep, what it rebuilds and holds); the embedding's backward after the blocks'
+    (every gradient, and the whole table's gradient of a vocabulary split); the root unit's reduction, the last (every
     gradient but the root's shard, which it makes, unless kept from an earlier micro-batch, and the
     root's unsharded with their copy, its parameters resharded). The rank's other in-flight micro-batches'
     activations are held through all of them (``RankActivations.others``). Where gradients meet

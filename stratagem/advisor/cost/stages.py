@@ -51,6 +51,11 @@ class Stage:
         """``field`` summed over the segments outside the blocks: the embedding, head and final norm."""
         return self.sums[field] - self.block_sums[field]
 
+    def embedding_sum(self, field: str) -> int:
+        """``field`` summed over what runs before the blocks (the embedding; none on a later pipeline
+        stage's rank)."""
+        return sum(getattr(s, field) for s in self.segments if s.kind == "embed")
+
     def per_tp_rank(self, field: str, tp: int, vocab: frozenset[str] = frozenset()) -> float:
         """``field`` summed over the stage as one of ``tp`` tensor-parallel ranks holds or runs it:
         TP splits the blocks, and the embedding and head as ``vocab`` (the plan's vocabulary styles,

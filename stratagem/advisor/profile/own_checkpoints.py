@@ -29,7 +29,7 @@ import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from stratagem.advisor.profile.backward_held import alive_bytes, storages
+from stratagem.advisor.profile.backward_held import alive_bytes, follow_written, storages
 from stratagem.advisor.profile.block_reuse import tensor_leaves
 
 if TYPE_CHECKING:
@@ -61,15 +61,12 @@ class RebuiltBytes:
         (a view writes none): with autograd on, a rerun's, followed; with it off, backward's own,
         before which those followed so far are counted. (Autograd turns it off in a pack hook
         too, where the rerun's saves are detached: views.)"""
-        read = storages(args)
-        written = {ref: num_bytes for ref, num_bytes in storages(out).items() if ref not in read}
-        if not written:
-            return
-        if torch.is_grad_enabled():
-            self._written.setdefault(segment, {}).update(written)
+        read, written = storages(args), storages(out)
+        if not torch.is_grad_enabled():
+            if written.keys() - read.keys():
+                self.settle()
+        elif follow_written(self._written.setdefault(segment, {}), written, read):
             self._rerun = segment
-        else:
-            self.settle()
 
     def settle(self) -> None:
         """Count, per segment, the bytes of the storages its rerun wrote that are still alive."""
