@@ -78,7 +78,7 @@ mechanisms() {
 }
 
 resnet() {
-    # the largest miss recorded (75 ms measured, 52 predicted): where compiled bottlenecks spend it,
+    # the largest miss recorded (75 ms measured, 59 predicted): where compiled bottlenecks spend it,
     # device or gaps (its blocks recompile with symbolic shapes, which outran 100 s twice)
     run 240 "$py" bench/gpu_kernels.py resnet-101:128::compiled
 }

@@ -7,7 +7,11 @@ import copy
 import pytest
 import torch
 from torch import nn
+from torch._inductor.graph import GraphLowering
 
+from stratagem.advisor.cost.convolutions import symbolic_kinds
+from stratagem.advisor.cost.stages import rank_stages
+from stratagem.advisor.profile.profiler import profile_model
 from stratagem.advisor.search.targets import accelerate_excludes, deepspeed_excludes
 from stratagem.errors import UsageError
 from stratagem.plan import Plan
@@ -76,3 +80,66 @@ def test_every_block_compiles_past_dynamos_eight_graphs_per_code_object():
         x = layer(x)
     x.sum().backward()
     assert counters["stats"]["unique_graphs"] - before == 10  # none left eager
+
+
+class Pictures(nn.Module):
+    """Blocks of one class whose stride-2 ones halve the picture and double the channels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([ConvNormReLU(80, 1), ConvNormReLU(160, 2), ConvNormReLU(160, 1),
+                                     ConvNormReLU(320, 2)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+class ConvNormReLU(nn.Module):
+    """A convolution, its BatchNorm and a ReLU."""
+
+    def __init__(self, channels: int, stride: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(channels // stride, channels, 3, stride=stride, padding=1, bias=False)
+        self.norm = nn.BatchNorm2d(channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.norm(self.conv(x)))
+
+
+def test_the_cost_model_knows_which_compiled_convolutional_blocks_inductor_leaves_nchw(monkeypatch):
+    """One class at three input sizes, compiled block by block as the plugin does: dynamo traces
+    the third and fourth graphs with symbolic shapes (the picture's size has changed) and inductor
+    leaves their convolutions NCHW (torch 2.13's ``decide_layout_opt`` skips symbolic shapes),
+    paying cuDNN's layout transforms, as ``symbolic_kinds`` predicts from the profile. Each graph
+    holding a convolution is asked with CPU's oneDNN off, which would lay it out channels-last
+    whatever its shapes; channels over 64, below which inductor keeps NCHW anyway; nothing from
+    inductor's caches, whose graphs are not lowered again. The compiled blocks train as the eager
+    ones."""
+    decided = []
+    real = GraphLowering.decide_layout_opt
+
+    def spy(gm: torch.fx.GraphModule, *, is_inference: bool) -> bool:
+        result = real(gm, is_inference=is_inference)
+        if any(node.target is torch.ops.aten.convolution.default for node in gm.graph.nodes):
+            decided.append(result)
+        return result
+
+    monkeypatch.setattr(GraphLowering, "decide_layout_opt", staticmethod(spy))
+    monkeypatch.setattr(torch._inductor.config, "force_disable_caches", True)  # a cached graph is not lowered
+    torch.manual_seed(0)
+    eager = Pictures()
+    compiled = copy.deepcopy(eager)
+    apply_compile(compiled, Plan(compile=True, block_container="layers"))
+    x = torch.randn(2, 80, 16, 16)
+    with torch.backends.mkldnn.flags(enabled=False):
+        for model in (eager, compiled):
+            model(x).square().sum().backward()
+    profile = profile_model(Pictures(), (x,), batch_size=2)
+    stage = rank_stages(profile, Plan(compile=True, block_container="layers"))[0]
+    assert symbolic_kinds(stage) == {"layers.2", "layers.3"}
+    assert decided == [True, True, False, False]
+    for (name, a), (_, b) in zip(eager.named_parameters(), compiled.named_parameters()):
+        # a channels-last convolution sums in another order: within 1e-5 of the gradient's largest element
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-5 * a.grad.abs().max().item(), msg=name)

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 from stratagem.advisor.cost.stages import Stage
+from stratagem.advisor.memo import by_identity
 from stratagem.advisor.hardware.spec import Cluster
 from stratagem.advisor.profile.model_profile import ConvLayer, SegmentProfile
 from stratagem.plan import Plan
@@ -99,9 +100,11 @@ def stage_layout_bytes(stage: Stage, plan: Plan, cluster: Cluster) -> dict[tuple
     if not pays_layout_transforms(cluster, plan.precision):
         return {(direction, blocks_only): 0.0 for direction in ("fwd", "bwd") for blocks_only in (False, True)}
     element_bytes = get_precision(plan.precision).compute_bytes
+    symbolic = symbolic_kinds(stage) if plan.compile else frozenset()
     blocks, outside = [0.0, 0.0], [0.0, 0.0]
     for block, count in stage.kinds:
-        for i, moved in enumerate(layout_transform_bytes(block, element_bytes=element_bytes, compiled=plan.compile)):
+        static = plan.compile and (block.measured_as or block.name) not in symbolic
+        for i, moved in enumerate(layout_transform_bytes(block, element_bytes=element_bytes, compiled=static)):
             blocks[i] += count * moved / plan.tp
     in_blocks = {id(block) for block in stage.blocks}
     for segment in stage.segments:
@@ -112,14 +115,39 @@ def stage_layout_bytes(stage: Stage, plan: Plan, cluster: Cluster) -> dict[tuple
             ("fwd", False): blocks[0] + outside[0], ("bwd", False): blocks[1] + outside[1]}
 
 
+@by_identity
+def symbolic_kinds(stage: Stage) -> frozenset[str]:
+    """The kinds of block (``measured_as or name``) whose compiled graphs dynamo traces with
+    symbolic shapes where the compile plugin compiles the stage's blocks one by one. They share a
+    forward's code (``nn.Module._call_impl``), whose input sizes dynamo records at every
+    compilation (torch 2.13's ``automatic_dynamic_shapes``): a kind compiles at its first block,
+    and once an input dimension has taken a second value it is symbolic in every graph compiled
+    after, unless a parameter's static shape pins it (a convolution's channels). The
+    convolutions' inputs count here, their positions (``input_rows``, N·H·W) standing for the
+    block input's: a ResNet's first stage and the second's first block compile static, every
+    later bottleneck symbolic (docs/cost-model.md, "Compilation")."""
+    positions: set[int] = set()
+    compiled: set[str] = set()
+    symbolic: set[str] = set()
+    for block in stage.blocks:
+        positions.update(conv.input_rows for conv in block.convs[:1])
+        kind = block.measured_as or block.name
+        if kind not in compiled:
+            compiled.add(kind)
+            if len(positions) > 1:
+                symbolic.add(kind)
+    return frozenset(symbolic)
+
+
 def layout_transform_bytes(segment: SegmentProfile, *, element_bytes: int, compiled: bool) -> tuple[float, float]:
     """Bytes the NCHW↔NHWC transforms around ``segment``'s NCHW convolutions read and write at the
     profiled batch, ``(forward, backward)``: each transform reads a tensor and writes it. Eager,
     every convolution transforms its input and its output; its backward the output's gradient and
     the input's for the data gradient, the input and the output's gradient for the weight's.
-    ``compiled`` (a block under ``torch.compile``), where inductor runs the graph's convolutions
-    channels-last (:func:`inductor_runs_channels_last`) and hands out the strides eager would
-    (``keep_output_stride``): only the block's input and output are transformed, each way."""
+    ``compiled`` (a block under ``torch.compile`` traced with static shapes: :func:`symbolic_kinds`),
+    where inductor runs the graph's convolutions channels-last (:func:`inductor_runs_channels_last`)
+    and hands out the strides eager would (``keep_output_stride``): only the block's input and
+    output are transformed, each way."""
     convs = [conv for conv in segment.convs if not conv.channels_last]
     if not convs:
         return 0.0, 0.0
@@ -140,7 +168,8 @@ def inductor_runs_channels_last(convs: tuple[ConvLayer, ...]) -> bool:
     (``torch._inductor.config.layout_optimization``, on by default for CUDA; torch 2.13's
     ``GraphLowering.decide_layout_opt``): not with a grouped convolution of several input
     channels per group, nor one whose window is taller than 1 and whose output has at most half
-    its input's channels, nor when every convolution has at most 64 channels in and out."""
+    its input's channels, nor when every convolution has at most 64 channels in and out; nor in a
+    graph of symbolic shapes (:func:`symbolic_kinds`), which the caller says."""
     grouped = any(conv.groups > 1 and conv.in_channels > conv.groups for conv in convs)
     narrowing = any(conv.out_channels * 2 <= conv.in_channels / conv.groups and conv.kernel[0] > 1 for conv in convs)
     small = all(conv.out_channels <= 64 and conv.in_channels / conv.groups <= 64 for conv in convs)

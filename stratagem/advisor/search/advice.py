@@ -216,7 +216,8 @@ def _dynamic_shape_note(profile: ModelProfile, ranked: list) -> tuple[str, ...]:
     """What the compiled plans ranked leave out where blocks of one class take inputs of several
     sizes (a ResNet's bottlenecks, stage by stage): compiled one by one, they share one forward's
     code, which dynamo recompiles with dynamic shapes once a second size arrives (torch's
-    ``automatic_dynamic_shapes``); the cost model prices one static graph per kind of block."""
+    ``automatic_dynamic_shapes``); the cost model prices the layout of their convolutions so
+    (``cost.convolutions.symbolic_kinds``), and one static graph per kind of block otherwise."""
     if not any(e.plan.compile for e in ranked):
         return ()
     sizes: dict[str, set[int]] = {}
@@ -227,9 +228,10 @@ def _dynamic_shape_note(profile: ModelProfile, ranked: list) -> tuple[str, ...]:
     if not varied:
         return ()
     return (f"Compiled plans compile each block, and {'; '.join(varied)} through one forward, which dynamo "
-            "recompiles with dynamic shapes once a second size arrives: their step and compile times here are "
-            "priced as static graphs, one per kind of block (ResNet-101 at 128 images on one H100, 2026-11-26: 75 ms "
-            "a step measured, nearly twice the prediction, and over a minute compiling).",)
+            "recompiles with dynamic shapes once a second size arrives: the convolutions of graphs so traced stay "
+            "NCHW, which is priced, but their other kernels and the compile times are priced as static graphs, one per "
+            "kind of block (ResNet-101 at 128 images on one H100, 2026-11-26: 75 ms a step measured, 59 predicted, "
+            "and over a minute compiling).",)
 
 
 def _no_candidates(cluster: Cluster, workload: Workload, excluded: Counter, target: str) -> UsageError:
