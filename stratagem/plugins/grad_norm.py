@@ -8,7 +8,11 @@ split), counted once on those it is replicated on (DDP's and TP's copies), over 
 stages, a tied weight's copy once. Every gradient is then scaled in place by the same factor, as
 single-process clipping scales it (docs/design.md, "Gradient clipping"). Clipping by value clamps
 each element the rank holds; on a GPU torch's own meets the mixed lists a multi-tensor operator
-refuses (:mod:`~stratagem.plugins.parameter_groups`).
+refuses (:mod:`~stratagem.plugins.parameter_groups`). The norm and its scaling take the plain
+local parts with torch's multi-tensor kernels (``torch._foreach_norm``, ``_foreach_mul_``: a launch
+per device and dtype, not several per gradient), as torch's own clipping does with its default
+``foreach``; clamping stays one kernel a gradient, one pass over it where torch's multi-tensor
+clamps make two (``bench/clip_speed.py``).
 """
 
 from __future__ import annotations
@@ -46,9 +50,8 @@ def clip_grad_norm_(parameters: Iterable[nn.Parameter], max_norm: float, norm_ty
         raise RuntimeError(f"the total norm of order {norm_type} of the gradients is non-finite, so it cannot be "
                            "clipped (error_if_nonfinite=True)")
     scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
-    for param in params:
-        local = local_part(param.grad)
-        local.mul_(scale.to(local.device))
+    for group in _by_device_and_dtype(local_part(param.grad) for param in params):
+        torch._foreach_mul_(group, scale.to(group[0].device))
     return total
 
 
@@ -59,7 +62,7 @@ def clip_grad_value_(parameters: Iterable[nn.Parameter], clip_value: float) -> N
     local parts, a sequence-parallel norm's unreduced gradient summed first."""
     params = [param for param in parameters if param.grad is not None]
     reduce_partial_grads(params)
-    for param in params:
+    for param in params:  # one pass each, where torch's multi-tensor clamps make two
         local_part(param.grad).clamp_(-clip_value, clip_value)
 
 
@@ -70,7 +73,7 @@ def _global_norm(grads: list[Tensor], norm_type: float, pp_group: dist.ProcessGr
     largest = math.isinf(norm_type)
     op = dist.ReduceOp.MAX if largest else dist.ReduceOp.SUM
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    shares: dict[tuple, Tensor] = {}  # (mesh, sharded dims) or () for what this rank alone counts
+    parts: dict[tuple, list[Tensor]] = {}  # (mesh, sharded dims) or () for what this rank alone counts
     for grad in grads:
         key = ()
         if isinstance(grad, DTensor):
@@ -81,13 +84,10 @@ def _global_norm(grads: list[Tensor], norm_type: float, pp_group: dist.ProcessGr
             # sharded on every dimension it is not replicated on (Shard, and FSDP's _StridedShard under TP)
             dims = tuple(dim for dim, placement in enumerate(grad.placements) if not placement.is_replicate())
             key = (grad.device_mesh, dims) if dims else ()
-        local = local_part(grad)  # empty on a rank an uneven split leaves without elements: no share
-        norm = torch.linalg.vector_norm(local, norm_type, dtype=torch.float32).to(device) if local.numel() else \
-            torch.zeros((), dtype=torch.float32, device=device)
-        share = norm if largest else norm ** norm_type
-        shares[key] = _combine(shares[key], share, largest) if key in shares else share
+        parts.setdefault(key, []).append(local_part(grad))
     total = torch.zeros((), dtype=torch.float32, device=device)
-    for key, share in shares.items():
+    for key, tensors in parts.items():
+        share = _share(tensors, norm_type, device)
         if key:
             mesh, dims = key
             for dim in dims:
@@ -96,6 +96,27 @@ def _global_norm(grads: list[Tensor], norm_type: float, pp_group: dist.ProcessGr
     if pp_group is not None:
         dist.all_reduce(total, op=op, group=pp_group)
     return total if largest else total ** (1.0 / norm_type)
+
+
+def _share(tensors: list[Tensor], norm_type: float, device: torch.device) -> Tensor:
+    """What ``tensors`` (local parts) add to the norm, in fp32 on ``device``: their largest
+    magnitude for the infinity norm, else the sum of their elements' magnitudes to the
+    ``norm_type``: each tensor's norm in one multi-tensor kernel per device and dtype. An empty
+    part (a rank an uneven split leaves without elements) adds nothing."""
+    groups = _by_device_and_dtype(tensor for tensor in tensors if tensor.numel())
+    if not groups:
+        return torch.zeros((), dtype=torch.float32, device=device)
+    norms = torch.cat([torch.stack(torch._foreach_norm(group, norm_type, dtype=torch.float32)).to(device)
+                       for group in groups])
+    return norms.max() if math.isinf(norm_type) else norms.pow(norm_type).sum()
+
+
+def _by_device_and_dtype(tensors: Iterable[Tensor]) -> list[list[Tensor]]:
+    """``tensors`` grouped as a multi-tensor kernel takes them: one device and dtype a list."""
+    groups: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
+    for tensor in tensors:
+        groups.setdefault((tensor.device, tensor.dtype), []).append(tensor)
+    return list(groups.values())
 
 
 def _combine(a: Tensor, b: Tensor, largest: bool) -> Tensor:
