@@ -5,16 +5,28 @@ parameters of the preset; ``gpt2`` by default) and over as many tiny ones, where
 the time there is. Measured in one run, so the ratios hold on a noisy host. Clipping by value
 clamps one gradient at a time, one pass over each, where torch's multi-tensor clamps make two.
 
+Then what the cost model's clipping terms rest on: the time of each clipping of the model's
+gradients against its passes (``cost.optimizer.CLIP_GRADIENT_PASSES``) at the rate a copy of the
+same gradients streams (what ``estimate_clip_seconds`` charges each byte on the device is the
+rate operators without FLOPs stream, a copy's where ``calibrate`` measured one); and the host's
+cost of ``DTensor.to_local`` (a one-rank gloo mesh) in plain operators (``cost.host.TO_LOCAL_OPS``).
+
     python bench/clip_speed.py [PRESET]
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 
 import torch
+import torch.distributed as dist
 from timing import median_seconds
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
 
+from stratagem.advisor.cost.optimizer import CLIP_GRADIENT_PASSES
 from stratagem.models import PRESETS
 from stratagem.plugins import clip_grad_norm_, clip_grad_value_
 
@@ -26,6 +38,41 @@ def gradients_of(shapes: list[torch.Size]) -> list[torch.nn.Parameter]:
     for param in params:
         param.grad = torch.randn_like(param)
     return params
+
+
+def streamed(params: list[torch.nn.Parameter], clipped: dict[str, float]) -> None:
+    """Each clipping's time against its passes at the rate a copy of the gradients streams."""
+    copies = [torch.empty_like(param.grad) for param in params]
+    seconds = median_seconds(lambda: [copy.copy_(param.grad) for copy, param in zip(copies, params)], 5)
+    per_byte = seconds / sum(2 * param.grad.nbytes for param in params)
+    print(f"a copy of the gradients {seconds * 1e3:.1f} ms ({1e-9 / per_byte:.1f} GB/s read and written); " + "; ".join(
+        f"by {how} {measured * 1e3:.1f} ms, its passes at that rate "
+        f"{CLIP_GRADIENT_PASSES[how] * sum(param.grad.nbytes for param in params) * per_byte * 1e3:.1f}"
+        for how, measured in clipped.items()))
+
+
+def to_local_cost(calls: int = 300, repeats: int = 20) -> None:
+    """``DTensor.to_local`` against an in-place clamp of a plain tensor, per call."""
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29547")
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        shards = [distribute_tensor(torch.randn(4), mesh, [Shard(0)]) for _ in range(calls)]
+        plain = [torch.randn(4) for _ in range(calls)]
+
+        def per_call(fn) -> float:
+            started = time.perf_counter()
+            for _ in range(repeats):
+                for tensor in shards if fn is None else plain:
+                    tensor.to_local() if fn is None else fn(tensor)
+            return (time.perf_counter() - started) / repeats / calls
+
+        local, clamp = per_call(None), per_call(lambda t: t.clamp_(-1, 1))
+        print(f"DTensor.to_local {local * 1e6:.2f} µs a call, clamp_ {clamp * 1e6:.2f} µs: "
+              f"{local / clamp:.1f} operators")
+    finally:
+        dist.destroy_process_group()
 
 
 def main() -> None:
@@ -45,6 +92,9 @@ def main() -> None:
               f"{loop * 1e3:.2f}; ours / foreach {ours / fused:.2f}); by value {ours_value * 1e3:.2f} ms "
               f"(torch foreach {fused_value * 1e3:.2f}, one at a time {loop_value * 1e3:.2f}; "
               f"ours / foreach {ours_value / fused_value:.2f})")
+        if label.startswith(name):
+            streamed(params, {"norm": ours, "value": ours_value})
+    to_local_cost()
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from stratagem.advisor.search.advice import OBJECTIVES  # light: the planning mo
 from stratagem.advisor.hardware.parse import MAX_DEVICES_PER_NODE
 from stratagem.errors import UsageError
 from stratagem.plan import OPTIMIZERS
+from stratagem.plan.workload import GRAD_CLIPS
 from stratagem.plan.checks import MAX_SAMPLES
 from stratagem.plan.precision import PRECISIONS
 
@@ -47,6 +48,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, plan_defaults: bool 
     parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw",
                         help="the optimizer whose states and step are priced: adamw, or sgd with momentum "
                         "(default: adamw)")
+    parser.add_argument("--grad-clip", choices=GRAD_CLIPS, default=None,
+                        help="price clipping the gradients before each optimizer step, by their global norm or "
+                        "each element by value, as Lightning's gradient_clip_val does (default: not clipped)")
     parser.add_argument("--no-cache", dest="cache", action="store_false",
                         help="profile the model again instead of reading a cached profile")
 
@@ -77,7 +81,7 @@ def model_workload(args: argparse.Namespace, cluster: Cluster) -> tuple[ModelPro
     profile = profile_spec(args.model, seq_len=args.seq_len, precision=args.precision, cache=args.cache,
                            kernels=kernels_for(accelerator=cluster.is_accelerator))
     workload = Workload(global_batch_size=args.global_batch_size or cluster.world_size, seq_len=profile.seq_len,
-                        precision=args.precision, optimizer=args.optimizer)
+                        precision=args.precision, optimizer=args.optimizer, grad_clip=args.grad_clip)
     return profile, workload
 
 

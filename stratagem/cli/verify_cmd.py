@@ -178,7 +178,8 @@ def verify_advice(advice: Advice, args: argparse.Namespace, *, top: int, output:
 
     with display:
         results = verify_estimates(args.model, estimates, seq_len=advice.workload.seq_len,
-                                   optimizer=advice.workload.optimizer, steps=getattr(args, "steps", 3),
+                                   optimizer=advice.workload.optimizer, grad_clip=advice.workload.grad_clip,
+                                   steps=getattr(args, "steps", 3),
                                    warmup=getattr(args, "warmup", 1), timeout=getattr(args, "timeout", 300.0),
                                    repeats=repeats, progress=progress if report else None, display=display)
     winner = measured_winner(results)

@@ -226,7 +226,8 @@ class AutoParallelStrategy(ModelParallelStrategy):
                 module, lambda: self._profiled(trainer, module), precision=precision, target=self._target,
                 objective=self._objective, constraints=self._constraints, verbose=self._verbose, accumulate=accumulate,
                 node_rank=self.node_rank, pipelined=lambda profile: as_pipelined(module, profile),
-                optimizer=(lambda: workload_optimizer(module.configure_optimizers, source)) if fitting else None)
+                optimizer=(lambda: workload_optimizer(module.configure_optimizers, source)) if fitting else None,
+                grad_clip=_grad_clip(trainer) if fitting else None)
         else:
             check_plan_precision(self._plan, self.precision_plugin.precision)
             check_plan_accumulation(self._plan, accumulate)
@@ -477,3 +478,13 @@ def register_strategies() -> None:
 
 
 register_strategies()
+
+
+def _grad_clip(trainer: Trainer) -> str | None:
+    """How the Trainer clips each step's gradients (``Workload.grad_clip``): by norm or by value
+    where ``gradient_clip_val`` is set above 0 (Lightning's ``clip_gradients`` does nothing else),
+    by its ``gradient_clip_algorithm``, norm by default."""
+    if not trainer.gradient_clip_val or trainer.gradient_clip_val <= 0:
+        return None
+    algorithm = trainer.gradient_clip_algorithm
+    return "norm" if algorithm is None else str(algorithm.value)

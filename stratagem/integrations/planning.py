@@ -161,7 +161,7 @@ def choose_plan(module: nn.Module, example_inputs: Callable[[], Any], *, precisi
                 verbose: bool, objective: str = "throughput", constraints: Mapping[str, Any] | None = None,
                 node_rank: int | None = None, pipelined: Callable[[ModelProfile], ModelProfile] | None = None,
                 accumulate: int = 1, optimizer: Callable[[], tuple[str, tuple[str, ...]]] | None = None,
-                ) -> tuple[Plan, Advice | None]:
+                grad_clip: str | None = None) -> tuple[Plan, Advice | None]:
     """Every rank probes its hardware; rank 0 profiles ``module`` on ``example_inputs()`` (called
     on rank 0 only: a :class:`~stratagem.integrations.steps.TrainingStep` to trace, or one rank's
     batch of forward's inputs, a tensor, a tuple of positional or a dict of keyword arguments; see
@@ -179,7 +179,8 @@ def choose_plan(module: nn.Module, example_inputs: Callable[[], Any], *, precisi
     advisor's pipeline plans accumulate nothing, so with ``accumulate`` > 1 only plans without a
     pipeline are searched (the notes say so). ``optimizer()``, called on rank 0, gives the
     Workload's optimizer and notes for the advice (:func:`workload_optimizer`; None: AdamW, as
-    ``Workload`` assumes). ``objective`` and ``constraints`` (Plan fields
+    ``Workload`` assumes); ``grad_clip``, how each step clips the gradients (``Workload.grad_clip``).
+    ``objective`` and ``constraints`` (Plan fields
     pinned, as :func:`~stratagem.advisor.search.advice.advise` takes them) steer the search. Ranks with
     the same ``node_rank`` (the strategy's; default:
     :func:`~stratagem.advisor.hardware.gather.this_node`) count as one node. ``pipelined`` gives
@@ -196,7 +197,7 @@ def choose_plan(module: nn.Module, example_inputs: Callable[[], Any], *, precisi
     if dist.get_rank() == 0:
         advice = _advise(module, example_inputs(), cluster, world=dist.get_world_size(), precision=precision,
                          target=target, objective=objective, constraints=dict(constraints or {}), verbose=verbose,
-                         pipelined=pipelined, accumulate=accumulate, optimizer=optimizer)
+                         pipelined=pipelined, accumulate=accumulate, optimizer=optimizer, grad_clip=grad_clip)
         assert advice.best is not None  # _advise raises when no plan fits
         chosen[0] = advice.best.plan.to_json()
     dist.broadcast_object_list(chosen, src=0)
@@ -207,7 +208,7 @@ def choose_plan(module: nn.Module, example_inputs: Callable[[], Any], *, precisi
 def _advise(module: nn.Module, example_inputs: Any, cluster: Any, *, world: int, precision: str, target: str,
             objective: str, constraints: dict[str, Any], verbose: bool,
             pipelined: Callable[[ModelProfile], ModelProfile] | None, accumulate: int = 1,
-            optimizer: Callable[[], tuple[str, tuple[str, ...]]] | None = None) -> Advice:
+            optimizer: Callable[[], tuple[str, tuple[str, ...]]] | None = None, grad_clip: str | None = None) -> Advice:
     """The advice (its best plan the one to apply) for ``module`` profiled on ``example_inputs``,
     on ``world`` ranks accumulating ``accumulate`` batches a step (see :func:`choose_plan`)."""
     from stratagem.advisor.profile.model_profile import kernels_for
@@ -220,7 +221,7 @@ def _advise(module: nn.Module, example_inputs: Any, cluster: Any, *, world: int,
                                kernels=kernels_for(accelerator=cluster.is_accelerator))
     if pipelined is not None:
         profile = pipelined(profile)
-    named: dict[str, str] = {}
+    named: dict[str, str] = {"grad_clip": grad_clip} if grad_clip is not None else {}
     if optimizer is not None:
         named["optimizer"], notes = optimizer()
         profile = replace(profile, notes=(*profile.notes, *notes))

@@ -20,17 +20,23 @@ HOST_FUSED_OPTIMIZERS = frozenset({"adamw"})
 """The optimizers an offloaded plan steps fused on the host (plugins/host_optimizer.py): those whose
 fused kernel DTensor shards (torch.distributed.tensor registers ``_fused_adam(w)_``, not
 ``_fused_sgd_``); the others step one tensor at a time."""
+GRAD_CLIPS = ("norm", "value")
+"""How a step may clip its gradients before the optimizer steps: by their global norm, or each
+element by value (Lightning's ``gradient_clip_algorithm``; ``plugins.clip_grad_norm_`` and
+``clip_grad_value_`` on every plan)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Workload:
     """What one optimizer step processes: ``global_batch_size`` samples of ``seq_len`` tokens
-    (None for non-sequence models) in ``precision``, updated by ``optimizer``."""
+    (None for non-sequence models) in ``precision``, updated by ``optimizer``, the gradients
+    clipped first as ``grad_clip`` says (:data:`GRAD_CLIPS`; None: not clipped)."""
 
     global_batch_size: int
     seq_len: int | None = None
     precision: str = "bf16-mixed"
     optimizer: str = "adamw"
+    grad_clip: str | None = None
 
     def __post_init__(self) -> None:
         check_positive("Workload.global_batch_size", self.global_batch_size, maximum=MAX_SAMPLES,
@@ -40,6 +46,8 @@ class Workload:
                            why="tokens per sample are a 32-bit count, so that a step's tokens are a 64-bit index")
         check_choice("Workload.precision", self.precision, tuple(PRECISIONS))
         check_choice("Workload.optimizer", self.optimizer, OPTIMIZERS)
+        if self.grad_clip is not None:
+            check_choice("Workload.grad_clip", self.grad_clip, GRAD_CLIPS)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -13,7 +13,8 @@ rank a part of the model (FSDP, TP, pipeline stages built by removal; not under 
 whole model is built before the plan splits it, and a pipeline rank then keeps its own stages
 alone: the other stages' parameters count only while the model is built. Step time is the
 median over the measured steps (after the warm-up steps and one more) of the time from the first
-forward to the optimizer step's end, devices synchronised, less the time DTensor spent deciding
+forward to the optimizer step's end (the gradients' clipping before it, where asked),
+devices synchronised, less the time DTensor spent deciding
 how to shard operators on shapes it had not met before
 (:class:`~stratagem.verify.sharding_cache.ShardingCacheMisses`): a warm-up cost, which a
 tensor-parallel MoE keeps paying for as long as its routing produces new expert row counts; the
@@ -41,7 +42,14 @@ from stratagem.peak_memory import PeakMemory
 from stratagem.plan import Plan
 from stratagem.plan.stages import removal_convention
 from stratagem.plan.workload import OPTIMIZER_OPTIONS
-from stratagem.plugins import apply_plan, autocast_context, build_mesh, build_optimizer
+from stratagem.plugins import (
+    apply_plan,
+    autocast_context,
+    build_mesh,
+    build_optimizer,
+    clip_grad_norm_,
+    clip_grad_value_,
+)
 from stratagem.plugins.materialize import materialize
 from stratagem.errors import UsageError
 from stratagem.verify.models import Batch, Built, RealModel, real_model
@@ -60,6 +68,10 @@ the first to run its forward beside the optimizer's states, and DDP rebuilds its
 as that forward starts (``_rebuild_buckets``, in the order the first backward made the gradients
 ready), so on CPU, where a tensor's pages count once written, the new buckets hold nothing
 resident until that step's backward: only the third forward runs beside them."""
+
+CLIP_AT = 1.0
+"""The global norm, or the value, gradients are clipped at where a verification clips them: the time
+does not depend on it (scaling multiplies every gradient, however little)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,10 +134,12 @@ class Measured:
 
 
 def measure_plan(model: RealModel, plan: Plan, *, optimizer: str, steps: int, warmup: int,
-                 on_event: StepEvent | None = None) -> Measured:
+                 grad_clip: str | None = None, on_event: StepEvent | None = None) -> Measured:
     """On every rank of the default process group (``plan.world_size`` of them): train
     ``max(warmup, MEMORY_STEPS) + 1 + steps`` steps of ``plan`` on the model's batch and measure
-    (module docstring); ``on_event`` hears of the build and of each step as it ends."""
+    (module docstring), the gradients clipped before each optimizer step as ``grad_clip`` says
+    (``Workload.grad_clip``: by the global norm, or by value, at :data:`CLIP_AT`); ``on_event``
+    hears of the build and of each step as it ends."""
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     samples = plan.micro_batch_size * plan.microbatches
     report = on_event or (lambda kind, **fields: None)
@@ -144,7 +158,7 @@ def measure_plan(model: RealModel, plan: Plan, *, optimizer: str, steps: int, wa
         # A meta-built model's shards drawn on a CPU mesh come from each rank's own generator, which
         # torch warns of on every rank; a measurement does not depend on the weights' values.
         warnings.filterwarnings("ignore", "DTensor random operators may not have complete support")
-        run, parameters = step(built, plan, mesh, built.batch.to(device), device)
+        run, parameters, clip = step(built, plan, mesh, built.batch.to(device), device)
     del built  # a pipeline rank keeps its stages alone (the run holds what a data-parallel one needs)
     opt = build_optimizer(parameters, plan, optimizer_class(optimizer), lr=1e-4, **OPTIMIZER_OPTIONS[optimizer])
     report("built", seconds=time.perf_counter() - started)
@@ -156,6 +170,8 @@ def measure_plan(model: RealModel, plan: Plan, *, optimizer: str, steps: int, wa
             start = time.perf_counter()
             for micro_step in range(plan.grad_accum):
                 run(micro_step == plan.grad_accum - 1)
+            if grad_clip is not None:
+                clip(grad_clip)
             opt.step()
             opt.zero_grad(set_to_none=True)
             _sync(device)
@@ -224,7 +240,7 @@ def _build(model: RealModel, plan: Plan, samples: int, batch: Batch | None, devi
 
 
 def _data_parallel_step(built: Built, plan: Plan, mesh: Any, batch: Batch,
-                        device: torch.device) -> tuple[Callable[[bool], None], nn.Module]:
+                        device: torch.device) -> tuple[Callable[[bool], None], nn.Module, Callable[[str], None]]:
     if plan.uses_ddp:
         materialize(built.module, device)  # DDP broadcasts real tensors; FSDP and TP split meta ones first
     parallel = apply_plan(built.module, plan, mesh)
@@ -239,11 +255,15 @@ def _data_parallel_step(built: Built, plan: Plan, mesh: Any, batch: Batch,
                 loss = built.loss(parallel(*batch.args, **batch.kwargs), batch.targets) / plan.grad_accum
             loss.backward()
 
-    return run, parallel
+    def clip(how: str) -> None:
+        clip_grad_norm_(parallel.parameters(), CLIP_AT) if how == "norm" else clip_grad_value_(parallel.parameters(),
+                                                                                                CLIP_AT)
+
+    return run, parallel, clip
 
 
 def _pipeline_step(built: Built, plan: Plan, mesh: Any, batch: Batch,
-                   device: torch.device) -> tuple[Callable[[bool], None], Any]:
+                   device: torch.device) -> tuple[Callable[[bool], None], Any, Callable[[str], None]]:
     if not batch.args:
         raise UsageError(f"plan {plan.name} is a pipeline, whose stages take positional inputs, and the model's "
                          "inputs are keyword arguments\nHINT: return the example inputs as a tuple, or verify "
@@ -254,7 +274,14 @@ def _pipeline_step(built: Built, plan: Plan, mesh: Any, batch: Batch,
     pipe = apply_plan(built.module, plan, mesh, loss_fn=built.loss, example_inputs=example)
     for stage in pipe.modules:
         materialize(stage, device, params_on_host=plan.offloads_parameters)
-    return (lambda last: pipe.step(*batch.args, target=targets)), pipe.modules
+
+    def clip(how: str) -> None:
+        if how == "norm":
+            pipe.clip_grad_norm_(CLIP_AT)
+        else:
+            clip_grad_value_([param for stage in pipe.modules for param in stage.parameters()], CLIP_AT)
+
+    return (lambda last: pipe.step(*batch.args, target=targets)), pipe.modules, clip
 
 
 def _sync(device: torch.device) -> None:

@@ -78,7 +78,8 @@ class Verified:
 
 
 def verify_estimates(model: str, estimates: Sequence[Estimate], *, seq_len: int | None, optimizer: str,
-                     steps: int = 3, warmup: int = 1, timeout: float = 300.0, repeats: int = 1,
+                     grad_clip: str | None = None, steps: int = 3, warmup: int = 1, timeout: float = 300.0,
+                     repeats: int = 1,
                      progress: Callable[[int, Verified], None] | None = None,
                      display: Progress | None = None) -> list[Verified]:
     """Run every estimate's plan (``verify_plan``) ``repeats`` times, in rounds that run each plan
@@ -98,7 +99,8 @@ def verify_estimates(model: str, estimates: Sequence[Estimate], *, seq_len: int 
                              f"{format_bytes(estimate.memory.total)} a rank")
             try:
                 runs[index].append(verify_plan(model, estimate.plan, seq_len=seq_len, optimizer=optimizer,
-                                               steps=steps, warmup=warmup, timeout=timeout, display=display))
+                                               grad_clip=grad_clip, steps=steps, warmup=warmup, timeout=timeout,
+                                               display=display))
             except RuntimeError as err:
                 errors[index] = str(err)
             if progress is not None:
@@ -125,11 +127,12 @@ def too_close_to_call(results: Sequence[Verified], winner: Verified) -> list[Ver
             and r.measured.fastest <= winner.measured.slowest]
 
 
-def verify_plan(model: str, plan: Plan, *, seq_len: int | None, optimizer: str, steps: int = 3, warmup: int = 1,
-                timeout: float = 300.0, display: Progress | None = None) -> Measured:
+def verify_plan(model: str, plan: Plan, *, seq_len: int | None, optimizer: str, grad_clip: str | None = None,
+                steps: int = 3, warmup: int = 1, timeout: float = 300.0, display: Progress | None = None) -> Measured:
     """Train ``plan`` on ``model`` (a preset, ``pkg.module:factory`` or ``hf:PATH``, built for real
     in every rank: :mod:`~stratagem.verify.models`) in fresh processes and measure it
-    (:func:`~stratagem.verify.runner.measure_plan`): ``plan.world_size`` spawned on this host, or,
+    (:func:`~stratagem.verify.runner.measure_plan`, the gradients clipped as ``grad_clip`` says:
+    ``Workload.grad_clip``): ``plan.world_size`` spawned on this host, or,
     inside a launched job (:func:`~stratagem.distributed.launched_job`, its process
     group up), one per rank of the job, on that rank's node, joined in a group of their own. Every
     rank of a job must call it. Raises RuntimeError with the error of the rank that failed first
@@ -137,7 +140,7 @@ def verify_plan(model: str, plan: Plan, *, seq_len: int | None, optimizer: str, 
     own group stays usable for the next plan. A model the spawned ranks cannot load is a
     :class:`UsageError` (on every rank of a job). ``display`` shows what rank 0 does as it happens."""
     real_model(model, seq_len=seq_len)  # a model verify cannot run fails here, before spawning
-    run = (model, plan.to_json(), seq_len, optimizer, steps, warmup)
+    run = (model, plan.to_json(), seq_len, optimizer, grad_clip, steps, warmup)
     if not launched_job():
         ranks = list(range(plan.world_size))
         store = host_store()  # referenced until the ranks are done
@@ -234,7 +237,7 @@ _LOAD_HINT = ("HINT: each plan runs in fresh processes that import the model by 
 
 def _worker(index: int, ranks: list[int], local_ranks: list[int], world_size: int, ranks_on_host: int,
             rendezvous: tuple[str, int], model: str, plan_json: str, seq_len: int | None, optimizer: str,
-            steps: int, warmup: int, timeout: float, out: Path) -> None:
+            grad_clip: str | None, steps: int, warmup: int, timeout: float, out: Path) -> None:
     rank, local_rank = ranks[index], local_ranks[index]
     try:  # first: a model this process cannot load fails every plan alike, a usage error
         source = real_model(model, seq_len=seq_len)
@@ -258,8 +261,8 @@ def _worker(index: int, ranks: list[int], local_ranks: list[int], world_size: in
             report("joined")
         try:
             with naming_lost_peers(LOST_HINT):
-                measured = measure_plan(source, Plan.from_json(plan_json), optimizer=optimizer, steps=steps,
-                                        warmup=warmup, on_event=report)
+                measured = measure_plan(source, Plan.from_json(plan_json), optimizer=optimizer, grad_clip=grad_clip,
+                                        steps=steps, warmup=warmup, on_event=report)
         except BaseException as err:
             oom = isinstance(err, torch.OutOfMemoryError)
             failure = {"when": time.time(), "message": "out of memory" if oom else _summary(err)}

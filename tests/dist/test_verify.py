@@ -255,6 +255,16 @@ def test_a_pipeline_rank_is_measured_holding_its_own_stage() -> None:
     assert measured.peak_bytes < 72 * 2**20, measured.peak_bytes / 2**20
 
 
+@pytest.mark.parametrize("how", ["norm", "value"])
+def test_a_pipeline_clips_over_its_stages_where_the_workload_clips(how: str) -> None:
+    """``grad_clip``: each step's gradients clipped before the optimizer, by the norm over both
+    stages (``Pipeline.clip_grad_norm_``) or each stage's by value, on the ranks verify spawns."""
+    plan = Plan(pp=2, microbatches=2, micro_batch_size=2, precision="fp32", block_container="")
+    measured = verify_plan("test_verify:two_wide_layers", plan, seq_len=None, optimizer="sgd", grad_clip=how,
+                           steps=1, timeout=240)
+    assert measured.step_seconds > 0
+
+
 def test_a_tied_hugging_face_decoder_is_verified_as_a_pipeline_built_on_meta(tmp_path: Path) -> None:
     """A Qwen2 that ties its head to its embedding, as a pipeline: each stage is built on
     meta and initialised on its own, and transformers' own initialisation, which ties weights, must

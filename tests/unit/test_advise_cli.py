@@ -18,7 +18,7 @@ def test_json_for_gpt2_on_8xa100(capsys):
     assert data["model"]["parameters"] == 124_439_808
     assert data["cluster"]["world_size"] == 8
     assert data["workload"] == {"global_batch_size": 8, "seq_len": 1024, "precision": "bf16-mixed",
-                                "optimizer": "adamw"}
+                                "optimizer": "adamw", "grad_clip": None}
     assert 1 <= len(data["plans"]) <= 3
     for entry in data["plans"]:
         assert Plan.from_dict(entry["plan"]).world_size == 8
@@ -33,6 +33,22 @@ def test_table_names_the_winner(capsys):
     out = capsys.readouterr().out
     assert "Top plans" in out and "Winner:" in out and "GiB" in out and "target accelerate" in out
     assert "sgd" in out and "evaluated" in out
+
+
+def test_a_clipped_workload_is_priced_and_said(capsys):
+    """``--grad-clip``: each step clips the gradients first, which the optimizer term holds."""
+    args = ["advise", "--model", "gpt2-tiny", "--cluster", "2xA100", "--json", "--top", "1"]
+    runs = {}
+    for clip in (None, "norm", "value"):
+        assert main([*args, *(("--grad-clip", clip) if clip else ())]) == 0
+        runs[clip] = json.loads(capsys.readouterr().out)
+    assert [runs[clip]["workload"]["grad_clip"] for clip in ("norm", "value")] == ["norm", "value"]
+    unclipped = runs[None]["plans"][0]
+    for clip in ("norm", "value"):
+        entry = runs[clip]["plans"][0]
+        assert entry["name"] == unclipped["name"] and entry["time"]["optimizer"] > unclipped["time"]["optimizer"]
+    assert main(["advise", "--model", "gpt2-tiny", "--cluster", "2xA100", "--grad-clip", "value"]) == 0
+    assert "adamw, gradients clipped by value" in capsys.readouterr().out
 
 
 def test_image_model_reports_samples_per_second(capsys):
@@ -69,7 +85,8 @@ def test_usage_errors_exit_2(capsys, argv, message):
     assert message in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("argv", [["--target", "megatron"], ["--top", "0"], ["--format", "pdf"], []])
+@pytest.mark.parametrize("argv", [["--target", "megatron"], ["--top", "0"], ["--format", "pdf"], ["--grad-clip", "l2"],
+                                  []])
 def test_bad_arguments_exit_2(argv):
     model = ["--model", "gpt2-tiny"] if argv else []
     with pytest.raises(SystemExit) as exc:

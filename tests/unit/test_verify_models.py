@@ -103,6 +103,19 @@ def test_measure_plan_reports_the_build_and_every_step(one_rank) -> None:
     assert events == [("built", None), *[("step", "warm-up")] * (MEMORY_STEPS + 1), *[("step", "measured")] * 2]
 
 
+@pytest.mark.parametrize("how", ["norm", "value"])
+def test_measure_plan_clips_every_step_s_gradients_as_the_workload_says(one_rank, monkeypatch, how) -> None:
+    """Each step, warm-up and measured, clips through the plugins' clipping (the real one, counted)."""
+    from stratagem.verify import runner
+
+    calls = []
+    real = getattr(runner, f"clip_grad_{how}_")
+    monkeypatch.setattr(runner, f"clip_grad_{how}_", lambda params, limit: calls.append(limit) or real(params, limit))
+    measure_plan(real_model("model_factories:mlp", seq_len=None), Plan(micro_batch_size=2, precision="fp32"),
+                 optimizer="adamw", grad_clip=how, steps=2, warmup=1)
+    assert calls == [runner.CLIP_AT] * (MEMORY_STEPS + 1 + 2)
+
+
 def test_a_factory_s_keyword_inputs_reach_the_model_and_the_fallback_loss_trains_it(one_rank) -> None:
     model = real_model("model_factories:mlp_keyword_inputs", seq_len=None)
     built = model.build(3, None)

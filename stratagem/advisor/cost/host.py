@@ -19,6 +19,16 @@ from stratagem.advisor.profile.model_profile import policy_field
 # 2022, "Making Deep Learning Go Brrrr"), more with autograd and hooks. Estimate; calibrated.
 OP_DISPATCH_SECONDS = 10e-6
 
+# Operators plugins.clip_grad_norm_ dispatches whatever the number of gradients, on one device and
+# dtype: 13, counted with a dispatch-mode counter on torch 2.13 (each gradient's norm in one
+# _foreach_norm, their sum, the scale, one _foreach_mul_). Clipping by value clamps each gradient: one.
+CLIP_NORM_OPS = 13
+
+# What DTensor.to_local costs the host, in plain operators: 3.4 µs a call against clamp_'s 1.05 µs
+# on a CPU host, torch 2.13 (bench/clip_speed.py). Clipping takes each DTensor gradient's local part
+# once by value, twice by norm.
+TO_LOCAL_OPS = 3
+
 # DTensor operators a TP Linear runs per micro-batch beyond a plain one's (matmuls and the layout
 # changes around them, forward and backward): bench/dtensor_ops.py counts 10-17 on the reference
 # presets. Used uncalibrated only; `stratagem calibrate` times a TP Linear directly.
@@ -27,13 +37,13 @@ DTENSOR_OPS_PER_TP_LINEAR = 12
 
 def estimate_dispatch_seconds(step: RankStep, *, device_busy: float) -> float:
     """Host time launching the step's operators that the device's own work does not hide, seconds:
-    every micro-batch's and the optimizer's (an offloaded plan's optimizer launches its own on the
-    host as it runs: its term holds them). A CPU rank runs each operator as it launches it, so all
-    of it adds; an accelerator (GPU, TPU) runs behind the host, which binds only when it launches
-    slower than the accelerator computes (``device_busy``: the step's compute, recompute, TP
-    collectives and optimizer on the device)."""
+    every micro-batch's, the gradients' clipping's and the optimizer's (an offloaded plan's
+    optimizer launches its own on the host as it runs: its term holds them). A CPU rank runs each
+    operator as it launches it, so all of it adds; an accelerator (GPU, TPU) runs behind the host,
+    which binds only when it launches slower than the accelerator computes (``device_busy``: the
+    step's compute, recompute, TP collectives and optimizer on the device)."""
     optimizer = 0.0 if step.plan.offloads else _optimizer_dispatch_seconds(step)
-    host = step.num_microbatches * microbatch_dispatch_seconds(step) + optimizer
+    host = step.num_microbatches * microbatch_dispatch_seconds(step) + optimizer + _clip_dispatch_seconds(step)
     return max(0.0, host - device_busy) if step.cluster.is_accelerator else host
 
 
@@ -94,6 +104,20 @@ def _tp_linear_seconds(step: RankStep) -> float:
 def _op_seconds(step: RankStep) -> float:
     """Host seconds per operator on plain tensors: calibrated, else the estimate."""
     return step.cluster.node.op_seconds or OP_DISPATCH_SECONDS
+
+
+def _clip_dispatch_seconds(step: RankStep) -> float:
+    """Host seconds launching the gradients' clipping (``Workload.grad_clip``): by norm
+    :data:`CLIP_NORM_OPS` operators, by value one a gradient tensor, and where the gradients are
+    DTensors (FSDP2, TP) each one's local part taken, twice by norm and once by value
+    (:data:`TO_LOCAL_OPS` operators each)."""
+    if step.grad_clip is None:
+        return 0.0
+    tensors = step.stage.sums["num_tensors"]
+    ops = CLIP_NORM_OPS if step.grad_clip == "norm" else tensors
+    if step.plan.uses_fsdp or step.plan.tp > 1:
+        ops += (2 if step.grad_clip == "norm" else 1) * tensors * TO_LOCAL_OPS
+    return ops * _op_seconds(step)
 
 
 def _optimizer_dispatch_seconds(step: RankStep) -> float:

@@ -1,12 +1,13 @@
-"""Optimizer terms of a step: the update itself (on the device, or on the host when offloaded)
-and the host-link copies that CPU offload adds."""
+"""Optimizer terms of a step: the update itself (on the device, or on the host when offloaded),
+the gradients' clipping before it, and the host-link copies that CPU offload adds."""
 
 from __future__ import annotations
 
-from stratagem.advisor.cost.collectives import estimate_p2p_seconds
+from stratagem.advisor.cost.collectives import estimate_all_reduce_seconds, estimate_p2p_seconds
+from stratagem.advisor.cost.communication import collective_wait_seconds
 from stratagem.advisor.cost.rank_step import RankStep
 from stratagem.advisor.cost.rates import MEMORY_BANDWIDTH_EFFICIENCY
-from stratagem.plan import Plan
+from stratagem.plan import MeshAxis, Plan
 from stratagem.plan.workload import HOST_FUSED_OPTIMIZERS
 
 # Tensor reads + writes per parameter in one torch.optim step (foreach or single-tensor: the same
@@ -43,6 +44,11 @@ DTENSOR_FOREACH_TENSOR_SECONDS = 2.4e-6
 # bench/dtensor_optimizer.py on the same host (6.8 on plain tensors). Calibrated with the step.
 DTENSOR_FUSED_TENSOR_SECONDS = 33e-6
 
+# Tensor reads + writes per gradient element of one clipping step (Workload.grad_clip): by norm each
+# gradient read for its norm, then read and written scaled (plugins.clip_grad_norm_:
+# torch._foreach_norm, _foreach_mul_); by value read and written clamped (clamp_).
+CLIP_GRADIENT_PASSES = {"norm": 3, "value": 2}
+
 # Host memory bandwidth torch's fused CPU optimizer reaches per node when offloaded, bytes/s, shared
 # by the node's ranks (a two-socket DDR5 host streams a few hundred GB/s; bench/host_optimizer_cache.py
 # measures it: 46-88 GB/s at 28 bytes a parameter on two Zen 4 cores). Estimate.
@@ -67,6 +73,36 @@ def estimate_optimizer_seconds(step: RankStep) -> float:
     if (measured := calibrated_optimizer(step)) is not None:
         return step.optimizer_params * measured[0] * step.precision.param_bytes / 4
     return _streamed_bytes(step) / (step.cluster.device.memory_bandwidth * MEMORY_BANDWIDTH_EFFICIENCY)
+
+
+def estimate_clip_seconds(step: RankStep) -> float:
+    """Clipping the rank's gradients before the optimizer steps, seconds (none unless
+    ``Workload.grad_clip``): :data:`CLIP_GRADIENT_PASSES` over the gradients the rank keeps, in
+    the parameters' dtype, where they live: on the device at the rate operators without FLOPs
+    stream (``RankStep.seconds_per_op_byte``), on the host for an offloaded plan, at the rate its
+    optimizer step streams there (calibrated: its seconds per fp32 parameter over the bytes its
+    passes move for one; else :data:`HOST_OPTIMIZER_BANDWIDTH_PER_NODE`, shared by the node's
+    ranks). By norm, then the all-reduces of the norm's shares, one over each mesh dimension that
+    splits the gradients (FSDP's, TP's) and one over the pipeline, four bytes each: their latency
+    and wait. The host's launches are :func:`~stratagem.advisor.cost.host.estimate_dispatch_seconds`'."""
+    if step.grad_clip is None:
+        return 0.0
+    plan = step.plan
+    streamed = CLIP_GRADIENT_PASSES[step.grad_clip] * step.gradient_params * step.precision.param_bytes
+    seconds = streamed * (_host_seconds_per_byte(step) if plan.offloads else step.seconds_per_op_byte)
+    if step.grad_clip == "norm":
+        split = {MeshAxis.DP_SHARD: plan.dp_shard if plan.uses_fsdp else 1, MeshAxis.TP: plan.tp, MeshAxis.PP: plan.pp}
+        seconds += sum(estimate_all_reduce_seconds(4, group_size=size, **step.link(axis, "all_reduce"))
+                       + collective_wait_seconds(step, size) for axis, size in split.items() if size > 1)
+    return seconds
+
+
+def _host_seconds_per_byte(step: RankStep) -> float:
+    """Seconds per byte an offloaded plan's host optimizer step streams (see :func:`estimate_clip_seconds`)."""
+    if (measured := _calibrated(step.cluster.node.host_optimizer_seconds, step.optimizer)) is not None:
+        passes = (FUSED_TENSOR_PASSES if step.optimizer in HOST_FUSED_OPTIMIZERS else OPTIMIZER_TENSOR_PASSES)
+        return measured[0] / (4 * passes[step.optimizer])
+    return step.cluster.devices_per_node / HOST_OPTIMIZER_BANDWIDTH_PER_NODE
 
 
 def uncalibrated_host_step(step: RankStep) -> tuple[float, float]:

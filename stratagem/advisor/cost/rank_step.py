@@ -49,6 +49,7 @@ class RankStep:
     cluster: Cluster
     plan: Plan
     optimizer: str
+    grad_clip: str | None  # Workload.grad_clip: how the step clips its gradients first, if at all
     precision: Precision
     stage: Stage
     links: dict[MeshAxis, tuple[float, float]]  # (bytes/s, seconds) per mesh axis: group_link
@@ -235,6 +236,7 @@ def rank_step(profile: ModelProfile, *, cluster: Cluster, workload: Workload,
     stage = rank_stages(profile, plan)[rank]
     per_byte = seconds_per_op_byte(cluster)
     return RankStep(profile=profile, cluster=cluster, plan=plan, optimizer=workload.optimizer,
+                    grad_clip=workload.grad_clip,
                     precision=get_precision(plan.precision), stage=stage, links=mesh_links(cluster, plan),
                     flops_per_second=large_gemm_rate(cluster, plan.precision),
                     attention=_rank_attention(profile, plan, cluster, rank),

@@ -19,7 +19,11 @@ from stratagem.advisor.cost.communication import (
 from stratagem.advisor.cost.compute import estimate_compile_seconds
 from stratagem.advisor.cost.estimate import TimeBreakdown
 from stratagem.advisor.cost.host import estimate_dispatch_seconds
-from stratagem.advisor.cost.optimizer import estimate_offload_seconds, estimate_optimizer_seconds
+from stratagem.advisor.cost.optimizer import (
+    estimate_clip_seconds,
+    estimate_offload_seconds,
+    estimate_optimizer_seconds,
+)
 from stratagem.advisor.cost.pipeline import (
     estimate_bubble_seconds,
     estimate_pp_comm_exposed_seconds,
@@ -41,7 +45,7 @@ def estimate_time(profile: ModelProfile, *, cluster: Cluster, workload: Workload
     step, (compute, recompute, tp_comm, _) = paced.step, paced.busy
     grads, gathers = estimate_grad_sync_seconds(step), estimate_param_gather_seconds(step)
     pp_comm, tied = estimate_pp_comm_seconds(step), estimate_tied_gradient_seconds(step)
-    optimizer = estimate_optimizer_seconds(step)
+    optimizer = estimate_optimizer_seconds(step) + estimate_clip_seconds(step)
     on_device = 0.0 if plan.offloads else optimizer  # an offloaded plan's runs on the host, hiding no launches
     dp_comm = estimate_dp_comm_exposed_seconds(step, grads=grads, gathers=gathers, compute=compute,
                                                recompute=recompute)

@@ -111,10 +111,12 @@ def title(advice: Advice | Comparison) -> str:
 
 
 def workload_line(advice: Advice | Comparison) -> str:
-    """Global batch, sequence length, precision, optimizer and target runtime, in one line."""
+    """Global batch, sequence length, precision, optimizer (and the gradients' clipping) and target
+    runtime, in one line."""
     work = advice.workload
     batch = f"global batch {work.global_batch_size}" + (f" × {work.seq_len} tokens" if work.seq_len else "")
-    return f"{batch} · {work.precision} · {work.optimizer} · target {advice.target}"
+    clip = f", gradients clipped by {work.grad_clip}" if work.grad_clip else ""
+    return f"{batch} · {work.precision} · {work.optimizer}{clip} · target {advice.target}"
 
 
 def winner_line(estimate: Estimate) -> str:
