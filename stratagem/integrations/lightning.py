@@ -472,14 +472,6 @@ def _unwrap(optimizer: Optimizer) -> Optimizer:
     return optimizer._optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
 
 
-def register_strategies() -> None:
-    """Add ``"auto-parallel"`` to Lightning's ``StrategyRegistry`` (again is fine: it overrides)."""
-    AutoParallelStrategy.register_strategies(StrategyRegistry)
-
-
-register_strategies()
-
-
 def _grad_clip(trainer: Trainer) -> str | None:
     """How the Trainer clips each step's gradients (``Workload.grad_clip``): by norm or by value
     where ``gradient_clip_val`` is set above 0 (Lightning's ``clip_gradients`` does nothing else),
@@ -488,3 +480,11 @@ def _grad_clip(trainer: Trainer) -> str | None:
         return None
     algorithm = trainer.gradient_clip_algorithm
     return "norm" if algorithm is None else str(algorithm.value)
+
+
+def register_strategies() -> None:
+    """Add ``"auto-parallel"`` to Lightning's ``StrategyRegistry`` (again is fine: it overrides)."""
+    AutoParallelStrategy.register_strategies(StrategyRegistry)
+
+
+register_strategies()

@@ -1,6 +1,7 @@
 """The Workload ``Trainer(strategy="auto-parallel")`` plans for is the one the run steps with: a
 global batch of the dataloader's batch × data-parallel ranks × ``accumulate_grad_batches`` (the
-plan's ``grad_accum``), and the optimizer ``configure_optimizers`` returns.
+plan's ``grad_accum``), the optimizer ``configure_optimizers`` returns, and the gradients clipped
+as ``gradient_clip_val`` and ``gradient_clip_algorithm`` say.
 
 The planning function is tested directly, without processes, on a 2-rank CPU cluster; one real
 fit on two CPU ranks (this file run as the training script, which Lightning re-runs for rank 1)
@@ -26,7 +27,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from stratagem.advisor.cost.memory import estimate_memory
 from stratagem.advisor.hardware.parse import parse_cluster
 from stratagem.errors import UsageError
-from stratagem.integrations.lightning import AutoParallelStrategy
+from stratagem.integrations.lightning import AutoParallelStrategy, _grad_clip
 from stratagem.integrations.planning import (
     _advise,
     check_plan_accumulation,
@@ -173,18 +174,30 @@ def test_a_pinned_plans_accumulation_is_the_trainers_or_one_batchs() -> None:
         check_plan_accumulation(accumulating, 1)
 
 
+@pytest.mark.parametrize("arguments, expected", [
+    ({}, None),
+    ({"gradient_clip_val": 0}, None),
+    ({"gradient_clip_val": 1.0}, "norm"),
+    ({"gradient_clip_val": 1.0, "gradient_clip_algorithm": "norm"}, "norm"),
+    ({"gradient_clip_val": 0.5, "gradient_clip_algorithm": "value"}, "value"),
+])
+def test_the_trainer_s_clipping_is_the_workload_s(arguments: dict[str, Any], expected: str | None) -> None:
+    assert _grad_clip(pl.Trainer(accelerator="cpu", logger=False, **arguments)) == expected
+
+
 def test_auto_parallel_plans_and_trains_the_accumulated_sgd_step(tmp_path: Path) -> None:
-    """A real fit on two CPU ranks: the advice's workload is the run's, and the chosen plan trains
-    STEPS optimizer steps of ACCUMULATE batches each."""
+    """A real fit on two CPU ranks: the advice's workload is the run's (its gradients clipped by
+    value), and the chosen plan trains STEPS optimizer steps of ACCUMULATE batches each."""
     done = subprocess.run([sys.executable, __file__, str(tmp_path)], capture_output=True, text=True, timeout=240,
                           cwd=tmp_path, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     results = json.loads((tmp_path / "results.json").read_text())
-    assert results["workload"] == {"global_batch_size": 16, "seq_len": None, "precision": "fp32", "optimizer": "sgd"}
+    assert results["workload"] == {"global_batch_size": 16, "seq_len": None, "precision": "fp32", "optimizer": "sgd",
+                                   "grad_clip": "value"}
     assert results["grad_accum"] == ACCUMULATE and results["plan"].endswith(f"mb={BATCH} ga={ACCUMULATE}")
     assert results["global_step"] == STEPS and results["batches"] == STEPS * ACCUMULATE
     assert results["moved"]
-    assert "global batch 16 · fp32 · sgd · target lightning" in done.stdout
+    assert "global batch 16 · fp32 · sgd, gradients clipped by value · target lightning" in done.stdout
 
 
 class _Count(pl.Callback):
@@ -201,7 +214,8 @@ def main() -> None:
     out = Path(sys.argv[1])
     count = _Count()
     trainer = pl.Trainer(accelerator="cpu", devices=WORLD, strategy="auto-parallel", precision="32-true",
-                         accumulate_grad_batches=ACCUMULATE, max_steps=STEPS, logger=False,
+                         accumulate_grad_batches=ACCUMULATE, gradient_clip_val=1.0, gradient_clip_algorithm="value",
+                         max_steps=STEPS, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          callbacks=[count])
     assert isinstance(trainer.strategy, AutoParallelStrategy)
