@@ -52,6 +52,7 @@ from stratagem.integrations.planning import (
     choose_plan,
     constructor_options,
     load_plan,
+    partial_batch_note,
     plan_hyperparams,
     release_at_exit,
     sampler_kwargs,
@@ -234,6 +235,10 @@ class AutoParallelStrategy(ModelParallelStrategy):
             if (reason := target_excludes("lightning", self._plan)) is not None:
                 raise UsageError(f"the auto-parallel strategy cannot run plan {self._plan.name}: {reason}\n"
                                  "HINT: advise with --target lightning for plans it runs")
+        source = trainer.fit_loop._data_source
+        if fitting and self.plan.compile and self.global_rank == 0 and source.is_defined() and (
+                note := partial_batch_note(source.dataloader(), self.plan)):
+            log.warning("auto-parallel: %s", note)
         self.precision_plugin = _PlanPrecision(self.plan, self.precision_plugin.precision, self.root_device.type)
         if not initialises_after_sharding(self.plan, self.root_device):
             materialize(module, self.root_device)  # whole, before sharding or DDP's broadcast

@@ -38,8 +38,8 @@ if TYPE_CHECKING:
     from stratagem.advisor.search.advice import Advice
 
 __all__ = ["LIGHTNING_PRECISIONS", "PlanPrecision", "adapt_optimizer", "check_choice", "check_plan_accumulation",
-           "check_plan_precision", "choose_plan", "constructor_options", "load_plan", "plan_hyperparams",
-           "release_at_exit", "sampler_kwargs", "stratagem_precision", "workload_optimizer"]
+           "check_plan_precision", "choose_plan", "constructor_options", "load_plan", "partial_batch_note",
+           "plan_hyperparams", "release_at_exit", "sampler_kwargs", "stratagem_precision", "workload_optimizer"]
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +125,30 @@ def sampler_kwargs(plan: Plan, global_rank: int) -> dict[str, int]:
     (its place on the dp_replicate × dp_shard axes), so the ranks of one tensor-parallel group and
     the stages of one pipeline read the same samples."""
     return {"num_replicas": plan.dp, "rank": (global_rank // plan.mesh_strides[MeshAxis.DP_SHARD]) % plan.dp}
+
+
+def partial_batch_note(loader: Any, plan: Plan) -> str | None:
+    """What a compiled ``plan`` does where an epoch's last training batch on a rank is smaller than
+    the others (``loader``, the training DataLoader, split over the plan's data-parallel ranks as
+    Lightning's distributed sampler splits it, padded to equal shares): dynamo compiles each block
+    again for it with a symbolic batch size (``automatic_dynamic_shapes``) and, trying the graph it
+    ran last first, runs every later step on those graphs, which the advice prices as static (a
+    convolution in them stays NCHW: docs/cost-model.md, "Compilation"). None where every batch is
+    whole, the plan compiles nothing, or the loader does not say."""
+    batch, drop_last = getattr(loader, "batch_size", None), getattr(loader, "drop_last", True)
+    if not plan.compile or not batch or drop_last:
+        return None
+    try:
+        samples = len(loader.dataset)
+    except TypeError:  # an iterable dataset: its length is unknown
+        return None
+    last = -(-samples // plan.dp) % batch
+    if not last:
+        return None
+    return (f"each epoch's last training batch holds {last} samples where the others hold {batch}: the compiled "
+            "blocks compile again for it with a symbolic batch size, and every later step runs those graphs, "
+            "slower than the static ones the plan was priced with (a convolution in them stays NCHW)\n"
+            "HINT: DataLoader(..., drop_last=True), or AutoParallelStrategy(constraints={'compile': False})")
 
 
 def constructor_options(optimizer: Optimizer) -> dict[str, Any]:

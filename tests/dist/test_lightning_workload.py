@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import lightning.pytorch as pl
 import pytest
@@ -183,6 +185,21 @@ def test_a_pinned_plans_accumulation_is_the_trainers_or_one_batchs() -> None:
 ])
 def test_the_trainer_s_clipping_is_the_workload_s(arguments: dict[str, Any], expected: str | None) -> None:
     assert _grad_clip(pl.Trainer(accelerator="cpu", logger=False, **arguments)) == expected
+
+
+def test_a_compiled_plan_warns_of_an_epoch_s_smaller_last_batch(one_rank, caplog) -> None:
+    """Set up (no step run) on one rank: 10 samples in batches of 4 leave a last batch of 2, which
+    compiled blocks would compile again for, symbolic (``planning.partial_batch_note``). The
+    environment Lightning sets for this process's rank (``LOCAL_RANK``, ``MASTER_PORT``) is put
+    back, lest the next test's script take itself for a launched rank."""
+    plan = Plan(compile=True, block_container="net", micro_batch_size=BATCH, precision="fp32")
+    trainer = pl.Trainer(accelerator="cpu", devices=1, strategy=AutoParallelStrategy(plan=plan), precision="32-true",
+                         max_steps=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False)
+    images, labels = dataset().tensors
+    with caplog.at_level("WARNING", logger="stratagem.integrations.lightning"), mock.patch.dict(os.environ):
+        trainer.fit(CNN(), DataLoader(TensorDataset(images[:10], labels[:10]), batch_size=BATCH))
+    assert "last training batch holds 2 samples where the others hold 4" in caplog.text
 
 
 def test_auto_parallel_plans_and_trains_the_accumulated_sgd_step(tmp_path: Path) -> None:

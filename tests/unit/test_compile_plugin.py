@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
 from torch import nn
 from torch._inductor.graph import GraphLowering
+from torch.fx.experimental.symbolic_shapes import has_free_symbols
+from torch.utils.data import DataLoader, TensorDataset
 
 from stratagem.advisor.cost.convolutions import symbolic_kinds
 from stratagem.advisor.cost.stages import rank_stages
 from stratagem.advisor.profile.profiler import profile_model
 from stratagem.advisor.search.targets import accelerate_excludes, deepspeed_excludes
 from stratagem.errors import UsageError
+from stratagem.integrations.planning import partial_batch_note
 from stratagem.plan import Plan
 from stratagem.plugins import apply_compile, check_applicable
 
@@ -143,3 +149,47 @@ def test_the_cost_model_knows_which_compiled_convolutional_blocks_inductor_leave
     for (name, a), (_, b) in zip(eager.named_parameters(), compiled.named_parameters()):
         # a channels-last convolution sums in another order: within 1e-5 of the gradient's largest element
         torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-5 * a.grad.abs().max().item(), msg=name)
+
+
+class Widen(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.gelu(self.linear(x))
+
+
+def test_after_a_smaller_batch_every_later_call_runs_the_symbolic_graph():
+    """What ``partial_batch_note`` warns of, as torch 2.13 does it: a block compiled at batch 4
+    compiles again at 3 with a symbolic batch size, and the calls at 4 after it run that graph."""
+    graphs = []
+
+    def backend(gm: torch.fx.GraphModule, inputs: list) -> Callable:
+        values = [node.meta.get("example_value") for node in gm.graph.nodes]
+        graph = {"symbolic": any(isinstance(v, torch.Tensor) and has_free_symbols(v) for v in values), "calls": 0}
+        graphs.append(graph)
+
+        def run(*args: Any) -> Any:
+            graph["calls"] += 1
+            return gm(*args)
+        return run
+
+    block = Widen()
+    block.compile(backend=backend)
+    for batch in (4, 4, 3, 4, 4):
+        block(torch.randn(batch, 8))
+    assert graphs == [{"symbolic": False, "calls": 2}, {"symbolic": True, "calls": 3}]
+
+
+def test_a_compiled_plan_warns_of_a_smaller_last_batch():
+    plan = Plan(compile=True, block_container="layers", micro_batch_size=4)
+    data = TensorDataset(torch.zeros(10, 8))
+    note = partial_batch_note(DataLoader(data, batch_size=4), plan)
+    assert note is not None and note.startswith("each epoch's last training batch holds 2 samples where the others "
+                                                "hold 4") and "HINT: DataLoader(..., drop_last=True)" in note
+    assert "holds 1 samples" in partial_batch_note(DataLoader(data, batch_size=4), dataclasses.replace(plan, dp_shard=2,
+                                                                                                      zero=3))
+    assert partial_batch_note(DataLoader(data, batch_size=4, drop_last=True), plan) is None
+    assert partial_batch_note(DataLoader(data, batch_size=5), plan) is None
+    assert partial_batch_note(DataLoader(data, batch_size=4), dataclasses.replace(plan, compile=False)) is None
