@@ -43,6 +43,8 @@ from typing_extensions import override
 from stratagem.distributed import import_group_defaults, name_lost_peers_in, start_heartbeat
 from stratagem.advisor.profile.model_profile import ModelProfile
 from stratagem.plan import Plan
+from stratagem.plan.checks import check_choice as check_choice_of
+from stratagem.plan.workload import GRAD_CLIPS
 from stratagem.errors import UsageError
 from stratagem.integrations.launchers import FabricLauncher
 from stratagem.integrations.planning import (
@@ -121,6 +123,10 @@ class AutoParallelFabricStrategy(ModelParallelStrategy):
         objective, constraints: what ranks the plans and the Plan fields pinned in the search, as
             for :class:`~stratagem.integrations.lightning.AutoParallelStrategy`.
         verbose: print the advisor's table and the chosen plan on rank 0.
+        grad_clip: how the training loop clips the gradients before each optimizer step
+            (``fabric.clip_gradients``: ``"norm"`` with ``max_norm``, ``"value"`` with ``clip_val``),
+            which the advice then prices (``Workload.grad_clip``); None: not clipped. The strategy
+            cannot see the loop when it chooses the plan.
         save_distributed_checkpoint: save checkpoints sharded (a directory written by every rank
             through ``torch.distributed.checkpoint``) rather than as one file gathered on rank 0.
             Either kind loads whatever plan wrote it; the layout is the Lightning strategy's.
@@ -148,7 +154,7 @@ class AutoParallelFabricStrategy(ModelParallelStrategy):
     def __init__(self, plan: Plan | Mapping[str, Any] | str | Path | None = None, *,
                  example_inputs: Any = None, loss_fn: Callable[[Any], Tensor] | None = None,
                  target: str = "lightning", objective: str = "throughput",
-                 constraints: Mapping[str, Any] | None = None, verbose: bool = True,
+                 constraints: Mapping[str, Any] | None = None, verbose: bool = True, grad_clip: str | None = None,
                  save_distributed_checkpoint: bool = True, process_group_backend: str | None = None,
                  timeout: timedelta | None = default_pg_timeout) -> None:
         super().__init__(self._apply_plan, save_distributed_checkpoint=save_distributed_checkpoint,
@@ -161,6 +167,9 @@ class AutoParallelFabricStrategy(ModelParallelStrategy):
         self._objective = objective
         self._constraints = check_choice(target=target, objective=objective, constraints=constraints)
         self._verbose = verbose
+        if grad_clip is not None:
+            check_choice_of("AutoParallelFabricStrategy.grad_clip", grad_clip, GRAD_CLIPS)
+        self._grad_clip = grad_clip
         self._backward_sync_control = _PlanBackwardSyncControl()
         self._module: nn.Module | None = None
         self._given: list[Optimizer] = []  # set up with the module: the optimizers the advice costs
@@ -216,7 +225,8 @@ class AutoParallelFabricStrategy(ModelParallelStrategy):
                 module, lambda: example, precision=stratagem_precision(self.precision.precision),
                 target=self._target, objective=self._objective, constraints=self._constraints,
                 verbose=self._verbose, node_rank=self.node_rank, pipelined=_without_pipelines,
-                optimizer=lambda: workload_optimizer(lambda: given, "fabric.setup(model, optimizer)"))
+                optimizer=lambda: workload_optimizer(lambda: given, "fabric.setup(model, optimizer)"),
+                grad_clip=self._grad_clip)
         if self.plan.pp > 1:
             raise UsageError(f"plan {self.plan.name} is a pipeline, which the Fabric strategy does not run yet\n"
                              "HINT: pin a plan with pp=1")

@@ -86,7 +86,7 @@ def run_script(out: Path, jobs: dict[str, str]) -> Launch:
     results = json.loads((out / "results.json").read_text())
     runs = [Run(r["losses"], torch.load(out / f"weights_{i}.pt", weights_only=True),
                 facts={"plan": r["plan"], "head": r.get("head"), "foreach": r["foreach"],
-                       "grad_norms": r["grad_norms"]})
+                       "grad_norms": r["grad_norms"], "grad_clip": r.get("grad_clip")})
             for i, r in enumerate(results)]
     return Launch(dict(zip(jobs, runs, strict=True)), done.stdout, out)
 
@@ -148,12 +148,13 @@ def test_auto_parallel_by_name_chooses_a_plan(two_ranks: Launch) -> None:
 @pytest.mark.timeout(600)
 def test_the_loss_fn_given_is_profiled(two_ranks: Launch) -> None:
     """Rank 0's profile holds the loss: its backward writes the fp32 logits' gradient, where the
-    sum of the outputs seeds a smaller one."""
+    sum of the outputs seeds a smaller one. The clipping the strategy was told of is priced."""
     logits = BATCH * SEQ_LEN * ZERO3.model.vocab_size * 4
     given, chosen = two_ranks.runs["chosen_with_loss"], two_ranks.runs["chosen"]
     assert given.facts["head"]["bwd_largest_output_bytes"] >= logits > chosen.facts["head"]["bwd_largest_output_bytes"]
     assert given.facts["head"]["saved_bytes"] > chosen.facts["head"]["saved_bytes"]
     assert len(given.losses) == STEPS and all(map(math.isfinite, given.losses))
+    assert given.facts["grad_clip"] == "norm" and chosen.facts["grad_clip"] is None
 
 
 @pytest.mark.timeout(600)
@@ -184,7 +185,8 @@ def train(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]
         strategy = AutoParallelFabricStrategy(plan=case.plan, verbose=False,
                                               save_distributed_checkpoint=not spec["full"])
     elif spec["loss_fn"]:
-        strategy = AutoParallelFabricStrategy(example_inputs=tokens, loss_fn=lambda out: case.model.loss(out, targets))
+        strategy = AutoParallelFabricStrategy(example_inputs=tokens, loss_fn=lambda out: case.model.loss(out, targets),
+                                              grad_clip="norm")
     precision = {"fp32": "32-true"}.get(case.plan.precision, case.plan.precision)
     fabric = Fabric(accelerator="cpu", devices=2, strategy=strategy, precision=precision)
     fabric.launch()  # the first job starts the other ranks and the process group; later ones reuse them
@@ -220,6 +222,7 @@ def train(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, torch.Tensor]
     if (advice := fabric.strategy.advice) is not None:
         result["head"] = {"saved_bytes": advice.profile.head.saved_bytes,
                           "bwd_largest_output_bytes": advice.profile.head.bwd_largest_output_bytes}
+        result["grad_clip"] = advice.workload.grad_clip
     return result, model_state_dict(model.module, full=True)
 
 

@@ -71,3 +71,8 @@ def test_optimizer_of_another_model_is_refused_before_the_plan_is_applied() -> N
     other = torch.optim.SGD(nn.Linear(4, 2).parameters(), lr=0.1)
     with pytest.raises(UsageError, match="parameters of another model"):
         AutoParallelFabricStrategy(plan=PLAN).setup_module_and_optimizers(nn.Linear(4, 2), [other])
+
+
+def test_the_clipping_to_price_is_by_norm_or_by_value() -> None:
+    with pytest.raises(UsageError, match="AutoParallelFabricStrategy.grad_clip='l2' is not one of 'norm', 'value'"):
+        AutoParallelFabricStrategy(grad_clip="l2")
