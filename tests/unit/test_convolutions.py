@@ -33,7 +33,9 @@ from stratagem.advisor.hardware import Cluster, parse_cluster
 from stratagem.advisor.profile.cache import PROFILE_BATCH, profile_spec
 from stratagem.advisor.profile.model_profile import ConvLayer, ModelProfile, SegmentProfile
 from stratagem.advisor.profile.profiler import profile_model
+from stratagem.advisor.search.advice import advise
 from stratagem.plan import Plan, Workload
+from stratagem.units import format_seconds
 
 from calibrations import bare_calibration
 
@@ -272,20 +274,28 @@ def test_resnet50_on_an_h100_pays_for_thin_convolutions_and_nchw_transforms():
     transforms = sum(step.layout_bytes[d, False] for d in ("fwd", "bwd")) * step.batch_scale * step.seconds_per_op_byte
     norms = sum(step.norm_seconds[d, False] for d in ("fwd", "bwd")) * step.batch_scale
     assert 0.035 < before < 0.045 and after > before + transforms + norms > before + transforms > before
-    channels_last = _channels_last(profile)
+    channels_last = profile.in_channels_last()
     nhwc = estimate_time(channels_last, cluster=cluster, workload=workload, plan=plan).step_seconds
     passes = rank_step(channels_last, cluster=cluster, workload=workload, plan=plan)
     passes = sum(passes.norm_seconds[d, False] for d in ("fwd", "bwd")) * step.batch_scale
     assert 0 < passes < norms / 3 and nhwc == pytest.approx(after - transforms - norms + passes)
 
 
-def _channels_last(profile: ModelProfile) -> ModelProfile:
-    def move(segment: SegmentProfile) -> SegmentProfile:
-        return dataclasses.replace(segment, convs=tuple(dataclasses.replace(c, channels_last=True)
-                                                        for c in segment.convs),
-                                   batch_norms=tuple(dataclasses.replace(n, channels_last=True)
-                                                     for n in segment.batch_norms))
 
-    variant = profile.in_compute_dtype and _channels_last(profile.in_compute_dtype)
-    return dataclasses.replace(profile, embed=move(profile.embed), blocks=tuple(map(move, profile.blocks)),
-                               head=move(profile.head), in_compute_dtype=variant)
+def test_the_advice_says_what_channels_last_would_save_an_nchw_network():
+    """ResNet-50 on an H100 in bf16: the best plan, eager or compiled, costed again on the profile
+    laid out channels-last, in the notes; not for a model without convolutions, one already
+    channels-last, nor where cuDNN transforms nothing (fp32, CPU ranks)."""
+    profile, h100, workload = profile_spec("resnet-50"), parse_cluster(H100), Workload(global_batch_size=256)
+    for constraints in ({}, {"compile": False}):
+        advice = advise(profile, h100, workload, top=1, constraints=constraints)
+        (note,) = [n for n in advice.notes if "channels-last" in n]
+        best = advice.best
+        faster = estimate_time(profile.in_channels_last(), cluster=h100, workload=workload, plan=best.plan)
+        assert f"{best.plan.name} is predicted at {format_seconds(faster.step_seconds)} a step" in note
+        assert "BatchNorms run ATen's slower NCHW kernels" in note and "torch.channels_last" in note
+    quiet = [advise(profile.in_channels_last(), h100, workload, top=1),
+             advise(profile, h100, Workload(global_batch_size=256, precision="fp32"), top=1),
+             advise(profile, parse_cluster("2xcpu"), Workload(global_batch_size=4), top=1),
+             advise(profile_spec("vit-tiny"), h100, Workload(global_batch_size=256), top=1)]
+    assert not [n for advice in quiet for n in advice.notes if "channels-last" in n]

@@ -308,6 +308,19 @@ class ModelProfile:
         variant = self.in_compute_dtype and self.in_compute_dtype.with_loss_in_forward()
         return replace(self, loss_in_forward=True, in_compute_dtype=variant)
 
+    def in_channels_last(self) -> ModelProfile:
+        """This profile, and :attr:`in_compute_dtype`'s, as the model would run with it and its
+        inputs in ``torch.channels_last``: every convolution's and BatchNorm's input laid out
+        channels-last."""
+
+        def nhwc(segment: SegmentProfile) -> SegmentProfile:
+            return replace(segment, convs=tuple(replace(conv, channels_last=True) for conv in segment.convs),
+                           batch_norms=tuple(replace(call, channels_last=True) for call in segment.batch_norms))
+
+        variant = self.in_compute_dtype and self.in_compute_dtype.in_channels_last()
+        return replace(self, embed=nhwc(self.embed), blocks=tuple(map(nhwc, self.blocks)), head=nhwc(self.head),
+                       in_compute_dtype=variant)
+
     @property
     def segments(self) -> tuple[SegmentProfile, ...]:
         """Embedding, blocks, head: in execution order."""

@@ -17,6 +17,7 @@ from stratagem.advisor.cost.evaluate import evaluate
 from stratagem.advisor.cost.rates import matmul_dtype
 from stratagem.advisor.cost.memory import estimate_memory, overflow
 from stratagem.advisor.cost.communication import splits_routed_experts
+from stratagem.advisor.cost.convolutions import pays_layout_transforms
 from stratagem.advisor.cost.timing import estimate_time, tokens_per_second
 from stratagem.advisor.hardware import Cluster
 from stratagem.advisor.profile.model_profile import ModelProfile, kernels_for
@@ -27,7 +28,7 @@ from stratagem.errors import UsageError
 from stratagem.plan import Plan, Workload
 from stratagem.plan.workload import HOST_FUSED_OPTIMIZERS
 from stratagem.plan.stages import TRACED_STAGE_LIMITS
-from stratagem.units import format_count
+from stratagem.units import format_count, format_seconds
 
 OBJECTIVES = {"throughput": "the fastest step", "memory": "the least memory per device"}
 """What ``advise`` can rank plans by, and how the report says it."""
@@ -149,7 +150,8 @@ def advise(profile: ModelProfile, cluster: Cluster, workload: Workload, *, top: 
         reasons=reasons, suggestions=suggestions, excluded=dict(excluded),
         notes=(*_model_notes(profile, cluster), *_cpu_precision_note(cluster, workload),
                *_warm_up_note(profile, ranked[:top]), *_host_optimizer_note(ranked[:top], workload),
-               *_dynamic_shape_note(profile, ranked[:top]), *_objective_note(objective),
+               *_dynamic_shape_note(profile, ranked[:top]),
+               *_channels_last_note(profile, cluster, workload, ranked[:1]), *_objective_note(objective),
                *profile.notes, *cluster.notes),
         num_evaluated=evaluated,
         search_seconds=time.perf_counter() - started,
@@ -232,6 +234,30 @@ def _dynamic_shape_note(profile: ModelProfile, ranked: list) -> tuple[str, ...]:
             "NCHW, which is priced, but their other kernels and the compile times are priced as static graphs, one per "
             "kind of block (ResNet-101 at 128 images on one H100, 2026-11-26: 75 ms a step measured, 59 predicted, "
             "and over a minute compiling).",)
+
+
+_CHANNELS_LAST_GAIN = 0.1
+"""The share of the best plan's step that torch.channels_last must save before the advice says so."""
+
+
+def _channels_last_note(profile: ModelProfile, cluster: Cluster, workload: Workload, best: list) -> tuple[str, ...]:
+    """What ``torch.channels_last`` would save the best plan where the model's convolutions run in
+    NCHW on a GPU whose cuDNN transforms them (``cost.convolutions.pays_layout_transforms``): the
+    same plan costed on the profile laid out channels-last (``ModelProfile.in_channels_last``),
+    said where it saves :data:`_CHANNELS_LAST_GAIN` of the step or more."""
+    nchw = any(not conv.channels_last for segment in profile.segments for conv in segment.convs)
+    if not best or not nchw or not pays_layout_transforms(cluster, best[0].plan.precision):
+        return ()
+    plan, step = best[0].plan, best[0].time.step_seconds
+    faster = estimate_time(profile.in_channels_last(), cluster=cluster, workload=workload, plan=plan).step_seconds
+    if faster > step * (1 - _CHANNELS_LAST_GAIN):
+        return ()
+    batch_norms = any(segment.batch_norms for segment in profile.segments)
+    norms = " (and its BatchNorms run ATen's slower NCHW kernels)" if batch_norms else ""
+    return (f"{profile.name}'s convolutions run in torch's default NCHW layout, around which cuDNN transforms their "
+            f"tensors to the NHWC its tensor-core kernels read, and back{norms}: laid out channels-last, {plan.name} "
+            f"is predicted at {format_seconds(faster)} a step instead of {format_seconds(step)} "
+            "(model.to(memory_format=torch.channels_last), and each batch's images likewise).",)
 
 
 def _no_candidates(cluster: Cluster, workload: Workload, excluded: Counter, target: str) -> UsageError:
