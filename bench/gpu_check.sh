@@ -18,10 +18,11 @@
 # causality (bench/attention_rate.py) and BatchNorm's kernels by shape, dtype and layout
 # (bench/batch_norm_rate.py). In parts of their own: ResNet-101 compiled block by block, the largest
 # miss recorded, by kernel family and gap (bench/gpu_kernels.py; its compile outran 100 s in the
-# mechanisms twice), and Nsight Compute's bytes of GPT-2 large's Triton kernels. Each step has a time
+# mechanisms twice), and ResNet-50 eager in NCHW against channels-last (what the advice predicts that
+# layout saves), and Nsight Compute's bytes of GPT-2 large's Triton kernels. Each step has a time
 # limit and the next one runs whatever it ended with: the table's steps limits about 10 minutes in all
-# (the cases of 2026-11-28 took 5.3 and 7.1 minutes), the mechanisms' 7 (5.2 on 2026-11-28), ResNet's 4, Nsight
-# Compute's 3, so that each part fits one call of a lent machine. Run from the repository root:
+# (the cases of 2026-11-28 took 5.3 and 7.1 minutes), the mechanisms' 7 (5.2 on 2026-11-28), ResNet's
+# 5.5, Nsight Compute's 3, so that each part fits one call of a lent machine. Run from the repository root:
 #   bash bench/gpu_check.sh [OUT_DIR] [table|mechanisms|resnet|nsight|all]   (default out/gpu-check, all;
 #                                                                      PYTHON picks the interpreter)
 # The log goes to OUT_DIR/log-PART, the calibration file beside it; advise and verify read the
@@ -81,6 +82,10 @@ resnet() {
     # the largest miss recorded (75 ms measured, 59 predicted): where compiled bottlenecks spend it,
     # device or gaps (its blocks recompile with symbolic shapes, which outran 100 s twice)
     run 240 "$py" bench/gpu_kernels.py resnet-101:128::compiled
+    # what the advice says channels-last saves, never measured: ResNet-50 eager at 256 images in NCHW
+    # and channels-last, one after the other (predicted: an H100 122 and 57.1 ms, 116 measured NCHW;
+    # an H200 105 and 41.8)
+    run 90 "$py" bench/gpu_kernels.py resnet-50:256 resnet-50:256::channels-last
 }
 
 nsight() {

@@ -9,7 +9,7 @@ they would count their kernels twice), and on a GPU how much of that the device 
 host to launch the next kernel, against gaps with the next kernel launched already, in each phase
 of the step (forward with the loss, backward, the optimizer's step, the rest).
 
-    python bench/gpu_kernels.py MODEL:MICRO_BATCH[:SEQ_LEN][:compiled|:whole] ...
+    python bench/gpu_kernels.py MODEL:MICRO_BATCH[:SEQ_LEN][:compiled|:whole][+channels-last] ...
 
 MODEL a preset or ``hf:PATH`` (a Hugging Face config, random weights), e.g. ``gpt2-large:8:1024:compiled
 vit-l-16:64::compiled hf:bench/configs/pythia-410m:8:1024:compiled resnet-50:256::whole``. On CPU it
@@ -37,7 +37,7 @@ import torch
 from stratagem.advisor.profile.structure import find_blocks
 from stratagem.plan import Plan
 from stratagem.plugins import apply_compile
-from stratagem.verify.models import real_model
+from stratagem.verify.models import Batch, real_model
 from timing import sync  # bench/timing.py
 
 FAMILIES = (  # the first family whose marks a kernel's name holds (lower case) takes it
@@ -58,20 +58,26 @@ def family(kernel: str) -> str:
 
 
 def build_step(spec: str, device: torch.device) -> tuple[Callable[[], None], float]:
-    """One training step of ``spec`` (``MODEL:MICRO_BATCH[:SEQ_LEN][:compiled|:whole]``, the model a
-    preset or ``hf:PATH``, built as ``verify`` builds it) and the seconds its first run took
-    (compilation included), after two more warm-up steps."""
+    """One training step of ``spec`` (``MODEL:MICRO_BATCH[:SEQ_LEN][:MODES]``, the model a preset or
+    ``hf:PATH``, built as ``verify`` builds it; ``MODES`` joined by ``+``: ``compiled`` or ``whole``,
+    and ``channels-last``, the model and its 4-D inputs in ``torch.channels_last``) and the seconds
+    its first run took (compilation included), after two more warm-up steps."""
     prefix = "hf:" if spec.startswith("hf:") else ""
     name, micro, seq, mode = (spec.removeprefix(prefix).split(":") + ["", "", ""])[:4]
+    modes = set(mode.split("+")) - {""}
     model_spec = real_model(prefix + name, seq_len=int(seq) if seq else None)
     torch.manual_seed(0)
     batch = model_spec.make_batch(int(micro)).to(device)
     with torch.device(device):
         built = model_spec.build(int(micro), batch)
     model = built.module
-    if mode == "compiled":
+    if "channels-last" in modes:
+        model = model.to(memory_format=torch.channels_last)
+        batch = Batch(tuple(a.contiguous(memory_format=torch.channels_last) if isinstance(a, torch.Tensor)
+                            and a.dim() == 4 else a for a in batch.args), batch.kwargs, batch.targets)
+    if "compiled" in modes:
         apply_compile(model, Plan(compile=True, block_container=find_blocks(model).container))
-    elif mode == "whole":
+    elif "whole" in modes:
         model = torch.compile(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
