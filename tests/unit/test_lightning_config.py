@@ -4,6 +4,9 @@ auto-parallel form runs: a Trainer built from the written file trains on this CP
 
 from __future__ import annotations
 
+import os
+from unittest import mock
+
 import pytest
 import yaml
 
@@ -89,7 +92,8 @@ def test_the_written_config_trains_with_the_auto_parallel_strategy(tmp_path, mon
     trainer = pl.Trainer(**arguments, strategy=AutoParallelStrategy(**strategy["init_args"], verbose=False),
                          max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False)
-    trainer.fit(module, DataLoader(TensorDataset(tokens, targets), batch_size=plan.micro_batch_size))
+    with mock.patch.dict(os.environ):  # Lightning sets this rank's LOCAL_RANK, MASTER_PORT: not for later scripts
+        trainer.fit(module, DataLoader(TensorDataset(tokens, targets), batch_size=plan.micro_batch_size))
     assert trainer.strategy.plan == plan and trainer.global_step == 2
     assert not torch.equal(next(module.parameters()).detach(), before)
 
