@@ -38,6 +38,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
+from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from stratagem.distributed import import_group_defaults, name_lost_peers_in, start_heartbeat
@@ -55,6 +56,7 @@ from stratagem.integrations.planning import (
     choose_plan,
     constructor_options,
     load_plan,
+    partial_batch_note,
     release_at_exit,
     sampler_kwargs,
     stratagem_precision,
@@ -192,6 +194,14 @@ class AutoParallelFabricStrategy(ModelParallelStrategy):
     @override
     def distributed_sampler_kwargs(self) -> dict[str, Any]:
         return sampler_kwargs(self.plan, self.global_rank)
+
+    @override
+    def process_dataloader(self, dataloader: DataLoader) -> DataLoader:
+        """The dataloader as it is; on rank 0, a warning where a compiled plan would meet a smaller
+        last batch each epoch (:func:`~stratagem.integrations.planning.partial_batch_note`)."""
+        if self._plan is not None and self.global_rank == 0 and (note := partial_batch_note(dataloader, self._plan)):
+            log.warning("auto-parallel: %s", note)
+        return dataloader
 
     @override
     def _configure_launcher(self) -> None:

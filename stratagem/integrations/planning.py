@@ -130,7 +130,7 @@ def sampler_kwargs(plan: Plan, global_rank: int) -> dict[str, int]:
 def partial_batch_note(loader: Any, plan: Plan) -> str | None:
     """What a compiled ``plan`` does where an epoch's last training batch on a rank is smaller than
     the others (``loader``, the training DataLoader, split over the plan's data-parallel ranks as
-    Lightning's distributed sampler splits it, padded to equal shares): dynamo compiles each block
+    Lightning's and Fabric's distributed samplers split it, padded to equal shares): dynamo compiles each block
     again for it with a symbolic batch size (``automatic_dynamic_shapes``) and, trying the graph it
     ran last first, runs every later step on those graphs, which the advice prices as static (a
     convolution in them stays NCHW: docs/cost-model.md, "Compilation"). None where every batch is
@@ -148,7 +148,7 @@ def partial_batch_note(loader: Any, plan: Plan) -> str | None:
     return (f"each epoch's last training batch holds {last} samples where the others hold {batch}: the compiled "
             "blocks compile again for it with a symbolic batch size, and every later step runs those graphs, "
             "slower than the static ones the plan was priced with (a convolution in them stays NCHW)\n"
-            "HINT: DataLoader(..., drop_last=True), or AutoParallelStrategy(constraints={'compile': False})")
+            "HINT: DataLoader(..., drop_last=True), or the strategy's constraints={'compile': False}")
 
 
 def constructor_options(optimizer: Optimizer) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import pytest
 import torch
 from lightning.fabric import Fabric
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 from stratagem.plan import Plan
 from stratagem.errors import UsageError
@@ -76,3 +77,16 @@ def test_optimizer_of_another_model_is_refused_before_the_plan_is_applied() -> N
 def test_the_clipping_to_price_is_by_norm_or_by_value() -> None:
     with pytest.raises(UsageError, match="AutoParallelFabricStrategy.grad_clip='l2' is not one of 'norm', 'value'"):
         AutoParallelFabricStrategy(grad_clip="l2")
+
+
+def test_a_compiled_plan_warns_of_an_epoch_s_smaller_last_batch(caplog) -> None:
+    """``fabric.setup_dataloaders`` hands the strategy the loader: 10 samples in batches of 4 leave a
+    last batch of 2, which compiled blocks would compile again for, symbolic."""
+    strategy = AutoParallelFabricStrategy(plan=Plan(compile=True, block_container="layers", micro_batch_size=4))
+    loader = DataLoader(TensorDataset(torch.zeros(10, 8)), batch_size=4)
+    with caplog.at_level("WARNING", logger="stratagem.integrations.fabric"):
+        assert strategy.process_dataloader(loader) is loader
+    assert "last training batch holds 2 samples where the others hold 4" in caplog.text
+    caplog.clear()
+    strategy.process_dataloader(DataLoader(TensorDataset(torch.zeros(12, 8)), batch_size=4))
+    assert not caplog.text
