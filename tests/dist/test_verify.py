@@ -257,8 +257,9 @@ def test_a_pipeline_rank_is_measured_holding_its_own_stage() -> None:
 
 @pytest.mark.parametrize("how", ["norm", "value"])
 def test_a_pipeline_clips_over_its_stages_where_the_workload_clips(how: str) -> None:
-    """``grad_clip``: each step's gradients clipped before the optimizer, by the norm over both
-    stages (``Pipeline.clip_grad_norm_``) or each stage's by value, on the ranks verify spawns."""
+    """``grad_clip`` on the ranks verify spawns: each step clips before the optimizer, by the norm
+    over both stages (``Pipeline.clip_grad_norm_``) or each stage's by value, and is measured
+    (the unit test counts the calls of the data-parallel path; here the pipeline's must run)."""
     plan = Plan(pp=2, microbatches=2, micro_batch_size=2, precision="fp32", block_container="")
     measured = verify_plan("test_verify:two_wide_layers", plan, seq_len=None, optimizer="sgd", grad_clip=how,
                            steps=1, timeout=240)

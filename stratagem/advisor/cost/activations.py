@@ -172,7 +172,7 @@ def _middle_backwards(view: RankView, before: float) -> tuple[tuple[float, float
     blocks, plan = view.stage.blocks, view.plan
     if len(view.stage.kinds) < 2:
         return ()
-    kinds = [b.measured_as or b.name for b in blocks]
+    kinds = [b.measurement for b in blocks]
     costs: dict[str, tuple[float, float, float]] = {}  # kind -> (kept, held beyond it at its fullest, copies)
     last_copies = recomputed_copies(view, blocks[-1])
     moments, kept, params = [], before, 0.0

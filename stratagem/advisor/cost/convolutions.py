@@ -103,7 +103,7 @@ def stage_layout_bytes(stage: Stage, plan: Plan, cluster: Cluster) -> dict[tuple
     symbolic = symbolic_kinds(stage) if plan.compile else frozenset()
     blocks, outside = [0.0, 0.0], [0.0, 0.0]
     for block, count in stage.kinds:
-        static = plan.compile and (block.measured_as or block.name) not in symbolic
+        static = plan.compile and block.measurement not in symbolic
         for i, moved in enumerate(layout_transform_bytes(block, element_bytes=element_bytes, compiled=static)):
             blocks[i] += count * moved / plan.tp
     in_blocks = {id(block) for block in stage.blocks}
@@ -117,7 +117,7 @@ def stage_layout_bytes(stage: Stage, plan: Plan, cluster: Cluster) -> dict[tuple
 
 @by_identity
 def symbolic_kinds(stage: Stage) -> frozenset[str]:
-    """The kinds of block (``measured_as or name``) whose compiled graphs dynamo traces with
+    """The kinds of block (``SegmentProfile.measurement``) whose compiled graphs dynamo traces with
     symbolic shapes where the compile plugin compiles the stage's blocks one by one. They share a
     forward's code (``nn.Module._call_impl``), whose input sizes dynamo records at every
     compilation (torch 2.13's ``automatic_dynamic_shapes``): a kind compiles at its first block,
@@ -131,7 +131,7 @@ def symbolic_kinds(stage: Stage) -> frozenset[str]:
     symbolic: set[str] = set()
     for block in stage.blocks:
         positions.update(conv.input_rows for conv in block.convs[:1])
-        kind = block.measured_as or block.name
+        kind = block.measurement
         if kind not in compiled:
             compiled.add(kind)
             if len(positions) > 1:

@@ -102,7 +102,13 @@ def _host_seconds_per_byte(step: RankStep) -> float:
     if (measured := _calibrated(step.cluster.node.host_optimizer_seconds, step.optimizer)) is not None:
         passes = (FUSED_TENSOR_PASSES if step.optimizer in HOST_FUSED_OPTIMIZERS else OPTIMIZER_TENSOR_PASSES)
         return measured[0] / (4 * passes[step.optimizer])
-    return step.cluster.devices_per_node / HOST_OPTIMIZER_BANDWIDTH_PER_NODE
+    return 1 / _host_bandwidth(step)
+
+
+def _host_bandwidth(step: RankStep) -> float:
+    """Bytes a second one rank's offloaded optimizer streams on the host uncalibrated:
+    :data:`HOST_OPTIMIZER_BANDWIDTH_PER_NODE`, shared by the node's ranks."""
+    return HOST_OPTIMIZER_BANDWIDTH_PER_NODE / step.cluster.devices_per_node
 
 
 def uncalibrated_host_step(step: RankStep) -> tuple[float, float]:
@@ -114,7 +120,7 @@ def uncalibrated_host_step(step: RankStep) -> tuple[float, float]:
     :data:`OPTIMIZER_TENSOR_PASSES` and :data:`OPTIMIZER_OPS_PER_TENSOR` DTensor calls a tensor.
     :func:`estimate_optimizer_seconds` takes the longer; ``bench/gpu_predictions.py`` prints the
     offloaded runs under their sum too."""
-    bandwidth = HOST_OPTIMIZER_BANDWIDTH_PER_NODE / step.cluster.devices_per_node
+    bandwidth = _host_bandwidth(step)
     tensors = optimizer_tensors(step)
     if step.optimizer in HOST_FUSED_OPTIMIZERS:
         return (_streamed_bytes(step, FUSED_TENSOR_PASSES) / bandwidth,

@@ -147,7 +147,7 @@ def _distinct(profile: ModelProfile, pp: int, stage_blocks: tuple[int, ...]) -> 
     first: dict[tuple, int] = {}
     counts: dict[int, int] = {}
     for rank, stage in enumerate(_ranks(profile, pp, stage_blocks)):  # rank pp − 1 holds the last stage, the head
-        work = (rank == 0, rank == pp - 1, tuple(sorted((b.measured_as or b.name, n) for b, n in stage.kinds)))
+        work = (rank == 0, rank == pp - 1, tuple(sorted((b.measurement, n) for b, n in stage.kinds)))
         lowest = first.setdefault(work, rank)
         counts[lowest] = counts.get(lowest, 0) + 1
     return tuple(counts.items())
@@ -155,10 +155,10 @@ def _distinct(profile: ModelProfile, pp: int, stage_blocks: tuple[int, ...]) -> 
 
 @by_identity
 def _candidates(profile: ModelProfile, pp: int, stage_blocks: tuple[int, ...]) -> tuple[int, ...]:
-    kinds = sorted({b.measured_as or b.name for b in profile.blocks})
+    kinds = sorted({b.measurement for b in profile.blocks})
 
     def load(stage: Stage) -> tuple[int, ...]:
-        counts = {b.measured_as or b.name: n for b, n in stage.kinds}
+        counts = {b.measurement: n for b, n in stage.kinds}
         return (*stage.sums.values(), stage.outside_blocks("saved_bytes"), stage.largest_block_params,
                 *(counts.get(k, 0) for k in kinds))
 
@@ -213,7 +213,7 @@ def _stage(profile: ModelProfile, segments: tuple[SegmentProfile, ...], blocks: 
     counts: dict[str, int] = {}
     first_of: dict[str, SegmentProfile] = {}
     for block in blocks:
-        kind = block.measured_as or block.name
+        kind = block.measurement
         counts[kind] = counts.get(kind, 0) + 1
         first_of.setdefault(kind, block)
     return Stage(

@@ -225,6 +225,12 @@ class SegmentProfile:
     measured_as: str | None = None  # identical block whose measurement this one reuses
 
     @property
+    def measurement(self) -> str:
+        """The block whose measurement this one holds: ``measured_as``, else its own name. Blocks
+        of one measurement are identical: one kind, as the cost models fold them."""
+        return self.measured_as or self.name
+
+    @property
     def flops(self) -> int:
         """Forward plus backward FLOPs."""
         return self.fwd_flops + self.bwd_flops

@@ -12,8 +12,8 @@ def _runs(blocks: tuple[SegmentProfile, ...]) -> list[list[SegmentProfile]]:
     """Consecutive blocks measured as the same representative, grouped."""
     runs: list[list[SegmentProfile]] = []
     for block in blocks:
-        rep = block.measured_as or block.name
-        if runs and (runs[-1][0].measured_as or runs[-1][0].name) == rep:
+        rep = block.measurement
+        if runs and runs[-1][0].measurement == rep:
             runs[-1].append(block)
         else:
             runs.append([block])
