@@ -5,9 +5,12 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
+from torch import nn
 
 from stratagem.advisor.hardware import parse_cluster
 from stratagem.advisor.profile.cache import profile_spec
+from stratagem.advisor.profile.profiler import profile_model
 from stratagem.plan import PP_SCHEDULES, Plan, Workload
 from stratagem.advisor.search.advice import advise, rank_estimates
 from stratagem.advisor.search.enumeration import search_plans
@@ -133,6 +136,48 @@ def test_compiled_plans_of_blocks_at_several_input_sizes_get_a_note(gpt2):
     eager = advise(resnet, cluster, Workload(global_batch_size=64), top=5, constraints={"compile": False})
     uniform = advise(gpt2, cluster, Workload(global_batch_size=8, seq_len=1024), top=5)
     assert not [n for n in (*eager.notes, *uniform.notes) if "dynamic shapes" in n]
+
+
+class _Halving(nn.Module):
+    """A block that keeps every other token: the next one takes half the sequence."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.linear(x))[:, ::2]
+
+
+class _Stack(nn.Module):
+    def __init__(self, blocks: list[nn.Module]) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+        self.head = nn.Linear(64, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def test_the_dynamic_shape_note_counts_sizes_not_dtypes():
+    """An MLP's first block takes the fp32 input and the others autocast's bf16: the same size in
+    other bytes, which dynamo recompiles as a static graph (no note); blocks that halve the sequence
+    take inputs of several sizes, and the note names their kernels, not convolutions they lack."""
+    cluster = parse_cluster("1xH100-SXM-80GB")
+
+    def compiled_notes(blocks: list[nn.Module]) -> list[str]:
+        profile = profile_model(_Stack(blocks), (torch.randn(4, 16, 64),), precision="bf16-mixed")
+        advice = advise(profile, cluster, Workload(global_batch_size=4), top=5, constraints={"compile": True})
+        assert advice.plans
+        return [n for n in advice.notes if "dynamic shapes" in n]
+
+    mlp = [nn.Sequential(nn.Linear(64, 64), nn.ReLU()) for _ in range(4)]
+    assert compiled_notes(mlp) == []
+    (noted,) = compiled_notes([_Halving() for _ in range(4)])
+    assert "4 _Halving blocks take inputs of 4 sizes" in noted and "their kernels and the compile times" in noted
+    assert "convolutions" not in noted
 
 
 def test_near_ties_go_to_the_simpler_plan(gpt2):

@@ -115,6 +115,7 @@ class BlockReuse:
             counts = self._record.segments[fqn]
             inputs = _differentiable((args, kwargs))
             counts.input_bytes = tensor_bytes(inputs)
+            counts.input_elements = sum(t.numel() for t in inputs)
             if self._saved is not None:
                 counts.input_saved_bytes = tensor_bytes([t for t in inputs if self._saved.kept_in(fqn, t)])
             counts.output_bytes = tensor_bytes(output)

@@ -65,6 +65,7 @@ class SegmentCounts:
     attention_saved_bytes: int = 0
     input_bytes: int = 0
     input_saved_bytes: int = 0  # of input_bytes, what the segment saved itself (block_reuse)
+    input_elements: int = 0  # input_bytes' elements
     output_bytes: int = 0
     fwd_ops: int = 0
     bwd_ops: int = 0

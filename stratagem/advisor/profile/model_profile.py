@@ -38,7 +38,7 @@ def kernels_for(*, accelerator: bool) -> str:
     return "gpu" if accelerator else "cpu"
 
 
-SCHEMA_VERSION = 27
+SCHEMA_VERSION = 28
 """Version of the layout ``ModelProfile.to_dict`` writes and ``from_dict`` reads. Bump it whenever
 a field of ModelProfile, SegmentProfile, LinearLayer, ConvLayer, BatchNormCall or AttentionCall is added, removed, renamed or changes
 meaning (tests/unit/test_profile_cache_checks.py pins the fields to this number)."""
@@ -174,6 +174,7 @@ class SegmentProfile:
     attention_saved_bytes: int  # of saved_bytes, the s×s score-shaped tensors (Korthikanti's 5as²b)
     input_bytes: int
     input_saved_bytes: int = 0  # of input_bytes, what the block saves itself (as does a full checkpoint's rerun)
+    input_elements: int = 0  # input_bytes' elements: the blocks of a kind take inputs of one size where alike
     output_bytes: int  # what a pipeline stage ending here sends; what full checkpointing keeps
     num_tensors: int = 0  # parameter tensors (what a per-tensor optimizer loops over)
     largest_tensor_params: int = 0  # the largest parameter tensor's elements (a per-tensor step's temporaries)

@@ -416,6 +416,7 @@ def _assemble(model: nn.Module, blocks: tuple[str, ...], record: RunRecord, prec
             bwd_held_bytes=counts.bwd_held_bytes, fwd_held_bytes=forward_held_bytes(counts),
             attention_fwd_flops=counts.attention_fwd_flops, attention_saved_bytes=counts.attention_saved_bytes,
             input_bytes=counts.input_bytes, input_saved_bytes=counts.input_saved_bytes,
+            input_elements=counts.input_elements,
             output_bytes=counts.output_bytes, fwd_ops=counts.fwd_ops, bwd_ops=counts.bwd_ops,
             fwd_op_bytes=counts.fwd_op_bytes, bwd_op_bytes=counts.bwd_op_bytes,
             fwd_unaligned_flops=counts.fwd_unaligned_flops, bwd_unaligned_flops=counts.bwd_unaligned_flops,

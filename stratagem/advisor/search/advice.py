@@ -219,21 +219,24 @@ def _dynamic_shape_note(profile: ModelProfile, ranked: list) -> tuple[str, ...]:
     sizes (a ResNet's bottlenecks, stage by stage): compiled one by one, they share one forward's
     code, which dynamo recompiles with dynamic shapes once a second size arrives (torch's
     ``automatic_dynamic_shapes``); the cost model prices the layout of their convolutions so
-    (``cost.convolutions.symbolic_kinds``), and one static graph per kind of block otherwise."""
+    (``cost.convolutions.symbolic_kinds``), and one static graph per kind of block otherwise.
+    Sizes, not bytes: an input of another dtype alone (an MLP's first block, before autocast's
+    first matmul) recompiles a static graph, as the cost model prices it."""
     if not any(e.plan.compile for e in ranked):
         return ()
     sizes: dict[str, set[int]] = {}
     for block in profile.blocks:
-        sizes.setdefault(block.kind, set()).add(block.input_bytes)
+        sizes.setdefault(block.kind, set()).add(block.input_elements)
     varied = [f"its {sum(b.kind == kind for b in profile.blocks)} {kind} blocks take inputs of {len(found)} sizes"
               for kind, found in sizes.items() if len(found) > 1]
     if not varied:
         return ()
+    priced = ("the convolutions of graphs so traced stay NCHW, which is priced, but their other kernels"
+              if any(block.convs for block in profile.blocks) else "their kernels")
     return (f"Compiled plans compile each block, and {'; '.join(varied)} through one forward, which dynamo "
-            "recompiles with dynamic shapes once a second size arrives: the convolutions of graphs so traced stay "
-            "NCHW, which is priced, but their other kernels and the compile times are priced as static graphs, one per "
-            "kind of block (ResNet-101 at 128 images on one H100, 2026-11-26: 75 ms a step measured, 59 predicted, "
-            "and over a minute compiling).",)
+            f"recompiles with dynamic shapes once a second size arrives: {priced} and the compile times are priced "
+            "as static graphs, one per kind of block (ResNet-101 at 128 images on one H100, 2026-11-26: 75 ms a step "
+            "measured, 59 predicted, and over a minute compiling).",)
 
 
 _CHANNELS_LAST_GAIN = 0.1
