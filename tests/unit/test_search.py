@@ -75,6 +75,21 @@ def test_nothing_fits_says_by_how_much_and_what_would(llama7b):
     assert "The leanest plan found" in text and "GiB usable" in text and "would fit on" in text
 
 
+def test_nothing_fits_names_the_logits_that_a_long_sequence_makes():
+    """Llama 3 8B at 64K tokens on eight H100s: under full checkpointing the logits over 128,256
+    classes and their loss fill the leanest plan, whole on every TP rank; the advice says so, and
+    that what would split them (context parallelism, a vocabulary-parallel loss) is not planned."""
+    profile = profile_spec("llama-3-8b", seq_len=65536)
+    advice = advise(profile, parse_cluster("8xH100-SXM-80GB"), Workload(global_batch_size=8, seq_len=65536))
+    assert advice.best is None
+    (fix,) = [s for s in advice.suggestions if s.startswith("Activations of one micro-batch")]
+    head = float(fix.split("checkpointing, ")[1].split(" GiB of them the output head's logits")[0])
+    total = float(fix.split("take ")[1].split(" GiB")[0])
+    assert 0.8 * total < head < total
+    assert "whole on every tensor-parallel rank" in fix and "a shorter sequence" in fix
+    assert "context parallelism" in fix and "`loss_parallel`" in fix
+
+
 def test_one_gpu_may_offload_what_it_cannot_hold(llama7b):
     advice = advise(llama7b, parse_cluster("1xA100-SXM4-80GB"), Workload(global_batch_size=8, seq_len=2048))
     best = advice.best.plan

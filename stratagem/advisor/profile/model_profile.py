@@ -315,6 +315,15 @@ class ModelProfile:
         variant = self.in_compute_dtype and self.in_compute_dtype.with_loss_in_forward()
         return replace(self, loss_in_forward=True, in_compute_dtype=variant)
 
+    def without_head_outputs(self) -> ModelProfile:
+        """This profile, and :attr:`in_compute_dtype`'s, as if the head wrote nothing batch-sized:
+        no logits, no loss over them, nothing saved or held for their backward (what they add to a
+        plan's peak is the difference)."""
+        head = replace(self.head, saved_bytes=0, output_bytes=0, bwd_largest_output_bytes=0, bwd_held_bytes=0,
+                       fwd_held_bytes=0)
+        variant = self.in_compute_dtype and self.in_compute_dtype.without_head_outputs()
+        return replace(self, head=head, in_compute_dtype=variant)
+
     def in_channels_last(self) -> ModelProfile:
         """This profile, and :attr:`in_compute_dtype`'s, as the model would run with it and its
         inputs in ``torch.channels_last``: every convolution's and BatchNorm's input laid out

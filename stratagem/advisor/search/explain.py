@@ -224,9 +224,32 @@ def suggest_fixes(profile: ModelProfile, cluster: Cluster, workload: Workload,
     out.extend(s for s in (_more_devices(profile, cluster, workload, runtime=runtime, candidates=candidates),
                            _bigger_gpu(memory, cluster)) if s)
     if plan.recomputes_blocks and memory.activations > usable_bytes(cluster.device.memory_bytes) / 2:
-        out.append(f"Activations of one micro-batch take {format_bytes(memory.activations)} even with full "
-                   "checkpointing: a shorter sequence would shrink them.")
+        out.append(_activations_fix(profile, workload, plan, memory, cluster, runtime=runtime))
     return tuple(out)
+
+
+HEAD_SHARE = 0.25
+"""The share of a plan's activations the head's logits and their loss must hold before the advice names them."""
+
+
+def _activations_fix(profile: ModelProfile, workload: Workload, plan: Plan, memory: MemoryBreakdown,
+                     cluster: Cluster, *, runtime: str) -> str:
+    """Activations too large under full checkpointing: what the output head's logits and the loss
+    over them add to the peak (the plan costed without them), where that is
+    :data:`HEAD_SHARE` of the activations or more, and what would shrink them: a shorter sequence,
+    or a sequence split over GPUs, which stratagem does not plan."""
+    text = f"Activations of one micro-batch take {format_bytes(memory.activations)} even with full checkpointing"
+    headless = estimate_memory(profile.without_head_outputs(), workload, plan, runtime=runtime, cluster=cluster)
+    head = memory.total - headless.total
+    if head >= HEAD_SHARE * memory.activations:
+        whole = "whole on every tensor-parallel rank; " if plan.tp > 1 else ""
+        text += (f", {format_bytes(head)} of them the output head's logits and the loss over them ({whole}the plan "
+                 f"needs {format_bytes(headless.total)} per {cluster.device.noun} without them)")
+    if not workload.seq_len:
+        return text + "."
+    return (text + ": a shorter sequence would shrink them. stratagem does not plan context parallelism, which "
+            "splits each sequence over GPUs (torch's experimental `context_parallel`), nor a loss over the logits' "
+            "vocabulary shards (torch's `loss_parallel`).")
 
 
 def _shortfall(plan: Plan, memory: MemoryBreakdown, cluster: Cluster) -> str:
