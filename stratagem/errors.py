@@ -1,5 +1,7 @@
 """The exceptions stratagem raises: mistakes a user can fix, and ranks a job lost."""
 
+import difflib
+
 
 class UsageError(ValueError):
     """Bad input: an unknown model or preset, a malformed cluster spec, degrees that don't divide.
@@ -29,3 +31,9 @@ def describe(err: BaseException) -> str:
         text = ""
     text = text if len(text) <= 300 else f"{text[:297]}..."
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def close_matches(word: str, choices: list[str]) -> str:
+    """' (did you mean a, b?)' for the choices close to ``word``, else ''."""
+    found = difflib.get_close_matches(word[:100], choices, n=3)
+    return f" (did you mean {', '.join(found)}?)" if found else ""

@@ -92,7 +92,9 @@ def test_canonical_spec_and_json_round_trip(spec):
 
 @pytest.mark.parametrize(("spec", "expected"), [
     ("4xH900", ["unknown device 'H900' in '4xH900'", "known: V100-SXM2-32GB", "HINT:"]),
-    ("2x8xH100:ib-fdr", ["unknown network 'ib-fdr'", "known: ib-edr", "HINT:"]),
+    ("2x8xH100:ib-fdr", ["unknown network 'ib-fdr'", "did you mean", "ib-hdr", "known: ib-edr", "HINT:"]),
+    ("2x8xL40S:eth-100g", ["(did you mean eth-100", "HINT: add '-xN'"]),
+    ("8xA100:nvlink", ["unknown network 'nvlink'", "HINT: ':NETWORK' names the network between nodes"]),
     ("4x8xH100", ["spans 4 nodes but names no network", "ib-ndr", "HINT:"]),
     ("0x8xH100:ib-ndr", ["at least 1", "HINT:"]),
     ("8xH100:", ["cannot read cluster spec", "HINT:"]),

@@ -24,7 +24,7 @@ from stratagem.advisor.hardware import lookup, probe
 from stratagem.advisor.hardware.host import cpu_node, probe_host
 from stratagem.advisor.hardware.catalog import TpuEntry
 from stratagem.advisor.hardware.spec import Cluster, NetworkSpec, NodeSpec
-from stratagem.errors import UsageError
+from stratagem.errors import UsageError, close_matches
 from stratagem.plan.checks import MAX_WORLD_SIZE, check_positive, shown
 
 _SPEC = re.compile(r"^(?:(\d+)x)?(?:(\d+)x)?([^:+]+)(\+bridge)?(?::(.+))?$", re.IGNORECASE)
@@ -151,16 +151,23 @@ def _with_network(spec: str, *, node: NodeSpec, network: str | None,
     return replace(node, network=parse_network(network, spec=spec, node=node))
 
 
+# Links inside a node, which a user may write where the network between nodes goes.
+_DEVICE_LINKS = ("nvlink", "nvswitch", "pcie", "xgmi", "infinity")
+_LINK_HINT = ("':NETWORK' names the network between nodes; the links inside a node come with the device (SXM "
+              "cards over NVLink, PCIe cards over PCIe, '+bridge' for NVLink-bridged pairs): "
+              "`stratagem hardware --cluster SPEC` shows them")
+
+
 def parse_network(text: str, *, spec: str, node: NodeSpec) -> NetworkSpec:
     """The network ``NAME[-xNICS]`` for ``node`` (``spec`` is quoted in errors)."""
     match = _NETWORK.match(text)
     assert match, "the pattern matches any non-empty text"
     name, count = match[1].lower(), match[2]
     if name not in lookup.network_names():
-        raise UsageError(
-            f"unknown network {text!r} in {spec!r}: known: {', '.join(lookup.network_names())}"
-            "\nHINT: add '-xN' for N NICs per node, e.g. 'ib-ndr-x4'"
-        )
+        hint = (_LINK_HINT if name.startswith(_DEVICE_LINKS) else
+                "add '-xN' for N NICs per node, e.g. 'ib-ndr-x4'")
+        raise UsageError(f"unknown network {text!r} in {spec!r}{close_matches(name, list(lookup.network_names()))}: "
+                         f"known: {', '.join(lookup.network_names())}\nHINT: {hint}")
     nics = int(count) if count else lookup.default_nics(
         name, num_devices=node.num_devices, is_gpu=node.device.is_gpu)
     if nics < 1:

@@ -10,7 +10,6 @@ attention CUDA would run.
 
 from __future__ import annotations
 
-import difflib
 import importlib.util
 import json
 from collections.abc import Mapping
@@ -19,16 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from stratagem.errors import UsageError, describe
+from stratagem.errors import UsageError, close_matches, describe
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
-
-
-def close_matches(word: str, choices: list[str]) -> str:
-    """' (did you mean a, b?)' for the choices close to ``word``, else ''."""
-    found = difflib.get_close_matches(word[:100], choices, n=3)
-    return f" (did you mean {', '.join(found)}?)" if found else ""
 
 
 # name: (the keys configs spell it with, least, most, why the most). The bounds sit far above any
