@@ -50,7 +50,20 @@ LIGHTNING_PRECISIONS = {"32-true": "fp32", "bf16-mixed": "bf16-mixed", "bf16-tru
 
 def load_plan(plan: Plan | Mapping[str, Any] | str | Path) -> Plan:
     """A Plan from a Plan, a dict of its fields, or a JSON file: a plan, an entry of
-    ``advise --format json`` (``{"plan": ...}``) or that whole document (its best plan)."""
+    ``advise --format json`` (``{"plan": ...}``) or that whole document (its best plan), for a
+    strategy, whose loss the user's code computes: one that leaves the logits on vocabulary shards
+    (``vocab_loss``) is refused."""
+    loaded = _read_plan(plan)
+    heads = [pattern for pattern, style in loaded.tp_layout if style == "vocab_loss"]
+    if heads:
+        raise UsageError(f"plan {loaded.name} leaves {heads[0]}'s logits on their vocabulary shards (vocab_loss) for "
+                         "a loss run under torch's loss_parallel, and the strategies run your own loss on whole "
+                         f"logits\nHINT: make it ({heads[0]!r}, 'vocab_head') in tp_layout: the logits are then "
+                         "gathered before your loss")
+    return loaded
+
+
+def _read_plan(plan: Plan | Mapping[str, Any] | str | Path) -> Plan:
     if isinstance(plan, Plan):
         return plan
     if isinstance(plan, Mapping):

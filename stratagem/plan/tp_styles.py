@@ -16,8 +16,10 @@ from stratagem.plan.checks import check_choice, shown
 BLOCK_STYLES = ("colwise", "rowwise", "sequence_parallel")
 # Outside the blocks — vocab_embedding: the input Embedding's table split by vocabulary rows, the
 # lookups all-reduced (Hugging Face's ``embedding_rowwise``); vocab_head: the output head's
-# Linear split by vocabulary (its outputs), the logits gathered (``colwise_gather_output``).
-VOCAB_STYLES = ("vocab_embedding", "vocab_head")
+# Linear split by vocabulary (its outputs), the logits gathered (``colwise_gather_output``);
+# vocab_loss: the head split so, its logits left on their vocabulary shards for a loss that runs
+# on them (torch's ``loss_parallel``: Megatron-LM's vocabulary-parallel cross-entropy).
+VOCAB_STYLES = ("vocab_embedding", "vocab_head", "vocab_loss")
 TP_STYLES = (*BLOCK_STYLES, *VOCAB_STYLES)
 
 
@@ -50,5 +52,7 @@ def block_styles(layout: tuple[tuple[str, str], ...], container: str | None) -> 
 @functools.lru_cache(maxsize=256)
 def vocab_styles(layout: tuple[tuple[str, str], ...]) -> frozenset[str]:
     """The :data:`VOCAB_STYLES` ``layout`` applies: whether it splits the input embedding and the
-    output head by vocabulary."""
-    return frozenset(style for _, style in layout if style in VOCAB_STYLES)
+    output head by vocabulary, and the loss with the head (``vocab_loss``, which splits the head as
+    ``vocab_head`` does: both are named)."""
+    styles = frozenset(style for _, style in layout if style in VOCAB_STYLES)
+    return styles | {"vocab_head"} if "vocab_loss" in styles else styles

@@ -5,9 +5,10 @@ Typical use, on every rank once the process group is up::
     mesh = build_mesh(plan, device_type="cpu")
     model = apply_plan(model, plan, mesh)
     optimizer = build_optimizer(model, plan, torch.optim.AdamW, lr=1e-3)
-    with autocast_context(plan, "cpu"):
-        loss = loss_fn(model(inputs), targets)
-    loss.backward()
+    with vocab_parallel_loss(plan):  # where the plan leaves the logits on vocabulary shards
+        with autocast_context(plan, "cpu"):
+            loss = loss_fn(model(inputs), targets)
+        loss.backward()
     clip_grad_norm_(model.parameters(), 1.0)  # optional: the whole model's norm, on any plan
 
 ``apply_plan`` (in :mod:`stratagem.plugins.apply`) documents the order the techniques are
@@ -37,7 +38,7 @@ from stratagem.plugins.host_optimizer import fuse_host_optimizer
 from stratagem.plugins.mesh import build_mesh
 from stratagem.plugins.pipeline import Pipeline
 from stratagem.plugins.precision import apply_param_dtype, autocast_context
-from stratagem.plugins.tensor_parallel import apply_tensor_parallel
+from stratagem.plugins.tensor_parallel import apply_tensor_parallel, vocab_parallel_loss
 
 __all__ = [
     "Pipeline",
@@ -55,4 +56,5 @@ __all__ = [
     "clip_grad_norm_",
     "clip_grad_value_",
     "check_plan_fits",
+    "vocab_parallel_loss",
 ]

@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 from torch.distributed.pipelining import (
     PipelineStage,
     Schedule1F1B,
@@ -60,6 +61,7 @@ from stratagem.plugins.blocks import find_blocks
 from stratagem.plugins.grad_norm import clip_grad_norm_
 from stratagem.plugins.mesh import local_part
 from stratagem.plugins.precision import autocast_context
+from stratagem.plugins.tensor_parallel import vocab_parallel_loss
 from stratagem.plugins.traced_stages import traced_stages
 from stratagem.plan.stages import (
     TIED_OFFLOAD,
@@ -310,7 +312,7 @@ class Pipeline:
                 outputs = self.schedule.eval(*(inputs if self.is_first else ()))
         finally:
             self.schedule._loss_fn = loss_fn
-        return self._from_last_stage(outputs)
+        return self._from_last_stage(tree_map_only(DTensor, DTensor.full_tensor, outputs))  # vocab_loss's logits
 
     def _from_last_stage(self, outputs: Any) -> Any:
         """``outputs`` (tensors in any pytree) of the last pipeline rank on every rank: their
@@ -357,10 +359,10 @@ class Pipeline:
         self._equal_tied_copies()
         losses: list[Tensor] = []
         args = inputs if self.is_first else ()
-        with autocast_context(self.plan, self.device_type):  # *-mixed with DDP: forward and loss
+        with vocab_parallel_loss(self.plan), autocast_context(self.plan, self.device_type):  # forward and loss
             run(*args, target=target if self.is_last else None, losses=losses if self.is_last else None, **options)
         # each micro-batch's loss comes divided by their number (build_schedule): the sum is the mean
-        loss = torch.stack([x.detach().float() for x in losses]).sum() if self.is_last else \
+        loss = torch.stack([local_part(x).detach().float() for x in losses]).sum() if self.is_last else \
             torch.zeros((), device=self.device_type)  # NCCL broadcasts device tensors only
         dist.broadcast(loss, group_src=self.plan.pp - 1, group=self.pp_group)
         return loss

@@ -28,6 +28,11 @@ style                  applied as
 ``vocab_head``         ``ColwiseParallel`` on the output Linear with a replicated output: its
                        weight split by vocabulary, the logits all-gathered into a plain tensor,
                        so the loss sees them whole; backward all-reduces its input's gradient
+``vocab_loss``         the same split, the logits left a DTensor on their vocabulary shards
+                       (``Shard(-1)``): the loss and its backward must run under
+                       :func:`vocab_parallel_loss` (torch's ``loss_parallel``), whose
+                       cross-entropy reduces each position's maximum, sum of exponentials and
+                       target logit over the TP ranks; the loss comes out a replicated DTensor
 =====================  ==========================================================================
 
 The vocabulary need not divide by ``tp``: DTensor shards it unevenly (``torch.chunk``'s sizes).
@@ -49,9 +54,11 @@ whole (an MoE router) refuses the norm's DTensor with a :class:`UsageError` when
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 
 import torch
 import torch.distributed as dist
@@ -63,6 +70,7 @@ from torch.distributed.tensor.parallel import (
     PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
+    loss_parallel,
     parallelize_module,
 )
 
@@ -73,7 +81,7 @@ from stratagem.plugins.blocks import find_blocks
 
 __all__ = ["apply_tensor_parallel", "check_tp_layout_given", "match_tp_layout", "reduce_norm_grads_once",
            "reduce_partial_grads",
-           "unmatched_tp_patterns"]
+           "unmatched_tp_patterns", "vocab_parallel_loss"]
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +96,7 @@ _KINDS: dict[str, tuple[Callable[[nn.Module], bool], str]] = {
     "colwise": (_instance_of(nn.Linear), "a Linear"), "rowwise": (_instance_of(nn.Linear), "a Linear"),
     "sequence_parallel": (is_sequence_norm, "a LayerNorm or RMSNorm"),
     "vocab_embedding": (_instance_of(nn.Embedding), "an Embedding"), "vocab_head": (_instance_of(nn.Linear), "a Linear"),
+    "vocab_loss": (_instance_of(nn.Linear), "a Linear"),
 }
 
 
@@ -118,6 +127,8 @@ def apply_tensor_parallel(module: nn.Module, plan: Plan, tp_mesh: DeviceMesh | N
             _split_vocab_embedding(sub, tp_mesh)
         elif style == "vocab_head":
             parallelize_module(sub, tp_mesh, ColwiseParallel(output_layouts=Replicate(), use_local_output=True))
+        elif style == "vocab_loss":
+            parallelize_module(sub, tp_mesh, ColwiseParallel(output_layouts=Shard(-1), use_local_output=False))
         elif sequence:
             _apply_sequence_parallel_norm(sub, tp_mesh)
     for head, embedding in tied.items():
@@ -239,7 +250,17 @@ def _tied_heads(module: nn.Module, styles: dict[str, str]) -> dict[str, str]:
     embeddings = {id(module.get_submodule(name).weight): name for name, style in styles.items()
                   if style == "vocab_embedding"}
     return {name: embeddings[id(module.get_submodule(name).weight)] for name, style in styles.items()
-            if style == "vocab_head" and id(module.get_submodule(name).weight) in embeddings}
+            if style in ("vocab_head", "vocab_loss") and id(module.get_submodule(name).weight) in embeddings}
+
+
+def vocab_parallel_loss(plan: Plan) -> AbstractContextManager:
+    """The context the loss and its backward run in under ``plan``: torch's ``loss_parallel`` where
+    its layout leaves the logits on vocabulary shards (``vocab_loss``), else nothing. A loss over
+    the logits (cross-entropy, or ``nll_loss`` of ``log_softmax``) then runs on the shards; the
+    loss is a replicated DTensor (``.full_tensor()`` for its value)."""
+    if plan.tp > 1 and "vocab_loss" in plan.vocab_tp_styles:
+        return loss_parallel()
+    return contextlib.nullcontext()
 
 
 def _split_vocab_embedding(embedding: nn.Embedding, tp_mesh: DeviceMesh) -> None:

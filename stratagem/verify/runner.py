@@ -49,6 +49,7 @@ from stratagem.plugins import (
     build_optimizer,
     clip_grad_norm_,
     clip_grad_value_,
+    vocab_parallel_loss,
 )
 from stratagem.plugins.materialize import materialize
 from stratagem.errors import UsageError
@@ -250,7 +251,7 @@ def _data_parallel_step(built: Built, plan: Plan, mesh: Any, batch: Batch,
     ddp = isinstance(parallel, DistributedDataParallel)
 
     def run(last: bool) -> None:
-        with parallel.no_sync() if ddp and not last else contextlib.nullcontext():
+        with parallel.no_sync() if ddp and not last else contextlib.nullcontext(), vocab_parallel_loss(plan):
             with autocast_context(plan, device.type):
                 loss = built.loss(parallel(*batch.args, **batch.kwargs), batch.targets) / plan.grad_accum
             loss.backward()

@@ -23,7 +23,7 @@ import pytest
 import torch
 from spawn import run_on_ranks
 from test_data_parallel import CLIP, FP32, TIED_FP32, assert_matches_single_process
-from test_tensor_parallel import GPT2_LAYOUT, GPT2_TIED_257, LLAMA_LAYOUT, TP_FP32, VOCAB
+from test_tensor_parallel import GPT2_LAYOUT, GPT2_TIED_257, LLAMA_LAYOUT, TP_FP32, VOCAB, VOCAB_LOSS
 from training import SEQ_LEN, Case, global_batches, train_single
 
 from stratagem.advisor.cost.activations import estimate_activations
@@ -81,8 +81,8 @@ FOUR_RANKS = {case.name: case for case in [
     Case("pp2_fsdp2_tied", Plan(dp_shard=2, zero=3, **_PP2), preset="gpt2-tiny"),
     Case("pp2_tp2_vocab_tied", Plan(tp=2, tp_layout=(*GPT2_LAYOUT, *VOCAB), **_PP2), preset=GPT2_TIED_257,
          optimizer="adamw-foreach"),
-    Case("pp2_tp2_sp_clip", Plan(tp=2, sequence_parallel=True, tp_layout=(*LLAMA_LAYOUT, *VOCAB), **_PP2),
-         optimizer="adamw-foreach", clip=CLIP),
+    Case("pp2_tp2_sp_clip", Plan(tp=2, sequence_parallel=True, tp_layout=(*LLAMA_LAYOUT, *VOCAB_LOSS), **_PP2),
+         optimizer="adamw-foreach", clip=CLIP),  # the loss on the logits' vocabulary shards
 ]}
 # all of it at once: stages split by TP with SP and the vocabulary, sharded by FSDP, clipped by the
 # norm over every rank's share (TP and FSDP shards, both stages)
@@ -120,8 +120,13 @@ def test_four_rank_pipeline_matches_single_process(four_ranks, name):
 def test_pipeline_tp_matches_single_process(four_ranks, name):
     """TP inside pipeline stages, with SP too, where each stage (each virtual stage of an
     interleaved schedule) splits its sequence and gathers it at its own edges; clipped by the
-    norm over both stages (``Pipeline.clip_grad_norm_``), a tied weight counted once."""
+    norm over both stages (``Pipeline.clip_grad_norm_``), a tied weight counted once; the clipped
+    case's loss on the logits' vocabulary shards (``vocab_loss``), run by the schedule under
+    ``vocab_parallel_loss``, its predictions gathered whole."""
     assert_matches_single_process(FOUR_RANKS[name], four_ranks[name], TP_FP32)
+    if name == "pp2_tp2_sp_clip":
+        vocab = get_preset("llama-tiny").vocab_size
+        assert four_ranks[name].facts["predicted"] == ("Tensor", (8, SEQ_LEN, vocab))
 
 
 @pytest.mark.parametrize("name", list(EIGHT_RANKS))

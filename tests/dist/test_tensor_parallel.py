@@ -68,6 +68,7 @@ MIXTRAL_LAYOUT = (
 )
 
 VOCAB = (("tok_embeddings", "vocab_embedding"), ("output", "vocab_head"))
+VOCAB_LOSS = (("tok_embeddings", "vocab_embedding"), ("output", "vocab_loss"))
 
 TP_FP32 = {"rtol": 1e-5, "atol": 1e-4}
 
@@ -75,6 +76,7 @@ _TP2 = {"tp": 2, "micro_batch_size": 2, "precision": "fp32", "block_container": 
         "tp_layout": LLAMA_LAYOUT}
 _VOCAB = {**_TP2, "tp_layout": (*LLAMA_LAYOUT, *VOCAB)}
 _GPT2_VOCAB = {**_TP2, "tp_layout": (*GPT2_LAYOUT, *VOCAB)}
+_VOCAB_LOSS = {**_TP2, "tp_layout": (*LLAMA_LAYOUT, *VOCAB_LOSS)}
 
 
 def _gpt2_tied_257():
@@ -128,6 +130,9 @@ TWO_RANKS = {case.name: case for case in [
                                     "tp_layout": HF_LAYOUT}), preset=HF_LLAMA),
     _case("tp_sp_vocab_clip", Plan(sequence_parallel=True, **_VOCAB), clip=CLIP),
     _case("tp_sp_vocab_clip_value", Plan(sequence_parallel=True, **_VOCAB), clip=CLIP_VALUE, clip_by="value"),
+    _case("tp_sp_vocab_loss", Plan(sequence_parallel=True, **_VOCAB_LOSS)),
+    _case("tp_vocab_loss_tied", Plan(**{**_GPT2_VOCAB, "tp_layout": (*GPT2_LAYOUT, *VOCAB_LOSS)}),
+          preset=GPT2_TIED_257),
 ]}
 FOUR_RANKS = {case.name: case for case in [
     _case("tp_fsdp", Plan(dp_shard=2, zero=3, **_TP2)),
@@ -136,6 +141,7 @@ FOUR_RANKS = {case.name: case for case in [
     _case("tp_fsdp_vocab", Plan(dp_shard=2, zero=3, **_VOCAB)),
     _case("tp_fsdp_vocab_tied", Plan(dp_shard=2, zero=3, **_GPT2_VOCAB), preset=GPT2_TIED_257),
     _case("tp_fsdp_clip", Plan(dp_shard=2, zero=3, **_VOCAB), clip=CLIP),
+    _case("tp_fsdp_vocab_loss", Plan(dp_shard=2, zero=3, grad_accum=2, **_VOCAB_LOSS)),
 ]}
 
 
@@ -204,6 +210,18 @@ def test_a_hugging_face_llama_splits_as_the_advisor_lays_it_out_and_matches_sing
 @pytest.mark.parametrize("name", ["tp_fsdp_vocab", "tp_fsdp_vocab_tied"])
 def test_vocabulary_split_under_fsdp_matches_single_process(four_ranks, name):
     assert_matches_single_process(FOUR_RANKS[name], four_ranks[name], TP_FP32)
+
+
+@pytest.mark.parametrize(("name", "ranks"), [("tp_sp_vocab_loss", 2), ("tp_vocab_loss_tied", 2),
+                                             ("tp_fsdp_vocab_loss", 4)])
+def test_a_loss_on_the_logits_vocabulary_shards_matches_single_process(two_ranks, four_ranks, name, ranks):
+    """``vocab_loss``: the head's logits stay a DTensor on vocabulary shards, and the preset's
+    cross-entropy runs on them under ``vocab_parallel_loss`` (torch's ``loss_parallel``): with
+    sequence parallelism, a tied embedding split unevenly (257 tokens), and under FSDP with
+    accumulation; losses and weights as one process trains them."""
+    case, run = (TWO_RANKS[name], two_ranks[name]) if ranks == 2 else (FOUR_RANKS[name], four_ranks[name])
+    assert run.facts["logits_on_shards"] is True
+    assert_matches_single_process(case, run, TP_FP32)
 
 
 def tiny_model(preset: str = "llama-tiny") -> torch.nn.Module:

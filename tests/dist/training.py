@@ -36,7 +36,7 @@ from torch.nn.parallel import DistributedDataParallel
 from stratagem.plan import Plan
 from stratagem.models import Preset, get_preset
 from stratagem.plugins import (apply_plan, autocast_context, build_mesh, build_optimizer, clip_grad_norm_,
-                               clip_grad_value_)
+                               clip_grad_value_, vocab_parallel_loss)
 from stratagem.plugins.pipeline import unwrap
 from stratagem.plugins.precision import apply_param_dtype, fp32_norm_names
 from spawn import RANK_THREADS
@@ -203,13 +203,15 @@ def _train_plan(case: Case, *, rank: int, world_size: int) -> Run:
     for inputs, targets in global_batches(case):
         step_loss = torch.zeros(())
         for micro_inputs, micro_targets in micro_batches(inputs, targets, plan, rank=dp_rank(plan, rank)):
-            with autocast_context(plan, "cpu"):
-                output = model(*micro_inputs)
-                loss = preset.loss(output, micro_targets) / plan.grad_accum
-            facts.setdefault("output_dtype", output.dtype)
-            facts.setdefault("sharded_between_forward_and_backward", _block_is_sharded(model, plan))
-            loss.backward()
-            step_loss += loss.detach()
+            with vocab_parallel_loss(plan):
+                with autocast_context(plan, "cpu"):
+                    output = model(*micro_inputs)
+                    loss = preset.loss(output, micro_targets) / plan.grad_accum
+                facts.setdefault("output_dtype", output.dtype)
+                facts.setdefault("logits_on_shards", isinstance(output, DTensor))
+                facts.setdefault("sharded_between_forward_and_backward", _block_is_sharded(model, plan))
+                loss.backward()
+            step_loss += (loss.full_tensor() if isinstance(loss, DTensor) else loss).detach()
         if case.clip is not None and case.clip_by == "value":
             clip_grad_value_(model.parameters(), case.clip)
         elif case.clip is not None:
@@ -262,6 +264,9 @@ def _train_pipeline(case: Case, *, rank: int, world_size: int) -> Run:
     buffers = {name: b for part in _gather_objects(mine) for name, b in part.items()}  # before evaluate's forward
     inputs, targets = local[0]
     facts["eval_loss"] = _gather_objects(pipe.evaluate(*inputs, target=targets).item())  # trained weights
+    if "vocab_loss" in plan.vocab_tp_styles:  # the logits come back whole, plain
+        predicted = pipe.predict(*inputs)
+        facts["predicted"] = (type(predicted).__name__, tuple(predicted.shape))
     weights: dict[str, Tensor] = {}
     for part in _gather_objects({name: w for m in pipe.modules for name, w in _full_weights(m).items()}):
         weights.update(part)

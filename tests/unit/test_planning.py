@@ -43,6 +43,17 @@ def test_load_plan_missing_file_is_a_usage_error(tmp_path: Path) -> None:
         load_plan(tmp_path / "nope.json")
 
 
+def test_a_plan_whose_loss_runs_on_vocabulary_shards_is_refused_with_the_change_that_runs_it() -> None:
+    """The strategies run the user's own loss, which sees whole logits: ``vocab_loss`` is refused,
+    with the layout entry that gathers them instead."""
+    layout = (("layers.*.attention.wq", "colwise"), ("output", "vocab_loss"))
+    plan = Plan(tp=2, micro_batch_size=2, precision="fp32", block_container="layers", tp_layout=layout)
+    with pytest.raises(UsageError, match=r"vocab_loss.*\n.*\('output', 'vocab_head'\) in tp_layout"):
+        load_plan(plan.to_dict())
+    gathered = Plan.from_dict({**plan.to_dict(), "tp_layout": [list(layout[0]), ["output", "vocab_head"]]})
+    assert load_plan(gathered) is gathered
+
+
 def test_precision_names() -> None:
     assert stratagem_precision("32-true") == "fp32"
     with pytest.raises(UsageError, match="16-mixed.*valid: 32-true, bf16-mixed, bf16-true"):
