@@ -10,7 +10,8 @@ plan's accumulated micro-batches, AdamW one tensor at a time, ``zero_grad``), th
 ``MemTracker``, which follows every tensor's storage, DTensors' local shards included. CUDA's
 attention kernel, autocast lists, fused RMSNorm and dropout stand in as in ``fake_peak.py``; a
 Hugging Face model computes its loss from its labels, as ``verify`` runs an ``hf:`` model and its
-profile has it. Printed beside it: the advisor's predicted peak for the same plan on H100s, without
+profile has it; a TP plan runs that loss, or a preset's, on the logits' vocabulary shards
+(``vocab_loss``, under ``vocab_parallel_loss``), as ``verify`` does. Printed beside it: the advisor's predicted peak for the same plan on H100s, without
 the framework's bytes and the allocator's rounding, for AdamW stepped as here. What this leaves out
 is what no tensor holds: NCCL's buffers, and on CPU ranks gloo's (``verify`` measures those with the
 rest of the process); and the ``foreach`` step's temporaries, which GPUs run and the model prices
@@ -26,6 +27,7 @@ import contextlib
 import dataclasses
 import tempfile
 import time
+from unittest import mock
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -45,7 +47,7 @@ from stratagem.advisor.profile.cache import profile_spec
 from stratagem.advisor.profile.model_profile import ModelProfile
 from stratagem.plan import Plan, Workload
 from stratagem.plan.precision import get_precision, torch_dtype
-from stratagem.plugins import apply_plan, build_mesh, build_optimizer
+from stratagem.plugins import apply_plan, build_mesh, build_optimizer, vocab_parallel_loss
 
 GIB = 2**30
 
@@ -110,7 +112,19 @@ def _stepped_per_tensor(profile: ModelProfile) -> ModelProfile:
 
 
 def measured(case: Case, plan: Plan) -> float:
-    """MemTracker's peak bytes on rank 0 over a training step, after one untracked step."""
+    """MemTracker's peak bytes on rank 0 over a training step, after one untracked step.
+
+    DTensor derives an operator's output shape by running it on fake tensors of the global shapes,
+    and caches what it derived, except where it takes itself to be tracing, which a fake mode
+    alone makes it do (``_are_we_tracing``): here, then, every step would make them again, and
+    MemTracker would count them as the rank's (torch's ``loss_parallel`` does so for the whole
+    logits, twice in fp32, at every ``log_softmax``). A GPU's eager step caches them after the first
+    and holds none on the device: the step runs as it does, DTensor told it is not tracing."""
+    with mock.patch("torch.distributed.tensor._sharding_prop._are_we_tracing", lambda: False):
+        return _measured(case, plan)
+
+
+def _measured(case: Case, plan: Plan) -> float:
     mesh = build_mesh(plan, device_type="cpu")
     precision = get_precision(plan.precision)
     fake = FakeTensorMode(allow_non_fake_inputs=True)
@@ -130,7 +144,7 @@ def measured(case: Case, plan: Plan) -> float:
             # the first step, a plan measured GiBs less after another that met the same shardings).
             if tracked:
                 tracker.track_external(module, optimizer)
-            with tracker if tracked else contextlib.nullcontext():
+            with tracker if tracked else contextlib.nullcontext(), vocab_parallel_loss(plan):
                 cuda_step(each_forward(step, tracker.reset_mod_stats), optimizer, autocast,
                           accumulate=plan.grad_accum)
         return max(device["Total"] for device in tracker.get_tracker_snapshot("peak").values())

@@ -14,6 +14,7 @@ from jobs import torchrun
 
 from stratagem.errors import UsageError
 from stratagem.plan import Plan
+from stratagem.advisor.profile.cache import profile_spec
 from stratagem.advisor.cost.estimate import Estimate
 from stratagem.verify import verify_estimates, verify_plan
 from stratagem.verify.runner import MEMORY_STEPS
@@ -274,6 +275,20 @@ def test_a_tied_hugging_face_decoder_is_verified_as_a_pipeline_built_on_meta(tmp
     config = {**_TINY_LLAMA, "model_type": "qwen2", "tie_word_embeddings": True}
     (tmp_path / "config.json").write_text(json.dumps(config))
     plan = Plan(pp=2, microbatches=2, micro_batch_size=2, precision="fp32", block_container="model.layers")
+    measured = verify_plan(f"hf:{tmp_path}", plan, seq_len=16, optimizer="adamw", steps=1, timeout=240)
+    assert measured.step_seconds > 0 and measured.peak_bytes > 0
+
+
+def test_a_hugging_face_model_s_own_loss_runs_on_the_logits_vocabulary_shards(tmp_path: Path) -> None:
+    """verify trains an ``hf:`` model with its own loss (labels in its forward), so the profile's
+    layout runs it on the logits' shards (``vocab_loss``): the runner enters torch's
+    ``loss_parallel`` around it, and the loss transformers computes (shifted labels, the padding
+    ignored) runs on the shards."""
+    (tmp_path / "config.json").write_text(json.dumps(_TINY_LLAMA))
+    profile = profile_spec(f"hf:{tmp_path}", seq_len=16, precision="fp32", kernels="cpu")
+    assert dict(profile.tp_layout)["lm_head"] == "vocab_loss"
+    plan = Plan(tp=2, micro_batch_size=2, precision="fp32", block_container=profile.block_container,
+                tp_layout=profile.tp_layout)
     measured = verify_plan(f"hf:{tmp_path}", plan, seq_len=16, optimizer="adamw", steps=1, timeout=240)
     assert measured.step_seconds > 0 and measured.peak_bytes > 0
 

@@ -169,7 +169,8 @@ def test_a_measured_tp_linear_host_time_prices_every_tp_linear_of_every_microbat
     added = (evaluate(profile, slower.apply(cluster), workload, plan).time.dispatch
              - evaluate(profile, base.apply(cluster), workload, plan).time.dispatch)
     linears = (sum(style in ("colwise", "rowwise") for _, style in profile.tp_layout) * len(profile.blocks)
-               + sum(style.startswith("vocab_") for _, style in profile.tp_layout))  # embedding and head
+               + len(plan.vocab_tp_styles))  # the embedding, the head and the loss on its shards (vocab_loss)
+    assert plan.vocab_tp_styles == {"vocab_embedding", "vocab_head", "vocab_loss"}
     assert linears > 0 and added == pytest.approx(2 * linears * 1e-3)
 
 

@@ -76,18 +76,24 @@ def test_nothing_fits_says_by_how_much_and_what_would(llama7b):
 
 
 def test_nothing_fits_names_the_logits_that_a_long_sequence_makes():
-    """Llama 3 8B at 64K tokens on eight H100s: under full checkpointing the logits over 128,256
-    classes and their loss fill the leanest plan, whole on every TP rank; the advice says so, and
-    that what would split them (context parallelism, a vocabulary-parallel loss) is not planned."""
-    profile = profile_spec("llama-3-8b", seq_len=65536)
-    advice = advise(profile, parse_cluster("8xH100-SXM-80GB"), Workload(global_batch_size=8, seq_len=65536))
+    """Llama 3 8B at 64K tokens on eight H100s, its loss in the user's code (the logits gathered
+    whole on every TP rank, ``vocab_head``): under full checkpointing the logits over 128,256
+    classes and their loss fill the leanest plan; the advice says so, that context parallelism is
+    not planned, and that a loss stratagem runs splits them by vocabulary, which then fits."""
+    gathered = profile_spec("llama-3-8b", seq_len=65536)
+    gathered = dataclasses.replace(gathered, tp_layout=tuple(
+        (pattern, "vocab_head" if style == "vocab_loss" else style) for pattern, style in gathered.tp_layout))
+    cluster, workload = parse_cluster("8xH100-SXM-80GB"), Workload(global_batch_size=8, seq_len=65536)
+    advice = advise(gathered, cluster, workload)
     assert advice.best is None
     (fix,) = [s for s in advice.suggestions if s.startswith("Activations of one micro-batch")]
     head = float(fix.split("checkpointing, ")[1].split(" GiB of them the output head's logits")[0])
     total = float(fix.split("take ")[1].split(" GiB")[0])
     assert 0.8 * total < head < total
     assert "whole on every tensor-parallel rank" in fix and "a shorter sequence" in fix
-    assert "context parallelism" in fix and "`loss_parallel`" in fix
+    assert "context parallelism" in fix and "(`vocab_loss`)" in fix
+    on_shards = advise(profile_spec("llama-3-8b", seq_len=65536), cluster, workload)
+    assert on_shards.best.plan.tp > 1 and "vocab_loss" in on_shards.best.plan.vocab_tp_styles
 
 
 def test_one_gpu_may_offload_what_it_cannot_hold(llama7b):

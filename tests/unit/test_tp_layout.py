@@ -23,7 +23,9 @@ LLAMA = {
 }
 
 
-VOCAB = {"tok_embeddings": "vocab_embedding", "output": "vocab_head"}
+# A preset's loss is stratagem's own, which verify runs on the logits' vocabulary shards: vocab_loss
+# (a module profiled for a loss the user's code computes keeps vocab_head, the logits gathered).
+VOCAB = {"tok_embeddings": "vocab_embedding", "output": "vocab_loss"}
 
 
 def test_llama_preset_layout():
@@ -177,7 +179,7 @@ def test_hugging_face_llama_layout(tmp_path):
     assert layout["model.layers.*.self_attn.o_proj"] == "rowwise"
     assert layout["model.layers.*.mlp.down_proj"] == "rowwise"
     assert layout["model.layers.*.input_layernorm"] == "sequence_parallel"
-    assert layout["model.embed_tokens"] == "vocab_embedding" and layout["lm_head"] == "vocab_head"
+    assert layout["model.embed_tokens"] == "vocab_embedding" and layout["lm_head"] == "vocab_loss"  # its own loss
 
 
 def test_one_key_value_head_is_why_no_split_is_offered(tmp_path):

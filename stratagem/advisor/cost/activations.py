@@ -18,6 +18,15 @@ from stratagem.plan import Plan
 # Gradients of the logits the loss's backward holds at once (cross-entropy: its input's and the
 # head's output's), each the logits' size in the loss's dtype: measured by bench/gpu_phases.py.
 LOSS_GRADIENT_COPIES = 2
+# The same on the logits' vocabulary shards (vocab_loss): torch's loss_parallel computes the
+# gradient as (grad_input + exp(x)) * grad_output, its zeros-filled grad_input, the exponentials and
+# their sum alive at once (_nll_loss_and_log_softmax_backward, torch/distributed/tensor/parallel/
+# loss.py in torch 2.13), each a shard of the logits in the loss's dtype.
+LOSS_PARALLEL_GRADIENT_COPIES = 3
+# What its forward holds beyond a fused log_softmax's input and output: the shifted logits, beside
+# their exponentials (freed once summed) and then beside the log-probabilities (its _log_softmax,
+# the same file).
+LOSS_PARALLEL_TEMPORARIES = 1
 
 
 class BlockBackward(NamedTuple):
@@ -125,13 +134,37 @@ def rank_activations(view: RankView) -> RankActivations:
     first, last = ((_block_backward(b, plan, scale=view.scale) for b in (blocks[-1], blocks[0])) if blocks
                    else (BlockBackward(), BlockBackward()))
     before = view.scale * view.stage.embedding_sum("saved_bytes")
-    return RankActivations(estimate_activations(view) + _stage_outputs(view),
-                           loss_grads=LOSS_GRADIENT_COPIES * view.scale * sum(_logits_gradient(s) for s in view.head),
-                           released=view.scale * sum(s.saved_bytes for s in view.head),
+    logits, on_shards = view.scale * logits_share(plan), logits_share(plan) < 1
+    gradients = logits * sum(_logits_gradient(s) for s in view.head)
+    copies = LOSS_PARALLEL_GRADIENT_COPIES if on_shards else LOSS_GRADIENT_COPIES
+    return RankActivations(estimate_activations(view) + _stage_outputs(view), loss_grads=copies * gradients,
+                           released=view.scale * sum(_head_saved(s, plan) for s in view.head),
                            block=block, rebuilt=_rebuilt_block(view), others=held_through_first_backward(view),
                            first=first, last=last, middle=_middle_backwards(view, before), before=before,
-                           loss_inputs=view.scale * sum(_loss_inputs(s) for s in view.head),
-                           output_grad=view.scale * sum(s.output_bytes for s in view.head))
+                           loss_inputs=logits * sum(_loss_inputs(s) for s in view.head)
+                           + (LOSS_PARALLEL_TEMPORARIES * gradients if on_shards else 0.0),
+                           output_grad=logits * sum(s.output_bytes for s in view.head))
+
+
+def logits_share(plan: Plan) -> float:
+    """The share of the logits, and of the loss's tensors as wide as the vocabulary, that one TP
+    rank holds: ``1 / tp`` where the loss runs on their vocabulary shards (``vocab_loss``: torch's
+    ``loss_parallel``, whose decomposition holds :data:`LOSS_PARALLEL_TEMPORARIES` and
+    :data:`LOSS_PARALLEL_GRADIENT_COPIES` of them), else all of them (``vocab_head`` gathers the
+    logits)."""
+    return 1 / plan.tp if "vocab_loss" in plan.vocab_tp_styles else 1.0
+
+
+def _head_saved(head: SegmentProfile, plan: Plan) -> float:
+    """What the head saves for backward on one TP rank: its tensors as wide as the vocabulary
+    split as the logits are (:func:`logits_share`), the rest (its input, a final norm's) whole."""
+    return head.saved_bytes - head.vocab_saved_bytes * (1 - logits_share(plan))
+
+
+def _output_bytes(segment: SegmentProfile, plan: Plan) -> float:
+    """A stage's last segment's output on one TP rank: the head's logits split as
+    :func:`logits_share` says, a block's whole."""
+    return segment.output_bytes * (logits_share(plan) if segment.kind == "head" else 1.0)
 
 
 def held_through_first_backward(view: RankView) -> float | None:
@@ -148,7 +181,7 @@ def held_through_first_backward(view: RankView) -> float | None:
         return None
     stage = view.virtual[0]
     return (view.in_flight[0] - 1) * view.scale * (_per_microbatch(stage, plan, scale=1.0)
-                                                    + stage.segments[-1].output_bytes)
+                                                    + _output_bytes(stage.segments[-1], plan))
 
 
 def _rebuilt_block(view: RankView) -> float:
@@ -237,7 +270,7 @@ def _stage_outputs(view: RankView) -> float:
     until that micro-batch's backward starts from it. None without a pipeline."""
     if view.plan.pp == 1:
         return 0.0
-    return view.scale * sum(held * stage.segments[-1].output_bytes
+    return view.scale * sum(held * _output_bytes(stage.segments[-1], view.plan)
                             for stage, held in zip(view.virtual, view.in_flight))
 
 
@@ -257,6 +290,7 @@ def _loss_inputs(head: SegmentProfile) -> int:
 
 def _per_microbatch(stage: Stage, plan: Plan, *, scale: float) -> float:
     """Bytes one micro-batch leaves saved on ``stage``: its blocks', and the embedding's or
-    head's (whole on every TP rank)."""
+    head's (whole on every TP rank, but for the head's tensors as wide as the vocabulary where the
+    loss runs on its shards: ``Stage.outside_per_tp_rank``)."""
     blocks = sum(n * estimate_block_activations(b, plan, scale=scale) for b, n in stage.kinds)
-    return blocks + stage.outside_blocks("saved_bytes") * scale
+    return blocks + stage.outside_per_tp_rank("saved_bytes", plan.tp, plan.vocab_tp_styles) * scale

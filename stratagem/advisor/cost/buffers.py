@@ -77,13 +77,15 @@ def _autocast_copies(view: RankView, buckets: float) -> Transient:
     """``buckets`` and autocast's compute-dtype weight copies, moment by moment. Autocast's cache
     holds every copy the forward makes (``forward_param_copy_bytes``, saved or not) until the
     forward's autocast region ends, after the loss's forward; then the backward holds those it
-    saved (``saved_param_copy_bytes``): without checkpointing, every block's, but none of a block
-    the model checkpoints itself, whose rerun makes its own (counted in what it rebuilds:
-    :mod:`~stratagem.advisor.cost.activations`); under the plan's checkpointing the copies outside
-    the blocks, the head's until its backward has run, and a block's own while its backward
-    recomputes it: the rank's last block's first, its first block's as the backward ends (a
-    convolutional network's first block has its fewest weights). A pipeline's schedule runs its
-    backward inside that region."""
+    saved (``saved_param_copy_bytes``) until the operator that saved each has run its backward:
+    without checkpointing, as the head's backward starts, every one (but none of a block the model
+    checkpoints itself, whose rerun makes its own, counted in what it rebuilds:
+    :mod:`~stratagem.advisor.cost.activations`), the blocks' and the embedding's in the rank's last
+    block's backward, its first block's and the embedding's in that block's, the embedding's alone
+    after it; under the plan's checkpointing the copies outside the blocks, the head's until its
+    backward has run, and a block's own while its backward recomputes it: the rank's last block's
+    first, its first block's as the backward ends (a convolutional network's first block has its
+    fewest weights). A pipeline's schedule runs its backward inside that region."""
     plan = view.plan
     if not get_precision(plan.precision).autocast:
         return Transient.constant(buckets)
@@ -91,12 +93,15 @@ def _autocast_copies(view: RankView, buckets: float) -> Transient:
     cached = buckets + max(view.per_tp_rank("forward_param_copy_bytes"), saved)  # the saved are among them
     if plan.pp > 1:
         return Transient.constant(cached)
-    if not plan.checkpoints:
-        kept = buckets + saved
-        return Transient(forward=cached, loss=kept, head=kept, first_block=kept, last_block=kept, embedding=kept)
-    outside = buckets + view.outside_per_tp_rank("saved_param_copy_bytes")
     embedding = buckets + view.stage.embedding_sum("saved_param_copy_bytes")
     blocks = view.stage.blocks
+    if not plan.checkpoints:
+        kept = buckets + saved
+        in_blocks = view.stage.block_sums["saved_param_copy_bytes"] / plan.tp
+        first = blocks[0].saved_param_copy_bytes / plan.tp if blocks else 0.0
+        return Transient(forward=cached, loss=kept, head=kept, first_block=embedding + in_blocks,
+                         last_block=embedding + first, embedding=embedding)
+    outside = buckets + view.outside_per_tp_rank("saved_param_copy_bytes")
     first, last = (recomputed_copies(view, blocks[i]) if blocks else 0.0 for i in (-1, 0))
     return Transient(forward=cached, loss=outside, head=outside, first_block=embedding + first,
                      last_block=embedding + last, embedding=embedding)

@@ -20,6 +20,7 @@ from stratagem.advisor.cost.rank_step import RankStep
 from stratagem.advisor.cost.rates import linear_rows, model_width
 from stratagem.advisor.profile.model_profile import LinearLayer, ModelProfile, SegmentProfile
 from stratagem.plan import MeshAxis, Plan
+from stratagem.plan.precision import DTYPE_BYTES
 
 # Share of the overlappable compute that really hides DP communication (NCCL kernels take SMs and
 # memory bandwidth from the compute beside them). Estimate; `stratagem calibrate` measures it.
@@ -104,7 +105,10 @@ def vocab_collectives(step: RankStep) -> tuple[_Messages, _Messages]:
     gathering the logits; alike with sequence parallelism, whose edges stay at the blocks:
     docs/design.md): the embedding's lookups all-reduced (its output: the first block's input);
     the head's logits all-gathered forward (its rows × the vocabulary, in the compute dtype) and its
-    input's gradient all-reduced backward (the head's input, the last block's output)."""
+    input's gradient all-reduced backward (the head's input, the last block's output). A loss on the
+    logits' vocabulary shards (``vocab_loss``) gathers none: torch's ``loss_parallel`` all-reduces
+    each row's maximum, sum of exponentials and target logit instead, :data:`LOSS_PARALLEL_REDUCTIONS`
+    fp32 values a row, and its backward computes on the shards alone."""
     styles, shares, profile = step.plan.vocab_tp_styles, step.stage.vocab_shares, step.profile
     forward: list[tuple[str, float]] = []
     backward: list[tuple[str, float]] = []
@@ -113,9 +117,17 @@ def vocab_collectives(step: RankStep) -> tuple[_Messages, _Messages]:
     if "vocab_head" in styles and "vocab_head" in shares:
         for linear in profile.head.linears:
             rows = linear_rows(linear, step.batch_scale, step.tokens_per_microbatch)
-            forward.append(("all_gather", rows * linear.out_features * step.precision.compute_bytes))
+            forward.extend([("all_reduce", rows * DTYPE_BYTES["float32"])] * LOSS_PARALLEL_REDUCTIONS
+                           if "vocab_loss" in styles
+                           else [("all_gather", rows * linear.out_features * step.precision.compute_bytes)])
         backward.append(("all_reduce", profile.head.input_bytes * step.batch_scale))
     return tuple(forward), tuple(backward)
+
+
+LOSS_PARALLEL_REDUCTIONS = 3
+"""All-reduces of one fp32 value a row that torch's ``loss_parallel`` cross-entropy runs forward:
+the row's maximum and sum of exponentials (its ``_log_softmax``) and its target's log-probability
+(its ``nll_loss_forward``), torch/distributed/tensor/parallel/loss.py in torch 2.13."""
 
 
 def tp_collectives(step: RankStep, block: SegmentProfile) -> tuple[_Messages, _Messages]:

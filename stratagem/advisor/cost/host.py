@@ -85,9 +85,10 @@ def _sp_norm_seconds(step: RankStep) -> float:
 
 
 def num_vocab_splits(step: RankStep) -> int:
-    """The stage's modules the layout splits by vocabulary (the input embedding, the output head):
-    each costs the host what a TP Linear does (its lookup or projection, gradient and layout
-    changes on DTensors; :data:`DTENSOR_OPS_PER_TP_LINEAR`)."""
+    """The stage's modules the layout splits by vocabulary (the input embedding, the output head)
+    and a loss run on the logits' shards (``vocab_loss``): each costs the host what a TP Linear
+    does (its lookup, projection or loss, gradient and layout changes on DTensors;
+    :data:`DTENSOR_OPS_PER_TP_LINEAR`)."""
     return len(step.plan.vocab_tp_styles & step.stage.vocab_shares.keys())
 
 

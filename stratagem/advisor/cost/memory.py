@@ -50,8 +50,9 @@ HOST_USABLE_FRACTION = 0.8
 # which autocast weight copies a step keeps: _autocast_copies).
 _NOT_IN_MODEL_STATES = ("micro_batch_size", "microbatches", "grad_accum", "pp_schedule", "sequence_parallel")
 # What activations never depend on: the data-parallel sharding, offload, precision (profiled in it).
+# Not the TP layout: a loss on the logits' vocabulary shards (vocab_loss) divides the loss's tensors.
 _NOT_IN_ACTIVATIONS = ("dp_replicate", "dp_shard", "zero", "offload", "precision", "grad_accum",
-                       "block_container", "tp_layout")
+                       "block_container")
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,12 +284,15 @@ def largest_stepped_tensor(view: RankView) -> float:
 def estimate_embedding_gradient(view: RankView, layout: StateLayout) -> float:
     """Bytes of the input embedding's gradient beyond the rank's rows, alive for a moment at the end
     of backward where TP splits the vocabulary: DTensor computes the whole table's gradient on every
-    rank, which the rank then cuts to its rows (docs/design.md, "Tensor parallelism")."""
+    rank, which the rank then cuts to its rows (docs/design.md, "Tensor parallelism"). Autograd
+    makes it in the dtype of the table the forward read: under FSDP the gathered one's (the compute
+    dtype under ``*-mixed``), as :func:`estimate_unsharded_gradients` makes a unit's."""
     plan = view.plan
     share = view.stage.vocab_shares.get("vocab_embedding")
     if share is None or plan.tp == 1 or "vocab_embedding" not in plan.vocab_tp_styles:
         return 0.0
-    return layout.grads * share["num_params"] * (1 - 1 / plan.tp)
+    made = get_precision(plan.precision).compute_bytes if plan.uses_fsdp else layout.grads
+    return made * share["num_params"] * (1 - 1 / plan.tp)
 
 
 def estimate_memory(profile: ModelProfile, workload: Workload, plan: Plan, *, runtime: str = "torch",

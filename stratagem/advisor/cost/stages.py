@@ -77,7 +77,10 @@ def vocabulary_shares(embed: SegmentProfile | None, head: SegmentProfile | None)
     bytes stay: docs/design.md); the head's weight, its projection's forward GEMM and the
     backward's two (input and weight gradients: twice the forward), their unaligned share, and the
     head's parameter-sized traffic and copies (autocast's copies of its weight, made and saved, and
-    casts of its gradient: all but a final norm's of them are the projection's)."""
+    casts of its gradient: all but a final norm's of them are the projection's); and where the loss
+    runs on the logits' vocabulary shards (``vocab_loss``, which splits the head as ``vocab_head``
+    too), what the head saves and moves as wide as the vocabulary: the logits and the loss's
+    tensors (:mod:`~stratagem.advisor.cost.activations` divides the logits and their gradients)."""
     shares: dict[str, dict[str, float]] = {}
     if embed is not None and embed.vocab_params:
         shares["vocab_embedding"] = {"num_params": embed.vocab_params}
@@ -90,6 +93,8 @@ def vocabulary_shares(embed: SegmentProfile | None, head: SegmentProfile | None)
             **{f: getattr(head, f) for f in ("saved_param_copy_bytes", "forward_param_copy_bytes", "fwd_param_op_bytes",
                                              "bwd_param_op_bytes")},
         }
+        shares["vocab_loss"] = {"saved_bytes": head.vocab_saved_bytes, "fwd_op_bytes": head.vocab_fwd_op_bytes,
+                                "bwd_op_bytes": head.vocab_bwd_op_bytes}
     return shares
 
 

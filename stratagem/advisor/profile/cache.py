@@ -112,6 +112,8 @@ def _measure(spec: str, *, batch_size: int, seq_len: int | None, precision: str,
                             seq_len=source.seq_len if factory else None, kernels=kernels)
     own = (f"{spec} declares no batch_size parameter: profiled at the {profile.batch_size} samples its inputs "
            f"hold, not the {batch_size} asked for",) if factory and profile.batch_size != batch_size else ()
+    if not factory:  # a preset's loss, or a Hugging Face model's own: verify runs either on the vocabulary shards
+        profile = profile.with_loss_on_vocab_shards()
     return replace(profile, notes=(*source.notes, *own, *profile.notes),
                    pp_unavailable=profile.pp_unavailable or (_pipeline_refusal(source) if factory else None))
 

@@ -86,6 +86,9 @@ class SegmentCounts:
     convs: list[ConvLayer] = field(default_factory=list)  # the convolutions its forward ran, in order
     batch_norms: list[BatchNormCall] = field(default_factory=list)  # its BatchNorms on batch statistics, in order
     # its fused attention kernels' FLOPs by (seq_q, seq_kv, head_dim, causal, kv_group): [forward, backward]
+    # By the last dimension of an operator's widest tensor (the head's: its logits' vocabulary, or
+    # the hidden width), [saved, forward op bytes, backward op bytes]: what splits with the vocabulary.
+    by_width: dict[int, list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0, 0]))
     fused_attention: dict[tuple[int, int, int, bool, int], list[int]] = field(default_factory=dict)
 
 

@@ -148,6 +148,13 @@ def _gradient_of(out: torch.Tensor) -> torch.Tensor | None:
                  and variable.shape == out.shape and variable.dtype == out.dtype), None)
 
 
+def _widest_last_dim(tree: Any) -> int:
+    """The last dimension of the largest tensor in ``tree`` (1 for scalars, 0 for none): the width
+    an operator of the head works at (the vocabulary's, or the hidden size)."""
+    largest = max(tensor_leaves(tree), key=lambda t: t.numel(), default=None)
+    return 0 if largest is None else largest.shape[-1] if largest.dim() else 1
+
+
 def _largest(tensors: list[torch.Tensor], *, but: set[tuple[int, ...]]) -> int:
     """Bytes of the largest of ``tensors`` whose shape is not in ``but``."""
     return max((tensor_bytes(t) for t in tensors if tuple(t.shape) not in but), default=0)
@@ -307,6 +314,8 @@ class CostCounter(FlopCounterMode):
             calls = counts.fused_attention.setdefault(attention_shape(func_packet, args, kwargs), [0, 0])
             calls[is_bw] += flops
         self._count_norm_ops(counts, ops)
+        if seg == HEAD and batch:
+            counts.by_width[_widest_last_dim((args, out))][1 + is_bw] += batch
         if is_bw:
             counts.bwd_ops += ops
             counts.bwd_op_bytes += batch
@@ -444,6 +453,8 @@ class SavedTensorCounter:
             return
         num_bytes = stored_bytes(tensor, ref, self._counter.masks)
         counts.saved_bytes += num_bytes
+        if segment == HEAD:
+            counts.by_width[_widest_last_dim(tensor)][0] += num_bytes
         self.kept[ref] = (segment, num_bytes)
         self._counter.fwd_held.saved(segment, ref, num_bytes)
         if self._counter.is_scores(tensor):

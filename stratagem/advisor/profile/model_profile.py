@@ -38,7 +38,7 @@ def kernels_for(*, accelerator: bool) -> str:
     return "gpu" if accelerator else "cpu"
 
 
-SCHEMA_VERSION = 28
+SCHEMA_VERSION = 29
 """Version of the layout ``ModelProfile.to_dict`` writes and ``from_dict`` reads. Bump it whenever
 a field of ModelProfile, SegmentProfile, LinearLayer, ConvLayer, BatchNormCall or AttentionCall is added, removed, renamed or changes
 meaning (tests/unit/test_profile_cache_checks.py pins the fields to this number)."""
@@ -219,6 +219,11 @@ class SegmentProfile:
     # of num_params, those of the split input embedding or output head this segment owns (a tied
     # weight counts where it is first used: the embedding).
     vocab_params: int = 0
+    # The head's alone: of saved_bytes and its op bytes, those of tensors as wide as the vocabulary
+    # (the logits and the loss over them), which a loss on the vocabulary shards splits (vocab_loss).
+    vocab_saved_bytes: int = 0
+    vocab_fwd_op_bytes: int = 0
+    vocab_bwd_op_bytes: int = 0
     linears: tuple[LinearLayer, ...] = ()  # a block's Linears; the head's: the vocabulary projection TP splits
     convs: tuple[ConvLayer, ...] = ()  # every convolution its forward ran, in order
     batch_norms: tuple[BatchNormCall, ...] = ()  # every BatchNorm on batch statistics its forward ran, in order
@@ -314,6 +319,14 @@ class ModelProfile:
         step as the forward)."""
         variant = self.in_compute_dtype and self.in_compute_dtype.with_loss_in_forward()
         return replace(self, loss_in_forward=True, in_compute_dtype=variant)
+
+    def with_loss_on_vocab_shards(self) -> ModelProfile:
+        """This profile, and :attr:`in_compute_dtype`'s, for a step whose loss runs where stratagem
+        can run it on the logits' vocabulary shards (a preset's or a Hugging Face model's, which
+        ``verify`` computes): the TP layout's ``vocab_head`` becomes ``vocab_loss``."""
+        layout = tuple((pattern, "vocab_loss" if style == "vocab_head" else style) for pattern, style in self.tp_layout)
+        variant = self.in_compute_dtype and self.in_compute_dtype.with_loss_on_vocab_shards()
+        return replace(self, tp_layout=layout, in_compute_dtype=variant)
 
     def without_head_outputs(self) -> ModelProfile:
         """This profile, and :attr:`in_compute_dtype`'s, as if the head wrote nothing batch-sized:

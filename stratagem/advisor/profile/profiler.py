@@ -394,7 +394,7 @@ def _assemble(model: nn.Module, blocks: tuple[str, ...], record: RunRecord, prec
     with the rows ``calls`` saw them multiply; what the vocabulary split divides, ``vocab``: its
     layout pairs and their calls; what a TP split keeps whole, ``tp_kept``, by block)."""
     owner = _state_owners(model, blocks, record, notes)
-    split = vocab_segment_fields(model, *vocab, owner)
+    split = vocab_segment_fields(model, *vocab, owner, record.segments[HEAD].by_width)
     sizes = _state_sizes(model, prec)
     by_segment: dict[str, list[str]] = {}
     for state_name, seg in owner.items():
@@ -416,13 +416,12 @@ def _assemble(model: nn.Module, blocks: tuple[str, ...], record: RunRecord, prec
             bwd_held_bytes=counts.bwd_held_bytes, fwd_held_bytes=forward_held_bytes(counts),
             attention_fwd_flops=counts.attention_fwd_flops, attention_saved_bytes=counts.attention_saved_bytes,
             input_bytes=counts.input_bytes, input_saved_bytes=counts.input_saved_bytes,
-            input_elements=counts.input_elements,
-            output_bytes=counts.output_bytes, fwd_ops=counts.fwd_ops, bwd_ops=counts.bwd_ops,
-            fwd_op_bytes=counts.fwd_op_bytes, bwd_op_bytes=counts.bwd_op_bytes,
+            input_elements=counts.input_elements, output_bytes=counts.output_bytes, fwd_ops=counts.fwd_ops,
+            bwd_ops=counts.bwd_ops, fwd_op_bytes=counts.fwd_op_bytes, bwd_op_bytes=counts.bwd_op_bytes,
             fwd_unaligned_flops=counts.fwd_unaligned_flops, bwd_unaligned_flops=counts.bwd_unaligned_flops,
             fwd_param_op_bytes=counts.fwd_param_op_bytes, bwd_param_op_bytes=counts.bwd_param_op_bytes,
-            bwd_largest_output_bytes=counts.bwd_largest_output_bytes,
-            fwd_fused_op_bytes=counts.fwd_fused_op_bytes, bwd_fused_op_bytes=counts.bwd_fused_op_bytes,
+            bwd_largest_output_bytes=counts.bwd_largest_output_bytes, fwd_fused_op_bytes=counts.fwd_fused_op_bytes,
+            bwd_fused_op_bytes=counts.bwd_fused_op_bytes,
             fwd_fused_ops=counts.fwd_fused_ops, bwd_fused_ops=counts.bwd_fused_ops, sp_norm_ops=counts.sp_norm_ops,
             compiled_saved_bytes=counts.compiled.saved_bytes if counts.compiled else 0,
             convs=tuple(counts.convs), batch_norms=tuple(counts.batch_norms), fused_attention=_attention_calls(counts), **_policy_fields(counts), **extra,

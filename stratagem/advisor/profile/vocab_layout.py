@@ -153,11 +153,13 @@ def _try_vocab_split(module: nn.Module, name: str, call: _Call, state: Mapping[s
 
 
 def vocab_segment_fields(model: nn.Module, layout: Layout, recorder: VocabCallRecorder,
-                         owners: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+                         owners: Mapping[str, str], head_widths: Mapping[int, list[int]]) -> dict[str, dict[str, Any]]:
     """The :class:`~stratagem.advisor.profile.model_profile.SegmentProfile` fields the vocabulary
     split sets, by segment: ``vocab_params``, the parameters of the split modules each segment owns
     (``owners``: segment by parameter name, a tied weight under its first name), and on the head
-    its split Linear with the rows it multiplied (``linears``)."""
+    its split Linear with the rows it multiplied (``linears``) and what it saved and moved as wide
+    as the vocabulary it writes (``vocab_saved_bytes``, ``vocab_*_op_bytes``: of ``head_widths``,
+    the head's bytes by the width its tensors had, ``SegmentCounts.by_width``)."""
     first_names: dict[int, str] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
         first_names.setdefault(id(param), name)
@@ -176,4 +178,6 @@ def vocab_segment_fields(model: nn.Module, layout: Layout, recorder: VocabCallRe
             head["linears"] = (LinearLayer(name=fqn, in_features=module.in_features, out_features=module.out_features,
                                            bias=module.bias is not None,
                                            rows=call.input.numel() // module.in_features),)
+            saved, forward, backward = head_widths.get(module.out_features, (0, 0, 0))
+            head.update(vocab_saved_bytes=saved, vocab_fwd_op_bytes=forward, vocab_bwd_op_bytes=backward)
     return fields

@@ -150,7 +150,7 @@ def advise(profile: ModelProfile, cluster: Cluster, workload: Workload, *, top: 
         reasons=reasons, suggestions=suggestions, excluded=dict(excluded),
         notes=(*_model_notes(profile, cluster), *_cpu_precision_note(cluster, workload),
                *_warm_up_note(profile, ranked[:top]), *_host_optimizer_note(ranked[:top], workload),
-               *_dynamic_shape_note(profile, ranked[:top]),
+               *_dynamic_shape_note(profile, ranked[:top]), *_vocab_loss_note(ranked[:top]),
                *_channels_last_note(profile, cluster, workload, ranked[:1]), *_objective_note(objective),
                *profile.notes, *cluster.notes),
         num_evaluated=evaluated,
@@ -212,6 +212,17 @@ def _warm_up_note(profile: ModelProfile, ranked: list) -> tuple[str, ...]:
             "counts follow the routing, and DTensor decides how to shard each operator anew for every row count it "
             "has not met yet (milliseconds each): their first tens to hundreds of steps run slower than the step "
             "time predicted here, which is the steady state (`verify` reports that warm-up beside the step).",)
+
+
+def _vocab_loss_note(ranked: list) -> tuple[str, ...]:
+    """How the tensor-parallel plans ranked compute the loss where they run it on the logits'
+    vocabulary shards (``vocab_loss``): what a loop of the user's own must do to run them so."""
+    if not any(e.plan.tp > 1 and "vocab_loss" in e.plan.vocab_tp_styles for e in ranked):
+        return ()
+    return ("Tensor-parallel plans compute the loss on the logits' vocabulary shards (vocab_loss: torch's "
+            "loss_parallel, as verify runs this model); in a training loop of your own, run the loss and its backward "
+            "under stratagem.plugins.vocab_parallel_loss(plan). The Lightning and Fabric strategies, whose loss is "
+            "your code's, plan with the logits gathered (vocab_head) and refuse these.",)
 
 
 def _dynamic_shape_note(profile: ModelProfile, ranked: list) -> tuple[str, ...]:

@@ -241,15 +241,19 @@ def _activations_fix(profile: ModelProfile, workload: Workload, plan: Plan, memo
     text = f"Activations of one micro-batch take {format_bytes(memory.activations)} even with full checkpointing"
     headless = estimate_memory(profile.without_head_outputs(), workload, plan, runtime=runtime, cluster=cluster)
     head = memory.total - headless.total
+    gathered = plan.tp > 1 and "vocab_loss" not in plan.vocab_tp_styles
     if head >= HEAD_SHARE * memory.activations:
-        whole = "whole on every tensor-parallel rank; " if plan.tp > 1 else ""
+        whole = "whole on every tensor-parallel rank; " if gathered else ""
         text += (f", {format_bytes(head)} of them the output head's logits and the loss over them ({whole}the plan "
                  f"needs {format_bytes(headless.total)} per {cluster.device.noun} without them)")
     if not workload.seq_len:
         return text + "."
-    return (text + ": a shorter sequence would shrink them. stratagem does not plan context parallelism, which "
-            "splits each sequence over GPUs (torch's experimental `context_parallel`), nor a loss over the logits' "
-            "vocabulary shards (torch's `loss_parallel`).")
+    text += (": a shorter sequence would shrink them. stratagem does not plan context parallelism, which splits "
+             "each sequence over GPUs (torch's experimental `context_parallel`)")
+    if gathered:
+        text += ("; the logits stay whole because your code computes the loss: a loss stratagem runs itself (a "
+                 "preset's or a Hugging Face model's, under `verify`) runs on their vocabulary shards (`vocab_loss`)")
+    return text + "."
 
 
 def _shortfall(plan: Plan, memory: MemoryBreakdown, cluster: Cluster) -> str:
