@@ -11,9 +11,10 @@ plan's accumulated micro-batches, AdamW one tensor at a time, ``zero_grad``), th
 attention kernel, autocast lists, fused RMSNorm and dropout stand in as in ``fake_peak.py``; a
 Hugging Face model computes its loss from its labels, as ``verify`` runs an ``hf:`` model and its
 profile has it; a TP plan runs that loss, or a preset's, on the logits' vocabulary shards
-(``vocab_loss``, under ``vocab_parallel_loss``), as ``verify`` does. Printed beside it: the advisor's predicted peak for the same plan on H100s, without
-the framework's bytes and the allocator's rounding, for AdamW stepped as here. What this leaves out
-is what no tensor holds: NCCL's buffers, and on CPU ranks gloo's (``verify`` measures those with the
+(``vocab_loss``, under ``vocab_parallel_loss``), as ``verify`` does. Printed beside it: the
+advisor's predicted peak for the same plan on H100s, without the framework's bytes and the
+allocator's rounding, for AdamW stepped as here. What this leaves out is what no tensor holds:
+NCCL's buffers, and on CPU ranks gloo's (``verify`` measures those with the
 rest of the process); and the ``foreach`` step's temporaries, which GPUs run and the model prices
 (``bench/fake_peak.py`` checks them on one device), since MemTracker miscounts that step on DTensors
 (``measured``).

@@ -126,7 +126,8 @@ def test_a_loss_on_the_vocabulary_shards_divides_the_logits_and_gathers_none():
     # and, forward, the shifted logits beside a fused log_softmax's input and output
     shard = kept[0].loss_grads / activations.LOSS_GRADIENT_COPIES / TP
     assert kept[1].loss_grads == pytest.approx(activations.LOSS_PARALLEL_GRADIENT_COPIES * shard)
-    assert kept[1].loss_inputs == pytest.approx(kept[0].loss_inputs / TP + activations.LOSS_PARALLEL_TEMPORARIES * shard)
+    forward = kept[0].loss_inputs / TP + activations.LOSS_PARALLEL_TEMPORARIES * shard
+    assert kept[1].loss_inputs == pytest.approx(forward)
     workload = Workload(global_batch_size=2, seq_len=LLAMA.seq_len)
     checkpointed = [dataclasses.replace(plan, activation_checkpointing="full") for plan in (gathered, on_shards)]
     peaks = [memory.estimate_memory(LLAMA, workload, plan).activations for plan in checkpointed]
