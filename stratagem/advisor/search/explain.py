@@ -237,7 +237,8 @@ def _activations_fix(profile: ModelProfile, workload: Workload, plan: Plan, memo
     """Activations too large under full checkpointing: what the output head's logits and the loss
     over them add to the peak (the plan costed without them), where that is
     :data:`HEAD_SHARE` of the activations or more, and what would shrink them: a shorter sequence,
-    or a sequence split over GPUs, which stratagem does not plan."""
+    a sequence split over GPUs, which stratagem does not plan, or, where the user's code computes
+    the loss on gathered logits (``vocab_head``), a loss stratagem runs on their vocabulary shards."""
     text = f"Activations of one micro-batch take {format_bytes(memory.activations)} even with full checkpointing"
     headless = estimate_memory(profile.without_head_outputs(), workload, plan, runtime=runtime, cluster=cluster)
     head = memory.total - headless.total
