@@ -9,8 +9,8 @@ one forward and backward to warm up, then one under ``torch.profiler`` on identi
 count DTensor's dispatches (the profiler's ``PythonSubclass`` events: one per operator a
 DTensor argument sends through ``__torch_dispatch__``). Prints the count, the TP collectives
 waited on (``wait_tensor``), the modules the layout splits (the blocks' Linears, and the input
-embedding and output head it splits by vocabulary, which the time model counts as TP Linears
-too) and the dispatches per split module. With ``--sequence-parallel`` the plans run SP too (its
+embedding and output head it splits by vocabulary, and a loss on the logits' vocabulary shards,
+which the time model counts as TP Linears too) and the dispatches per split module. With ``--sequence-parallel`` the plans run SP too (its
 norms' operators are DTensor dispatches as well: ``SegmentProfile.sp_norm_ops``).
 """
 
@@ -28,7 +28,7 @@ from stratagem.plan import Plan
 from stratagem.advisor.profile.cache import profile_spec
 from stratagem.advisor.search.targets import sp_excludes
 from stratagem.models import PRESETS
-from stratagem.plugins import apply_plan, build_mesh
+from stratagem.plugins import apply_plan, build_mesh, vocab_parallel_loss
 from stratagem.verify.runner import real_model
 
 MICRO_BATCH = 2
@@ -44,9 +44,10 @@ def _worker(rank: int, port: int, model: str, seq_len: int | None, plan_json: st
         built = preset.build(MICRO_BATCH, preset.make_batch(MICRO_BATCH))
         inputs, targets = built.batch.args, built.batch.targets
         module = apply_plan(built.module, plan, build_mesh(plan, device_type="cpu"))
-        built.loss(module(*inputs), targets).backward()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        with vocab_parallel_loss(plan):  # a preset's loss runs on the logits' vocabulary shards, as verify runs it
             built.loss(module(*inputs), targets).backward()
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                built.loss(module(*inputs), targets).backward()
         if rank == 0:
             counts = {event.key: event.count for event in prof.key_averages()}
             dispatches = counts.get("PythonSubclass", 0)
