@@ -10,8 +10,9 @@ count DTensor's dispatches (the profiler's ``PythonSubclass`` events: one per op
 DTensor argument sends through ``__torch_dispatch__``). Prints the count, the TP collectives
 waited on (``wait_tensor``), the modules the layout splits (the blocks' Linears, and the input
 embedding and output head it splits by vocabulary, and a loss on the logits' vocabulary shards,
-which the time model counts as TP Linears too) and the dispatches per split module. With ``--sequence-parallel`` the plans run SP too (its
-norms' operators are DTensor dispatches as well: ``SegmentProfile.sp_norm_ops``).
+which the time model counts as TP Linears too) and the dispatches per split module. With
+``--sequence-parallel`` the plans run SP too (its norms' operators are DTensor dispatches as well:
+``SegmentProfile.sp_norm_ops``).
 """
 
 from __future__ import annotations
