@@ -96,6 +96,20 @@ def test_nothing_fits_names_the_logits_that_a_long_sequence_makes():
     assert on_shards.best.plan.tp > 1 and "vocab_loss" in on_shards.best.plan.vocab_tp_styles
 
 
+def test_the_strategies_target_plans_with_the_logits_gathered(llama7b):
+    """A preset's layout runs the loss on the vocabulary shards (``vocab_loss``), which the
+    strategies refuse (they run the user's loss): advice for ``--target lightning`` gathers the
+    logits (``vocab_head``) in its tensor-parallel plans, and prices them so."""
+    cluster, workload = parse_cluster("8xA100"), Workload(global_batch_size=8, seq_len=2048)
+    constraints = {"tp": 8}
+    own = advise(llama7b, cluster, workload, constraints=constraints)
+    lightning = advise(llama7b, cluster, workload, constraints=constraints, target="lightning")
+    assert all("vocab_loss" in e.plan.vocab_tp_styles for e in own.plans)
+    assert lightning.plans
+    assert all(e.plan.vocab_tp_styles == {"vocab_embedding", "vocab_head"} for e in lightning.plans)
+    assert lightning.plans[0].memory.total > own.plans[0].memory.total
+
+
 def test_one_gpu_may_offload_what_it_cannot_hold(llama7b):
     advice = advise(llama7b, parse_cluster("1xA100-SXM4-80GB"), Workload(global_batch_size=8, seq_len=2048))
     best = advice.best.plan

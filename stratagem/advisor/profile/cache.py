@@ -113,7 +113,7 @@ def _measure(spec: str, *, batch_size: int, seq_len: int | None, precision: str,
     own = (f"{spec} declares no batch_size parameter: profiled at the {profile.batch_size} samples its inputs "
            f"hold, not the {batch_size} asked for",) if factory and profile.batch_size != batch_size else ()
     if not factory:  # a preset's loss, or a Hugging Face model's own: verify runs either on the vocabulary shards
-        profile = profile.with_loss_on_vocab_shards()
+        profile = profile.with_head_style("vocab_loss")
     return replace(profile, notes=(*source.notes, *own, *profile.notes),
                    pp_unavailable=profile.pp_unavailable or (_pipeline_refusal(source) if factory else None))
 

@@ -320,12 +320,14 @@ class ModelProfile:
         variant = self.in_compute_dtype and self.in_compute_dtype.with_loss_in_forward()
         return replace(self, loss_in_forward=True, in_compute_dtype=variant)
 
-    def with_loss_on_vocab_shards(self) -> ModelProfile:
-        """This profile, and :attr:`in_compute_dtype`'s, for a step whose loss runs where stratagem
-        can run it on the logits' vocabulary shards (a preset's or a Hugging Face model's, which
-        ``verify`` computes): the TP layout's ``vocab_head`` becomes ``vocab_loss``."""
-        layout = tuple((pattern, "vocab_loss" if style == "vocab_head" else style) for pattern, style in self.tp_layout)
-        variant = self.in_compute_dtype and self.in_compute_dtype.with_loss_on_vocab_shards()
+    def with_head_style(self, head: str) -> ModelProfile:
+        """This profile, and :attr:`in_compute_dtype`'s, with the TP layout's split output head
+        made ``head``: ``vocab_loss`` for a step whose loss stratagem runs on the logits' vocabulary
+        shards (a preset's or a Hugging Face model's, which ``verify`` computes), ``vocab_head``
+        for one whose loss the user's code computes on gathered logits (the strategies')."""
+        layout = tuple((pattern, head if style in ("vocab_head", "vocab_loss") else style)
+                       for pattern, style in self.tp_layout)
+        variant = self.in_compute_dtype and self.in_compute_dtype.with_head_style(head)
         return replace(self, tp_layout=layout, in_compute_dtype=variant)
 
     def without_head_outputs(self) -> ModelProfile:

@@ -23,7 +23,7 @@ from stratagem.advisor.hardware import Cluster
 from stratagem.advisor.profile.model_profile import ModelProfile, kernels_for
 from stratagem.advisor.search.enumeration import COMPILE_ON_CPU, search_plans
 from stratagem.advisor.search.explain import NEAR_TIE, explain_ranking, suggest_fixes
-from stratagem.advisor.search.targets import check_target, runtime_for, tp_degrees
+from stratagem.advisor.search.targets import check_target, runtime_for, target_profile, tp_degrees
 from stratagem.errors import UsageError
 from stratagem.plan import Plan, Workload
 from stratagem.plan.workload import HOST_FUSED_OPTIMIZERS
@@ -108,7 +108,7 @@ def advise(profile: ModelProfile, cluster: Cluster, workload: Workload, *, top: 
     ``objective`` is what ranks them (:data:`OBJECTIVES`).
     """
     started = time.perf_counter()
-    check_target(target)
+    profile = target_profile(profile, check_target(target))
     if objective not in OBJECTIVES:
         raise UsageError(f"unknown objective {objective!r}; valid: {', '.join(OBJECTIVES)}")
     if top < 1:

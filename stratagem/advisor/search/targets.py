@@ -29,6 +29,13 @@ def check_target(target: str) -> str:
     return target
 
 
+def target_profile(profile: ModelProfile, target: str) -> ModelProfile:
+    """``profile`` as ``target`` trains it: the strategies (``lightning``) run the user's own loss,
+    on gathered logits, so a layout that runs the loss on the vocabulary shards (``vocab_loss``)
+    gathers them there (``vocab_head``), as ``integrations.planning.load_plan`` asks of a plan."""
+    return profile.with_head_style("vocab_head") if target == "lightning" else profile
+
+
 def runtime_for(target: str) -> str:
     """The runtime whose model-state layout the memory model uses for ``target``."""
     return "deepspeed" if target == "deepspeed" else "torch"
